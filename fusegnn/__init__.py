@@ -1,0 +1,17 @@
+"""fusegnn: GNN training and sparse attention on fused GPU sparse kernels.
+
+The package is split the way a GNN layer is (fuseGNN, Chen et al. 2020):
+
+* :mod:`fusegnn.sparse` -- graphs, sparse formats and the public sparse ops
+  (``spmm``, ``sddmm``, ``edge_softmax``) with their GAS / GAR / reference dispatch;
+* :mod:`fusegnn.kernels` -- Triton kernels, each beside the PyTorch reference it must match;
+* :mod:`fusegnn.layers` -- ``nn.Module`` layers (``GCNConv``, ``GATConv``, ...);
+* :mod:`fusegnn.datasets` -- data loaders and offline generators.
+"""
+
+from fusegnn import datasets, layers, sparse
+from fusegnn.sparse import Graph
+
+__version__ = "0.1.0"
+
+__all__ = ["Graph", "datasets", "layers", "sparse", "__version__"]

@@ -1,0 +1,6 @@
+"""``nn.Module`` layers built on :mod:`fusegnn.sparse` (never on kernels directly)."""
+
+from fusegnn.layers.gat_conv import GATConv
+from fusegnn.layers.gcn_conv import GCNConv
+
+__all__ = ["GCNConv", "GATConv"]

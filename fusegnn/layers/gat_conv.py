@@ -1,0 +1,131 @@
+r"""Graph attention (Velickovic et al., ICLR 2018), drop-in for PyG's ``GATConv``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fusegnn.layers._utils import check_features, glorot_, graph_for
+from fusegnn.sparse import Graph, add_self_loops, edge_softmax, remove_self_loops, sddmm, spmm
+from fusegnn.sparse.dispatch import check_aggregation
+
+__all__ = ["GATConv"]
+
+
+class GATConv(nn.Module):
+    r"""The graph attentional operator.
+
+    For each head :math:`k` with weights :math:`\mathbf{\Theta}_k`, attention vectors
+    :math:`\mathbf{a}^{(k)}_{s}, \mathbf{a}^{(k)}_{t}`:
+
+    .. math::
+        \mathbf{h}^{(k)}_j = \mathbf{\Theta}_k \mathbf{x}_j, \qquad
+        e^{(k)}_{ji} = \mathrm{LeakyReLU}\left(\mathbf{a}^{(k)\top}_{s} \mathbf{h}^{(k)}_j
+        + \mathbf{a}^{(k)\top}_{t} \mathbf{h}^{(k)}_i\right)
+
+    .. math::
+        \alpha^{(k)}_{ji} = \mathrm{softmax}_{j \in \mathcal{N}(i) \cup \{i\}}\big(e^{(k)}_{ji}\big),
+        \qquad
+        \mathbf{x}'_i = \big\Vert_{k=1}^{H} \sum_{j} \alpha^{(k)}_{ji} \mathbf{h}^{(k)}_j + \mathbf{b}
+
+    (concatenation over heads, or their mean when ``concat=False``). This is the
+    SDDMM -> edge softmax -> SpMM pipeline: ``sddmm(graph, a_s, a_t, "add")``,
+    :func:`~fusegnn.sparse.edge_softmax`, then :func:`~fusegnn.sparse.spmm` with the
+    ``[E, H]`` coefficients. Attention dropout drops coefficients after the softmax.
+
+    Args:
+        in_channels: input feature width.
+        out_channels: feature width of each head.
+        heads: number of attention heads :math:`H`.
+        concat: concatenate heads (``[N, H * out_channels]``) or average them
+            (``[N, out_channels]``).
+        negative_slope: LeakyReLU slope.
+        dropout: dropout probability on the attention coefficients (training only).
+        add_self_loops: replace existing self-loops by exactly one per node.
+        bias: learn an additive bias.
+        aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``.
+
+    ``forward(x, edge_index_or_graph, return_attention_weights=None)`` returns the new
+    features, or with ``return_attention_weights=True`` the pair
+    ``(out, (edge_index, alpha))`` where ``edge_index`` includes the self-loops the layer
+    added and ``alpha`` is ``[E, H]``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        negative_slope: float = 0.2,
+        dropout: float = 0.0,
+        add_self_loops: bool = True,
+        bias: bool = True,
+        aggregation: str = "auto",
+    ) -> None:
+        super().__init__()
+        if heads < 1:
+            raise ValueError(f"heads must be >= 1, got {heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.concat = concat
+        self.negative_slope = negative_slope
+        self.dropout = dropout
+        self.add_self_loops = add_self_loops
+        self.aggregation = check_aggregation(aggregation)
+        self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+        self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
+        self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
+        width = heads * out_channels if concat else out_channels
+        self.bias = nn.Parameter(torch.empty(width)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        glorot_(self.lin.weight)
+        glorot_(self.att_src)
+        glorot_(self.att_dst)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def _processed_graph(self, x: Tensor, edge_index_or_graph) -> Graph:
+        graph = graph_for(x, edge_index_or_graph, type(self).__name__)
+        if not self.add_self_loops:
+            return graph
+        # A pure function of the (immutable) structure: cache it on the graph, so layers
+        # that share a Graph process it (and convert it) once.
+        return graph.cached(
+            "gat_self_loops", lambda: add_self_loops(remove_self_loops(graph.with_edge_weight(None)))
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        edge_index_or_graph: Graph | Tensor,
+        return_attention_weights: bool | None = None,
+    ):
+        check_features(x, self.in_channels, type(self).__name__)
+        graph = self._processed_graph(x, edge_index_or_graph)
+        h = self.lin(x).view(-1, self.heads, self.out_channels)
+        score_src = (h * self.att_src).sum(dim=-1)  # [N, H]
+        score_dst = (h * self.att_dst).sum(dim=-1)  # [N, H]
+        scores = sddmm(graph, score_src, score_dst, "add", aggregation=self.aggregation)
+        scores = F.leaky_relu(scores, self.negative_slope)
+        alpha = edge_softmax(graph, scores, aggregation=self.aggregation)
+        alpha = F.dropout(alpha, p=self.dropout, training=self.training)
+        out = spmm(graph, h, alpha, aggregation=self.aggregation)  # [N, H, C]
+        out = out.reshape(-1, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
+        if self.bias is not None:
+            out = out + self.bias
+        if return_attention_weights:
+            return out, (graph.edge_index, alpha)
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, heads={self.heads}, "
+            f"aggregation={self.aggregation!r}"
+        )

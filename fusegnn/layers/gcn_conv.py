@@ -1,0 +1,109 @@
+r"""Graph convolution (Kipf & Welling, ICLR 2017), drop-in for PyG's ``GCNConv``."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from fusegnn.layers._utils import check_features, glorot_, graph_for
+from fusegnn.sparse import Graph, gcn_norm, spmm
+from fusegnn.sparse.dispatch import check_aggregation
+
+__all__ = ["GCNConv"]
+
+
+class GCNConv(nn.Module):
+    r"""The graph convolutional operator.
+
+    .. math::
+        \mathbf{X}' = \hat{\mathbf{D}}^{-1/2} \hat{\mathbf{A}} \hat{\mathbf{D}}^{-1/2}
+        \mathbf{X} \mathbf{\Theta} + \mathbf{b}
+
+    where :math:`\hat{\mathbf{A}} = \mathbf{A} + \lambda\mathbf{I}` adds a self-loop
+    (weight :math:`\lambda = 1`, or 2 when ``improved``) to every node that has none and
+    :math:`\hat{D}_{ii} = \sum_j \hat{A}_{ij}` is the weighted in-degree. Node-wise:
+
+    .. math::
+        \mathbf{x}'_i = \mathbf{\Theta}^{\top} \sum_{j \in \mathcal{N}(i) \cup \{ i \}}
+        \frac{w_{ji}}{\sqrt{\hat{d}_j \hat{d}_i}} \mathbf{x}_j + \mathbf{b}
+
+    Combination (:math:`\mathbf{X}\mathbf{\Theta}`, a dense GEMM) and aggregation commute,
+    so the layer aggregates at the narrower of ``in_channels`` and ``out_channels``.
+
+    Args:
+        in_channels: input feature width.
+        out_channels: output feature width.
+        improved: self-loops of weight 2 (:math:`\hat{A} = A + 2I`).
+        cached: keep the normalised graph of the first call and reuse it
+            (transductive learning on one fixed graph). Without it, graph processing
+            runs on every call (inductive).
+        add_self_loops: add the remaining self-loops before normalising.
+        normalize: apply the symmetric normalisation (else aggregate with the given
+            edge weights, or 1).
+        bias: learn an additive bias.
+        aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``
+            (see :mod:`fusegnn.sparse.dispatch`).
+
+    Shapes:
+        ``x`` ``[N, in_channels]``, ``edge_index_or_graph`` ``[2, E]`` or a
+        :class:`~fusegnn.sparse.Graph`, ``edge_weight`` ``[E]`` (optional)
+        -> ``[N, out_channels]``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        improved: bool = False,
+        cached: bool = False,
+        add_self_loops: bool = True,
+        normalize: bool = True,
+        bias: bool = True,
+        aggregation: str = "auto",
+    ) -> None:
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.improved = improved
+        self.cached = cached
+        self.add_self_loops = add_self_loops
+        self.normalize = normalize
+        self.aggregation = check_aggregation(aggregation)
+        self.lin = nn.Linear(in_channels, out_channels, bias=False)
+        self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+        self._cached_graph: Graph | None = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        glorot_(self.lin.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+        self._cached_graph = None
+
+    def _processed_graph(self, x: Tensor, edge_index_or_graph, edge_weight: Tensor | None) -> Graph:
+        if self.cached and self._cached_graph is not None:
+            return self._cached_graph
+        graph = graph_for(x, edge_index_or_graph, type(self).__name__)
+        if edge_weight is not None:
+            graph = graph.with_edge_weight(edge_weight)
+        if self.normalize:
+            graph = gcn_norm(graph, improved=self.improved, add_self_loops=self.add_self_loops, dtype=x.dtype)
+        if self.cached:
+            self._cached_graph = graph
+        return graph
+
+    def forward(
+        self, x: Tensor, edge_index_or_graph: Graph | Tensor, edge_weight: Tensor | None = None
+    ) -> Tensor:
+        check_features(x, self.in_channels, type(self).__name__)
+        graph = self._processed_graph(x, edge_index_or_graph, edge_weight)
+        if self.in_channels < self.out_channels:
+            out = self.lin(spmm(graph, x, aggregation=self.aggregation))
+        else:
+            out = spmm(graph, self.lin(x), aggregation=self.aggregation)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, aggregation={self.aggregation!r}"

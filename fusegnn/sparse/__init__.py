@@ -1,0 +1,50 @@
+"""Graphs, sparse formats and the public sparse ops (``spmm``, ``sddmm``, ``edge_softmax``).
+
+Backends: ``reference`` (pure PyTorch, any device) is always registered; fused kernel
+backends (``gas``, ``gar``) register themselves from :mod:`fusegnn.kernels` where they
+can run. See :mod:`fusegnn.sparse.dispatch`.
+"""
+
+from fusegnn.sparse import reference
+from fusegnn.sparse.dispatch import (
+    AGGREGATIONS,
+    Backend,
+    available_backends,
+    register_backend,
+    resolve_aggregation,
+)
+from fusegnn.sparse.graph import CompressedEdges, Graph
+from fusegnn.sparse.ops import as_graph, edge_softmax, sddmm, spmm
+from fusegnn.sparse.processing import (
+    add_remaining_self_loops,
+    add_self_loops,
+    gcn_norm,
+    remove_self_loops,
+)
+
+register_backend(
+    Backend(
+        name="reference",
+        spmm=reference.spmm,
+        sddmm=reference.sddmm,
+        edge_softmax=reference.edge_softmax,
+    )
+)
+
+__all__ = [
+    "AGGREGATIONS",
+    "Backend",
+    "CompressedEdges",
+    "Graph",
+    "add_remaining_self_loops",
+    "add_self_loops",
+    "as_graph",
+    "available_backends",
+    "edge_softmax",
+    "gcn_norm",
+    "register_backend",
+    "remove_self_loops",
+    "resolve_aggregation",
+    "sddmm",
+    "spmm",
+]

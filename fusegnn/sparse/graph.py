@@ -1,0 +1,398 @@
+"""The graph container every sparse op and layer takes.
+
+A :class:`Graph` holds a directed graph in COO form, the format fuseGNN takes as
+input because it is the cheapest to build or modify:
+
+* ``edge_index[0]`` are the **source** nodes ``j`` and ``edge_index[1]`` the **target**
+  nodes ``i`` of the edges ``j -> i`` (PyG's ``source_to_target`` flow): messages flow
+  from ``x[j]`` into ``out[i]``;
+* the number of source and target nodes may differ (bipartite graphs, or a
+  ``L_q x L_k`` attention mask): ``num_nodes=(num_src_nodes, num_dst_nodes)``.
+
+Graph processing that several ops need is computed lazily, once, on the graph's device
+and cached on the instance (a :class:`Graph` is immutable):
+
+* ``in_degree`` / ``out_degree``: edges per target / per source;
+* ``csr``: edges grouped by target (GAR forward), a :class:`CompressedEdges`
+  ``(ptr, index, perm)`` with ``ptr`` of length ``num_dst_nodes + 1``, ``index`` the
+  source of each grouped edge and ``perm`` its position in COO order, so that
+  ``edge_index[0, perm] == index``;
+* ``csc``: edges grouped by source (GAR backward), the same with roles swapped.
+
+Within one group, edges keep their COO order (stable sort), so conversions are
+deterministic.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["Graph", "CompressedEdges", "check_edge_weight"]
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class CompressedEdges(NamedTuple):
+    """Edges grouped by one endpoint (CSR by target or CSC by source).
+
+    Attributes:
+        ptr: ``[num_groups + 1]`` int64 offsets; the edges of group ``g`` are
+            positions ``ptr[g]:ptr[g + 1]`` of ``index`` and ``perm``.
+        index: ``[E]`` the other endpoint of each grouped edge.
+        perm: ``[E]`` int64 position of each grouped edge in the COO edge order.
+    """
+
+    ptr: Tensor
+    index: Tensor
+    perm: Tensor
+
+
+class Graph:
+    r"""A directed graph (or sparsity pattern) in COO form with cached derived formats.
+
+    Args:
+        edge_index: ``[2, E]`` integer tensor (int32 or int64); row 0 holds the
+            source node of each edge, row 1 its target.
+        num_nodes: number of nodes, or ``(num_src_nodes, num_dst_nodes)`` for a
+            bipartite graph. Inferred as ``max(edge_index) + 1`` when omitted.
+        edge_weight: optional ``[E]`` or ``[E, H]`` floating tensor of per-edge
+            (per-head) weights, stored with the graph for layers that use it.
+        validate: check ids and shapes (on by default; the checks need one
+            device-to-host sync).
+
+    Duplicate edges and self-loops are kept as given; processing that removes or adds
+    them (see :mod:`fusegnn.sparse.processing`) returns a new graph.
+    """
+
+    def __init__(
+        self,
+        edge_index: Tensor,
+        num_nodes: int | tuple[int, int] | None = None,
+        edge_weight: Tensor | None = None,
+        *,
+        validate: bool = True,
+    ) -> None:
+        if not isinstance(edge_index, Tensor):
+            raise TypeError(
+                f"edge_index must be a torch.Tensor of shape [2, E], got {type(edge_index).__name__}"
+            )
+        if edge_index.dtype not in _INDEX_DTYPES:
+            raise TypeError(
+                f"edge_index must hold int32 or int64 node ids, got dtype {edge_index.dtype}"
+            )
+        if edge_index.dim() != 2 or edge_index.size(0) != 2:
+            raise ValueError(
+                f"edge_index must have shape [2, E], got {tuple(edge_index.shape)}"
+            )
+        if edge_index.is_sparse or edge_index.layout != torch.strided:
+            raise TypeError("edge_index must be a dense (strided) tensor; use Graph.from_sparse")
+        self._edge_index = edge_index
+        num_src, num_dst = self._resolve_num_nodes(edge_index, num_nodes)
+        self._num_src = num_src
+        self._num_dst = num_dst
+        if validate and edge_index.numel() > 0:
+            self._check_ids(edge_index, num_src, num_dst)
+        if edge_weight is not None:
+            edge_weight = check_edge_weight(edge_weight, self, "edge_weight")
+        self._edge_weight = edge_weight
+        self._cache: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def _resolve_num_nodes(
+        edge_index: Tensor, num_nodes: int | tuple[int, int] | None
+    ) -> tuple[int, int]:
+        if num_nodes is None:
+            if edge_index.numel() == 0:
+                return 0, 0
+            n = int(edge_index.max()) + 1
+            return n, n
+        if isinstance(num_nodes, (tuple, list)):
+            if len(num_nodes) != 2:
+                raise ValueError(
+                    f"num_nodes must be an int or a pair (num_src_nodes, num_dst_nodes), got {num_nodes!r}"
+                )
+            num_src, num_dst = (_as_count(n, "num_nodes") for n in num_nodes)
+            return num_src, num_dst
+        n = _as_count(num_nodes, "num_nodes")
+        return n, n
+
+    @staticmethod
+    def _check_ids(edge_index: Tensor, num_src: int, num_dst: int) -> None:
+        mins = edge_index.amin(dim=1).tolist()
+        maxs = edge_index.amax(dim=1).tolist()
+        for row, name, bound in ((0, "source", num_src), (1, "target", num_dst)):
+            if mins[row] < 0:
+                raise IndexError(
+                    f"edge_index has a negative {name} node id ({mins[row]}); node ids must be >= 0"
+                )
+            if maxs[row] >= bound:
+                raise IndexError(
+                    f"edge_index has {name} node id {maxs[row]} but num_nodes gives only "
+                    f"{bound} {name} nodes (ids must be < {bound})"
+                )
+
+    @classmethod
+    def from_sparse(cls, adj: Tensor, *, transpose: bool = False) -> "Graph":
+        """Build a graph from a ``torch.sparse`` COO or CSR matrix.
+
+        By default the matrix is read as an **aggregation** matrix ``A`` with
+        ``out = A @ x``: entry ``A[i, j]`` is the edge ``j -> i`` with weight ``A[i, j]``
+        (rows are targets). ``transpose=True`` reads it as an adjacency matrix with rows
+        as sources instead. Stored values become ``edge_weight``; edges are listed in
+        row-major order.
+        """
+        if not isinstance(adj, Tensor) or adj.layout not in (torch.sparse_coo, torch.sparse_csr):
+            raise TypeError(
+                "adj must be a torch.sparse COO or CSR tensor, got "
+                f"{getattr(adj, 'layout', type(adj).__name__)}"
+            )
+        if adj.dim() != 2:
+            raise ValueError(f"adj must be a 2-D sparse matrix, got shape {tuple(adj.shape)}")
+        if adj.layout == torch.sparse_csr:
+            crow, col, values = adj.crow_indices(), adj.col_indices(), adj.values()
+            counts = crow[1:] - crow[:-1]
+            row = torch.repeat_interleave(torch.arange(adj.size(0), device=crow.device), counts)
+        else:
+            adj = adj.coalesce()
+            row, col = adj.indices()
+            values = adj.values()
+        n_rows, n_cols = adj.shape
+        if transpose:
+            edge_index = torch.stack([row, col]).to(torch.int64)
+            num_nodes = (n_rows, n_cols)
+        else:
+            edge_index = torch.stack([col, row]).to(torch.int64)
+            num_nodes = (n_cols, n_rows)
+        if num_nodes[0] == num_nodes[1]:
+            num_nodes = num_nodes[0]
+        weight = values if values.is_floating_point() else None
+        return cls(edge_index, num_nodes, weight, validate=False)
+
+    @classmethod
+    def from_networkx(
+        cls,
+        nx_graph: Any,
+        *,
+        weight: str | None = None,
+        device: torch.device | str | None = None,
+    ) -> "Graph":
+        """Build a graph from a networkx graph.
+
+        Nodes are numbered in ``nx_graph.nodes`` order. An undirected graph gives both
+        directions of each edge (a self-loop once); a directed one gives its edges as
+        they are. ``weight`` names an edge attribute to use as ``edge_weight``
+        (missing values count as 1.0).
+        """
+        import networkx as nx
+
+        if not isinstance(nx_graph, nx.Graph):
+            raise TypeError(f"nx_graph must be a networkx graph, got {type(nx_graph).__name__}")
+        ids = {node: k for k, node in enumerate(nx_graph.nodes)}
+        pairs, weights = [], []
+        for u, v, data in nx_graph.edges(data=True):
+            w = float(data.get(weight, 1.0)) if weight is not None else 1.0
+            pairs.append((ids[u], ids[v]))
+            weights.append(w)
+            if not nx_graph.is_directed() and u != v:
+                pairs.append((ids[v], ids[u]))
+                weights.append(w)
+        edge_index = torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2).t().contiguous()
+        edge_weight = torch.tensor(weights, dtype=torch.float32) if weight is not None else None
+        graph = cls(edge_index, nx_graph.number_of_nodes(), edge_weight, validate=False)
+        return graph.to(device) if device is not None else graph
+
+    # ------------------------------------------------------------------ basic facts
+    @property
+    def edge_index(self) -> Tensor:
+        """``[2, E]`` COO edge list (row 0 sources, row 1 targets)."""
+        return self._edge_index
+
+    @property
+    def src(self) -> Tensor:
+        """``[E]`` source node of each edge."""
+        return self._edge_index[0]
+
+    @property
+    def dst(self) -> Tensor:
+        """``[E]`` target node of each edge."""
+        return self._edge_index[1]
+
+    @property
+    def edge_weight(self) -> Tensor | None:
+        """Per-edge weights stored with the graph, or ``None``."""
+        return self._edge_weight
+
+    @property
+    def num_edges(self) -> int:
+        return self._edge_index.size(1)
+
+    @property
+    def num_src_nodes(self) -> int:
+        return self._num_src
+
+    @property
+    def num_dst_nodes(self) -> int:
+        return self._num_dst
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes; only defined for a square (non-bipartite) graph."""
+        if self._num_src != self._num_dst:
+            raise ValueError(
+                f"graph is bipartite ({self._num_src} source x {self._num_dst} target nodes); "
+                "use num_src_nodes / num_dst_nodes"
+            )
+        return self._num_src
+
+    @property
+    def is_bipartite(self) -> bool:
+        return self._num_src != self._num_dst
+
+    @property
+    def device(self) -> torch.device:
+        return self._edge_index.device
+
+    @property
+    def index_dtype(self) -> torch.dtype:
+        return self._edge_index.dtype
+
+    @property
+    def avg_degree(self) -> float:
+        """Average in-degree ``E / num_dst_nodes`` (fuseGNN's GAS/GAR criterion)."""
+        return self.num_edges / max(self._num_dst, 1)
+
+    def __repr__(self) -> str:
+        size = (
+            f"num_nodes={self._num_src}"
+            if not self.is_bipartite
+            else f"num_nodes=({self._num_src}, {self._num_dst})"
+        )
+        weighted = ", weighted" if self._edge_weight is not None else ""
+        return f"Graph({size}, num_edges={self.num_edges}{weighted}, device={self.device})"
+
+    # ------------------------------------------------------------------ derived, cached
+    def _cached(self, key: str, compute):
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    @property
+    def in_degree(self) -> Tensor:
+        """``[num_dst_nodes]`` int64 number of incoming edges of each target."""
+        return self._cached(
+            "in_degree", lambda: torch.bincount(self.dst, minlength=self._num_dst)
+        )
+
+    @property
+    def out_degree(self) -> Tensor:
+        """``[num_src_nodes]`` int64 number of outgoing edges of each source."""
+        return self._cached(
+            "out_degree", lambda: torch.bincount(self.src, minlength=self._num_src)
+        )
+
+    @property
+    def csr(self) -> CompressedEdges:
+        """Edges grouped by target: ``index`` holds sources (GAR forward)."""
+        return self._cached("csr", lambda: _compress(self.dst, self.src, self.in_degree))
+
+    @property
+    def csc(self) -> CompressedEdges:
+        """Edges grouped by source: ``index`` holds targets (GAR backward)."""
+        return self._cached("csc", lambda: _compress(self.src, self.dst, self.out_degree))
+
+    def cached(self, key: str, compute):
+        """Cache ``compute()`` on this graph under ``key`` (for graph processing results
+        shared between layers, e.g. a normalised copy). Returns the cached value."""
+        return self._cached(f"user:{key}", compute)
+
+    # ------------------------------------------------------------------ transforms
+    def to(self, device: torch.device | str) -> "Graph":
+        """The same graph on ``device`` (cached formats are recomputed there lazily)."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        weight = self._edge_weight.to(device) if self._edge_weight is not None else None
+        return Graph(
+            self._edge_index.to(device),
+            (self._num_src, self._num_dst),
+            weight,
+            validate=False,
+        )
+
+    def with_edge_weight(self, edge_weight: Tensor | None) -> "Graph":
+        """The same edges with other weights; cached formats are shared, not recomputed."""
+        graph = Graph.__new__(Graph)
+        graph._edge_index = self._edge_index
+        graph._num_src, graph._num_dst = self._num_src, self._num_dst
+        graph._edge_weight = (
+            check_edge_weight(edge_weight, self, "edge_weight") if edge_weight is not None else None
+        )
+        structural = ("in_degree", "out_degree", "csr", "csc")
+        graph._cache = {k: v for k, v in self._cache.items() if k in structural}
+        return graph
+
+    def to_dense(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Dense ``[num_dst_nodes, num_src_nodes]`` aggregation matrix ``A`` with
+        ``A[i, j] = sum of the weights of edges j -> i`` (1 per edge when unweighted),
+        so that ``spmm(graph, x) == A @ x``. Meant for tests and small graphs."""
+        if self._edge_weight is not None and self._edge_weight.dim() != 1:
+            raise ValueError("to_dense needs a 1-D edge_weight (one weight per edge)")
+        values = (
+            self._edge_weight.to(dtype)
+            if self._edge_weight is not None
+            else torch.ones(self.num_edges, dtype=dtype, device=self.device)
+        )
+        dense = torch.zeros(self._num_dst, self._num_src, dtype=dtype, device=self.device)
+        dense.index_put_((self.dst.long(), self.src.long()), values, accumulate=True)
+        return dense
+
+
+def _compress(group: Tensor, other: Tensor, counts: Tensor) -> CompressedEdges:
+    """Group edges by ``group`` with a stable sort: all tensor ops, on the graph's device."""
+    perm = torch.argsort(group, stable=True)
+    ptr = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=group.device)
+    torch.cumsum(counts, dim=0, out=ptr[1:])
+    return CompressedEdges(ptr=ptr, index=other[perm], perm=perm)
+
+
+def _as_count(value: Any, name: str) -> int:
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a single integer, got a tensor of shape {tuple(value.shape)}")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import numpy as np
+
+            if isinstance(value, np.integer):
+                value = int(value)
+        except ImportError:  # pragma: no cover - numpy is a dependency
+            pass
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def check_edge_weight(edge_weight: Tensor, graph: Graph, name: str = "edge_weight") -> Tensor:
+    """Validate a per-edge (per-head) weight tensor against ``graph``; returns it."""
+    if not isinstance(edge_weight, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(edge_weight).__name__}")
+    if not edge_weight.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got dtype {edge_weight.dtype}")
+    if edge_weight.dim() not in (1, 2) or edge_weight.size(0) != graph.num_edges:
+        raise ValueError(
+            f"{name} must have shape [E] or [E, H] with E = {graph.num_edges} edges, "
+            f"got {tuple(edge_weight.shape)}"
+        )
+    if edge_weight.device != graph.device:
+        raise ValueError(
+            f"{name} is on {edge_weight.device} but the graph is on {graph.device}; "
+            "move them to the same device"
+        )
+    return edge_weight

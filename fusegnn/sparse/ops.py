@@ -1,0 +1,155 @@
+r"""Public sparse ops: argument checks, then dispatch to a backend.
+
+The three ops every GNN layer and every masked attention is built from
+(fuseGNN's Graph Processing + Aggregation; SDDMM -> softmax -> SpMM):
+
+* :func:`spmm` -- aggregation :math:`\mathrm{out}_i = \sum_{j \to i} w_{ji} x_j`;
+* :func:`sddmm` -- one score per edge from its endpoints' rows;
+* :func:`edge_softmax` -- softmax over each target's incoming edges.
+
+All three accept a :class:`~fusegnn.sparse.Graph` or an ``edge_index`` tensor, never
+modify their inputs, and are differentiable with respect to every floating input.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fusegnn.sparse.dispatch import resolve_aggregation
+from fusegnn.sparse.graph import Graph, check_edge_weight
+
+__all__ = ["spmm", "sddmm", "edge_softmax", "as_graph"]
+
+_REDUCES = ("sum", "mean", "max")
+_SDDMM_OPS = ("dot", "add", "sub", "mul")
+
+
+def as_graph(graph: Graph | Tensor, num_nodes: int | tuple[int, int] | None = None, name: str = "graph") -> Graph:
+    """``graph`` itself, or a :class:`Graph` built from an ``edge_index`` tensor."""
+    if isinstance(graph, Graph):
+        return graph
+    if isinstance(graph, Tensor):
+        return Graph(graph, num_nodes)
+    raise TypeError(f"{name} must be a fusegnn.sparse.Graph or an edge_index tensor, got {type(graph).__name__}")
+
+
+def check_node_tensor(x: Tensor, graph: Graph, num_rows: int, name: str, dims: tuple[int, ...]) -> None:
+    """``x`` is a floating tensor on the graph's device with ``num_rows`` rows."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got dtype {x.dtype}")
+    if x.dim() not in dims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, dims))} dimensions, got shape {tuple(x.shape)}")
+    if x.device != graph.device:
+        raise ValueError(
+            f"{name} is on {x.device} but the graph is on {graph.device}; move them to the same device"
+        )
+    if x.size(0) != num_rows:
+        raise ValueError(f"{name} has {x.size(0)} rows but the graph needs {num_rows} (one per node)")
+
+
+def spmm(
+    graph: Graph | Tensor,
+    x: Tensor,
+    edge_weight: Tensor | None = None,
+    reduce: str = "sum",
+    *,
+    aggregation: str = "auto",
+) -> Tensor:
+    r"""Sparse-dense product: aggregate source rows of ``x`` into their targets.
+
+    .. math::
+        \mathrm{out}_i = \bigoplus_{(j \to i) \in E} w_{ji} \, x_j
+
+    Args:
+        graph: a :class:`Graph` (or an ``edge_index`` ``[2, E]``).
+        x: ``[N_src, F]`` or ``[N_src, H, F]`` source features.
+        edge_weight: ``[E]`` weights, or ``[E, H]`` per-head weights for 3-D ``x``
+            (e.g. attention coefficients). ``None`` uses the graph's own
+            ``edge_weight`` if it has one, else 1 for every edge.
+        reduce: ``"sum"``, ``"mean"`` (over incoming edges) or ``"max"``; targets with
+            no incoming edge get zeros.
+        aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``
+            (see :mod:`fusegnn.sparse.dispatch`).
+
+    Returns:
+        ``[N_dst, F]`` or ``[N_dst, H, F]``.
+    """
+    graph = as_graph(graph, x.size(0) if isinstance(x, Tensor) else None)
+    check_node_tensor(x, graph, graph.num_src_nodes, "x", (2, 3))
+    if reduce not in _REDUCES:
+        raise ValueError(f"reduce must be one of {_REDUCES}, got {reduce!r}")
+    if edge_weight is None:
+        edge_weight = graph.edge_weight
+    if edge_weight is not None:
+        check_edge_weight(edge_weight, graph, "edge_weight")
+        if edge_weight.dim() == 2:
+            if x.dim() != 3 or edge_weight.size(1) != x.size(1):
+                raise ValueError(
+                    f"edge_weight of shape {tuple(edge_weight.shape)} has one weight per head; "
+                    f"x must then be [N, H={edge_weight.size(1)}, F], got {tuple(x.shape)}"
+                )
+    backend = resolve_aggregation(aggregation, graph, x)
+    return backend.spmm(graph, x, edge_weight, reduce)
+
+
+def sddmm(
+    graph: Graph | Tensor,
+    a: Tensor,
+    b: Tensor,
+    op: str = "dot",
+    *,
+    aggregation: str = "auto",
+) -> Tensor:
+    r"""Sampled dense-dense op: one value per edge from its endpoints.
+
+    .. math::
+        s_{ji} = a_j \odot b_i
+
+    Args:
+        graph: a :class:`Graph` (or an ``edge_index``).
+        a: ``[N_src, *S]`` rows read at each edge's source.
+        b: ``[N_dst, *S]`` rows read at each edge's target (same trailing shape as ``a``).
+        op: ``"dot"`` (reduces the last axis: ``[E, *S[:-1]]``, e.g. ``q_i . k_j`` per
+            head) or elementwise ``"add"``, ``"sub"``, ``"mul"`` (``[E, *S]``, e.g. GAT's
+            ``a_src . h_j + a_dst . h_i``).
+        aggregation: backend choice, as for :func:`spmm`.
+    """
+    if not isinstance(a, Tensor):
+        raise TypeError(f"a must be a torch.Tensor, got {type(a).__name__}")
+    graph = as_graph(graph, a.size(0))
+    check_node_tensor(a, graph, graph.num_src_nodes, "a", (1, 2, 3))
+    check_node_tensor(b, graph, graph.num_dst_nodes, "b", (1, 2, 3))
+    if a.shape[1:] != b.shape[1:]:
+        raise ValueError(f"a and b must have the same trailing shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if op not in _SDDMM_OPS:
+        raise ValueError(f"op must be one of {_SDDMM_OPS}, got {op!r}")
+    if op == "dot" and a.dim() < 2:
+        raise ValueError("op='dot' needs a feature axis: a and b must be at least [N, F]")
+    backend = resolve_aggregation(aggregation, graph, a, b)
+    return backend.sddmm(graph, a, b, op)
+
+
+def edge_softmax(graph: Graph | Tensor, scores: Tensor, *, aggregation: str = "auto") -> Tensor:
+    r"""Softmax of edge scores over each target's incoming edges, per head.
+
+    .. math::
+        \alpha_{ji} = \frac{\exp(s_{ji} - m_i)}{\sum_{(k \to i) \in E} \exp(s_{ki} - m_i)},
+        \qquad m_i = \max_{k \to i} s_{ki}
+
+    Args:
+        graph: a :class:`Graph` (or an ``edge_index``).
+        scores: ``[E]`` or ``[E, H]``; ``-inf`` masks an edge out. A target whose edges
+            are all masked gets zeros, never NaN.
+        aggregation: backend choice, as for :func:`spmm`.
+    """
+    graph = as_graph(graph)
+    if not isinstance(scores, Tensor):
+        raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
+    check_node_tensor(scores, graph, graph.num_edges, "scores", (1, 2))
+    backend = resolve_aggregation(aggregation, graph, scores)
+    return backend.edge_softmax(graph, scores)

@@ -1,0 +1,98 @@
+r"""Graph processing: self-loop handling and GCN normalisation, as tensor ops on the device.
+
+These return new :class:`~fusegnn.sparse.Graph` objects (a graph is immutable) and are
+differentiable with respect to edge weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fusegnn.sparse.graph import Graph
+
+__all__ = ["remove_self_loops", "add_self_loops", "add_remaining_self_loops", "gcn_norm"]
+
+
+def _require_square(graph: Graph, what: str) -> int:
+    if graph.is_bipartite:
+        raise ValueError(f"{what} needs a square graph, got a bipartite one ({graph!r})")
+    return graph.num_nodes
+
+
+def remove_self_loops(graph: Graph) -> Graph:
+    """The graph without its self-loops ``i -> i`` (weights follow their edges)."""
+    keep = graph.src != graph.dst
+    weight = graph.edge_weight[keep] if graph.edge_weight is not None else None
+    return Graph(graph.edge_index[:, keep], (graph.num_src_nodes, graph.num_dst_nodes), weight, validate=False)
+
+
+def add_self_loops(graph: Graph, fill_value: float = 1.0) -> Graph:
+    """The graph with one self-loop per node appended (existing ones are kept too)."""
+    n = _require_square(graph, "add_self_loops")
+    loop = torch.arange(n, device=graph.device, dtype=graph.index_dtype)
+    edge_index = torch.cat([graph.edge_index, loop.unsqueeze(0).expand(2, n)], dim=1)
+    weight = None
+    if graph.edge_weight is not None:
+        w = graph.edge_weight
+        weight = torch.cat([w, w.new_full((n,) + tuple(w.shape[1:]), fill_value)], dim=0)
+    return Graph(edge_index, n, weight, validate=False)
+
+
+def add_remaining_self_loops(graph: Graph, fill_value: float = 1.0, edge_weight: Tensor | None = None) -> Graph:
+    r"""Add a self-loop to every node that has none, PyG's ``add_remaining_self_loops``.
+
+    Existing self-loops are moved to the end and keep their weight (with duplicated
+    self-loops the last one's weight wins, as in PyG); new ones get ``fill_value``. The
+    result is always weighted: unweighted graphs get weight 1 on their other edges.
+    """
+    n = _require_square(graph, "add_remaining_self_loops")
+    w = edge_weight if edge_weight is not None else graph.edge_weight
+    if w is None:
+        w = torch.ones(graph.num_edges, device=graph.device)
+    is_loop = graph.src == graph.dst
+    loop_weight = w.new_full((n,) + tuple(w.shape[1:]), fill_value)
+    loop_nodes = graph.src[is_loop].long()
+    loop_weight = loop_weight.index_put((loop_nodes,), w[is_loop])
+    keep = ~is_loop
+    loop = torch.arange(n, device=graph.device, dtype=graph.index_dtype)
+    edge_index = torch.cat([graph.edge_index[:, keep], loop.unsqueeze(0).expand(2, n)], dim=1)
+    return Graph(edge_index, n, torch.cat([w[keep], loop_weight], dim=0), validate=False)
+
+
+def gcn_norm(
+    graph: Graph,
+    edge_weight: Tensor | None = None,
+    *,
+    improved: bool = False,
+    add_self_loops: bool = True,
+    dtype: torch.dtype | None = None,
+) -> Graph:
+    r"""Kipf & Welling's symmetric normalisation (PyG's ``gcn_norm``).
+
+    .. math::
+        \hat{A} = \hat{D}^{-1/2} (A + \lambda I) \hat{D}^{-1/2}, \qquad
+        \hat{D}_{ii} = \sum_{j} \hat{A}_{ij} \text{ (weighted in-degree, self-loop included)}
+
+    with :math:`\lambda = 2` when ``improved`` else 1, and self-loops added only to the
+    nodes that have none (``add_self_loops``). Returns a graph whose ``edge_weight`` is
+    :math:`\hat{w}_{ji} = d_j^{-1/2} w_{ji} d_i^{-1/2}`; zero-degree nodes get weight 0.
+    """
+    _require_square(graph, "gcn_norm")
+    if edge_weight is None:
+        edge_weight = graph.edge_weight
+    if edge_weight is not None and edge_weight.dim() != 1:
+        raise ValueError(f"gcn_norm needs one weight per edge ([E]), got shape {tuple(edge_weight.shape)}")
+    if edge_weight is None:
+        edge_weight = torch.ones(graph.num_edges, device=graph.device, dtype=dtype or torch.float32)
+    elif dtype is not None:
+        edge_weight = edge_weight.to(dtype)
+    if add_self_loops:
+        graph = add_remaining_self_loops(graph, 2.0 if improved else 1.0, edge_weight)
+        edge_weight = graph.edge_weight
+    src, dst = graph.src.long(), graph.dst.long()
+    deg = edge_weight.new_zeros(graph.num_dst_nodes).index_add(0, dst, edge_weight)
+    deg_inv_sqrt = deg.pow(-0.5)
+    deg_inv_sqrt = torch.where(torch.isinf(deg_inv_sqrt), torch.zeros_like(deg_inv_sqrt), deg_inv_sqrt)
+    norm = deg_inv_sqrt.index_select(0, src) * edge_weight * deg_inv_sqrt.index_select(0, dst)
+    return graph.with_edge_weight(norm)
