@@ -1,5 +1,37 @@
-"""Data loaders (Planetoid, Reddit, OGB) and generators for offline use."""
+"""Data loaders (Planetoid, Reddit, OGB) and generators for offline use.
+
+Every loader returns a :class:`NodeDataset` and looks for its files in ``root``, then
+``$FUSEGNN_DATA``, then the cache directory, then downloads (see
+:mod:`fusegnn.datasets.paths`). :func:`load_dataset` picks the loader by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 from fusegnn.datasets.base import NodeDataset
+from fusegnn.datasets.paths import ENV_VAR, cache_dir
 
-__all__ = ["NodeDataset"]
+__all__ = ["NodeDataset", "ENV_VAR", "cache_dir", "load_dataset", "DATASETS"]
+
+#: Names accepted by :func:`load_dataset` (case-insensitive).
+DATASETS = ("Cora", "CiteSeer", "PubMed", "Reddit", "ogbn-arxiv", "ogbn-products")
+
+
+def load_dataset(name: str, root: str | None = None, **kwargs: Any) -> NodeDataset:
+    """Load a data set by name: ``Cora``, ``CiteSeer``, ``PubMed`` (Planetoid),
+    ``Reddit``, ``ogbn-arxiv``, ``ogbn-products``. ``kwargs`` go to the loader."""
+    key = name.lower()
+    if key in ("cora", "citeseer", "pubmed"):
+        from fusegnn.datasets.planetoid import Planetoid
+
+        return Planetoid(root, name, **kwargs)
+    if key == "reddit":
+        from fusegnn.datasets.reddit import Reddit
+
+        return Reddit(root, **kwargs)
+    if key in ("ogbn-arxiv", "ogbn-products"):
+        from fusegnn.datasets.ogb import OGBNodeDataset
+
+        return OGBNodeDataset(key, root, **kwargs)
+    raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}")
