@@ -93,7 +93,8 @@ class Graph:
         num_src, num_dst = self._resolve_num_nodes(edge_index, num_nodes)
         self._num_src = num_src
         self._num_dst = num_dst
-        if validate and edge_index.numel() > 0:
+        # meta tensors hold no values: there are no ids to check
+        if validate and edge_index.numel() > 0 and edge_index.device.type != "meta":
             self._check_ids(edge_index, num_src, num_dst)
         if edge_weight is not None:
             edge_weight = check_edge_weight(edge_weight, self, "edge_weight")
@@ -108,6 +109,11 @@ class Graph:
         if num_nodes is None:
             if edge_index.numel() == 0:
                 return 0, 0
+            if edge_index.device.type == "meta":
+                raise ValueError(
+                    "num_nodes must be given for an edge_index on the meta device "
+                    "(it holds no ids to infer it from)"
+                )
             n = int(edge_index.max()) + 1
             return n, n
         if isinstance(num_nodes, (tuple, list)):
