@@ -185,7 +185,7 @@ def dense_matrix(
     else:
         w = edge_weight.detach().cpu().double()
         heads = None if w.dim() == 1 else w.size(1)
-        weights = w.reshape(len(ei[0]), -1).tolist()
+        weights = w.reshape(len(ei[0]), heads or 1).tolist()
     n_heads = heads or 1
     dense = torch.zeros(n_heads, num_dst, num_src, dtype=torch.float64)
     for e, (s, d) in enumerate(zip(ei[0], ei[1])):
