@@ -1,0 +1,662 @@
+r"""Fused GAT attention: scores, LeakyReLU, online softmax, dropout and aggregation.
+
+For each head (index dropped), edge :math:`j \to i` and ``p`` the dropout probability:
+
+.. math::
+    z_{ji} = s_j + t_i, \quad e_{ji} = \mathrm{LeakyReLU}(z_{ji}), \quad
+    \alpha_{ji} = \frac{\exp(e_{ji})}{\sum_{k \to i} \exp(e_{ki})}, \quad
+    w_{ji} = \alpha_{ji} \frac{M_{ji}}{1 - p}, \quad
+    \mathrm{out}_i = \sum_{j \to i} w_{ji} h_j
+
+with :math:`s` = ``score_src`` ``[N_src, H]``, :math:`t` = ``score_dst`` ``[N_dst, H]``,
+:math:`h` ``[N_src, H, C]`` and :math:`M_{ji} \in \{0, 1\}` the dropout keep mask.
+
+**Forward** (GAR, one program per target row of ``graph.csr``): a single pass over the
+row's edges keeps FlashAttention's running maximum :math:`m`, normaliser :math:`l` and
+accumulator :math:`a` per head, rescaling both by :math:`\exp(m_{old} - m_{new})` when the
+maximum grows; ``out = a / l`` and the log-sum-exp :math:`L_i = m + \log l` is kept for
+the backward. Nothing of size ``E`` is written. The keep mask is not stored either: it
+is regenerated from a counter-based RNG, ``tl.rand(seed, coo_edge_id * H + head) >= p``.
+
+**Backward.** With :math:`g_i = \partial \mathcal{L} / \partial \mathrm{out}_i` and
+:math:`\alpha_{ji} = \exp(e_{ji} - L_i)` recomputed from the stored log-sum-exp:
+
+.. math::
+    \frac{\partial \mathcal{L}}{\partial h_j} = \sum_{i} w_{ji} g_i, \qquad
+    dP_{ji} = \frac{M_{ji}}{1-p} \, g_i \cdot h_j, \qquad
+    dE_{ji} = \alpha_{ji} \big(dP_{ji} - D_i\big), \qquad
+    D_i = \sum_{k} \alpha_{ki} dP_{ki} = g_i \cdot \mathrm{out}_i
+
+(FlashAttention-2's identity; it holds with dropout because ``out`` already carries the
+mask), then :math:`dZ = dE \cdot (1 \text{ if } z > 0 \text{ else slope})`,
+:math:`\partial \mathcal{L} / \partial t_i = \sum_j dZ_{ji}` (row reduction) and
+:math:`\partial \mathcal{L} / \partial s_j = \sum_i dZ_{ji}` (column reduction). When the
+attention coefficients :math:`w` are also returned and receive a gradient
+:math:`\bar{w}`, :math:`dP` gains :math:`\frac{M}{1-p}\bar{w}` and :math:`D_i` gains
+:math:`\sum_k w_{ki} \bar{w}_{ki}`.
+
+Two backward variants:
+
+* ``"gar"``: pass R over ``csr`` (targets) computes :math:`\partial t` and :math:`D`;
+  pass C over ``csc`` (sources) computes :math:`\partial h` and :math:`\partial s`,
+  reading each edge's COO id through ``csc.perm``. No atomics (except across the chunks
+  of one split row);
+* ``"gas"``: pass R alone, scattering :math:`\partial h` and :math:`\partial s` into the
+  sources with atomics (no CSC needed).
+
+**Long rows.** Rows longer than ``chunk`` edges (hub nodes) are split into several work
+items. In the forward each item writes partial ``(m, l, a)`` that a combine kernel
+merges by the same rescaling; in the backward the items of a split row add their
+partial sums with fp32 atomics (so the last bits of those rows' gradients can vary from
+run to run; rows of at most ``chunk`` edges are deterministic).
+
+Accumulation is in float32 (float64 for float64 inputs); index arithmetic in int64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from fusegnn.kernels._edge_utils import (
+    ChunkSchedule,
+    LazyKernel,
+    acc_dtype,
+    chunk_schedule,
+    next_pow2,
+)
+from fusegnn.sparse.graph import Graph
+
+__all__ = ["fused_gat_attention", "dropout_keep_mask", "GATAttentionFunction", "DEFAULT_CHUNK"]
+
+#: Longest run of edges one program handles before a row is split into several items.
+DEFAULT_CHUNK = 2048
+_VARIANTS = ("gar", "gas")
+
+
+# ---------------------------------------------------------------------------- kernels
+def _gat_fwd_kernel(
+    ptr, idx, perm,
+    item_row, item_start, item_slot,
+    h, s_src, s_dst,
+    out, lse,
+    part_acc, part_m, part_l,
+    seed, p_drop, drop_scale, negative_slope,
+    H, C, CHUNK,
+    HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """One target row (or one chunk of a long row): online softmax + aggregation."""
+    pid = tl.program_id(0)
+    if HAS_ITEMS:
+        row = tl.load(item_row + pid)
+        start = tl.load(item_start + pid)
+        slot = tl.load(item_slot + pid)
+        end = tl.minimum(start + CHUNK, tl.load(ptr + row + 1))
+    else:
+        row = pid.to(tl.int64)
+        start = tl.load(ptr + row)
+        end = tl.load(ptr + row + 1)
+        slot = -1
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_c = tl.arange(0, BLOCK_C)
+    mask_h = offs_h < H
+    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
+    hc = offs_h[:, None] * C + offs_c[None, :]
+    t = tl.load(s_dst + row * H + offs_h, mask=mask_h, other=0.0).to(ACC)
+    m = tl.full([BLOCK_H], float("-inf"), ACC)
+    l = tl.zeros([BLOCK_H], ACC)
+    acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+    for e0 in range(start, end, BLOCK_E):
+        pos = e0 + offs_e
+        me = pos < end
+        j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
+        meh = me[:, None] & mask_h[None, :]
+        s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
+        z = s + t[None, :]
+        e = tl.where(z > 0, z, z * negative_slope)
+        e = tl.where(meh, e, float("-inf"))
+        m_new = tl.maximum(m, tl.max(e, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        rescale = tl.exp(m - m_safe)
+        pexp = tl.exp(e - m_safe[None, :])
+        l = l * rescale + tl.sum(pexp, axis=0)
+        if DROPOUT:
+            cid = tl.load(perm + pos, mask=me, other=0)
+            rng = cid[:, None] * H + offs_h[None, :]
+            if not RNG64:
+                rng = rng.to(tl.int32)
+            keep = tl.rand(seed, rng) >= p_drop
+            pexp = tl.where(keep, pexp * drop_scale, 0.0)
+        hj = tl.load(
+            h + j[:, None, None] * (H * C) + hc[None, :, :],
+            mask=me[:, None, None] & mask_hc[None, :, :],
+            other=0.0,
+        ).to(ACC)
+        acc = acc * rescale[:, None] + tl.sum(pexp[:, :, None] * hj, axis=0)
+        m = m_new
+    if slot < 0:
+        inv = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
+        o = acc * inv[:, None]
+        tl.store(out + row * (H * C) + hc, o.to(out.dtype.element_ty), mask=mask_hc)
+        lse_row = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), 0.0)
+        tl.store(lse + row * H + offs_h, lse_row, mask=mask_h)
+    else:
+        tl.store(part_acc + slot * (H * C) + hc, acc, mask=mask_hc)
+        tl.store(part_m + slot * H + offs_h, m, mask=mask_h)
+        tl.store(part_l + slot * H + offs_h, l, mask=mask_h)
+
+
+def _gat_combine_kernel(
+    split_rows, slot_ptr,
+    part_acc, part_m, part_l,
+    out, lse,
+    H, C,
+    BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
+):
+    """Merge the partial (m, l, acc) of the chunks of one long row."""
+    pid = tl.program_id(0)
+    row = tl.load(split_rows + pid)
+    first = tl.load(slot_ptr + pid)
+    last = tl.load(slot_ptr + pid + 1)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_c = tl.arange(0, BLOCK_C)
+    mask_h = offs_h < H
+    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
+    hc = offs_h[:, None] * C + offs_c[None, :]
+    m = tl.full([BLOCK_H], float("-inf"), ACC)
+    l = tl.zeros([BLOCK_H], ACC)
+    acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+    for slot in range(first, last):
+        pm = tl.load(part_m + slot * H + offs_h, mask=mask_h, other=float("-inf"))
+        pl = tl.load(part_l + slot * H + offs_h, mask=mask_h, other=0.0)
+        pa = tl.load(part_acc + slot * (H * C) + hc, mask=mask_hc, other=0.0)
+        m_new = tl.maximum(m, pm)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        r_old = tl.exp(m - m_safe)
+        r_new = tl.exp(pm - m_safe)
+        l = l * r_old + pl * r_new
+        acc = acc * r_old[:, None] + pa * r_new[:, None]
+        m = m_new
+    inv = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
+    tl.store(out + row * (H * C) + hc, (acc * inv[:, None]).to(out.dtype.element_ty), mask=mask_hc)
+    lse_row = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), 0.0)
+    tl.store(lse + row * H + offs_h, lse_row, mask=mask_h)
+
+
+def _gat_bwd_row_kernel(
+    ptr, idx, perm,
+    item_row, item_start, item_slot,
+    h, s_src, s_dst, out, lse, grad_out, d_extra, grad_alpha,
+    grad_dst, d_buf, grad_h, grad_src,
+    seed, p_drop, drop_scale, negative_slope,
+    H, C, CHUNK,
+    HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
+    HAS_GALPHA: tl.constexpr, SCATTER_SRC: tl.constexpr, STORE_D: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Pass R over a target row: d score_dst (row sum of dZ) and D; with SCATTER_SRC
+    also d h and d score_src by atomics into the sources (the "gas" backward)."""
+    pid = tl.program_id(0)
+    if HAS_ITEMS:
+        row = tl.load(item_row + pid)
+        start = tl.load(item_start + pid)
+        slot = tl.load(item_slot + pid)
+        end = tl.minimum(start + CHUNK, tl.load(ptr + row + 1))
+    else:
+        row = pid.to(tl.int64)
+        start = tl.load(ptr + row)
+        end = tl.load(ptr + row + 1)
+        slot = -1
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_c = tl.arange(0, BLOCK_C)
+    mask_h = offs_h < H
+    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
+    hc = offs_h[:, None] * C + offs_c[None, :]
+    t = tl.load(s_dst + row * H + offs_h, mask=mask_h, other=0.0).to(ACC)
+    lse_i = tl.load(lse + row * H + offs_h, mask=mask_h, other=0.0).to(ACC)
+    g = tl.load(grad_out + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
+    o = tl.load(out + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
+    d = tl.sum(g * o, axis=1)
+    if HAS_GALPHA:
+        d += tl.load(d_extra + row * H + offs_h, mask=mask_h, other=0.0).to(ACC)
+    dt = tl.zeros([BLOCK_H], ACC)
+    for e0 in range(start, end, BLOCK_E):
+        pos = e0 + offs_e
+        me = pos < end
+        meh = me[:, None] & mask_h[None, :]
+        j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
+        s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
+        z = s + t[None, :]
+        e = tl.where(z > 0, z, z * negative_slope)
+        alpha = tl.where(meh, tl.exp(e - lse_i[None, :]), 0.0)
+        hj = tl.load(
+            h + j[:, None, None] * (H * C) + hc[None, :, :],
+            mask=me[:, None, None] & mask_hc[None, :, :],
+            other=0.0,
+        ).to(ACC)
+        dp = tl.sum(g[None, :, :] * hj, axis=2)
+        if DROPOUT or HAS_GALPHA:
+            cid = tl.load(perm + pos, mask=me, other=0)
+        if HAS_GALPHA:
+            dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
+        w = alpha
+        if DROPOUT:
+            rng = cid[:, None] * H + offs_h[None, :]
+            if not RNG64:
+                rng = rng.to(tl.int32)
+            keep = tl.rand(seed, rng) >= p_drop
+            dp = tl.where(keep, dp * drop_scale, 0.0)
+            w = tl.where(keep, alpha * drop_scale, 0.0)
+        ds = alpha * (dp - d[None, :])
+        dz = tl.where(meh, tl.where(z > 0, ds, ds * negative_slope), 0.0)
+        dt += tl.sum(dz, axis=0)
+        if SCATTER_SRC:
+            tl.atomic_add(grad_src + j[:, None] * H + offs_h[None, :], dz, mask=meh)
+            tl.atomic_add(
+                grad_h + j[:, None, None] * (H * C) + hc[None, :, :],
+                w[:, :, None] * g[None, :, :],
+                mask=me[:, None, None] & mask_hc[None, :, :],
+            )
+    if STORE_D:
+        tl.store(d_buf + row * H + offs_h, d, mask=mask_h)
+    if slot < 0:
+        tl.store(grad_dst + row * H + offs_h, dt, mask=mask_h)
+    else:
+        tl.atomic_add(grad_dst + row * H + offs_h, dt, mask=mask_h)
+
+
+def _gat_bwd_col_kernel(
+    ptr, idx, perm,
+    item_row, item_start, item_slot,
+    h, s_src, s_dst, lse, d_buf, grad_out, grad_alpha,
+    grad_h, grad_src,
+    seed, p_drop, drop_scale, negative_slope,
+    H, C, CHUNK,
+    HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
+    HAS_GALPHA: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Pass C over a source row of the CSC: d h_j = sum_i w_ji g_i, d s_j = sum_i dZ_ji."""
+    pid = tl.program_id(0)
+    if HAS_ITEMS:
+        col = tl.load(item_row + pid)
+        start = tl.load(item_start + pid)
+        slot = tl.load(item_slot + pid)
+        end = tl.minimum(start + CHUNK, tl.load(ptr + col + 1))
+    else:
+        col = pid.to(tl.int64)
+        start = tl.load(ptr + col)
+        end = tl.load(ptr + col + 1)
+        slot = -1
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_c = tl.arange(0, BLOCK_C)
+    mask_h = offs_h < H
+    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
+    hc = offs_h[:, None] * C + offs_c[None, :]
+    s = tl.load(s_src + col * H + offs_h, mask=mask_h, other=0.0).to(ACC)
+    hj = tl.load(h + col * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
+    acc_h = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+    acc_s = tl.zeros([BLOCK_H], ACC)
+    for e0 in range(start, end, BLOCK_E):
+        pos = e0 + offs_e
+        me = pos < end
+        meh = me[:, None] & mask_h[None, :]
+        i = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
+        ih = i[:, None] * H + offs_h[None, :]
+        t = tl.load(s_dst + ih, mask=meh, other=0.0).to(ACC)
+        lse_i = tl.load(lse + ih, mask=meh, other=0.0)
+        d = tl.load(d_buf + ih, mask=meh, other=0.0)
+        z = s[None, :] + t
+        e = tl.where(z > 0, z, z * negative_slope)
+        alpha = tl.where(meh, tl.exp(e - lse_i), 0.0)
+        gi = tl.load(
+            grad_out + i[:, None, None] * (H * C) + hc[None, :, :],
+            mask=me[:, None, None] & mask_hc[None, :, :],
+            other=0.0,
+        ).to(ACC)
+        dp = tl.sum(gi * hj[None, :, :], axis=2)
+        if DROPOUT or HAS_GALPHA:
+            cid = tl.load(perm + pos, mask=me, other=0)
+        if HAS_GALPHA:
+            dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
+        w = alpha
+        if DROPOUT:
+            rng = cid[:, None] * H + offs_h[None, :]
+            if not RNG64:
+                rng = rng.to(tl.int32)
+            keep = tl.rand(seed, rng) >= p_drop
+            dp = tl.where(keep, dp * drop_scale, 0.0)
+            w = tl.where(keep, alpha * drop_scale, 0.0)
+        ds = alpha * (dp - d)
+        dz = tl.where(meh, tl.where(z > 0, ds, ds * negative_slope), 0.0)
+        acc_s += tl.sum(dz, axis=0)
+        acc_h += tl.sum(w[:, :, None] * gi, axis=0)
+    if slot < 0:
+        tl.store(grad_src + col * H + offs_h, acc_s, mask=mask_h)
+        tl.store(grad_h + col * (H * C) + hc, acc_h, mask=mask_hc)
+    else:
+        tl.atomic_add(grad_src + col * H + offs_h, acc_s, mask=mask_h)
+        tl.atomic_add(grad_h + col * (H * C) + hc, acc_h, mask=mask_hc)
+
+
+def _gat_alpha_kernel(
+    src, dst, s_src, s_dst, lse, alpha,
+    seed, p_drop, drop_scale, negative_slope,
+    E, H,
+    DROPOUT: tl.constexpr, RNG64: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ACC: tl.constexpr,
+):
+    """Edge-parallel (COO order): the coefficients actually applied, w = alpha * M / (1-p)."""
+    pid = tl.program_id(0)
+    eid = pid.to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_h = tl.arange(0, BLOCK_H)
+    me = eid < E
+    meh = me[:, None] & (offs_h[None, :] < H)
+    j = tl.load(src + eid, mask=me, other=0).to(tl.int64)
+    i = tl.load(dst + eid, mask=me, other=0).to(tl.int64)
+    s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
+    t = tl.load(s_dst + i[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
+    lse_i = tl.load(lse + i[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
+    z = s + t
+    e = tl.where(z > 0, z, z * negative_slope)
+    a = tl.exp(e - lse_i)
+    if DROPOUT:
+        rng = eid[:, None] * H + offs_h[None, :]
+        if not RNG64:
+            rng = rng.to(tl.int32)
+        keep = tl.rand(seed, rng) >= p_drop
+        a = tl.where(keep, a * drop_scale, 0.0)
+    tl.store(alpha + eid[:, None] * H + offs_h[None, :], a.to(alpha.dtype.element_ty), mask=meh)
+
+
+def _keep_mask_kernel(keep, seed, p_drop, n, RNG64: tl.constexpr, BLOCK: tl.constexpr):
+    """The dropout keep mask the fused kernels regenerate, materialised (for tests):
+    element ``edge * H + head`` of the flattened ``[E, H]`` mask."""
+    pid = tl.program_id(0)
+    off = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = off < n
+    rng = off
+    if not RNG64:
+        rng = rng.to(tl.int32)
+    k = tl.rand(seed, rng) >= p_drop
+    tl.store(keep + off, k.to(tl.int8), mask=m)
+
+
+gat_fwd_kernel = LazyKernel(_gat_fwd_kernel)
+gat_combine_kernel = LazyKernel(_gat_combine_kernel)
+gat_bwd_row_kernel = LazyKernel(_gat_bwd_row_kernel)
+gat_bwd_col_kernel = LazyKernel(_gat_bwd_col_kernel)
+gat_alpha_kernel = LazyKernel(_gat_alpha_kernel)
+keep_mask_kernel = LazyKernel(_keep_mask_kernel)
+
+
+# ---------------------------------------------------------------------------- launch
+_TL_ACC = {torch.float32: tl.float32, torch.float64: tl.float64}
+
+
+def _block_sizes(heads: int, channels: int, avg_degree: float) -> tuple[int, int, int]:
+    """(BLOCK_E, BLOCK_H, BLOCK_C): full-width head x channel tiles, BLOCK_E edges at a
+    time, sized so a tile holds about 4096 values and no more edges than a typical row."""
+    block_h, block_c = next_pow2(heads), next_pow2(channels)
+    by_degree = min(max(next_pow2(math.ceil(avg_degree)), 16), 128)
+    by_width = max(4096 // (block_h * block_c), 2)
+    return min(by_degree, by_width), block_h, block_c
+
+
+def _rng64(num_edges: int, heads: int) -> bool:
+    """Counter offsets ``edge * H + head`` need 64 bits past 2**31 (a different but equally
+    valid random stream; forward and backward always agree)."""
+    return num_edges * heads >= 2**31
+
+
+def _schedule(graph: Graph, which: str, chunk: int) -> ChunkSchedule | None:
+    comp = graph.csr if which == "csr" else graph.csc
+    return graph.cached(f"fusegnn.gat.schedule.{which}.{chunk}", lambda: chunk_schedule(comp.ptr, chunk))
+
+
+def _items(schedule: ChunkSchedule | None, ptr: Tensor, num_groups: int):
+    """(grid, item_row, item_start, item_slot) for a launch over groups or items."""
+    if schedule is None:
+        return num_groups, ptr, ptr, ptr
+    return schedule.item_group.numel(), schedule.item_group, schedule.item_start, schedule.item_slot
+
+
+class _Config:
+    """Everything a launch needs besides the tensors (shared by forward and backward)."""
+
+    def __init__(self, graph: Graph, h: Tensor, negative_slope: float, p: float, seed: int,
+                 variant: str, chunk: int) -> None:
+        self.graph = graph
+        self.heads, self.channels = h.size(1), h.size(2)
+        self.negative_slope = float(negative_slope)
+        self.p = float(p)
+        self.dropout = self.p > 0.0
+        self.drop_scale = 1.0 / (1.0 - self.p) if self.dropout else 1.0
+        self.seed = int(seed)
+        self.variant = variant
+        self.chunk = int(chunk)
+        self.rng64 = _rng64(graph.num_edges, self.heads)
+        self.acc = acc_dtype(h.dtype)
+        self.block_e, self.block_h, self.block_c = _block_sizes(self.heads, self.channels, graph.avg_degree)
+
+    def rng_args(self):
+        return self.seed, self.p, self.drop_scale, self.negative_slope
+
+
+def _forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor) -> tuple[Tensor, Tensor]:
+    graph = cfg.graph
+    n_dst, H, C = graph.num_dst_nodes, cfg.heads, cfg.channels
+    out = torch.empty((n_dst, H, C), dtype=h.dtype, device=h.device)
+    lse = torch.empty((n_dst, H), dtype=cfg.acc, device=h.device)
+    csr = graph.csr
+    sched = _schedule(graph, "csr", cfg.chunk)
+    grid, item_row, item_start, item_slot = _items(sched, csr.ptr, n_dst)
+    if sched is not None and sched.num_slots > 0:
+        part_acc = torch.empty((sched.num_slots, H, C), dtype=cfg.acc, device=h.device)
+        part_m = torch.empty((sched.num_slots, H), dtype=cfg.acc, device=h.device)
+        part_l = torch.empty((sched.num_slots, H), dtype=cfg.acc, device=h.device)
+    else:
+        part_acc = part_m = part_l = lse
+    gat_fwd_kernel[(grid,)](
+        csr.ptr, csr.index, csr.perm,
+        item_row, item_start, item_slot,
+        h, s_src, s_dst, out, lse,
+        part_acc, part_m, part_l,
+        *cfg.rng_args(),
+        H, C, cfg.chunk,
+        HAS_ITEMS=sched is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
+        BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=_TL_ACC[cfg.acc],
+    )
+    if sched is not None and sched.split_groups.numel() > 0:
+        gat_combine_kernel[(sched.split_groups.numel(),)](
+            sched.split_groups, sched.slot_ptr, part_acc, part_m, part_l, out, lse,
+            H, C, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=_TL_ACC[cfg.acc],
+        )
+    return out, lse
+
+
+def _alpha(cfg: _Config, s_src: Tensor, s_dst: Tensor, lse: Tensor) -> Tensor:
+    graph = cfg.graph
+    E, H = graph.num_edges, cfg.heads
+    alpha = torch.empty((E, H), dtype=s_src.dtype, device=s_src.device)
+    block_e = max(16, min(256, 2048 // cfg.block_h))
+    gat_alpha_kernel[(triton.cdiv(E, block_e),)](
+        graph.src, graph.dst, s_src, s_dst, lse, alpha,
+        *cfg.rng_args(), E, H,
+        DROPOUT=cfg.dropout, RNG64=cfg.rng64, BLOCK_E=block_e, BLOCK_H=cfg.block_h,
+        ACC=_TL_ACC[cfg.acc],
+    )
+    return alpha
+
+
+def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alpha):
+    graph = cfg.graph
+    dev = h.device
+    H, C = cfg.heads, cfg.channels
+    n_src, n_dst = graph.num_src_nodes, graph.num_dst_nodes
+    acc_tl = _TL_ACC[cfg.acc]
+    has_galpha = grad_alpha is not None
+    if has_galpha:
+        grad_alpha = grad_alpha.contiguous()
+        # D_i gains sum_k w_ki * grad_w_ki (w: the returned, post-dropout coefficients).
+        d_extra = torch.zeros((n_dst, H), dtype=cfg.acc, device=dev).index_add_(
+            0, graph.dst.long(), alpha.to(cfg.acc) * grad_alpha.to(cfg.acc)
+        )
+    else:
+        d_extra = grad_alpha = lse
+    scatter = cfg.variant == "gas"
+    csr = graph.csr
+    sched_r = _schedule(graph, "csr", cfg.chunk)
+    grid, item_row, item_start, item_slot = _items(sched_r, csr.ptr, n_dst)
+    alloc_dst = torch.zeros if sched_r is not None else torch.empty
+    grad_dst = alloc_dst((n_dst, H), dtype=cfg.acc, device=dev)
+    d_buf = torch.empty((n_dst, H), dtype=cfg.acc, device=dev) if not scatter else lse
+    if scatter:
+        grad_h = torch.zeros((n_src, H, C), dtype=cfg.acc, device=dev)
+        grad_src = torch.zeros((n_src, H), dtype=cfg.acc, device=dev)
+    else:
+        grad_h = grad_src = lse
+    gat_bwd_row_kernel[(grid,)](
+        csr.ptr, csr.index, csr.perm,
+        item_row, item_start, item_slot,
+        h, s_src, s_dst, out, lse, grad_out, d_extra, grad_alpha,
+        grad_dst, d_buf, grad_h, grad_src,
+        *cfg.rng_args(), H, C, cfg.chunk,
+        HAS_ITEMS=sched_r is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
+        HAS_GALPHA=has_galpha, SCATTER_SRC=scatter, STORE_D=not scatter,
+        BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
+    )
+    if not scatter:
+        csc = graph.csc
+        sched_c = _schedule(graph, "csc", cfg.chunk)
+        grid, item_row, item_start, item_slot = _items(sched_c, csc.ptr, n_src)
+        alloc = torch.zeros if sched_c is not None else torch.empty
+        grad_h = alloc((n_src, H, C), dtype=cfg.acc, device=dev)
+        grad_src = alloc((n_src, H), dtype=cfg.acc, device=dev)
+        if n_src > 0:
+            gat_bwd_col_kernel[(grid,)](
+                csc.ptr, csc.index, csc.perm,
+                item_row, item_start, item_slot,
+                h, s_src, s_dst, lse, d_buf, grad_out, grad_alpha,
+                grad_h, grad_src,
+                *cfg.rng_args(), H, C, cfg.chunk,
+                HAS_ITEMS=sched_c is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
+                HAS_GALPHA=has_galpha,
+                BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
+            )
+    return grad_h, grad_src, grad_dst
+
+
+class GATAttentionFunction(torch.autograd.Function):
+    """Autograd for :func:`fused_gat_attention` (inputs already validated/contiguous)."""
+
+    @staticmethod
+    def forward(ctx, h, s_src, s_dst, cfg: _Config, return_alpha: bool):
+        graph = cfg.graph
+        ctx.empty = graph.num_edges == 0 or graph.num_dst_nodes == 0
+        if ctx.empty:  # no edges: every output row is zero
+            out = h.new_zeros((graph.num_dst_nodes, cfg.heads, cfg.channels))
+            lse = torch.zeros((graph.num_dst_nodes, cfg.heads), dtype=cfg.acc, device=h.device)
+            alpha = s_src.new_zeros((graph.num_edges, cfg.heads)) if return_alpha else None
+        else:
+            out, lse = _forward(cfg, h, s_src, s_dst)
+            alpha = _alpha(cfg, s_src, s_dst, lse) if return_alpha else None
+        ctx.cfg = cfg
+        ctx.save_for_backward(h, s_src, s_dst, out, lse, alpha)
+        if return_alpha:
+            return out, alpha
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_second):
+        h, s_src, s_dst, out, lse, alpha = ctx.saved_tensors
+        cfg: _Config = ctx.cfg
+        if ctx.empty:
+            return torch.zeros_like(h), torch.zeros_like(s_src), torch.zeros_like(s_dst), None, None
+        grad_alpha = grad_second if alpha is not None else None
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        grad_h, grad_src, grad_dst = _backward(
+            cfg, h, s_src, s_dst, out, lse, grad_out.contiguous(), alpha, grad_alpha
+        )
+        return grad_h.to(h.dtype), grad_src.to(s_src.dtype), grad_dst.to(s_dst.dtype), None, None
+
+
+def _draw_seed() -> int:
+    """A seed from torch's default CPU generator (so ``torch.manual_seed`` fixes it)."""
+    return int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64))
+
+
+def fused_gat_attention(
+    graph: Graph,
+    h: Tensor,
+    score_src: Tensor,
+    score_dst: Tensor,
+    negative_slope: float = 0.2,
+    dropout: float = 0.0,
+    *,
+    seed: int | None = None,
+    return_alpha: bool = False,
+    variant: str = "gar",
+    chunk: int = DEFAULT_CHUNK,
+) -> tuple[Tensor, Tensor | None]:
+    r"""Fused GAT attention ``out_i = sum_j w_ji h_j`` (see the module docstring).
+
+    Args:
+        graph: the graph (edges ``j -> i``); bipartite graphs are fine.
+        h: ``[N_src, H, C]`` source features.
+        score_src: ``[N_src, H]`` per-source scores :math:`a_s \cdot h_j`.
+        score_dst: ``[N_dst, H]`` per-target scores :math:`a_t \cdot h_i`.
+        negative_slope: LeakyReLU slope.
+        dropout: probability ``p`` of dropping a coefficient (0 disables dropout); kept
+            coefficients are scaled by ``1 / (1 - p)``.
+        seed: the dropout RNG seed; drawn from torch's default generator when ``None``.
+            The keep mask of a given seed is :func:`dropout_keep_mask`.
+        return_alpha: also return the ``[E, H]`` coefficients actually applied
+            (post-dropout), in COO edge order; they are differentiable.
+        variant: ``"gar"`` (two-pass backward over CSR and CSC) or ``"gas"`` (one-pass
+            backward with atomics into the sources).
+        chunk: longest run of edges one program handles; longer rows are split.
+
+    Returns:
+        ``(out [N_dst, H, C], alpha [E, H] or None)``. Inputs must be contiguous, on the
+        same device, floating (fp16/bf16/fp32/fp64).
+    """
+    if variant not in _VARIANTS:
+        raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    h, score_src, score_dst = h.contiguous(), score_src.contiguous(), score_dst.contiguous()
+    if dropout > 0.0 and seed is None:
+        seed = _draw_seed()
+    cfg = _Config(graph, h, negative_slope, dropout, seed or 0, variant, chunk)
+    out, second = GATAttentionFunction.apply(h, score_src, score_dst, cfg, return_alpha)
+    return out, (second if return_alpha else None)
+
+
+def dropout_keep_mask(num_edges: int, heads: int, p: float, seed: int, device: torch.device | str) -> Tensor:
+    """The ``[E, H]`` boolean keep mask (COO edge order) that the fused kernels use for
+    dropout probability ``p`` and ``seed`` -- the same counter-based stream, materialised.
+
+    Lets tests compare against the unfused reference with exactly the same mask.
+    """
+    keep = torch.empty((num_edges, heads), dtype=torch.int8, device=device)
+    n = num_edges * heads
+    if n:
+        block = 1024
+        keep_mask_kernel[(triton.cdiv(n, block),)](
+            keep, int(seed), float(p), n, RNG64=_rng64(num_edges, heads), BLOCK=block
+        )
+    return keep.bool()
