@@ -39,16 +39,16 @@ Two backward variants:
 
 * ``"gar"``: pass R over ``csr`` (targets) computes :math:`\partial t` and :math:`D`;
   pass C over ``csc`` (sources) computes :math:`\partial h` and :math:`\partial s`,
-  reading each edge's COO id through ``csc.perm``. No atomics (except across the chunks
-  of one split row);
+  reading each edge's COO id through ``csc.perm``. No atomics;
 * ``"gas"``: pass R alone, scattering :math:`\partial h` and :math:`\partial s` into the
   sources with atomics (no CSC needed).
 
 **Long rows.** Rows longer than ``chunk`` edges (hub nodes) are split into several work
-items. In the forward each item writes partial ``(m, l, a)`` that a combine kernel
-merges by the same rescaling; in the backward the items of a split row add their
-partial sums with fp32 atomics (so the last bits of those rows' gradients can vary from
-run to run; rows of at most ``chunk`` edges are deterministic).
+items (:func:`~fusegnn.kernels._edge_utils.chunk_schedule`, cached on the graph), so a
+hub does not serialise one program. In the forward each item writes partial
+``(m, l, a)`` that a combine kernel merges by the same rescaling; in the backward each
+item writes its partial sums and a second kernel adds them in item order. So ``"gar"``
+is bitwise reproducible; ``"gas"`` is not (its atomics).
 
 Accumulation is in float32 (float64 for float64 inputs); index arithmetic in int64.
 """
@@ -194,7 +194,7 @@ def _gat_bwd_row_kernel(
     ptr, idx, perm,
     item_row, item_start, item_slot,
     h, s_src, s_dst, out, lse, grad_out, d_extra, grad_alpha,
-    grad_dst, d_buf, grad_h, grad_src,
+    grad_dst, part_dst, d_buf, grad_h, grad_src,
     seed, p_drop, drop_scale, negative_slope,
     H, C, CHUNK,
     HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
@@ -271,14 +271,14 @@ def _gat_bwd_row_kernel(
     if slot < 0:
         tl.store(grad_dst + row * H + offs_h, dt, mask=mask_h)
     else:
-        tl.atomic_add(grad_dst + row * H + offs_h, dt, mask=mask_h)
+        tl.store(part_dst + slot * H + offs_h, dt, mask=mask_h)
 
 
 def _gat_bwd_col_kernel(
     ptr, idx, perm,
     item_row, item_start, item_slot,
     h, s_src, s_dst, lse, d_buf, grad_out, grad_alpha,
-    grad_h, grad_src,
+    grad_h, grad_src, part_h, part_src,
     seed, p_drop, drop_scale, negative_slope,
     H, C, CHUNK,
     HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
@@ -346,8 +346,35 @@ def _gat_bwd_col_kernel(
         tl.store(grad_src + col * H + offs_h, acc_s, mask=mask_h)
         tl.store(grad_h + col * (H * C) + hc, acc_h, mask=mask_hc)
     else:
-        tl.atomic_add(grad_src + col * H + offs_h, acc_s, mask=mask_h)
-        tl.atomic_add(grad_h + col * (H * C) + hc, acc_h, mask=mask_hc)
+        tl.store(part_src + slot * H + offs_h, acc_s, mask=mask_h)
+        tl.store(part_h + slot * (H * C) + hc, acc_h, mask=mask_hc)
+
+
+def _sum_partials_kernel(
+    split_groups, slot_ptr,
+    part_a, out_a, WA, part_b, out_b, WB,
+    HAS_B: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """out[group] = sum of the partial rows of a split group's items, in item order
+    (deterministic, unlike atomics). Two (partials, output, width) pairs per launch."""
+    pid = tl.program_id(0)
+    group = tl.load(split_groups + pid)
+    first = tl.load(slot_ptr + pid)
+    last = tl.load(slot_ptr + pid + 1)
+    offs = tl.arange(0, BLOCK)
+    for w0 in range(0, WA, BLOCK):
+        mw = w0 + offs < WA
+        acc = tl.zeros([BLOCK], out_a.dtype.element_ty)
+        for slot in range(first, last):
+            acc += tl.load(part_a + slot * WA + w0 + offs, mask=mw, other=0.0)
+        tl.store(out_a + group * WA + w0 + offs, acc, mask=mw)
+    if HAS_B:
+        for w0 in range(0, WB, BLOCK):
+            mw = w0 + offs < WB
+            acc = tl.zeros([BLOCK], out_b.dtype.element_ty)
+            for slot in range(first, last):
+                acc += tl.load(part_b + slot * WB + w0 + offs, mask=mw, other=0.0)
+            tl.store(out_b + group * WB + w0 + offs, acc, mask=mw)
 
 
 def _gat_alpha_kernel(
@@ -399,6 +426,7 @@ gat_bwd_row_kernel = LazyKernel(_gat_bwd_row_kernel)
 gat_bwd_col_kernel = LazyKernel(_gat_bwd_col_kernel)
 gat_alpha_kernel = LazyKernel(_gat_alpha_kernel)
 keep_mask_kernel = LazyKernel(_keep_mask_kernel)
+sum_partials_kernel = LazyKernel(_sum_partials_kernel)
 
 
 # ---------------------------------------------------------------------------- launch
@@ -430,6 +458,29 @@ def _items(schedule: ChunkSchedule | None, ptr: Tensor, num_groups: int):
     if schedule is None:
         return num_groups, ptr, ptr, ptr
     return schedule.item_group.numel(), schedule.item_group, schedule.item_start, schedule.item_slot
+
+
+def _partials(schedule: ChunkSchedule | None, shape: tuple[int, ...], dtype, device, dummy: Tensor) -> Tensor:
+    """Buffer for the partial results of split groups' items (``dummy`` when none)."""
+    if schedule is None or schedule.num_slots == 0:
+        return dummy
+    return torch.empty((schedule.num_slots,) + shape, dtype=dtype, device=device)
+
+
+def _combine_sums(schedule: ChunkSchedule | None, part_a: Tensor, out_a: Tensor,
+                  part_b: Tensor | None = None, out_b: Tensor | None = None) -> None:
+    """Sum the partials of every split group into its output row(s)."""
+    if schedule is None or schedule.split_groups.numel() == 0:
+        return
+    wa = out_a[0].numel()
+    wb = out_b[0].numel() if out_b is not None else 0
+    block = min(next_pow2(max(wa, wb)), 1024)
+    sum_partials_kernel[(schedule.split_groups.numel(),)](
+        schedule.split_groups, schedule.slot_ptr,
+        part_a, out_a, wa,
+        part_b if part_b is not None else part_a, out_b if out_b is not None else out_a, wb,
+        HAS_B=out_b is not None, BLOCK=block,
+    )
 
 
 class _Config:
@@ -519,8 +570,8 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
     csr = graph.csr
     sched_r = _schedule(graph, "csr", cfg.chunk)
     grid, item_row, item_start, item_slot = _items(sched_r, csr.ptr, n_dst)
-    alloc_dst = torch.zeros if sched_r is not None else torch.empty
-    grad_dst = alloc_dst((n_dst, H), dtype=cfg.acc, device=dev)
+    grad_dst = torch.empty((n_dst, H), dtype=cfg.acc, device=dev)
+    part_dst = _partials(sched_r, (H,), cfg.acc, dev, lse)
     d_buf = torch.empty((n_dst, H), dtype=cfg.acc, device=dev) if not scatter else lse
     if scatter:
         grad_h = torch.zeros((n_src, H, C), dtype=cfg.acc, device=dev)
@@ -531,30 +582,33 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
         h, s_src, s_dst, out, lse, grad_out, d_extra, grad_alpha,
-        grad_dst, d_buf, grad_h, grad_src,
+        grad_dst, part_dst, d_buf, grad_h, grad_src,
         *cfg.rng_args(), H, C, cfg.chunk,
         HAS_ITEMS=sched_r is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
         HAS_GALPHA=has_galpha, SCATTER_SRC=scatter, STORE_D=not scatter,
         BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
     )
+    _combine_sums(sched_r, part_dst, grad_dst)
     if not scatter:
         csc = graph.csc
         sched_c = _schedule(graph, "csc", cfg.chunk)
         grid, item_row, item_start, item_slot = _items(sched_c, csc.ptr, n_src)
-        alloc = torch.zeros if sched_c is not None else torch.empty
-        grad_h = alloc((n_src, H, C), dtype=cfg.acc, device=dev)
-        grad_src = alloc((n_src, H), dtype=cfg.acc, device=dev)
+        grad_h = torch.empty((n_src, H, C), dtype=cfg.acc, device=dev)
+        grad_src = torch.empty((n_src, H), dtype=cfg.acc, device=dev)
+        part_h = _partials(sched_c, (H, C), cfg.acc, dev, lse)
+        part_src = _partials(sched_c, (H,), cfg.acc, dev, lse)
         if n_src > 0:
             gat_bwd_col_kernel[(grid,)](
                 csc.ptr, csc.index, csc.perm,
                 item_row, item_start, item_slot,
                 h, s_src, s_dst, lse, d_buf, grad_out, grad_alpha,
-                grad_h, grad_src,
+                grad_h, grad_src, part_h, part_src,
                 *cfg.rng_args(), H, C, cfg.chunk,
                 HAS_ITEMS=sched_c is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
                 HAS_GALPHA=has_galpha,
                 BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
             )
+        _combine_sums(sched_c, part_h, grad_h, part_src, grad_src)
     return grad_h, grad_src, grad_dst
 
 
