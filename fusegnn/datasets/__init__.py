@@ -11,8 +11,9 @@ from typing import Any
 
 from fusegnn.datasets.base import NodeDataset
 from fusegnn.datasets.paths import ENV_VAR, cache_dir
+from fusegnn.datasets.planetoid import Planetoid
 
-__all__ = ["NodeDataset", "ENV_VAR", "cache_dir", "load_dataset", "DATASETS"]
+__all__ = ["NodeDataset", "ENV_VAR", "Planetoid", "cache_dir", "load_dataset", "DATASETS"]
 
 #: Names accepted by :func:`load_dataset` (case-insensitive).
 DATASETS = ("Cora", "CiteSeer", "PubMed", "Reddit", "ogbn-arxiv", "ogbn-products")
@@ -23,8 +24,6 @@ def load_dataset(name: str, root: str | None = None, **kwargs: Any) -> NodeDatas
     ``Reddit``, ``ogbn-arxiv``, ``ogbn-products``. ``kwargs`` go to the loader."""
     key = name.lower()
     if key in ("cora", "citeseer", "pubmed"):
-        from fusegnn.datasets.planetoid import Planetoid
-
         return Planetoid(root, name, **kwargs)
     if key == "reddit":
         from fusegnn.datasets.reddit import Reddit

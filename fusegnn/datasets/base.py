@@ -68,6 +68,7 @@ class NodeDataset:
             train_mask=self.train_mask.to(device),
             val_mask=self.val_mask.to(device),
             test_mask=self.test_mask.to(device),
+            extra={k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.extra.items()},
             _graph=None,
         )
         moved._graph = Graph(moved.edge_index, moved.num_nodes, validate=False)
