@@ -4,33 +4,74 @@ Every public op takes ``aggregation``:
 
 * ``"reference"`` -- the pure-PyTorch oracle (:mod:`fusegnn.sparse.reference`), any device;
 * ``"gas"`` -- fused gather-apply-scatter: edge-parallel over unsorted COO with atomics;
-* ``"gar"`` -- fused gather-apply-reduce: row-parallel over CSR (forward) / CSC (backward);
-* ``"auto"`` -- the best registered backend for the inputs: CPU tensors take the
-  reference; on a GPU fuseGNN's rule picks GAS for graphs of low average degree and GAR
-  for high.
+* ``"gar"`` -- fused gather-apply-reduce: segment-parallel over CSR (forward) / CSC
+  (backward), no atomics;
+* ``"auto"`` -- the best registered backend for the inputs:
 
-Kernel backends register themselves with :func:`register_backend`; asking for a backend
-that is not available raises a clear error instead of silently falling back.
+  1. tensors not on a CUDA device take the reference (also under the Triton
+     interpreter, which only explicit ``"gas"`` / ``"gar"`` use on the CPU);
+  2. in deterministic mode (below) GAR, which has no atomics;
+  3. otherwise fuseGNN's rule: GAR when the graph's average in-degree is at least
+     :data:`GAR_MIN_AVG_DEGREE`, GAS below it (the threshold was calibrated by the sweep
+     in ``benchmarks/kernels_spmm_gpu.py``, see ``benchmarks/NOTES-spmm.md``);
+  4. the reference when no kernel backend can run (Triton missing, unsupported dtype).
+
+**Seeing the choice.** :func:`explain` returns the :class:`Decision` (backend name and
+reason) for given inputs without running anything; :func:`last_decision` /
+:func:`last_backend` give the one taken by the most recent op call. A backend that hands
+part of its work to another path (``reduce="max"`` runs the reference) records that with
+:func:`note_path`.
+
+**Determinism.** :func:`deterministic` (a context manager; :func:`set_deterministic` for
+the global switch) or ``torch.use_deterministic_algorithms(True)`` route ``"auto"`` to GAR,
+whose results are bitwise identical from run to run. An explicit ``aggregation="gas"`` in
+that mode raises :class:`RuntimeError`, as PyTorch does for its own non-deterministic
+ops; with ``torch.use_deterministic_algorithms(True, warn_only=True)`` (and
+:func:`deterministic` not set) it warns and runs GAS.
+
+Kernel backends register themselves with :func:`register_backend`. The Triton ones
+(:mod:`fusegnn.kernels.backends`) are loaded on the first dispatch, only if Triton can be
+imported, so ``import fusegnn`` never needs Triton. Asking for a backend that is not
+available raises a clear error instead of silently falling back.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import threading
+import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
+import torch
 from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
 
 __all__ = [
     "AGGREGATIONS",
+    "GAR_MIN_AVG_DEGREE",
     "Backend",
+    "Decision",
     "register_backend",
     "available_backends",
+    "check_aggregation",
     "resolve_aggregation",
+    "explain",
+    "last_decision",
+    "last_backend",
+    "note_path",
+    "deterministic",
+    "set_deterministic",
+    "is_deterministic",
 ]
 
 AGGREGATIONS = ("auto", "gas", "gar", "reference")
+
+# Average in-degree at and above which "auto" prefers GAR over GAS on a GPU; calibrated
+# on an H100 by benchmarks/kernels_spmm_gpu.py (see benchmarks/NOTES-spmm.md).
+GAR_MIN_AVG_DEGREE = 8.0
 
 
 @dataclass(frozen=True)
@@ -51,12 +92,21 @@ class Backend:
         return self.supports is None or bool(self.supports(graph, *tensors))
 
 
+@dataclass(frozen=True)
+class Decision:
+    """The path an op takes: the backend ``name`` and the ``reason`` it was chosen."""
+
+    name: str
+    reason: str
+
+
 _BACKENDS: dict[str, Backend] = {}
+_kernels_loaded = False
+_state = threading.local()
+_deterministic_global = False
 
-# Average in-degree at and above which "auto" prefers GAR over GAS on a GPU.
-GAR_MIN_AVG_DEGREE = 8.0
 
-
+# ------------------------------------------------------------------------- registry
 def register_backend(backend: Backend) -> None:
     """Make ``backend`` selectable by its name (one of :data:`AGGREGATIONS` but ``auto``)."""
     if backend.name not in AGGREGATIONS or backend.name == "auto":
@@ -64,8 +114,22 @@ def register_backend(backend: Backend) -> None:
     _BACKENDS[backend.name] = backend
 
 
+def _load_kernel_backends() -> None:
+    """Register the Triton backends once, if Triton can be imported."""
+    global _kernels_loaded
+    if _kernels_loaded:
+        return
+    _kernels_loaded = True
+    try:
+        from fusegnn.kernels import backends
+    except ImportError:  # pragma: no cover - fusegnn.kernels ships with fusegnn
+        return
+    backends.register()
+
+
 def available_backends() -> tuple[str, ...]:
     """Names of the registered backends."""
+    _load_kernel_backends()
     return tuple(_BACKENDS)
 
 
@@ -75,25 +139,122 @@ def check_aggregation(aggregation: str) -> str:
     return aggregation
 
 
-def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor) -> Backend:
-    """The backend that runs for ``aggregation`` on these inputs."""
+# ------------------------------------------------------------------------- determinism
+def set_deterministic(enabled: bool) -> None:
+    """Switch deterministic mode on or off globally (see the module docstring)."""
+    global _deterministic_global
+    _deterministic_global = bool(enabled)
+
+
+@contextlib.contextmanager
+def deterministic(enabled: bool = True) -> Iterator[None]:
+    """Context manager: deterministic mode on (or off) inside the block, in this thread."""
+    previous = getattr(_state, "deterministic", None)
+    _state.deterministic = bool(enabled)
+    try:
+        yield
+    finally:
+        _state.deterministic = previous
+
+
+def _own_flag() -> bool:
+    local = getattr(_state, "deterministic", None)
+    return _deterministic_global if local is None else local
+
+
+def is_deterministic() -> bool:
+    """Whether ops must give bitwise-reproducible results: fuseGNN's own flag
+    (:func:`deterministic`, :func:`set_deterministic`) or
+    ``torch.are_deterministic_algorithms_enabled()``."""
+    return _own_flag() or torch.are_deterministic_algorithms_enabled()
+
+
+# ------------------------------------------------------------------------- the choice
+def _feature_width(tensors: tuple[Tensor, ...]) -> int | None:
+    if not tensors or tensors[0].dim() < 2:
+        return None
+    return math.prod(tensors[0].shape[1:])
+
+
+def _usable(name: str, graph: Graph, tensors: tuple[Tensor, ...]) -> bool:
+    backend = _BACKENDS.get(name)
+    return backend is not None and backend.can_run(graph, *tensors)
+
+
+def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto") -> Decision:
+    """The :class:`Decision` an op on ``graph`` and ``tensors`` takes for ``aggregation``,
+    without running it. Raises like the op would for an unavailable backend."""
     check_aggregation(aggregation)
+    _load_kernel_backends()
     if aggregation != "auto":
         backend = _BACKENDS.get(aggregation)
         if backend is None:
             raise NotImplementedError(
                 f"aggregation={aggregation!r} is not available in this build of fusegnn "
-                f"(available: {available_backends()})"
+                f"(available: {tuple(_BACKENDS)}; the fused backends need Triton)"
             )
         if not backend.can_run(graph, *tensors):
             raise ValueError(
                 f"aggregation={aggregation!r} cannot run on these inputs "
-                f"(device {graph.device}); use 'reference' or 'auto'"
+                f"(device {graph.device}, dtypes {[t.dtype for t in tensors]}); "
+                "use 'reference' or 'auto'"
             )
-        return backend
-    preferred = ("gar", "gas") if graph.avg_degree >= GAR_MIN_AVG_DEGREE else ("gas", "gar")
-    for name in preferred:
-        backend = _BACKENDS.get(name)
-        if backend is not None and backend.can_run(graph, *tensors):
-            return backend
-    return _BACKENDS["reference"]
+        if aggregation == "gas" and is_deterministic():
+            if torch.is_deterministic_algorithms_warn_only_enabled() and not _own_flag():
+                warnings.warn(
+                    "aggregation='gas' uses atomic additions and is not deterministic; "
+                    "running it anyway (warn_only=True)",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            else:
+                raise RuntimeError(
+                    "aggregation='gas' uses atomic additions and is not deterministic, but "
+                    "deterministic mode is on (fusegnn.sparse.dispatch.deterministic or "
+                    "torch.use_deterministic_algorithms); use aggregation='gar' or 'auto'"
+                )
+        return Decision(aggregation, f"aggregation={aggregation!r} was asked for")
+
+    devices = {graph.device.type, *(t.device.type for t in tensors)}
+    if devices != {"cuda"}:
+        return Decision("reference", f"tensors on {'/'.join(sorted(devices))}: auto runs fused kernels on CUDA only")
+    if is_deterministic():
+        if _usable("gar", graph, tensors):
+            return Decision("gar", "deterministic mode: GAR has no atomics")
+        return Decision("reference", "deterministic mode and GAR cannot run on these inputs")
+    avg = graph.avg_degree
+    width = _feature_width(tensors)
+    if avg >= GAR_MIN_AVG_DEGREE:
+        order, why = ("gar", "gas"), f"average degree {avg:.1f} >= {GAR_MIN_AVG_DEGREE:g}"
+    else:
+        order, why = ("gas", "gar"), f"average degree {avg:.1f} < {GAR_MIN_AVG_DEGREE:g}"
+    if width is not None:
+        why += f" (feature width {width})"
+    for name in order:
+        if _usable(name, graph, tensors):
+            return Decision(name, why)
+    return Decision("reference", "no fused backend can run on these inputs (Triton missing or unsupported dtype)")
+
+
+def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor) -> Backend:
+    """The backend that runs for ``aggregation`` on these inputs (recorded for
+    :func:`last_decision`)."""
+    decision = explain(graph, *tensors, aggregation=aggregation)
+    _state.last = decision
+    return _BACKENDS[decision.name]
+
+
+def note_path(name: str, reason: str) -> None:
+    """Record that the running op actually took path ``name`` (a backend delegating)."""
+    _state.last = Decision(name, reason)
+
+
+def last_decision() -> Decision | None:
+    """The :class:`Decision` of the most recent op call in this thread (``None`` before any)."""
+    return getattr(_state, "last", None)
+
+
+def last_backend() -> str | None:
+    """Name of the path the most recent op call in this thread took."""
+    decision = last_decision()
+    return decision.name if decision is not None else None

@@ -358,11 +358,38 @@ class Graph:
 
 
 def _compress(group: Tensor, other: Tensor, counts: Tensor) -> CompressedEdges:
-    """Group edges by ``group`` with a stable sort: all tensor ops, on the graph's device."""
-    perm = torch.argsort(group, stable=True)
+    """Group edges by ``group`` with a stable sort: all tensor ops, on the graph's device.
+
+    ``ptr`` is the cumulative sum of the group sizes; ``perm`` a stable sort of ``group``
+    (:func:`_stable_group_perm`), so edges of one group keep their COO order and the
+    result is the same on every run and device.
+    """
     ptr = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=group.device)
     torch.cumsum(counts, dim=0, out=ptr[1:])
+    perm = _stable_group_perm(group, counts.numel())
     return CompressedEdges(ptr=ptr, index=other[perm], perm=perm)
+
+
+def _stable_group_perm(group: Tensor, num_groups: int) -> Tensor:
+    """int64 permutation that stably sorts ``group`` (ids in ``[0, num_groups)``).
+
+    Two shortcuts over a plain ``argsort(stable=True)``, which on a GPU is several times
+    slower for int64 keys (Reddit, 114.6M edges: 89 ms for CSR + CSC):
+
+    * a ``group`` that is already sorted (a coalesced ``edge_index`` grouped by this
+      endpoint) needs no sort: ``perm`` is the identity (one pass to check);
+    * otherwise the keys are sorted as int32 when the ids fit, which halves the radix
+      passes of the GPU's stable (radix) sort.
+    """
+    num_edges = group.numel()
+    if num_edges == 0:
+        return torch.empty(0, dtype=torch.int64, device=group.device)
+    on_meta = group.device.type == "meta"  # holds no values to inspect
+    if num_edges == 1 or (not on_meta and bool((group[1:] >= group[:-1]).all())):
+        return torch.arange(num_edges, dtype=torch.int64, device=group.device)
+    if group.dtype != torch.int32 and num_groups <= torch.iinfo(torch.int32).max:
+        group = group.to(torch.int32)
+    return torch.sort(group, stable=True).indices
 
 
 def _as_count(value: Any, name: str) -> int:

@@ -1,0 +1,97 @@
+"""Registration of the fused Triton backends ``gas`` and ``gar``.
+
+:func:`register` is called by :mod:`fusegnn.sparse.dispatch` on the first dispatch. It
+registers nothing when Triton cannot be imported (Triton is an optional dependency), and
+it imports no kernel module: those are imported on the first fused op, so that setting
+``TRITON_INTERPRET=1`` any time before then (e.g. at the top of a test module) runs the
+kernels through Triton's CPU interpreter.
+
+Where the backends run (``supports``): CUDA tensors, and CPU tensors only under the
+interpreter (``TRITON_INTERPRET=1`` set before the kernel modules were first imported);
+floating inputs of dtype fp16, bf16, fp32 or fp64. ``aggregation="auto"`` still takes
+the reference for CPU tensors.
+
+``spmm`` is fused here; ``sddmm`` and ``edge_softmax`` are the reference ones until their
+Triton kernels are wired in (one line each below).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import torch
+from torch import Tensor
+
+from fusegnn.sparse import reference
+from fusegnn.sparse.dispatch import Backend, register_backend
+from fusegnn.sparse.graph import Graph
+
+__all__ = ["register", "supports", "interpreter_active"]
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_KERNEL_MODULES = ("fusegnn.kernels.spmm_gas", "fusegnn.kernels.spmm_gar")
+
+
+def interpreter_active() -> bool:
+    """Whether the Triton kernels run (or will run) through the CPU interpreter."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    loaded = [sys.modules[m] for m in _KERNEL_MODULES if m in sys.modules]
+    # kernels already compiled for the GPU stay GPU kernels whatever the variable says now
+    return all(getattr(m, "INTERPRETED", False) for m in loaded)
+
+
+def supports(graph: Graph, *tensors: Tensor) -> bool:
+    """Whether the fused kernels can run on ``graph`` and ``tensors``."""
+    device = graph.device
+    if device.type == "cuda":
+        pass
+    elif device.type == "cpu":
+        if not interpreter_active():
+            return False
+    else:
+        return False
+    return all(t.device == device and t.dtype in _DTYPES for t in tensors)
+
+
+def _gas_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum") -> Tensor:
+    from fusegnn.kernels.spmm import gas_spmm
+
+    return gas_spmm(graph, x, edge_weight, reduce)
+
+
+def _gar_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum") -> Tensor:
+    from fusegnn.kernels.spmm import gar_spmm
+
+    return gar_spmm(graph, x, edge_weight, reduce)
+
+
+def register() -> bool:
+    """Register ``gas`` and ``gar`` if Triton is importable; returns whether it did."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:  # pragma: no cover - a broken Triton install
+        return False
+    register_backend(
+        Backend(
+            name="gas",
+            spmm=_gas_spmm,
+            sddmm=reference.sddmm,
+            edge_softmax=reference.edge_softmax,
+            supports=supports,
+        )
+    )
+    register_backend(
+        Backend(
+            name="gar",
+            spmm=_gar_spmm,
+            sddmm=reference.sddmm,
+            edge_softmax=reference.edge_softmax,
+            supports=supports,
+        )
+    )
+    return True

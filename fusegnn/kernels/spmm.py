@@ -1,0 +1,249 @@
+r"""Differentiable fused SpMM: one ``torch.autograd.Function`` per path (GAS, GAR).
+
+Both compute :func:`fusegnn.sparse.reference.spmm`,
+
+.. math::
+    \mathrm{out}_{i,h} = \sum_{(j \to i) \in E} w_{ji,h}\, x_{j,h}, \qquad
+    \frac{\partial L}{\partial x_{j,h}} = \sum_{(j \to i) \in E} w_{ji,h}\, g_{i,h}, \qquad
+    \frac{\partial L}{\partial w_{ji,h}} = \langle g_{i,h}, x_{j,h} \rangle,
+
+with ``g = dL/dout``. Shapes: ``x`` ``[N_src, F]`` or ``[N_src, H, F]``; weights ``None``
+(all ones), ``[E]`` (shared by every column; the features are then treated as one head
+of ``H F`` columns) or ``[E, H]`` (one per head). Accumulation is fp32 for fp16 / bf16 /
+fp32 inputs (fp64 for fp64), results are cast back to ``x``'s dtype, weight gradients to
+the weights' dtype.
+
+* **GAS** (:class:`GASSpmm`): forward scatters over the COO edges with atomics; backward
+  runs the same kernel with the roles of source and target swapped, and forms the
+  weight gradient in the same pass when it is needed.
+* **GAR** (:class:`GARSpmm`): forward reduces over the CSR segments of
+  :mod:`fusegnn.kernels.partition`, backward over the CSC segments, reading the weights
+  in CSC order (``w[csc.perm]``) and forming the weight gradient in the same pass
+  (heads up to :data:`~fusegnn.kernels.spmm_gar.MAX_DOT_BLOCK_F` features; wider heads
+  take a separate edge-parallel dot-product pass). No atomics: bitwise reproducible.
+
+Weights in grouped (CSR / CSC) order are memoised on the graph while the same weight
+tensor comes back unchanged and does not require grad (GCN's cached normalisation), so
+that transductive training permutes them once.
+
+``reduce="mean"`` is the sum divided by the in-degree (clamped to 1), through autograd;
+``reduce="max"`` is not fused: it runs the reference (and says so through
+:func:`fusegnn.sparse.dispatch.note_path`).
+
+The backward passes are themselves not differentiable (``once_differentiable``): double
+backward through a fused SpMM raises ``RuntimeError``; use ``aggregation="reference"``
+for higher-order gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import torch
+import triton
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from fusegnn.kernels.partition import plan_for
+from fusegnn.kernels.spmm_gar import MAX_DOT_BLOCK_F, GarConfig, gar_config, gar_reduce
+from fusegnn.kernels.spmm_gas import GasConfig, gas_config, gas_scatter
+from fusegnn.sparse import reference
+from fusegnn.sparse.dispatch import note_path
+from fusegnn.sparse.graph import Graph
+
+__all__ = ["GASSpmm", "GARSpmm", "gas_spmm", "gar_spmm", "tuning"]
+
+_gas_override: GasConfig | Callable[..., GasConfig] | None = None
+_gar_override: GarConfig | Callable[..., GarConfig] | None = None
+
+
+@contextlib.contextmanager
+def tuning(
+    gas: GasConfig | Callable[..., GasConfig] | None = None,
+    gar: GarConfig | Callable[..., GarConfig] | None = None,
+) -> Iterator[None]:
+    """Override the launch parameters inside the block (for benchmarks and tuning).
+
+    Each override is a config, or a callable ``(feat, elem_size, dot) -> config``.
+    """
+    global _gas_override, _gar_override
+    saved = _gas_override, _gar_override
+    _gas_override, _gar_override = gas, gar
+    try:
+        yield
+    finally:
+        _gas_override, _gar_override = saved
+
+
+def _gas_cfg(feat: int, elem_size: int, dot: bool) -> GasConfig:
+    if _gas_override is None:
+        return gas_config(feat, elem_size)
+    return _gas_override(feat, elem_size, dot) if callable(_gas_override) else _gas_override
+
+
+def _gar_cfg(feat: int, elem_size: int, dot: bool) -> GarConfig:
+    if _gar_override is None:
+        return gar_config(feat, elem_size, dot=dot)
+    return _gar_override(feat, elem_size, dot) if callable(_gar_override) else _gar_override
+
+
+# --------------------------------------------------------------------------- helpers
+def _flatten(graph: Graph, x: Tensor, weight: Tensor | None) -> tuple[Tensor, Tensor | None, int]:
+    """``x`` as contiguous ``[N, C]``, weights as contiguous ``[E, heads]`` and ``heads``."""
+    x2 = x.reshape(x.size(0), -1) if x.dim() != 2 else x
+    x2 = x2.contiguous()
+    if weight is None:
+        return x2, None, 1
+    if weight.dim() == 1:
+        return x2, weight.reshape(-1, 1).contiguous(), 1
+    heads = weight.size(1)
+    if x.dim() != 3 or x.size(1) != heads:
+        raise ValueError(
+            f"[E, H] weights need x of shape [N, H={heads}, F], got {tuple(x.shape)}"
+        )
+    return x2, weight.contiguous(), heads
+
+
+def _weight_key(weight: Tensor | None) -> tuple | None:
+    """Identity of a weight tensor for the grouped-order memo (``None``: do not memoise)."""
+    if weight is None or weight.requires_grad:
+        return None
+    return (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype, weight._version)
+
+
+def _grouped_weight(graph: Graph, flat: Tensor, order: str, key: tuple | None) -> Tensor:
+    """``flat`` (``[E, heads]``) in CSR or CSC order, memoised on the graph under ``key``."""
+    perm = graph.csr.perm if order == "csr" else graph.csc.perm
+    if key is None:
+        return flat.index_select(0, perm)
+    memo = graph.cached("gar_weight_memo", dict)
+    hit = memo.get(order)
+    if hit is not None and hit[0] == key:
+        return hit[2]
+    grouped = flat.index_select(0, perm)
+    memo[order] = (key, flat.detach(), grouped)  # the detached view keeps the storage alive
+    return grouped
+
+
+def _indices(graph: Graph) -> tuple[Tensor, Tensor]:
+    return graph.src.contiguous(), graph.dst.contiguous()
+
+
+# --------------------------------------------------------------------------- GAS
+class GASSpmm(torch.autograd.Function):
+    """Fused GAS SpMM (sum). ``apply(x, weight, graph)``; differentiable in ``x`` and
+    ``weight``, once."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor | None, graph: Graph) -> Tensor:  # type: ignore[override]
+        x2, w2, heads = _flatten(graph, x, weight)
+        feat = x2.size(1) // heads
+        src, dst = _indices(graph)
+        acc, _ = gas_scatter(
+            x2, src, dst, w2, graph.num_dst_nodes, heads,
+            config=_gas_cfg(feat, x2.element_size(), False),
+        )
+        out = acc if acc.dtype == x.dtype else acc.to(x.dtype)
+        ctx.graph, ctx.heads, ctx.x_shape = graph, heads, x.shape
+        ctx.w_shape = weight.shape if weight is not None else None
+        ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, w2)
+        return out.reshape((graph.num_dst_nodes,) + tuple(x.shape[1:]))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        x2, w2 = ctx.saved_tensors
+        graph: Graph = ctx.graph
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        g = grad_out.reshape(grad_out.size(0), -1).contiguous()
+        feat = g.size(1) // ctx.heads
+        src, dst = _indices(graph)
+        acc, gw = gas_scatter(
+            g, dst, src, w2, graph.num_src_nodes, ctx.heads,
+            dot_with=x2 if need_w else None,
+            scatter=need_x,
+            config=_gas_cfg(feat, g.element_size(), need_w),
+        )
+        grad_x = acc.to(grad_out.dtype).reshape(ctx.x_shape) if need_x else None
+        grad_w = gw.reshape(ctx.w_shape) if need_w else None
+        return grad_x, grad_w, None
+
+
+# --------------------------------------------------------------------------- GAR
+class GARSpmm(torch.autograd.Function):
+    """Fused GAR SpMM (sum). ``apply(x, weight, graph)``; differentiable in ``x`` and
+    ``weight``, once."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor | None, graph: Graph) -> Tensor:  # type: ignore[override]
+        x2, w2, heads = _flatten(graph, x, weight)
+        feat = x2.size(1) // heads
+        cfg = _gar_cfg(feat, x2.element_size(), False)
+        plan = plan_for(graph, "csr", cfg.seg_len)
+        key = _weight_key(weight)
+        w_csr = _grouped_weight(graph, w2, "csr", key) if w2 is not None else None
+        out, _ = gar_reduce(plan, x2, w_csr, graph.num_dst_nodes, heads, x.dtype, config=cfg)
+        ctx.graph, ctx.heads, ctx.x_shape = graph, heads, x.shape
+        ctx.w_shape = weight.shape if weight is not None else None
+        ctx.weight_key = key
+        ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, w2)
+        return out.reshape((graph.num_dst_nodes,) + tuple(x.shape[1:]))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):  # type: ignore[override]
+        x2, w2 = ctx.saved_tensors
+        graph: Graph = ctx.graph
+        heads = ctx.heads
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        g = grad_out.reshape(grad_out.size(0), -1).contiguous()
+        feat = g.size(1) // heads
+        grad_x = grad_w = gw = None
+        if need_x:
+            fuse_dot = need_w and triton.next_power_of_2(max(feat, 1)) <= MAX_DOT_BLOCK_F
+            cfg = _gar_cfg(feat, g.element_size(), fuse_dot)
+            plan = plan_for(graph, "csc", cfg.seg_len)
+            w_csc = _grouped_weight(graph, w2, "csc", ctx.weight_key) if w2 is not None else None
+            gx, gw = gar_reduce(
+                plan, g, w_csc, graph.num_src_nodes, heads, grad_out.dtype,
+                dot_with=x2 if fuse_dot else None,
+                gw_dtype=w2.dtype if w2 is not None else None,
+                config=cfg,
+            )
+            grad_x = gx.reshape(ctx.x_shape)
+        if need_w and gw is None:
+            src, dst = _indices(graph)
+            _, gw = gas_scatter(
+                g, dst, src, w2, graph.num_src_nodes, heads,
+                dot_with=x2, scatter=False,
+                config=_gas_cfg(feat, g.element_size(), True),
+            )
+        if need_w:
+            grad_w = gw.reshape(ctx.w_shape)
+        return grad_x, grad_w, None
+
+
+# --------------------------------------------------------------------------- entry points
+def _run(fn: type[torch.autograd.Function], name: str, graph: Graph, x: Tensor,
+         edge_weight: Tensor | None, reduce: str) -> Tensor:
+    if reduce == "max":
+        note_path("reference", f"reduce='max' is not fused: {name} hands it to the reference")
+        return reference.spmm(graph, x, edge_weight, reduce)
+    if reduce not in ("sum", "mean"):
+        raise ValueError(f"reduce must be 'sum', 'mean' or 'max', got {reduce!r}")
+    out = fn.apply(x, edge_weight, graph)
+    if reduce == "mean":
+        count = graph.in_degree.clamp(min=1).to(out.dtype)
+        out = out / count.reshape((-1,) + (1,) * (out.dim() - 1))
+    return out
+
+
+def gas_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum") -> Tensor:
+    """:func:`fusegnn.sparse.reference.spmm` through the fused GAS kernels."""
+    return _run(GASSpmm, "gas", graph, x, edge_weight, reduce)
+
+
+def gar_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum") -> Tensor:
+    """:func:`fusegnn.sparse.reference.spmm` through the fused GAR kernels."""
+    return _run(GARSpmm, "gar", graph, x, edge_weight, reduce)

@@ -1,0 +1,417 @@
+"""Fused SpMM kernels (GAS, GAR) against the reference, through Triton's CPU interpreter.
+
+Without CUDA, this module sets ``TRITON_INTERPRET=1`` before any kernel module is
+imported, so every kernel runs on the CPU (slowly: graphs here are tiny). With CUDA the
+same tests run on the GPU, and the ``gpu``-marked ones add larger graphs.
+
+Every case compares outputs and the gradients of ``x`` and of the edge weights with
+:func:`fusegnn.sparse.reference.spmm` in float64 (tight tolerances), on random graphs
+with isolated nodes, self-loops, duplicate edges and a hub row that the GAR work list
+splits into several segments.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # run the Triton kernels on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import warnings  # noqa: E402
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+import fusegnn  # noqa: E402,F401
+from fusegnn.sparse import Graph, dispatch, reference, spmm  # noqa: E402
+from fusegnn.kernels import backends  # noqa: E402
+from fusegnn.kernels import spmm as fused  # noqa: E402
+from fusegnn.kernels import spmm_gar, spmm_gas  # noqa: E402
+from fusegnn.kernels.partition import build_plan, plan_for  # noqa: E402
+from fusegnn.kernels.spmm_gar import gar_config  # noqa: E402
+from tests.graphs import random_graph, random_weights  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+PATHS = ("gas", "gar")
+SEG_LEN = 32  # short GAR segments, so the hub row (and a few others) are split
+
+
+@pytest.fixture(autouse=True)
+def _short_segments():
+    with fused.tuning(gar=lambda feat, es, dot: gar_config(feat, es, dot=dot)._replace(seg_len=SEG_LEN)):
+        yield
+
+
+def _graph(num_nodes=24, num_edges=400, seed=1, hub=300, dtype=torch.int64, **kw) -> Graph:
+    ei = random_graph(num_nodes, num_edges, seed, hub_degree=hub, dtype=dtype, **kw)
+    return Graph(ei.to(DEVICE), num_nodes)
+
+
+def _inputs(graph: Graph, heads: int | None, feat: int, weight: str | None, seed: int, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (graph.num_src_nodes, feat) if heads is None else (graph.num_src_nodes, heads, feat)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
+    w = None
+    if weight == "e":
+        w = random_weights(graph.num_edges, seed + 1, positive=False).to(DEVICE, dtype)
+    elif weight == "eh":
+        w = random_weights(graph.num_edges, seed + 1, heads=heads, positive=False).to(DEVICE, dtype)
+    return x, w
+
+
+def _check(graph, x, w, path, reduce="sum", rtol=1e-12, atol=1e-12):
+    """Forward and every gradient of ``path`` against the reference (same dtype)."""
+    xs = x.clone().requires_grad_()
+    ws = w.clone().requires_grad_() if w is not None else None
+    out = spmm(graph, xs, ws, reduce, aggregation=path)
+    assert dispatch.last_backend() == path
+    xr = x.clone().requires_grad_()
+    wr = w.clone().requires_grad_() if w is not None else None
+    ref = reference.spmm(graph, xr, wr, reduce)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
+    grad = torch.randn_like(ref)
+    inputs = [xs] + ([ws] if ws is not None else [])
+    got = torch.autograd.grad(out, inputs, grad)
+    want = torch.autograd.grad(ref, [xr] + ([wr] if wr is not None else []), grad)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+
+# ------------------------------------------------------------------ values and gradients
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    "heads, feat, weight, index_dtype",
+    [
+        (None, 1, None, torch.int64),
+        (None, 3, "e", torch.int32),
+        (None, 16, "e", torch.int64),
+        (8, 3, "eh", torch.int32),
+        (8, 2, "e", torch.int64),
+        (1, 5, "eh", torch.int64),
+    ],
+    ids=["F1-unweighted", "F3-int32", "F16", "H8-perhead-int32", "H8-shared", "H1-perhead"],
+)
+def test_matches_reference(path, heads, feat, weight, index_dtype):
+    graph = _graph(dtype=index_dtype)
+    x, w = _inputs(graph, heads, feat, weight, seed=feat)
+    _check(graph, x, w, path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_odd_wide_features(path):
+    """F = 602 spans several feature blocks (and the widest fused weight gradient)."""
+    graph = _graph(num_nodes=6, num_edges=40, seed=3, hub=20)
+    x, w = _inputs(graph, None, 602, "e", seed=5)
+    _check(graph, x, w, path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_wide_heads_take_the_separate_dot_product(path, monkeypatch):
+    """Heads wider than the fused weight gradient allows use the edge-parallel dot."""
+    monkeypatch.setattr(fused, "MAX_DOT_BLOCK_F", 4)
+    graph = _graph(num_nodes=8, num_edges=60, seed=4, hub=30)
+    x, w = _inputs(graph, 2, 9, "eh", seed=6)
+    _check(graph, x, w, path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_int64_offsets(path, monkeypatch):
+    """The int64 index arithmetic (used when N*C or E*H reach 2**31) gives the same result."""
+    monkeypatch.setattr(spmm_gas, "INT64_OFFSETS_FROM", 0)
+    monkeypatch.setattr(spmm_gar, "INT64_OFFSETS_FROM", 0)
+    graph = _graph(num_nodes=12, num_edges=120, seed=7, hub=60, dtype=torch.int32)
+    x, w = _inputs(graph, 2, 3, "eh", seed=7)
+    _check(graph, x, w, path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bipartite(path):
+    ei = random_graph(7, 90, 8, num_dst_nodes=5, hub_degree=40)
+    graph = Graph(ei.to(DEVICE), (7, 5))
+    x, w = _inputs(graph, None, 4, "e", seed=8)
+    _check(graph, x, w, path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_mean(path):
+    graph = _graph(num_nodes=10, num_edges=80, seed=9, hub=40)
+    x, w = _inputs(graph, None, 3, "e", seed=9)
+    _check(graph, x, w, path, reduce="mean")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_max_is_delegated_to_the_reference(path):
+    graph = _graph(num_nodes=10, num_edges=50, seed=10, hub=0)
+    x, w = _inputs(graph, None, 3, "e", seed=10)
+    out = spmm(graph, x, w, "max", aggregation=path)
+    assert dispatch.last_backend() == "reference"
+    assert "max" in dispatch.last_decision().reason
+    torch.testing.assert_close(out, reference.spmm(graph, x, w, "max"))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_graph_weight_is_used(path):
+    graph = _graph(num_nodes=10, num_edges=50, seed=11, hub=0)
+    x, w = _inputs(graph, None, 3, "e", seed=11)
+    weighted = graph.with_edge_weight(w)
+    torch.testing.assert_close(spmm(weighted, x, aggregation=path), reference.spmm(graph, x, w))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_empty_graphs(path):
+    empty = Graph(torch.empty(2, 0, dtype=torch.int64, device=DEVICE), 5)
+    x = torch.randn(5, 3, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    w = torch.empty(0, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    out = spmm(empty, x, w, aggregation=path)
+    assert torch.equal(out, torch.zeros(5, 3, dtype=torch.float64, device=DEVICE))
+    gx, gw = torch.autograd.grad(out, [x, w], torch.ones_like(out))
+    assert torch.equal(gx, torch.zeros_like(x)) and gw.shape == (0,)
+    no_nodes = Graph(torch.empty(2, 0, dtype=torch.int64, device=DEVICE), 0)
+    assert spmm(no_nodes, x[:0], aggregation=path).shape == (0, 3)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_inputs_untouched_and_noncontiguous(path):
+    graph = _graph(num_nodes=10, num_edges=60, seed=12, hub=30)
+    x_t = torch.randn(4, 10, dtype=torch.float64, device=DEVICE)
+    x = x_t.t()  # non-contiguous [10, 4]
+    w = random_weights(60, 3).to(DEVICE)
+    before = x.clone(), w.clone(), graph.edge_index.clone()
+    out = spmm(graph, x, w, aggregation=path)
+    torch.testing.assert_close(out, reference.spmm(graph, x, w))
+    assert torch.equal(x, before[0]) and torch.equal(w, before[1])
+    assert torch.equal(graph.edge_index, before[2])
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_forward_and_backward(path, dtype):
+    """fp16/bf16 in and out, fp32 accumulation: within the input rounding of an fp32 result."""
+    graph = _graph(num_nodes=16, num_edges=200, seed=13, hub=120)
+    x, w = _inputs(graph, 2, 8, "eh", seed=13, dtype=torch.float32)
+    xh = x.to(dtype).requires_grad_()
+    wh = w.to(dtype).requires_grad_()
+    out = spmm(graph, xh, wh, aggregation=path)
+    assert out.dtype == dtype
+    x32 = xh.detach().float().requires_grad_()
+    w32 = wh.detach().float().requires_grad_()
+    ref = reference.spmm(graph, x32, w32)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=3e-3, atol=3e-3)
+    torch.testing.assert_close(out.float(), ref, **tol)
+    grad = torch.randn_like(ref)
+    gx, gw = torch.autograd.grad(out, [xh, wh], grad.to(dtype))
+    rx, rw = torch.autograd.grad(ref, [x32, w32], grad.to(dtype).float())
+    assert gx.dtype == dtype and gw.dtype == dtype
+    torch.testing.assert_close(gx.float(), rx, **tol)
+    torch.testing.assert_close(gw.float(), rw, **tol)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_float32_relative_error(path):
+    graph = _graph(num_nodes=20, num_edges=300, seed=14, hub=200)
+    x, w = _inputs(graph, None, 16, "e", seed=14, dtype=torch.float32)
+    out = spmm(graph, x, w, aggregation=path)
+    ref = reference.spmm(graph, x.double(), w.double())
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-6
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_gradcheck(path):
+    graph = _graph(num_nodes=6, num_edges=24, seed=15, hub=10)
+    x, w = _inputs(graph, None, 2, "e", seed=15)
+    x.requires_grad_()
+    w.requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: spmm(graph, a, b, aggregation=path), (x, w))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_double_backward_raises(path):
+    graph = _graph(num_nodes=6, num_edges=24, seed=16, hub=10)
+    x, w = _inputs(graph, None, 2, "e", seed=16)
+    x.requires_grad_()
+    out = spmm(graph, x, w, aggregation=path)
+    (gx,) = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        gx.sum().backward()
+
+
+# ------------------------------------------------------------------ GAR specifics
+def test_gar_weight_memo_follows_in_place_changes():
+    graph = _graph(num_nodes=10, num_edges=60, seed=17, hub=30)
+    x, w = _inputs(graph, None, 3, "e", seed=17)
+    first = spmm(graph, x, w, aggregation="gar")
+    memo = graph.cached("gar_weight_memo", dict)
+    assert "csr" in memo
+    again = spmm(graph, x, w, aggregation="gar")
+    assert torch.equal(first, again)
+    w.mul_(2.0)  # in place: the memo must not serve the old order
+    torch.testing.assert_close(spmm(graph, x, w, aggregation="gar"), reference.spmm(graph, x, w))
+
+
+def test_gar_plan_is_cached_and_split():
+    graph = _graph(num_nodes=24, num_edges=400, seed=1, hub=300)
+    plan = plan_for(graph, "csr", SEG_LEN)
+    assert plan_for(graph, "csr", SEG_LEN) is plan
+    assert plan.num_slots > 0 and plan.max_row_slots >= 300 // SEG_LEN
+
+
+@pytest.mark.parametrize("seg_len", [1, 3, 8, 1000])
+def test_partition_covers_every_edge_once(seg_len):
+    counts = torch.tensor([0, 5, 1, 0, 17, 8, 0, 3])
+    ptr = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+    compressed = Graph(
+        torch.stack([torch.arange(int(ptr[-1])) % 4, torch.repeat_interleave(torch.arange(8), counts)]), 8
+    ).csr
+    plan = build_plan(compressed, seg_len, num_other=8)
+    start, end, row = plan.seg_start.long(), plan.seg_end.long(), plan.seg_row.long()
+    assert bool((end - start <= seg_len).all()) and bool((end >= start).all())
+    covered = torch.zeros(int(ptr[-1]), dtype=torch.int64)
+    for s, e, r in zip(start.tolist(), end.tolist(), row.tolist()):
+        assert ptr[r] <= s and e <= ptr[r + 1]
+        covered[s:e] += 1
+    assert bool((covered == 1).all())
+    assert torch.equal(torch.unique(row), torch.arange(8))  # every row, even empty, has a segment
+    # split rows own consecutive slots, in segment order
+    for k, r in enumerate(plan.split_rows.tolist()):
+        slots = plan.seg_slot[row == r].tolist()
+        assert slots == list(range(int(plan.slot_ptr[k]), int(plan.slot_ptr[k + 1])))
+    single = plan.seg_slot[~torch.isin(row, plan.split_rows.long())]
+    assert bool((single == -1).all())
+
+
+def test_partition_rejects_bad_length():
+    with pytest.raises(ValueError, match="seg_len"):
+        build_plan(_graph().csr, 0, num_other=24)
+
+
+# ------------------------------------------------------------------ determinism and dispatch
+def test_gar_is_bitwise_deterministic():
+    graph = _graph(num_nodes=20, num_edges=400, seed=18, hub=300)
+    x, w = _inputs(graph, None, 16, "e", seed=18, dtype=torch.float32)
+    results = []
+    for _ in range(2):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        with dispatch.deterministic():
+            out = spmm(graph, xs, ws, aggregation="gar")
+        out.backward(torch.ones_like(out))
+        results.append((out.detach(), xs.grad, ws.grad))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_deterministic_mode_refuses_gas():
+    graph = _graph(num_nodes=10, num_edges=50, seed=19, hub=0)
+    x, _ = _inputs(graph, None, 3, None, seed=19)
+    with dispatch.deterministic(), pytest.raises(RuntimeError, match="not deterministic"):
+        spmm(graph, x, aggregation="gas")
+    prev = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        with pytest.raises(RuntimeError, match="not deterministic"):
+            spmm(graph, x, aggregation="gas")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="not deterministic"):
+            out = spmm(graph, x, aggregation="gas")
+        torch.testing.assert_close(out, reference.spmm(graph, x))
+        assert dispatch.is_deterministic()
+    finally:
+        torch.use_deterministic_algorithms(prev[0], warn_only=prev[1])
+    assert not dispatch.is_deterministic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spmm(graph, x, aggregation="gas")
+
+
+def test_auto_takes_the_reference_on_cpu():
+    graph = Graph(random_graph(10, 50, 20), 10)
+    x = torch.randn(10, 3)
+    spmm(graph, x)
+    decision = dispatch.last_decision()
+    assert decision.name == "reference" and "cpu" in decision.reason
+    assert dispatch.explain(graph, x).name == "reference"
+    with dispatch.deterministic():
+        assert dispatch.explain(graph, x).name == "reference"
+
+
+def test_backends_registered_and_explained():
+    assert {"gas", "gar", "reference"} <= set(dispatch.available_backends())
+    graph = _graph(num_nodes=10, num_edges=50, seed=21, hub=0)
+    x, _ = _inputs(graph, None, 3, None, seed=21)
+    for path in PATHS:
+        decision = dispatch.explain(graph, x, aggregation=path)
+        assert decision.name == path and path in decision.reason
+    with pytest.raises(ValueError, match="cannot run"):
+        dispatch.explain(graph, x.to(torch.int64), aggregation="gar")
+
+
+def test_supports_cpu_only_under_the_interpreter(monkeypatch):
+    graph = Graph(random_graph(10, 50, 22), 10)
+    x = torch.randn(10, 3)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(spmm_gas, "INTERPRETED", True)
+    monkeypatch.setattr(spmm_gar, "INTERPRETED", True)
+    assert backends.supports(graph, x)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not backends.supports(graph, x)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(spmm_gar, "INTERPRETED", False)  # compiled for the GPU already
+    assert not backends.supports(graph, x)
+
+
+def test_register_without_triton(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    assert backends.register() is False
+
+
+# ------------------------------------------------------------------ larger graphs on a GPU
+gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+def _power_law_graph(num_nodes: int, num_edges: int, seed: int) -> Graph:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    weight = torch.exp(1.2 * torch.randn(num_nodes, generator=gen, device="cuda"))
+    cdf = torch.cumsum(weight, 0) / weight.sum()
+    src = torch.searchsorted(cdf, torch.rand(num_edges, generator=gen, device="cuda")).clamp_(max=num_nodes - 1)
+    dst = torch.searchsorted(cdf, torch.rand(num_edges, generator=gen, device="cuda")).clamp_(max=num_nodes - 1)
+    return Graph(torch.stack([src, dst]), num_nodes)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("feat, heads", [(16, None), (64, None), (8, 8), (602, None)])
+def test_gpu_large_graph(path, feat, heads):
+    graph = _power_law_graph(20_000, 400_000, seed=feat)
+    x, w = _inputs(graph, heads, feat, "e" if heads is None else "eh", seed=feat, dtype=torch.float32)
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    out = spmm(graph, xs, ws, aggregation=path)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    ref = reference.spmm(graph, x64, w64)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+    grad = torch.randn_like(out)
+    gx, gw = torch.autograd.grad(out, [xs, ws], grad)
+    rx, rw = torch.autograd.grad(ref, [x64, w64], grad.double())
+    assert ((gx.double() - rx).norm() / rx.norm()).item() < 1e-5
+    assert ((gw.double() - rw).norm() / rw.norm()).item() < 1e-5
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_auto_rule_and_determinism():
+    graph = _power_law_graph(5_000, 200_000, seed=1)
+    x = torch.randn(5_000, 32, device="cuda")
+    assert dispatch.explain(graph, x).name == ("gar" if graph.avg_degree >= dispatch.GAR_MIN_AVG_DEGREE else "gas")
+    with dispatch.deterministic():
+        assert dispatch.explain(graph, x).name == "gar"
+        a = spmm(graph, x)
+        b = spmm(graph, x)
+    assert torch.equal(a, b)
