@@ -82,7 +82,9 @@ def gcn_norm(
     if edge_weight is None:
         edge_weight = graph.edge_weight
     if edge_weight is not None and edge_weight.dim() != 1:
-        raise ValueError(f"gcn_norm needs one weight per edge ([E]), got shape {tuple(edge_weight.shape)}")
+        raise ValueError(
+            f"edge_weight must have one weight per edge ([E]) for gcn_norm, got shape {tuple(edge_weight.shape)}"
+        )
     if edge_weight is None:
         edge_weight = torch.ones(graph.num_edges, device=graph.device, dtype=dtype or torch.float32)
     elif dtype is not None:
