@@ -1,0 +1,320 @@
+r"""What each backend name means, and whether it can run here.
+
+Suite ``paper`` (a training step of the 2-layer model):
+
+=====================  ========================================================================
+``fusegnn``            fusegnn layers, ``aggregation="auto"`` (GAS or GAR by average degree)
+``fusegnn-gas``        fusegnn layers, every sparse op on the fused GAS kernels
+``fusegnn-gar``        fusegnn layers, every sparse op on the fused GAR kernels
+``fusegnn-reference``  fusegnn layers on the pure-PyTorch reference ops (gather / scatter)
+``pyg``                PyG's ``GCNConv(cached=True)`` / ``GATConv`` with ``edge_index``
+``pyg-uncached``       PyG's ``GCNConv(cached=False)`` (opt-in: renormalises every step)
+=====================  ========================================================================
+
+Suite ``agg`` (``out = A @ x`` with the GCN-normalised adjacency, and its backward
+``grad_x = A^T @ grad_out``):
+
+=====================  ========================================================================
+``fusegnn*``           :func:`fusegnn.sparse.spmm` with that ``aggregation``
+``cusparse``           ``torch.sparse.mm`` with CSR matrices (int32 indices) of ``A`` and of
+                       ``A^T`` built once (cuSPARSE SpMM on a GPU, both directions)
+``gather-scatter``     ``zeros.index_add(0, dst, x.index_select(0, src) * w)`` (autograd)
+=====================  ========================================================================
+
+``fusegnn-gas`` / ``fusegnn-gar`` exist only where their kernels registered
+(:func:`fusegnn.sparse.available_backends`); ``pyg`` where ``torch_geometric`` imports.
+Names that cannot run are left out of the run and listed in the results' ``unavailable``.
+
+Conversion cost (``convert_ms`` of a record) is what a backend builds once per graph
+before it can run: CSR + CSC (``Graph.csr`` / ``Graph.csc``) for GAR, the two CSR
+matrices for ``cusparse``; ``None`` for backends that work on COO (GAS, reference,
+gather-scatter, PyG). ``fusegnn`` (auto) reports the conversion of the backend it picked.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from benchmarks.cases import Case
+
+__all__ = [
+    "PaperBackend",
+    "AggBackend",
+    "PAPER_BACKENDS",
+    "AGG_BACKENDS",
+    "ORACLE_ORDER",
+    "registry",
+    "select_backends",
+    "fusegnn_unavailable",
+    "pyg_unavailable",
+]
+
+ModelBuilder = Callable[[Case, int, int], nn.Module]
+SpmmOp = Callable[[Tensor], Tensor]
+
+# Backends whose outputs are trusted first as the correctness oracle of a case.
+ORACLE_ORDER = (
+    "fusegnn-reference", "pyg", "pyg-uncached", "gather-scatter", "cusparse",
+    "fusegnn-gar", "fusegnn-gas", "fusegnn",
+)
+
+
+def _always(device: torch.device) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class PaperBackend:
+    """A way to build the model of a ``paper`` case.
+
+    Attributes:
+        name: the backend name in results.
+        library: ``"fusegnn"`` (takes a :class:`~fusegnn.sparse.Graph`) or ``"pyg"``
+            (takes ``edge_index``).
+        build: ``(case, in_channels, num_classes) -> nn.Module``.
+        aggregation: the fusegnn ``aggregation`` it uses (``None`` for PyG).
+        unavailable: ``device -> None`` if it can run there, else the reason.
+        applies: whether the backend makes sense for a case (others skip it silently).
+        default: run when ``--backends`` is not given.
+    """
+
+    name: str
+    library: str
+    build: ModelBuilder
+    aggregation: str | None = None
+    unavailable: Callable[[torch.device], str | None] = _always
+    applies: Callable[[Case], bool] = field(default=lambda case: True)
+    default: bool = True
+
+
+@dataclass(frozen=True)
+class AggBackend:
+    """A way to compute ``out = A @ x`` for the ``agg`` suite.
+
+    Attributes:
+        name: the backend name in results.
+        prepare: ``graph -> op`` with ``op(x) = A @ x`` differentiable in ``x``; the
+            graph carries the weights ``A`` (``graph.edge_weight``). Whatever ``prepare``
+            builds (formats, matrices) is built outside the timed region.
+        aggregation: the fusegnn ``aggregation`` it uses (``None`` otherwise).
+        converts: ``graph -> None`` building from scratch the formats this backend
+            needs (timed as ``convert_ms``), or ``None`` if it needs none.
+        unavailable, default: as for :class:`PaperBackend`.
+    """
+
+    name: str
+    prepare: Callable[[object], SpmmOp]
+    aggregation: str | None = None
+    converts: Callable[[object], object] | None = None
+    unavailable: Callable[[torch.device], str | None] = _always
+    default: bool = True
+
+
+# ----------------------------------------------------------------------------- availability
+
+
+def fusegnn_unavailable(aggregation: str) -> Callable[[torch.device], str | None]:
+    """Whether ``aggregation`` can run on ``device``: asks the dispatcher on a 2-node
+    graph there (which also registers the kernel backends on first use)."""
+
+    def check(device: torch.device) -> str | None:
+        from fusegnn.sparse import Graph, resolve_aggregation
+
+        graph = Graph(torch.tensor([[0, 1], [1, 0]], device=device), 2)
+        try:
+            resolve_aggregation(aggregation, graph, torch.zeros(2, 1, device=device))
+        except (NotImplementedError, ValueError, RuntimeError) as err:
+            return f"{type(err).__name__}: {err}"
+        return None
+
+    return check
+
+
+def pyg_unavailable(device: torch.device) -> str | None:
+    try:
+        importlib.import_module("torch_geometric")
+    except Exception as err:  # noqa: BLE001 - any import failure means "not here"
+        return f"torch_geometric does not import: {type(err).__name__}: {err}"
+    return None
+
+
+# ----------------------------------------------------------------------------- paper
+
+
+def _fusegnn_builder(aggregation: str) -> ModelBuilder:
+    def build(case: Case, in_channels: int, num_classes: int) -> nn.Module:
+        from benchmarks.models import build_fusegnn_model
+
+        return build_fusegnn_model(case, in_channels, num_classes, aggregation)
+
+    return build
+
+
+def _pyg_builder(cached: bool) -> ModelBuilder:
+    def build(case: Case, in_channels: int, num_classes: int) -> nn.Module:
+        from benchmarks.models import build_pyg_model
+
+        return build_pyg_model(case, in_channels, num_classes, cached=cached)
+
+    return build
+
+
+def _paper_backends() -> dict[str, PaperBackend]:
+    backends = {}
+    for name, aggregation in (
+        ("fusegnn", "auto"),
+        ("fusegnn-gas", "gas"),
+        ("fusegnn-gar", "gar"),
+        ("fusegnn-reference", "reference"),
+    ):
+        backends[name] = PaperBackend(
+            name, "fusegnn", _fusegnn_builder(aggregation), aggregation, fusegnn_unavailable(aggregation)
+        )
+    backends["pyg"] = PaperBackend("pyg", "pyg", _pyg_builder(True), unavailable=pyg_unavailable)
+    backends["pyg-uncached"] = PaperBackend(
+        "pyg-uncached", "pyg", _pyg_builder(False), unavailable=pyg_unavailable,
+        applies=lambda case: case.model == "gcn", default=False,
+    )
+    return backends
+
+
+# ----------------------------------------------------------------------------- agg
+
+
+def _fusegnn_spmm(aggregation: str) -> Callable[[object], SpmmOp]:
+    def prepare(graph) -> SpmmOp:
+        from fusegnn.sparse import spmm
+
+        return lambda x: spmm(graph, x, aggregation=aggregation)
+
+    return prepare
+
+
+def build_csr_formats(graph) -> None:
+    """CSR (by target) and CSC (by source) of ``graph``: what GAR runs on."""
+    graph.csr
+    graph.csc
+
+
+class _CsrSpmm(torch.autograd.Function):
+    """``A @ x`` with cuSPARSE in both directions: backward is ``A^T @ grad``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, a: Tensor, a_t: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.a_t = a_t
+        return torch.sparse.mm(a, x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return torch.sparse.mm(ctx.a_t, grad.contiguous()), None, None
+
+
+def csr_matrices(graph) -> tuple[Tensor, Tensor]:
+    """``(A, A^T)`` as ``torch.sparse_csr_tensor`` with int32 indices where they fit."""
+    weight = graph.edge_weight
+    if weight is None:
+        weight = torch.ones(graph.num_edges, device=graph.device)
+    index_dtype = torch.int32 if graph.num_edges < 2**31 else torch.int64
+
+    def matrix(compressed, rows: int, cols: int) -> Tensor:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+            return torch.sparse_csr_tensor(
+                compressed.ptr.to(index_dtype), compressed.index.to(index_dtype),
+                weight[compressed.perm], size=(rows, cols), check_invariants=False,
+            )
+
+    a = matrix(graph.csr, graph.num_dst_nodes, graph.num_src_nodes)
+    a_t = matrix(graph.csc, graph.num_src_nodes, graph.num_dst_nodes)
+    return a, a_t
+
+
+def _cusparse(graph) -> SpmmOp:
+    a, a_t = csr_matrices(graph)
+    return lambda x: _CsrSpmm.apply(x, a, a_t)
+
+
+def _gather_scatter(graph) -> SpmmOp:
+    src, dst = graph.src.long(), graph.dst.long()
+    weight = graph.edge_weight
+    rows = graph.num_dst_nodes
+
+    def op(x: Tensor) -> Tensor:
+        messages = x.index_select(0, src)
+        if weight is not None:
+            messages = messages * weight.unsqueeze(1)
+        return x.new_zeros((rows, x.size(1))).index_add(0, dst, messages)
+
+    return op
+
+
+def _agg_backends() -> dict[str, AggBackend]:
+    backends = {}
+    for name, aggregation in (
+        ("fusegnn", "auto"),
+        ("fusegnn-gas", "gas"),
+        ("fusegnn-gar", "gar"),
+        ("fusegnn-reference", "reference"),
+    ):
+        backends[name] = AggBackend(
+            name, _fusegnn_spmm(aggregation), aggregation,
+            build_csr_formats if aggregation == "gar" else None, fusegnn_unavailable(aggregation),
+        )
+    backends["cusparse"] = AggBackend("cusparse", _cusparse, converts=csr_matrices)
+    backends["gather-scatter"] = AggBackend("gather-scatter", _gather_scatter)
+    return backends
+
+
+PAPER_BACKENDS: dict[str, PaperBackend] = _paper_backends()
+AGG_BACKENDS: dict[str, AggBackend] = _agg_backends()
+
+
+def registry(suite: str) -> dict:
+    """The (mutable) backend table of ``suite``; tests add fake backends to it."""
+    if suite == "paper":
+        return PAPER_BACKENDS
+    if suite == "agg":
+        return AGG_BACKENDS
+    raise ValueError(f"unknown suite {suite!r}")
+
+
+def select_backends(
+    suite: str, device: torch.device, patterns: list[str] | None = None
+) -> tuple[list, dict[str, str]]:
+    """``(backends that can run on device, {name: reason} for those that cannot)``.
+
+    ``patterns`` are names or globs (``fusegnn*``); ``None`` takes the default set. A
+    pattern that matches nothing raises :class:`ValueError` naming the known backends.
+    """
+    table = registry(suite)
+    if patterns:
+        chosen = []
+        for pattern in patterns:
+            hits = [name for name in table if fnmatch.fnmatchcase(name, pattern)]
+            if not hits:
+                raise ValueError(
+                    f"--backends {pattern!r} matches no {suite} backend; known: {', '.join(table)}"
+                )
+            chosen += [name for name in hits if name not in chosen]
+    else:
+        chosen = [name for name, backend in table.items() if backend.default]
+    runnable, unavailable = [], {}
+    for name in chosen:
+        reason = table[name].unavailable(device)
+        if reason is None:
+            runnable.append(table[name])
+        else:
+            unavailable[name] = reason
+    return runnable, unavailable
+
+
+def oracle_rank(name: str) -> int:
+    """Position of ``name`` in :data:`ORACLE_ORDER` (unknown names last)."""
+    return ORACLE_ORDER.index(name) if name in ORACLE_ORDER else len(ORACLE_ORDER)

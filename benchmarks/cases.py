@@ -1,0 +1,117 @@
+"""The case grids of the two suites.
+
+Suite ``paper`` (fuseGNN, Chen et al. 2020 / Chen's thesis ch. 5: Table 5.2 and
+Figure 5.11), one training step of a 2-layer model per case, named
+``{model}-{dataset}-{width}``:
+
+* GCN on Cora, PubMed and Reddit-like at hidden 16, 64 and 512 (Table 5.2) and 128
+  (Figure 5.11, peak memory): ``gcn-cora-h16`` ... ``gcn-reddit-h512``;
+* GAT with one head of width 16, 64, 512 and 128 on every data set
+  (``gat-cora-1x16`` ...), plus the published recipe of 8 heads x 8 on the small graphs
+  (``gat-cora-8x8``, ``gat-pubmed-8x8``) and 8 heads x 16 on Reddit-like
+  (``gat-reddit-8x16``).
+
+Suite ``agg``: the aggregation alone, ``out = A @ x`` with the GCN-normalised Reddit-like
+adjacency (self-loops included), forward and backward, at ``F`` in 16, 64, 128, 256:
+``agg-reddit-f16`` ... ``agg-reddit-f256``.
+
+``--quick`` keeps the cases marked ``quick``: every small-graph case (they take
+milliseconds) and the Reddit-like cases at width 16 and 128 plus ``gat-reddit-8x16``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+__all__ = ["Case", "SUITES", "suite_cases", "select_cases"]
+
+SUITES = ("paper", "agg")
+
+_PAPER_DATASETS = ("cora", "pubmed", "reddit")
+_PAPER_HIDDEN = (16, 64, 128, 512)  # 128: Figure 5.11 (peak memory)
+_AGG_FEATURES = (16, 64, 128, 256)
+_QUICK_REDDIT_WIDTHS = (16, 128)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark case.
+
+    Attributes:
+        name: the case name used in results (``gcn-cora-h16``, ``gat-reddit-8x16``,
+            ``agg-reddit-f64``).
+        suite: ``"paper"`` or ``"agg"``.
+        dataset: ``"cora"``, ``"pubmed"`` or ``"reddit"`` (Reddit-like, generated).
+        model: ``"gcn"``, ``"gat"``, or ``"spmm"`` for the ``agg`` suite.
+        width: hidden width per head (``paper``) or feature width ``F`` (``agg``).
+        heads: attention heads of the first GAT layer (1 otherwise).
+        quick: kept by ``--quick``.
+        note: where the case comes from.
+    """
+
+    name: str
+    suite: str
+    dataset: str
+    model: str
+    width: int
+    heads: int = 1
+    quick: bool = True
+    note: str = ""
+
+    def info(self) -> dict:
+        """The case's parameters, as stored in the results' ``cases`` table."""
+        return {
+            "suite": self.suite,
+            "dataset": self.dataset,
+            "model": self.model,
+            "width": self.width,
+            "heads": self.heads,
+            "note": self.note,
+        }
+
+
+def _paper_cases() -> list[Case]:
+    cases: list[Case] = []
+    for dataset in _PAPER_DATASETS:
+        small = dataset != "reddit"
+        for hidden in _PAPER_HIDDEN:
+            note = "Figure 5.11 (peak memory)" if hidden == 128 else "Table 5.2"
+            quick = small or hidden in _QUICK_REDDIT_WIDTHS
+            cases.append(Case(f"gcn-{dataset}-h{hidden}", "paper", dataset, "gcn", hidden, 1, quick, note))
+        if small:
+            cases.append(Case(f"gat-{dataset}-8x8", "paper", dataset, "gat", 8, 8, True, "GAT recipe (8 heads x 8)"))
+        for hidden in _PAPER_HIDDEN:
+            note = "Figure 5.11 (peak memory)" if hidden == 128 else "Table 5.2"
+            quick = small or hidden in _QUICK_REDDIT_WIDTHS
+            cases.append(Case(f"gat-{dataset}-1x{hidden}", "paper", dataset, "gat", hidden, 1, quick, note))
+        if not small:
+            cases.append(Case("gat-reddit-8x16", "paper", dataset, "gat", 16, 8, True, "8 heads on Reddit"))
+    return cases
+
+
+def _agg_cases() -> list[Case]:
+    return [
+        Case(f"agg-reddit-f{f}", "agg", "reddit", "spmm", f, 1, True, "GCN-normalised A @ x, forward + backward")
+        for f in _AGG_FEATURES
+    ]
+
+
+def suite_cases(suite: str) -> list[Case]:
+    """Every case of ``suite`` in run order (grouped by data set, small graphs first)."""
+    if suite == "paper":
+        return _paper_cases()
+    if suite == "agg":
+        return _agg_cases()
+    raise ValueError(f"suite must be one of {SUITES}, got {suite!r}")
+
+
+def select_cases(suite: str, patterns: list[str] | None = None, quick: bool = False) -> list[Case]:
+    """The cases of ``suite`` whose name matches any glob in ``patterns`` (all when
+    ``None`` or empty), restricted to the ``quick`` ones if asked. Order is kept."""
+    cases = suite_cases(suite)
+    if quick:
+        cases = [c for c in cases if c.quick]
+    if patterns:
+        cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
+    return cases

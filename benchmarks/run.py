@@ -1,0 +1,196 @@
+"""The benchmark entry point.
+
+    python -m benchmarks.run --suite paper              # GCN / GAT training steps
+    python -m benchmarks.run --suite agg                # SpMM forward / backward
+    python -m benchmarks.run --suite all --quick        # both, smaller paper grid
+    python -m benchmarks.run --list                     # cases and backends, no run
+
+Writes ``<out>/<suite>/<gpu-slug>.json`` after every record, then ``.md`` and ``.png``,
+and prints the markdown table last. See ``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parent.parent
+# Set before CUDA initialises: fewer fragmentation OOMs when large cases follow each other.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+from benchmarks.backends import registry, select_backends  # noqa: E402
+from benchmarks.cases import SUITES, select_cases, suite_cases  # noqa: E402
+from benchmarks.data import DataConfig, DatasetCache  # noqa: E402
+from benchmarks.report import (  # noqa: E402
+    ANCHORS,
+    README,
+    ResultFile,
+    clean_number,
+    environment,
+    gpu_slug,
+    render_outputs,
+)
+from benchmarks.runner import RunConfig, new_record, run_case  # noqa: E402
+
+__all__ = ["main", "parse_args"]
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def default_data_root() -> str:
+    return os.environ.get("FUSEGNN_DATA") or str(_REPO / ".carry" / "planetoid")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    p.add_argument("--suite", choices=(*SUITES, "all"), default="paper")
+    p.add_argument("--out", type=Path, default=_REPO / "benchmarks" / "results",
+                   help="results directory; files go to <out>/<suite>/<gpu-slug>.* (default benchmarks/results)")
+    p.add_argument("--cases", type=_csv, help="comma-separated case names or globs, e.g. 'gcn-*,gat-cora-*'")
+    p.add_argument("--backends", type=_csv,
+                   help="comma-separated backend names or globs (default: every default backend that can run)")
+    p.add_argument("--quick", action="store_true", help="smaller paper grid (small graphs + Reddit-like at 16/128), <= 3 warm-up steps")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per backend (median reported; default 10)")
+    p.add_argument("--warmup", type=int, default=5, help="warm-up steps at most (default 5)")
+    p.add_argument("--warmup-s", type=float, default=3.0, help="stop warming up after this many seconds (>= 2 steps)")
+    p.add_argument("--rtol", type=float, default=1e-4, help="max-norm relative tolerance of the correctness check")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", type=float, default=1.0, help="Reddit-like size (fraction of Reddit's nodes)")
+    p.add_argument("--avg-degree", type=float, help="Reddit-like edges per node (default: Reddit's ~492)")
+    p.add_argument("--data-root", default=default_data_root(),
+                   help="Planetoid root (<root>/<Name>/raw); default $FUSEGNN_DATA or .carry/planetoid")
+    p.add_argument("--device", default="cuda", help="'cuda', 'cuda:1', or 'cpu' (needs --allow-cpu)")
+    p.add_argument("--allow-cpu", action="store_true", help="run on the CPU when there is no GPU (smoke test)")
+    p.add_argument("--no-launches", action="store_true", help="skip the profiled step that counts kernel launches")
+    p.add_argument("--no-png", action="store_true")
+    p.add_argument("--append", action="store_true",
+                   help="keep the records of cases not run now from an existing results file")
+    p.add_argument("--time-limit", type=float,
+                   help="seconds; cases not started by then are recorded as not run (JSON/MD/PNG still written)")
+    p.add_argument("--update-readme", action="store_true", help="put the tables into benchmarks/README.md")
+    p.add_argument("--list", action="store_true", help="list the cases and backends, then exit")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error("--steps must be >= 1")
+    if args.warmup < 0:
+        p.error("--warmup must be >= 0")
+    if args.quick:
+        args.warmup = min(args.warmup, 3)
+    return args
+
+
+def resolve_device(args: argparse.Namespace) -> torch.device:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        if not args.allow_cpu:
+            raise SystemExit(
+                "benchmarks: no CUDA device here. Pass --allow-cpu for a CPU smoke run "
+                "(timings with time.perf_counter, no memory or launch figures)."
+            )
+        device = torch.device("cpu")
+    if device.type == "cpu" and not args.allow_cpu:
+        raise SystemExit("benchmarks: --device cpu needs --allow-cpu (a smoke run, not a benchmark)")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _list(args: argparse.Namespace, device: torch.device) -> None:
+    for suite in SUITES if args.suite == "all" else (args.suite,):
+        cases = select_cases(suite, args.cases, args.quick)
+        print(f"suite {suite}: {len(cases)} of {len(suite_cases(suite))} cases")
+        for case in cases:
+            print(f"  {case.name:22s} {case.note}")
+        runnable, unavailable = select_backends(suite, device, args.backends)
+        print("  backends:", ", ".join(b.name for b in runnable) or "none")
+        for name, reason in unavailable.items():
+            print(f"  not available: {name}: {reason}")
+        print("  all backend names:", ", ".join(registry(suite)))
+
+
+def _clean(record: dict) -> dict:
+    return {k: clean_number(v) if isinstance(v, float) else v for k, v in record.items()}
+
+
+def run_suite(suite: str, args: argparse.Namespace, device: torch.device, started: float) -> str:
+    """Run one suite; returns its markdown table."""
+    cases = select_cases(suite, args.cases, args.quick)
+    if not cases:
+        raise SystemExit(f"benchmarks: --cases {args.cases} matches no {suite} case (see --list)")
+    backends, unavailable = select_backends(suite, device, args.backends)
+    header = environment(device)
+    header.update(
+        suite=suite,
+        anchor=ANCHORS[suite],
+        config=dict(
+            steps=args.steps, warmup=args.warmup, warmup_s=args.warmup_s, rtol=args.rtol, seed=args.seed,
+            scale=args.scale, avg_degree=args.avg_degree, quick=args.quick, launches=not args.no_launches,
+            alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        ),
+        cases={c.name: c.info() for c in cases},
+        datasets={},
+        unavailable=unavailable,
+    )
+    path = args.out / suite / f"{gpu_slug(device)}.json"
+    results = ResultFile(path, header, append=args.append, rerun_cases=[c.name for c in cases])
+    config = RunConfig(
+        device=device, steps=args.steps, warmup=args.warmup, warmup_s=args.warmup_s,
+        rtol=args.rtol, seed=args.seed, launches=not args.no_launches,
+    )
+    data = DatasetCache(DataConfig(args.data_root, device, args.scale, args.avg_degree, args.seed))
+
+    def emit(record: dict) -> None:
+        results.doc["datasets"].update(data.sources)
+        results.add(_clean(record))
+
+    total = sum(sum(1 for b in backends if getattr(b, "applies", lambda c: True)(c)) for c in cases)
+    bar = tqdm(total=total, desc=suite, file=sys.stderr, disable=args.quiet, dynamic_ncols=True)
+    try:
+        for case in cases:
+            applicable = [b for b in backends if getattr(b, "applies", lambda c: True)(case)]
+            if args.time_limit is not None and time.perf_counter() - started > args.time_limit:
+                for backend in applicable:
+                    record = new_record(case, backend.name)
+                    record["error"] = f"not run: --time-limit {args.time_limit:g} s reached"
+                    emit(record)
+                    bar.update()
+                continue
+            bar.set_description(f"{suite} {case.name}")
+            run_case(case, applicable, data, config, emit, tick=bar.update)
+    finally:
+        bar.close()
+        data.release()
+        results.doc["datasets"].update(data.sources)
+        results.write()
+    table, why = render_outputs(path, png=not args.no_png, readme=README if args.update_readme else None)
+    print(f"wrote {path} (+ .md{'' if why else ', .png'})", file=sys.stderr)
+    if why and not args.no_png:
+        print(f"PNG not written: {why}", file=sys.stderr)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        cpu = not torch.cuda.is_available()
+        _list(args, torch.device("cpu") if cpu else resolve_device(args))
+        return 0
+    device = resolve_device(args)
+    started = time.perf_counter()
+    tables = [run_suite(suite, args, device, started) for suite in (SUITES if args.suite == "all" else (args.suite,))]
+    print("\n".join(tables))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

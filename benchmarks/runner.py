@@ -1,0 +1,412 @@
+r"""One case: check every backend's output against an oracle, then time the ones that agree.
+
+Per case:
+
+1. **Graph, once.** A :class:`~fusegnn.sparse.Graph` is built from the data set's
+   ``edge_index`` outside any timed region. Graph processing (GCN: ``gcn_norm`` with
+   self-loops; GAT: self-loop replacement) and the CSR + CSC conversion are timed once,
+   on their own, as ``norm_ms`` and ``convert_ms`` (PyG's own processing for PyG rows).
+2. **Correctness, before anything is timed.** The same weights go into every backend's
+   model; one forward in eval mode (dropout off) per backend; the first backend of
+   :data:`~benchmarks.backends.ORACLE_ORDER` that runs is the oracle, and any other
+   whose output differs by more than ``rtol`` in max-norm relative error,
+   :math:`\max|o - o_{ref}| / \max|o_{ref}|`, gets ``ok: false`` and is not timed. In
+   the ``agg`` suite the check covers the forward output and ``grad_x`` of a backward.
+3. **Timing** of each backend that passed: :func:`benchmarks.measure.measure` over a
+   training step (``zero_grad``, forward, cross-entropy on the training nodes,
+   backward, Adam step) or, for ``agg``, the phases forward and backward.
+
+An out-of-memory anywhere is recorded (``ok: false, error: "OOM"``), memory is freed
+and the run goes on; so does any other error (its message is recorded).
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from benchmarks.backends import AggBackend, PaperBackend, build_csr_formats, oracle_rank
+from benchmarks.cases import Case
+from benchmarks.data import DatasetCache
+from benchmarks.measure import free_memory, is_oom, measure, timed_ms
+
+__all__ = ["RunConfig", "new_record", "run_case", "relative_error", "RECORD_FIELDS"]
+
+RECORD_FIELDS = (
+    "case", "backend", "ok", "error", "ms", "bwd_ms", "peak_mem_mib", "launches", "bwd_launches",
+    "convert_ms", "norm_ms", "aggregation", "rel_err", "checked_against", "steps", "warmup_steps",
+)
+
+Emit = Callable[[dict], None]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How cases are measured (see ``python -m benchmarks.run --help``)."""
+
+    device: torch.device
+    steps: int = 10
+    warmup: int = 5
+    warmup_s: float = 3.0
+    rtol: float = 1e-4
+    seed: int = 0
+    launches: bool = True
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+
+
+def new_record(case: Case, backend: str) -> dict:
+    """A record with every field, all unset (``ok`` false until proven)."""
+    record: dict[str, Any] = {name: None for name in RECORD_FIELDS}
+    record.update(case=case.name, backend=backend, ok=False)
+    return record
+
+
+def relative_error(out: Tensor, ref: Tensor) -> float:
+    """:math:`\\max|out - ref| / \\max|ref|` in float64 (``inf`` on a shape mismatch,
+    ``nan`` if either holds a NaN)."""
+    if out.shape != ref.shape:
+        return math.inf
+    out, ref = out.detach().double(), ref.detach().double()
+    scale = ref.abs().max().item() if ref.numel() else 0.0
+    diff = (out - ref).abs().max().item() if ref.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def _describe(error: BaseException) -> str:
+    if is_oom(error):
+        return "OOM"
+    text = f"{type(error).__name__}: {error}".strip()
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _fail(record: dict, error: BaseException, device: torch.device) -> None:
+    record["ok"] = False
+    record["error"] = _describe(error)
+    if record["error"] != "OOM":  # where it happened, innermost first
+        record["error"] += " | at " + " <- ".join(
+            f"{f.name}:{f.lineno}" for f in reversed(traceback.extract_tb(error.__traceback__)[-3:])
+        )
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+def run_case(
+    case: Case,
+    backends: list,
+    data: DatasetCache,
+    config: RunConfig,
+    emit: Emit,
+    tick: Callable[[], None] = lambda: None,
+) -> None:
+    """Run ``case`` on ``backends``, handing each finished record to ``emit`` and calling
+    ``tick`` once per backend. Never raises for a backend's failure."""
+    try:
+        if case.suite == "paper":
+            _run_paper_case(case, backends, data, config, emit, tick)
+        else:
+            _run_agg_case(case, backends, data, config, emit, tick)
+    finally:
+        free_memory(config.device)
+
+
+def _fail_all(case: Case, backends: list, error: BaseException, config: RunConfig, emit: Emit, tick) -> None:
+    for backend in backends:
+        record = new_record(case, backend.name)
+        _fail(record, error, config.device)
+        record["error"] = f"case setup failed: {record['error']}"
+        emit(record)
+        tick()
+
+
+# ----------------------------------------------------------------------------- paper
+
+
+@dataclass
+class _PaperCase:
+    """What every backend of a paper case shares."""
+
+    x: Tensor
+    y_train: Tensor
+    train_index: Tensor
+    edge_index: Tensor
+    graph: Any  # fusegnn.sparse.Graph, built once for the case
+    in_channels: int
+    num_classes: int
+    state: dict[str, Tensor]  # the weights every backend starts from
+    norm_ms: dict[str, float | None]  # library -> graph processing time
+    convert_ms: float | None
+    auto: str | None  # the backend "auto" resolves to
+
+
+def _fusegnn_processing(case: Case, graph) -> Callable[[], Any]:
+    from fusegnn.sparse import add_self_loops, gcn_norm, remove_self_loops
+
+    if case.model == "gcn":
+        return lambda: gcn_norm(graph, dtype=torch.float32)
+    return lambda: add_self_loops(remove_self_loops(graph.with_edge_weight(None)))
+
+
+def _pyg_processing(case: Case, edge_index: Tensor, num_nodes: int) -> Callable[[], Any]:
+    if case.model == "gcn":
+        from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+        return lambda: gcn_norm(edge_index, None, num_nodes, False, True, "source_to_target", torch.float32)
+    from torch_geometric.utils import add_self_loops, remove_self_loops
+
+    return lambda: add_self_loops(remove_self_loops(edge_index)[0], num_nodes=num_nodes)
+
+
+def _fresh_copy(graph):
+    """The same graph without any cached format (to time a conversion from scratch)."""
+    from fusegnn.sparse import Graph
+
+    return Graph(graph.edge_index, (graph.num_src_nodes, graph.num_dst_nodes), graph.edge_weight, validate=False)
+
+
+def _prepare_paper_case(case: Case, backends: list[PaperBackend], data: DatasetCache, config: RunConfig) -> _PaperCase:
+    from fusegnn.sparse import Graph, resolve_aggregation
+
+    from benchmarks.models import build_fusegnn_model
+
+    device = config.device
+    dataset = data.get(case.dataset)
+    graph = Graph(dataset.edge_index, dataset.num_nodes)
+    norm_ms: dict[str, float | None] = {"fusegnn": None, "pyg": None}
+    convert_ms = auto = None
+    if any(b.library == "fusegnn" for b in backends):
+        process = _fusegnn_processing(case, graph)
+        norm_ms["fusegnn"] = timed_ms(process, device)
+        processed = process()
+        auto = resolve_aggregation("auto", processed, dataset.x).name
+        convert_ms = timed_ms(lambda: build_csr_formats(_fresh_copy(processed)), device)
+        del processed
+    if any(b.library == "pyg" for b in backends):
+        norm_ms["pyg"] = timed_ms(_pyg_processing(case, dataset.edge_index, dataset.num_nodes), device)
+    free_memory(device)
+
+    torch.manual_seed(config.seed)
+    template = build_fusegnn_model(case, dataset.num_features, dataset.num_classes, "reference")
+    state = {k: v.detach().to(device).clone() for k, v in template.state_dict().items()}
+    train_index = dataset.train_mask.nonzero().view(-1)
+    return _PaperCase(
+        x=dataset.x,
+        y_train=dataset.y.index_select(0, train_index),
+        train_index=train_index,
+        edge_index=dataset.edge_index,
+        graph=graph,
+        in_channels=dataset.num_features,
+        num_classes=dataset.num_classes,
+        state=state,
+        norm_ms=norm_ms,
+        convert_ms=convert_ms,
+        auto=auto,
+    )
+
+
+def _paper_model(backend: PaperBackend, shared: _PaperCase, case: Case, device: torch.device):
+    from benchmarks.models import copy_weights
+
+    model = backend.build(case, shared.in_channels, shared.num_classes).to(device)
+    copy_weights(shared.state, model)
+    graph_arg = shared.graph if backend.library == "fusegnn" else shared.edge_index
+    return model, graph_arg
+
+
+def _run_paper_case(case, backends, data, config, emit, tick) -> None:
+    device = config.device
+    backends = sorted((b for b in backends if b.applies(case)), key=lambda b: oracle_rank(b.name))
+    try:
+        shared = _prepare_paper_case(case, backends, data, config)
+    except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+        _fail_all(case, backends, err, config, emit, tick)
+        return
+
+    records, oracle, oracle_name = {}, None, None
+    for backend in backends:  # 1. correctness, every backend, before any timing
+        record = records[backend.name] = new_record(case, backend.name)
+        record["norm_ms"] = shared.norm_ms[backend.library]
+        if backend.library == "fusegnn":
+            resolved = shared.auto if backend.aggregation == "auto" else backend.aggregation
+            record["aggregation"] = resolved
+            record["convert_ms"] = shared.convert_ms if resolved == "gar" else None
+        model = out = None
+        try:
+            model, graph_arg = _paper_model(backend, shared, case, device)
+            model.eval()
+            with torch.no_grad():
+                out = model(shared.x, graph_arg).float()
+            _judge(record, out, oracle, oracle_name, config.rtol)
+            if oracle is None and record["ok"]:
+                oracle, oracle_name = out, backend.name
+        except Exception as err:  # noqa: BLE001
+            _fail(record, err, device)
+        finally:
+            del model, out
+            free_memory(device)
+        if not record["ok"]:
+            emit(record)
+            tick()
+    del oracle
+
+    for backend in backends:  # 2. timing of those that passed
+        record = records[backend.name]
+        if not record["ok"]:
+            continue
+        model = optimizer = None
+        try:
+            model, graph_arg = _paper_model(backend, shared, case, device)
+            model.train()
+            optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+
+            def step(model=model, optimizer=optimizer, graph_arg=graph_arg) -> None:
+                optimizer.zero_grad(set_to_none=True)
+                logits = model(shared.x, graph_arg)
+                loss = F.cross_entropy(logits.index_select(0, shared.train_index), shared.y_train)
+                loss.backward()
+                optimizer.step()
+
+            found = measure(
+                [step], device, steps=config.steps, warmup=config.warmup,
+                warmup_s=config.warmup_s, launches=config.launches,
+            )
+            record.update(
+                ms=found.ms[0], peak_mem_mib=found.peak_mem_mib, launches=found.launches[0],
+                steps=found.steps, warmup_steps=found.warmup_steps,
+            )
+        except Exception as err:  # noqa: BLE001
+            _fail(record, err, device)
+        finally:
+            del model, optimizer
+            free_memory(device)
+        emit(record)
+        tick()
+
+
+def _judge(record: dict, out: Tensor, oracle: Tensor | None, oracle_name: str | None, rtol: float) -> None:
+    """Compare a backend's output with the oracle's (or make it the oracle)."""
+    if not bool(torch.isfinite(out).all()):
+        record.update(ok=False, error="output has NaN or Inf")
+        return
+    if oracle is None:
+        record.update(ok=True, rel_err=0.0, checked_against=None)
+        return
+    err = relative_error(out, oracle)
+    record.update(rel_err=err, checked_against=oracle_name)
+    if err <= rtol:
+        record["ok"] = True
+    else:
+        record.update(ok=False, error=f"mismatch: rel err {err:.2e} > rtol {rtol:g} vs {oracle_name}")
+
+
+# ----------------------------------------------------------------------------- agg
+
+
+def _run_agg_case(case, backends: list[AggBackend], data, config, emit, tick) -> None:
+    from fusegnn.sparse import Graph, gcn_norm, resolve_aggregation
+
+    device = config.device
+    backends = sorted(backends, key=lambda b: oracle_rank(b.name))
+    try:
+        dataset = data.get(case.dataset)
+        graph = gcn_norm(Graph(dataset.edge_index, dataset.num_nodes), dtype=torch.float32)
+        generator = torch.Generator(device=device).manual_seed(config.seed + case.width)
+        x = torch.randn(graph.num_src_nodes, case.width, generator=generator, device=device)
+        grad_out = torch.randn(graph.num_dst_nodes, case.width, generator=generator, device=device)
+        auto = resolve_aggregation("auto", graph, x).name
+    except Exception as err:  # noqa: BLE001
+        _fail_all(case, backends, err, config, emit, tick)
+        return
+
+    def convert_cost(backend: AggBackend) -> float | None:
+        converts = backend.converts
+        if backend.aggregation == "auto":
+            converts = build_csr_formats if auto == "gar" else None
+        if converts is None:
+            return None
+        return timed_ms(lambda: converts(_fresh_copy(graph)), device)
+
+    records, oracle, oracle_name = {}, None, None
+    for backend in backends:  # 1. correctness of forward and backward
+        record = records[backend.name] = new_record(case, backend.name)
+        if backend.aggregation is not None:
+            record["aggregation"] = auto if backend.aggregation == "auto" else backend.aggregation
+        op = out = grad = None
+        try:
+            record["convert_ms"] = convert_cost(backend)
+            op = backend.prepare(graph)
+            xx = x.detach().clone().requires_grad_(True)
+            out = op(xx)
+            out.backward(grad_out)
+            out, grad = out.detach(), xx.grad
+            del xx
+            _judge_pair(record, out, grad, oracle, oracle_name, config.rtol)
+            if oracle is None and record["ok"]:
+                oracle, oracle_name = (out, grad), backend.name
+        except Exception as err:  # noqa: BLE001
+            _fail(record, err, device)
+        finally:
+            del op, out, grad
+            free_memory(device)
+        if not record["ok"]:
+            emit(record)
+            tick()
+    del oracle
+
+    for backend in backends:  # 2. timing: forward and backward phases
+        record = records[backend.name]
+        if not record["ok"]:
+            continue
+        state: dict[str, Any] = {}
+        try:
+            op = backend.prepare(graph)
+            xx = x.detach().clone().requires_grad_(True)
+
+            def forward(op=op, xx=xx) -> None:
+                xx.grad = None
+                state["out"] = op(xx)
+
+            def backward(xx=xx) -> None:
+                state.pop("out").backward(grad_out)
+                xx.grad = None  # freed inside the step, so the peak counts it
+
+            found = measure(
+                [forward, backward], device, steps=config.steps, warmup=config.warmup,
+                warmup_s=config.warmup_s, launches=config.launches,
+            )
+            record.update(
+                ms=found.ms[0], bwd_ms=found.ms[1], peak_mem_mib=found.peak_mem_mib,
+                launches=found.launches[0], bwd_launches=found.launches[1],
+                steps=found.steps, warmup_steps=found.warmup_steps,
+            )
+        except Exception as err:  # noqa: BLE001
+            _fail(record, err, device)
+        finally:
+            state.clear()
+            op = xx = forward = backward = None
+            free_memory(device)
+        emit(record)
+        tick()
+
+
+def _judge_pair(record, out, grad, oracle, oracle_name, rtol) -> None:
+    if not (bool(torch.isfinite(out).all()) and bool(torch.isfinite(grad).all())):
+        record.update(ok=False, error="output or gradient has NaN or Inf")
+        return
+    if oracle is None:
+        record.update(ok=True, rel_err=0.0, checked_against=None)
+        return
+    err = max(relative_error(out, oracle[0]), relative_error(grad, oracle[1]))
+    record.update(rel_err=err, checked_against=oracle_name)
+    if err <= rtol:
+        record["ok"] = True
+    else:
+        record.update(ok=False, error=f"mismatch: rel err {err:.2e} > rtol {rtol:g} vs {oracle_name} (forward or grad_x)")

@@ -1,0 +1,243 @@
+"""CPU smoke tests of the benchmark harness (``python -m benchmarks.run``).
+
+The harness runs in-process on tiny inputs (``--allow-cpu --steps 2``): Cora for the
+``paper`` suite, a tiny Reddit-like graph for ``agg``. Checked: the JSON schema, that the
+markdown table and the PNG are written, that a backend computing the wrong thing is
+caught by the correctness check and not timed, that an out-of-memory is a recorded
+result rather than a crash, and the pieces the report is computed from.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import pytest
+import torch
+
+from benchmarks import backends as bench_backends
+from benchmarks import report
+from benchmarks.cases import select_cases, suite_cases
+from benchmarks.run import default_data_root, main
+from benchmarks.runner import RECORD_FIELDS, relative_error
+
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+SCHEMA = {"case", "backend", "ms", "peak_mem_mib", "launches", "ok", "error"}
+FAST = ["--allow-cpu", "--device", "cpu", "--steps", "2", "--warmup", "1", "--quiet"]
+
+
+def _cora_root() -> str:
+    from fusegnn.datasets.paths import find_dataset_dir
+    from fusegnn.datasets.planetoid import planetoid_raw_file_names
+
+    root = default_data_root()
+    try:
+        find_dataset_dir("Cora", planetoid_raw_file_names("Cora"), root, subdir="raw")
+    except FileNotFoundError:
+        pytest.skip("Cora raw files not found ($FUSEGNN_DATA or .carry/planetoid)")
+    return root
+
+
+@pytest.fixture
+def one_thread():
+    """CPU timings of tiny cases are dominated by thread hand-offs on a busy 2-core box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _load(path) -> dict:
+    doc = json.loads(path.read_text())
+    assert {"device", "torch", "triton", "date", "records"} <= set(doc)
+    for record in doc["records"]:
+        assert SCHEMA <= set(record), record
+        assert set(RECORD_FIELDS) == set(record)
+    return doc
+
+
+def _by_backend(doc: dict, case: str) -> dict[str, dict]:
+    return {r["backend"]: r for r in doc["records"] if r["case"] == case}
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def _wrong_paper_backend() -> bench_backends.PaperBackend:
+    """The reference model with its logits scaled: must fail the correctness check."""
+
+    def build(case, in_channels, num_classes):
+        from benchmarks.models import build_fusegnn_model
+
+        model = build_fusegnn_model(case, in_channels, num_classes, "reference")
+        forward = model.forward
+        model.forward = lambda x, graph: forward(x, graph) * 1.001
+        return model
+
+    return bench_backends.PaperBackend("wrong", "fusegnn", build, "reference")
+
+
+def _oom_paper_backend() -> bench_backends.PaperBackend:
+    def build(case, in_channels, num_classes):
+        from benchmarks.models import build_fusegnn_model
+
+        model = build_fusegnn_model(case, in_channels, num_classes, "reference")
+
+        def forward(x, graph):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 58.00 GiB")
+
+        model.forward = forward
+        return model
+
+    return bench_backends.PaperBackend("oom", "fusegnn", build, "reference")
+
+
+def test_paper_suite_on_cora(tmp_path, monkeypatch, one_thread):
+    root = _cora_root()
+    monkeypatch.setitem(bench_backends.PAPER_BACKENDS, "wrong", _wrong_paper_backend())
+    monkeypatch.setitem(bench_backends.PAPER_BACKENDS, "oom", _oom_paper_backend())
+    backends = "fusegnn-reference,fusegnn,pyg,wrong,oom"
+    if importlib.util.find_spec("torch_geometric") is None:
+        backends = backends.replace(",pyg", "")
+    code = main(["--suite", "paper", "--cases", "gcn-cora-h16", "--backends", backends,
+                 "--data-root", root, "--out", str(tmp_path), *FAST])
+    assert code == 0
+    doc = _load(tmp_path / "paper" / "cpu.json")
+    assert doc["suite"] == "paper" and doc["device"].startswith("CPU")
+    assert list(doc["cases"]) == ["gcn-cora-h16"]
+    rows = _by_backend(doc, "gcn-cora-h16")
+    assert set(rows) == set(backends.split(","))
+
+    oracle = rows["fusegnn-reference"]
+    assert oracle["ok"] and oracle["checked_against"] is None and oracle["error"] is None
+    for name in set(rows) - {"wrong", "oom"}:
+        row = rows[name]
+        assert row["ok"], row
+        assert row["ms"] > 0 and row["steps"] == 2 and row["warmup_steps"] == 1
+        assert row["peak_mem_mib"] is None and row["launches"] is None  # CPU run
+        assert row["norm_ms"] > 0
+    assert rows["fusegnn"]["checked_against"] == "fusegnn-reference"
+    assert rows["fusegnn"]["aggregation"] == "reference"  # auto on CPU tensors
+    if "pyg" in rows:  # same weights in PyG's layers give the same function
+        assert rows["pyg"]["rel_err"] <= 1e-4
+
+    wrong = rows["wrong"]
+    assert not wrong["ok"] and wrong["ms"] is None  # caught, not timed
+    assert wrong["error"].startswith("mismatch") and "fusegnn-reference" in wrong["error"]
+    assert 5e-4 < wrong["rel_err"] < 2e-3
+
+    oom = rows["oom"]
+    assert not oom["ok"] and oom["error"] == "OOM" and oom["ms"] is None
+
+    table = (tmp_path / "paper" / "cpu.md").read_text()
+    assert "`gcn-cora-h16`" in table and "OOM" in table and "mismatch" in table
+    if "pyg" in rows:
+        assert "1.00x" in table  # the anchor row's ratio to itself
+    if HAS_MATPLOTLIB:
+        assert (tmp_path / "paper" / "cpu.png").stat().st_size > 1000
+
+
+def _wrong_agg_backend() -> bench_backends.AggBackend:
+    def prepare(graph):
+        from fusegnn.sparse import spmm
+
+        return lambda x: spmm(graph, x, aggregation="reference") * 1.001
+
+    return bench_backends.AggBackend("wrong", prepare)
+
+
+def test_agg_suite_on_tiny_reddit_like(tmp_path, monkeypatch, one_thread):
+    pytest.importorskip("fusegnn.datasets.synthetic", reason="Reddit-like generator not available")
+    monkeypatch.setitem(bench_backends.AGG_BACKENDS, "wrong", _wrong_agg_backend())
+    code = main(["--suite", "agg", "--cases", "agg-reddit-f16", "--scale", "0.002", "--avg-degree", "8",
+                 "--backends", "fusegnn*,cusparse,gather-scatter,wrong", "--out", str(tmp_path), "--no-png",
+                 *FAST])
+    assert code == 0
+    doc = _load(tmp_path / "agg" / "cpu.json")
+    assert doc["datasets"]["reddit"]["nodes"] == round(0.002 * 232_965)
+    rows = _by_backend(doc, "agg-reddit-f16")
+    assert {"fusegnn", "fusegnn-reference", "cusparse", "gather-scatter", "wrong"} <= set(rows)
+    assert set(doc["unavailable"]) | set(rows) >= {"fusegnn-gas", "fusegnn-gar"}
+    for name in ("fusegnn", "fusegnn-reference", "cusparse", "gather-scatter"):
+        row = rows[name]
+        assert row["ok"], row
+        assert row["ms"] > 0 and row["bwd_ms"] > 0  # forward and backward, both timed
+        assert row["rel_err"] <= 1e-4
+    assert rows["cusparse"]["convert_ms"] > 0  # builds A and A^T once
+    assert rows["gather-scatter"]["convert_ms"] is None
+    assert not rows["wrong"]["ok"] and rows["wrong"]["error"].startswith("mismatch")
+    assert rows["wrong"]["ms"] is None
+    table = (tmp_path / "agg" / "cpu.md").read_text()
+    assert "| `agg-reddit-f16` | `cusparse` |" in table and "1.00x" in table
+
+
+def test_time_limit_and_append(tmp_path, one_thread):
+    """Cases past --time-limit are recorded as not run; --append keeps other cases."""
+    root = _cora_root()
+    args = ["--suite", "paper", "--backends", "fusegnn-reference", "--data-root", root,
+            "--out", str(tmp_path), "--no-png", *FAST]
+    assert main([*args, "--cases", "gcn-cora-h16"]) == 0
+    assert main([*args, "--cases", "gcn-cora-h64,gat-cora-8x8", "--append", "--time-limit", "0"]) == 0
+    doc = _load(tmp_path / "paper" / "cpu.json")
+    rows = {r["case"]: r for r in doc["records"]}
+    assert set(rows) == {"gcn-cora-h16", "gcn-cora-h64", "gat-cora-8x8"}
+    assert rows["gcn-cora-h16"]["ok"]
+    assert not rows["gcn-cora-h64"]["ok"] and rows["gcn-cora-h64"]["error"].startswith("not run")
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def test_case_grid_names():
+    paper = [c.name for c in suite_cases("paper")]
+    for name in ("gcn-cora-h16", "gat-cora-8x8", "gcn-pubmed-h64", "gcn-reddit-h16",
+                 "gat-reddit-1x16", "gat-reddit-8x16", "gcn-reddit-h512", "gcn-reddit-h128"):
+        assert name in paper
+    assert len(paper) == len(set(paper))
+    assert [c.name for c in suite_cases("agg")] == [f"agg-reddit-f{f}" for f in (16, 64, 128, 256)]
+    assert [c.name for c in select_cases("paper", ["gat-*-8x*"])] == ["gat-cora-8x8", "gat-pubmed-8x8", "gat-reddit-8x16"]
+    quick = {c.name for c in select_cases("paper", quick=True)}
+    assert "gcn-cora-h512" in quick and "gcn-reddit-h512" not in quick and "gcn-reddit-h16" in quick
+
+
+def test_unknown_backend_pattern_is_an_error():
+    with pytest.raises(ValueError, match="matches no paper backend"):
+        bench_backends.select_backends("paper", torch.device("cpu"), ["nope"])
+
+
+def test_relative_error():
+    ref = torch.tensor([[1.0, -4.0], [2.0, 0.0]])
+    assert relative_error(ref, ref) == 0.0
+    assert relative_error(ref + torch.tensor([[0.0, 0.0], [0.0, 0.4]]), ref) == pytest.approx(0.1)
+    assert relative_error(ref[:1], ref) == math.inf
+    assert math.isnan(relative_error(ref * float("nan"), ref))
+
+
+def test_markdown_ratios():
+    doc = {
+        "suite": "paper", "device": "GPU", "cases": {"gcn-x-h16": {}}, "config": {"steps": 10},
+        "records": [
+            {"case": "gcn-x-h16", "backend": "fusegnn", "ok": True, "ms": 5.0, "peak_mem_mib": 25.0,
+             "launches": 12, "aggregation": "gas", "checked_against": "pyg", "error": None},
+            {"case": "gcn-x-h16", "backend": "pyg", "ok": True, "ms": 10.0, "peak_mem_mib": 100.0,
+             "launches": 30, "checked_against": None, "error": None},
+            {"case": "gcn-x-h16", "backend": "fusegnn-reference", "ok": False, "ms": None,
+             "peak_mem_mib": None, "launches": None, "error": "OOM"},
+        ],
+    }
+    lines = [line for line in report.render_markdown(doc).splitlines() if line.startswith("| `")]
+    assert lines[0].startswith("| `gcn-x-h16` | `pyg` |")  # anchor first
+    fusegnn = lines[1].split(" | ")
+    assert fusegnn[4] == "2.00x" and fusegnn[6] == "0.25x" and fusegnn[7] == "12"
+    assert lines[2].endswith("| OOM |")
+
+
+def test_gpu_slug_and_readme_markers(tmp_path):
+    assert report.gpu_slug(torch.device("cpu")) == "cpu"
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- results:agg:begin -->\nold\n<!-- results:agg:end -->\nb\n")
+    assert report.update_readme(readme, "agg", "| new |", "x.json")
+    text = readme.read_text()
+    assert "old" not in text and "| new |" in text and text.startswith("a\n") and text.endswith("b\n")
+    assert not report.update_readme(readme, "paper", "| new |", "x.json")
