@@ -486,8 +486,8 @@ def _combine_sums(schedule: ChunkSchedule | None, part_a: Tensor, out_a: Tensor,
 class _Config:
     """Everything a launch needs besides the tensors (shared by forward and backward)."""
 
-    def __init__(self, graph: Graph, h: Tensor, negative_slope: float, p: float, seed: int,
-                 variant: str, chunk: int) -> None:
+    def __init__(self, graph: Graph, h: Tensor, scores_dtype: torch.dtype, negative_slope: float,
+                 p: float, seed: int, variant: str, chunk: int) -> None:
         self.graph = graph
         self.heads, self.channels = h.size(1), h.size(2)
         self.negative_slope = float(negative_slope)
@@ -498,7 +498,7 @@ class _Config:
         self.variant = variant
         self.chunk = int(chunk)
         self.rng64 = _rng64(graph.num_edges, self.heads)
-        self.acc = acc_dtype(h.dtype)
+        self.acc = acc_dtype(torch.promote_types(h.dtype, scores_dtype))
         self.block_e, self.block_h, self.block_c = _block_sizes(self.heads, self.channels, graph.avg_degree)
 
     def rng_args(self):
@@ -695,7 +695,7 @@ def fused_gat_attention(
     h, score_src, score_dst = h.contiguous(), score_src.contiguous(), score_dst.contiguous()
     if dropout > 0.0 and seed is None:
         seed = _draw_seed()
-    cfg = _Config(graph, h, negative_slope, dropout, seed or 0, variant, chunk)
+    cfg = _Config(graph, h, score_src.dtype, negative_slope, dropout, seed or 0, variant, chunk)
     out, second = GATAttentionFunction.apply(h, score_src, score_dst, cfg, return_alpha)
     return out, (second if return_alpha else None)
 

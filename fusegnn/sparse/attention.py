@@ -1,0 +1,144 @@
+r"""GAT-style graph attention as one op: scores, LeakyReLU, edge softmax, dropout, SpMM.
+
+For every head :math:`k` and edge :math:`j \to i`:
+
+.. math::
+    e^{(k)}_{ji} = \mathrm{LeakyReLU}\big(s^{(k)}_j + t^{(k)}_i\big), \qquad
+    \alpha^{(k)}_{ji} = \operatorname{dropout}_p\Big(\operatorname{softmax}_{j \to i}\, e^{(k)}_{ji}\Big),
+    \qquad
+    \mathrm{out}^{(k)}_i = \sum_{j \to i} \alpha^{(k)}_{ji} \, h^{(k)}_j
+
+with :math:`s = ` ``score_src`` (:math:`a_s \cdot h_j` in GAT), :math:`t = ` ``score_dst``
+(:math:`a_t \cdot h_i`) and dropout applied to the normalised coefficients (kept ones
+scaled by :math:`1/(1-p)`), as in PyG's ``GATConv``.
+
+Two implementations:
+
+* the **reference composition** ``sddmm(add) -> leaky_relu -> edge_softmax -> dropout ->
+  spmm`` of :mod:`fusegnn.sparse` (``aggregation="reference"``, and ``"auto"`` off CUDA);
+  it materialises scores and coefficients of size ``[E, H]`` and the ``[E, H, C]``
+  messages inside the reference SpMM;
+* the **fused kernels** of :mod:`fusegnn.kernels.gat_fused` (``"gas"`` / ``"gar"``; ``"auto"``
+  on CUDA): one pass over each target's edges with an online softmax, nothing of size
+  ``E`` stored, the dropout mask regenerated in the backward from a counter-based RNG.
+  ``"gar"`` runs a two-pass backward over CSR and CSC without atomics (bitwise
+  reproducible); ``"gas"`` a one-pass backward with atomics into the sources (no CSC
+  needed). Both run the same target-grouped forward: the online softmax needs a target's
+  edges together. On the CPU they run only when asked for explicitly, under the Triton
+  interpreter (``TRITON_INTERPRET=1``).
+
+The two agree to rounding, except for the dropout mask, which is drawn from different
+random streams (``torch``'s for the reference, Philox keyed by edge and head for the
+fused kernels; the fused seed is drawn from torch's default generator, so
+``torch.manual_seed`` makes both reproducible).
+"""
+
+from __future__ import annotations
+
+from numbers import Real
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from fusegnn.sparse.dispatch import check_aggregation, resolve_aggregation
+from fusegnn.sparse.graph import Graph
+from fusegnn.sparse.ops import as_graph, check_node_tensor, edge_softmax, sddmm, spmm
+
+__all__ = ["gat_attention"]
+
+
+def gat_attention(
+    graph: Graph | Tensor,
+    h: Tensor,
+    score_src: Tensor,
+    score_dst: Tensor,
+    *,
+    negative_slope: float = 0.2,
+    dropout: float = 0.0,
+    training: bool = False,
+    aggregation: str = "auto",
+    return_alpha: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    r"""Multi-head graph attention ``out_i = sum_j alpha_ji h_j`` (see the module docstring).
+
+    Args:
+        graph: a :class:`~fusegnn.sparse.Graph` (or an ``edge_index``); edges ``j -> i``.
+        h: ``[N_src, H, C]`` source features per head (or ``[N_src, C]`` for one head).
+        score_src: ``[N_src, H]`` source scores (``[N_src]`` with a 2-D ``h``).
+        score_dst: ``[N_dst, H]`` target scores (``[N_dst]`` with a 2-D ``h``); same dtype
+            as ``score_src``.
+        negative_slope: LeakyReLU slope.
+        dropout: probability of dropping an attention coefficient, in ``[0, 1)``; only
+            applied when ``training``.
+        training: apply dropout.
+        aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``
+            (see :mod:`fusegnn.sparse.dispatch`).
+        return_alpha: also return the coefficients actually applied (after dropout),
+            ``[E, H]`` (``[E]`` with a 2-D ``h``) in the graph's edge order.
+
+    Returns:
+        ``out`` ``[N_dst, H, C]`` (``[N_dst, C]``), or ``(out, alpha)``. Differentiable
+        with respect to ``h``, ``score_src`` and ``score_dst`` (and through ``alpha``).
+        Targets without incoming edges get zeros.
+    """
+    if not isinstance(h, Tensor):
+        raise TypeError(f"h must be a torch.Tensor, got {type(h).__name__}")
+    graph = as_graph(graph, h.size(0) if h.dim() > 0 else None)
+    check_node_tensor(h, graph, graph.num_src_nodes, "h", (2, 3))
+    single = h.dim() == 2
+    score_dims = (1,) if single else (2,)
+    check_node_tensor(score_src, graph, graph.num_src_nodes, "score_src", score_dims)
+    check_node_tensor(score_dst, graph, graph.num_dst_nodes, "score_dst", score_dims)
+    if not single and (score_src.size(1) != h.size(1) or score_dst.size(1) != h.size(1)):
+        raise ValueError(
+            f"score_src and score_dst must have one score per head: h has H={h.size(1)} heads, "
+            f"got score_src {tuple(score_src.shape)} and score_dst {tuple(score_dst.shape)}"
+        )
+    if score_src.dtype != score_dst.dtype:
+        raise TypeError(
+            f"score_src and score_dst must have the same dtype, got {score_src.dtype} and {score_dst.dtype}"
+        )
+    if isinstance(negative_slope, bool) or not isinstance(negative_slope, Real):
+        raise TypeError(f"negative_slope must be a real number, got {type(negative_slope).__name__}")
+    if isinstance(dropout, bool) or not isinstance(dropout, Real):
+        raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if not isinstance(training, bool):
+        raise TypeError(f"training must be a bool, got {type(training).__name__}")
+    if not isinstance(return_alpha, bool):
+        raise TypeError(f"return_alpha must be a bool, got {type(return_alpha).__name__}")
+    check_aggregation(aggregation)
+    p = float(dropout) if training else 0.0
+
+    backend = resolve_aggregation(aggregation, graph, h, score_src, score_dst)
+    if backend.name == "reference":
+        out, alpha = _composition(graph, h, score_src, score_dst, float(negative_slope), p)
+    else:
+        from fusegnn.kernels.gat_fused import fused_gat_attention
+
+        if single:
+            out, alpha = fused_gat_attention(
+                graph, h.unsqueeze(1), score_src.unsqueeze(1), score_dst.unsqueeze(1),
+                float(negative_slope), p, return_alpha=return_alpha, variant=backend.name,
+            )
+            out = out.squeeze(1)
+            alpha = alpha.squeeze(1) if alpha is not None else None
+        else:
+            out, alpha = fused_gat_attention(
+                graph, h, score_src, score_dst, float(negative_slope), p,
+                return_alpha=return_alpha, variant=backend.name,
+            )
+    return (out, alpha) if return_alpha else out
+
+
+def _composition(
+    graph: Graph, h: Tensor, score_src: Tensor, score_dst: Tensor, negative_slope: float, p: float
+) -> tuple[Tensor, Tensor]:
+    """The reference: ``sddmm -> leaky_relu -> edge_softmax -> dropout -> spmm``."""
+    scores = sddmm(graph, score_src, score_dst, "add", aggregation="reference")
+    scores = F.leaky_relu(scores, negative_slope)
+    alpha = edge_softmax(graph, scores, aggregation="reference")
+    alpha = F.dropout(alpha, p=p, training=p > 0.0)
+    out = spmm(graph, h, alpha, aggregation="reference")
+    return out, alpha
