@@ -11,8 +11,9 @@ interpreter (``TRITON_INTERPRET=1`` set before the kernel modules were first imp
 floating inputs of dtype fp16, bf16, fp32 or fp64. ``aggregation="auto"`` still takes
 the reference for CPU tensors.
 
-``spmm`` is fused here; ``sddmm`` and ``edge_softmax`` are the reference ones until their
-Triton kernels are wired in (one line each below).
+``spmm``, ``sddmm`` (:mod:`fusegnn.kernels.sddmm`) and ``edge_softmax``
+(:mod:`fusegnn.kernels.edge_softmax`) all run Triton kernels; the ``dot`` SDDMM's backward
+runs the SpMM of the same family.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import sys
 import torch
 from torch import Tensor
 
-from fusegnn.sparse import reference
 from fusegnn.sparse.dispatch import Backend, register_backend
 from fusegnn.sparse.graph import Graph
 
@@ -68,6 +68,24 @@ def _gar_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce
     return gar_spmm(graph, x, edge_weight, reduce)
 
 
+def _gas_sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:
+    from fusegnn.kernels.sddmm import gas_sddmm
+
+    return gas_sddmm(graph, a, b, op)
+
+
+def _gar_sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:
+    from fusegnn.kernels.sddmm import gar_sddmm
+
+    return gar_sddmm(graph, a, b, op)
+
+
+def _edge_softmax(graph: Graph, scores: Tensor) -> Tensor:
+    from fusegnn.kernels.edge_softmax import edge_softmax
+
+    return edge_softmax(graph, scores)
+
+
 def register() -> bool:
     """Register ``gas`` and ``gar`` if Triton is importable; returns whether it did."""
     if importlib.util.find_spec("triton") is None:
@@ -80,8 +98,8 @@ def register() -> bool:
         Backend(
             name="gas",
             spmm=_gas_spmm,
-            sddmm=reference.sddmm,
-            edge_softmax=reference.edge_softmax,
+            sddmm=_gas_sddmm,
+            edge_softmax=_edge_softmax,
             supports=supports,
         )
     )
@@ -89,8 +107,8 @@ def register() -> bool:
         Backend(
             name="gar",
             spmm=_gar_spmm,
-            sddmm=reference.sddmm,
-            edge_softmax=reference.edge_softmax,
+            sddmm=_gar_sddmm,
+            edge_softmax=_edge_softmax,
             supports=supports,
         )
     )
