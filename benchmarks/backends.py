@@ -286,19 +286,20 @@ def registry(suite: str) -> dict:
 
 
 def select_backends(
-    suite: str, device: torch.device, patterns: list[str] | None = None
+    suite: str, device: torch.device, patterns: list[str] | None = None, *, strict: bool = True
 ) -> tuple[list, dict[str, str]]:
     """``(backends that can run on device, {name: reason} for those that cannot)``.
 
-    ``patterns`` are names or globs (``fusegnn*``); ``None`` takes the default set. A
-    pattern that matches nothing raises :class:`ValueError` naming the known backends.
+    ``patterns`` are names or globs (``fusegnn*``); ``None`` takes the default set. With
+    ``strict``, a pattern that matches no backend of ``suite`` raises :class:`ValueError`
+    naming the known ones (``--suite all`` checks against both suites instead).
     """
     table = registry(suite)
     if patterns:
         chosen = []
         for pattern in patterns:
             hits = [name for name in table if fnmatch.fnmatchcase(name, pattern)]
-            if not hits:
+            if not hits and strict:
                 raise ValueError(
                     f"--backends {pattern!r} matches no {suite} backend; known: {', '.join(table)}"
                 )

@@ -118,7 +118,11 @@ def measure(
     medians = [statistics.median(s[k] for s in samples) for k in range(len(phases))]
     counts: list[int | None] = [None] * len(phases)
     if launches and cuda:
-        counts = [count_kernels(phases, k, device) for k in range(len(phases))]
+        try:
+            counts = [count_kernels(phases, k, device) for k in range(len(phases))]
+        except Exception:  # noqa: BLE001 - a profiler problem must not lose the timings
+            counts = [None] * len(phases)
+            free_memory(device)
     return Measurement(medians, peak, counts, steps, done)
 
 

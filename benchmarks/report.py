@@ -132,11 +132,12 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def clean_number(value: float | None, digits: int = 4) -> float | None:
-    """``value`` rounded for the JSON; NaN / inf become ``None`` (JSON has no NaN)."""
+def clean_number(value: float | None, digits: int = 6) -> float | None:
+    """``value`` to ``digits`` significant digits for the JSON; NaN / inf become
+    ``None`` (JSON has no NaN)."""
     if value is None or value != value or value in (float("inf"), float("-inf")):
         return None
-    return round(float(value), digits)
+    return float(f"{float(value):.{digits}g}")
 
 
 # ----------------------------------------------------------------------------- markdown

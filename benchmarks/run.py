@@ -12,7 +12,7 @@ and prints the markdown table last. See ``benchmarks/README.md``.
 from __future__ import annotations
 
 import argparse
-import math
+import fnmatch
 import os
 import sys
 import time
@@ -111,7 +111,7 @@ def _list(args: argparse.Namespace, device: torch.device) -> None:
         print(f"suite {suite}: {len(cases)} of {len(suite_cases(suite))} cases")
         for case in cases:
             print(f"  {case.name:22s} {case.note}")
-        runnable, unavailable = select_backends(suite, device, args.backends)
+        runnable, unavailable = select_backends(suite, device, args.backends, strict=False)
         print("  backends:", ", ".join(b.name for b in runnable) or "none")
         for name, reason in unavailable.items():
             print(f"  not available: {name}: {reason}")
@@ -122,12 +122,15 @@ def _clean(record: dict) -> dict:
     return {k: clean_number(v) if isinstance(v, float) else v for k, v in record.items()}
 
 
-def run_suite(suite: str, args: argparse.Namespace, device: torch.device, started: float) -> str:
-    """Run one suite; returns its markdown table."""
+def run_suite(
+    suite: str, args: argparse.Namespace, device: torch.device, started: float, data: DatasetCache
+) -> str:
+    """Run one suite; returns its markdown table. ``data`` is shared between suites so
+    that ``--suite all`` generates Reddit-like once (paper ends with it, agg uses it)."""
     cases = select_cases(suite, args.cases, args.quick)
     if not cases:
         raise SystemExit(f"benchmarks: --cases {args.cases} matches no {suite} case (see --list)")
-    backends, unavailable = select_backends(suite, device, args.backends)
+    backends, unavailable = select_backends(suite, device, args.backends, strict=args.suite != "all")
     header = environment(device)
     header.update(
         suite=suite,
@@ -147,10 +150,13 @@ def run_suite(suite: str, args: argparse.Namespace, device: torch.device, starte
         device=device, steps=args.steps, warmup=args.warmup, warmup_s=args.warmup_s,
         rtol=args.rtol, seed=args.seed, launches=not args.no_launches,
     )
-    data = DatasetCache(DataConfig(args.data_root, device, args.scale, args.avg_degree, args.seed))
+    used = {c.dataset for c in cases}
+
+    def note_datasets() -> None:
+        results.doc["datasets"].update({k: v for k, v in data.sources.items() if k in used})
 
     def emit(record: dict) -> None:
-        results.doc["datasets"].update(data.sources)
+        note_datasets()
         results.add(_clean(record))
 
     total = sum(sum(1 for b in backends if getattr(b, "applies", lambda c: True)(c)) for c in cases)
@@ -169,8 +175,7 @@ def run_suite(suite: str, args: argparse.Namespace, device: torch.device, starte
             run_case(case, applicable, data, config, emit, tick=bar.update)
     finally:
         bar.close()
-        data.release()
-        results.doc["datasets"].update(data.sources)
+        note_datasets()
         results.write()
     table, why = render_outputs(path, png=not args.no_png, readme=README if args.update_readme else None)
     print(f"wrote {path} (+ .md{'' if why else ', .png'})", file=sys.stderr)
@@ -186,8 +191,17 @@ def main(argv: list[str] | None = None) -> int:
         _list(args, torch.device("cpu") if cpu else resolve_device(args))
         return 0
     device = resolve_device(args)
+    suites = SUITES if args.suite == "all" else (args.suite,)
+    for pattern in args.backends or ():
+        known = [name for suite in suites for name in registry(suite)]
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in known):
+            raise SystemExit(f"benchmarks: --backends {pattern!r} matches no backend; known: {', '.join(known)}")
     started = time.perf_counter()
-    tables = [run_suite(suite, args, device, started) for suite in (SUITES if args.suite == "all" else (args.suite,))]
+    data = DatasetCache(DataConfig(args.data_root, device, args.scale, args.avg_degree, args.seed))
+    try:
+        tables = [run_suite(suite, args, device, started, data) for suite in suites]
+    finally:
+        data.release()
     print("\n".join(tables))
     return 0
 

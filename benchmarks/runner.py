@@ -261,7 +261,7 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
         record = records[backend.name]
         if not record["ok"]:
             continue
-        model = optimizer = None
+        model = optimizer = step = None
         try:
             model, graph_arg = _paper_model(backend, shared, case, device)
             model.train()
@@ -285,7 +285,7 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
         except Exception as err:  # noqa: BLE001
             _fail(record, err, device)
         finally:
-            del model, optimizer
+            model = optimizer = step = None  # the closure holds both: drop it too
             free_memory(device)
         emit(record)
         tick()

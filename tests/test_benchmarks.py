@@ -241,3 +241,17 @@ def test_gpu_slug_and_readme_markers(tmp_path):
     text = readme.read_text()
     assert "old" not in text and "| new |" in text and text.startswith("a\n") and text.endswith("b\n")
     assert not report.update_readme(readme, "paper", "| new |", "x.json")
+
+
+def test_measure_phases_on_cpu():
+    from benchmarks.measure import is_oom, measure
+
+    calls = []
+    found = measure([lambda: calls.append("f"), lambda: calls.append("b")], torch.device("cpu"),
+                    steps=3, warmup=2, warmup_s=0.0)
+    assert calls == ["f", "b"] * 5  # 2 warm-up + 3 timed steps, phases in order
+    assert len(found.ms) == 2 and all(ms >= 0 for ms in found.ms)
+    assert found.peak_mem_mib is None and found.launches == [None, None]
+    assert (found.steps, found.warmup_steps) == (3, 2)
+    assert is_oom(torch.cuda.OutOfMemoryError("x")) and is_oom(RuntimeError("CUDA error: out of memory"))
+    assert not is_oom(ValueError("out of range"))
