@@ -172,7 +172,20 @@ def run_suite(
                     bar.update()
                 continue
             bar.set_description(f"{suite} {case.name}")
-            run_case(case, applicable, data, config, emit, tick=bar.update)
+            done: set[str] = set()
+
+            def emit_case(record: dict, done=done) -> None:
+                done.add(record["backend"])
+                emit(record)
+
+            try:
+                run_case(case, applicable, data, config, emit_case, tick=bar.update)
+            except Exception as err:  # noqa: BLE001 - a harness bug in one case must not end the run
+                for backend in applicable:
+                    if backend.name not in done:
+                        record = new_record(case, backend.name)
+                        record["error"] = f"harness error: {type(err).__name__}: {err}"
+                        emit(record)
     finally:
         bar.close()
         note_datasets()

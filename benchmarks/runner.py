@@ -221,6 +221,20 @@ def _paper_model(backend: PaperBackend, shared: _PaperCase, case: Case, device: 
     return model, graph_arg
 
 
+def _training_step(model, optimizer, graph_arg, shared: _PaperCase) -> Callable[[], None]:
+    """One full-graph training step: forward, cross-entropy on the training nodes,
+    backward, optimizer step."""
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(shared.x, graph_arg)
+        loss = F.cross_entropy(logits.index_select(0, shared.train_index), shared.y_train)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
 def _run_paper_case(case, backends, data, config, emit, tick) -> None:
     device = config.device
     backends = sorted((b for b in backends if b.applies(case)), key=lambda b: oracle_rank(b.name))
@@ -266,14 +280,7 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
             model, graph_arg = _paper_model(backend, shared, case, device)
             model.train()
             optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-
-            def step(model=model, optimizer=optimizer, graph_arg=graph_arg) -> None:
-                optimizer.zero_grad(set_to_none=True)
-                logits = model(shared.x, graph_arg)
-                loss = F.cross_entropy(logits.index_select(0, shared.train_index), shared.y_train)
-                loss.backward()
-                optimizer.step()
-
+            step = _training_step(model, optimizer, graph_arg, shared)
             found = measure(
                 [step], device, steps=config.steps, warmup=config.warmup,
                 warmup_s=config.warmup_s, launches=config.launches,
