@@ -84,8 +84,25 @@ class LazyKernel:
         if self._kernel is None:
             import triton
 
+            if interpreter_enabled():
+                _check_interpreter_usable()
             self._kernel = triton.jit(self.fn)
         return self._kernel[grid]
+
+
+def _check_interpreter_usable() -> None:
+    """Triton's own ``@triton.jit`` helpers (``tl.zeros``, ``tl.sum``, ``tl.rand``) are
+    built when ``triton`` is first imported; if that happened before
+    ``TRITON_INTERPRET=1`` was set, the interpreter cannot call them."""
+    import triton.language.standard as standard
+
+    if type(standard.zeros).__name__ != "InterpretedFunction":
+        raise RuntimeError(
+            "TRITON_INTERPRET=1 was set after triton had been imported (some import, e.g. "
+            "torch_geometric, loads triton), so Triton's interpreter cannot run these "
+            "kernels; set TRITON_INTERPRET=1 before anything imports triton (for pytest: "
+            "in conftest.py)"
+        )
 
 
 class ChunkSchedule(NamedTuple):

@@ -3,11 +3,10 @@ r"""Graph attention (Velickovic et al., ICLR 2018), drop-in for PyG's ``GATConv`
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fusegnn.layers._utils import check_features, glorot_, graph_for
-from fusegnn.sparse import Graph, add_self_loops, edge_softmax, remove_self_loops, sddmm, spmm
+from fusegnn.sparse import Graph, add_self_loops, gat_attention, remove_self_loops
 from fusegnn.sparse.dispatch import check_aggregation
 
 __all__ = ["GATConv"]
@@ -30,9 +29,11 @@ class GATConv(nn.Module):
         \mathbf{x}'_i = \big\Vert_{k=1}^{H} \sum_{j} \alpha^{(k)}_{ji} \mathbf{h}^{(k)}_j + \mathbf{b}
 
     (concatenation over heads, or their mean when ``concat=False``). This is the
-    SDDMM -> edge softmax -> SpMM pipeline: ``sddmm(graph, a_s, a_t, "add")``,
-    :func:`~fusegnn.sparse.edge_softmax`, then :func:`~fusegnn.sparse.spmm` with the
-    ``[E, H]`` coefficients. Attention dropout drops coefficients after the softmax.
+    SDDMM -> edge softmax -> SpMM pipeline, run by :func:`~fusegnn.sparse.gat_attention`:
+    on CUDA one fused kernel per pass (online softmax, nothing of size ``E`` stored), the
+    reference composition ``sddmm(graph, a_s, a_t, "add")`` ->
+    :func:`~fusegnn.sparse.edge_softmax` -> :func:`~fusegnn.sparse.spmm` otherwise.
+    Attention dropout drops coefficients after the softmax.
 
     Args:
         in_channels: input feature width.
@@ -112,11 +113,19 @@ class GATConv(nn.Module):
         h = self.lin(x).view(-1, self.heads, self.out_channels)
         score_src = (h * self.att_src).sum(dim=-1)  # [N, H]
         score_dst = (h * self.att_dst).sum(dim=-1)  # [N, H]
-        scores = sddmm(graph, score_src, score_dst, "add", aggregation=self.aggregation)
-        scores = F.leaky_relu(scores, self.negative_slope)
-        alpha = edge_softmax(graph, scores, aggregation=self.aggregation)
-        alpha = F.dropout(alpha, p=self.dropout, training=self.training)
-        out = spmm(graph, h, alpha, aggregation=self.aggregation)  # [N, H, C]
+        result = gat_attention(
+            graph,
+            h,
+            score_src,
+            score_dst,
+            negative_slope=self.negative_slope,
+            dropout=self.dropout,
+            training=self.training,
+            aggregation=self.aggregation,
+            return_alpha=bool(return_attention_weights),
+        )
+        # out [N, H, C]; alpha [E, H], the coefficients after dropout
+        out, alpha = result if return_attention_weights else (result, None)
         out = out.reshape(-1, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
         if self.bias is not None:
             out = out + self.bias

@@ -13,6 +13,7 @@ from fusegnn.sparse.dispatch import (
     register_backend,
     resolve_aggregation,
 )
+from fusegnn.sparse.attention import gat_attention
 from fusegnn.sparse.graph import CompressedEdges, Graph
 from fusegnn.sparse.ops import as_graph, edge_softmax, sddmm, spmm
 from fusegnn.sparse.processing import (
@@ -41,6 +42,7 @@ __all__ = [
     "as_graph",
     "available_backends",
     "edge_softmax",
+    "gat_attention",
     "gcn_norm",
     "register_backend",
     "remove_self_loops",
