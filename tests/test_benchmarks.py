@@ -255,3 +255,21 @@ def test_measure_phases_on_cpu():
     assert (found.steps, found.warmup_steps) == (3, 2)
     assert is_oom(torch.cuda.OutOfMemoryError("x")) and is_oom(RuntimeError("CUDA error: out of memory"))
     assert not is_oom(ValueError("out of range"))
+
+
+def test_pubmed_loads_without_allx():
+    """The offline PubMed copy lacks ind.pubmed.allx: graph, labels and split still load,
+    with random features of the real width, and the source line says so."""
+    from pathlib import Path
+
+    from benchmarks.data import DataConfig, load_benchmark_dataset
+
+    root = default_data_root()
+    if not (Path(root) / "PubMed" / "raw" / "ind.pubmed.graph").is_file():
+        pytest.skip("PubMed raw files not found ($FUSEGNN_DATA or .carry/planetoid)")
+    data, source = load_benchmark_dataset("pubmed", DataConfig(root, torch.device("cpu")))
+    assert (data.num_nodes, data.num_edges, data.num_features, data.num_classes) == (19717, 88648, 500, 3)
+    assert (int(data.train_mask.sum()), int(data.val_mask.sum()), int(data.test_mask.sum())) == (60, 500, 1000)
+    assert not bool((data.edge_index[0] == data.edge_index[1]).any())
+    has_allx = (Path(root) / "PubMed" / "raw" / "ind.pubmed.allx").is_file()
+    assert ("RANDOM" in source) != has_allx
