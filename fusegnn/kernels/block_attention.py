@@ -1,0 +1,669 @@
+r"""Fused block-sparse attention (FlashAttention-2 style), forward and backward.
+
+For every batch ``b``, head ``h``, query ``i`` and key ``j``, with the boolean mask
+:math:`M^{(h)}` of a :class:`~fusegnn.sparse.block_layout.BlockLayout` (per head, or one
+shared by all heads) and :math:`s` = ``scale`` (default :math:`1/\sqrt{D}`):
+
+.. math::
+    S_{ij} = s \, q_i \cdot k_j, \qquad
+    P_{ij} = \frac{M_{ij} \exp(S_{ij})}{\sum_{j'} M_{ij'} \exp(S_{ij'})}, \qquad
+    \mathrm{out}_i = \sum_j P_{ij} v_j
+
+and :math:`\mathrm{out}_i = 0` for a row with no allowed key (never NaN).
+
+**Forward** (one program per query block row and ``(b, h)``): the program walks the
+non-empty key blocks of its row from the block-CSR index (``row_ptr``/``col_idx``) and
+keeps FlashAttention's running maximum :math:`m`, normaliser :math:`l` and accumulator
+:math:`a` in float32, rescaling them by :math:`2^{m_{old} - m_{new}}` when the maximum
+grows (logits are kept in base 2: :math:`S \log_2 e`). Full blocks (``pattern_id == -1``)
+are used without any element mask; partial blocks load their element pattern, stored
+once per distinct pattern in ``patterns``. Keys ``>= L_k`` are always masked (last
+block column of a length that is not a multiple of ``BN``); rows ``>= L_q`` are computed
+but never stored. The base-2 log-sum-exp :math:`\mathrm{lse}_i = m_i + \log_2 l_i`
+(``+inf`` for empty rows) is stored for the backward.
+
+**Backward** (FlashAttention-2, deterministic, no atomics). With
+:math:`dO = \partial\mathcal{L}/\partial\mathrm{out}` and :math:`P` recomputed from the
+stored log-sum-exp, :math:`P_{ij} = M_{ij} 2^{S_{ij}\log_2 e - \mathrm{lse}_i}`:
+
+.. math::
+    \Delta_i = dO_i \cdot \mathrm{out}_i, \quad
+    dV_j = \sum_i P_{ij} \, dO_i, \quad
+    dS_{ij} = P_{ij} \big(dO_i \cdot v_j - \Delta_i\big), \quad
+    dQ_i = s \sum_j dS_{ij} k_j, \quad
+    dK_j = s \sum_i dS_{ij} q_i.
+
+Three kernels: ``_bwd_preprocess`` (:math:`\Delta`), ``_bwd_dkdv`` (one program per key
+block column, walking the query blocks of the transposed index ``col_ptr``/``row_idx``
+with ``t_block`` pointing back to each block's forward id, hence its pattern) and
+``_bwd_dq`` (one program per query block row over the forward index). Masked elements
+and empty rows (:math:`\mathrm{lse} = +\infty`) give :math:`P = 0`, so they contribute no
+gradient.
+
+**Scheduling.** A row whose block count exceeds twice the mean (a global token's row in
+BigBird / Longformer masks, which visits every key block) would otherwise start late in
+the grid and finish alone. Programs are numbered so that the heavy rows of every
+``(b, h)`` run first (heaviest first), then the light rows ``(b, h)``-major with the block
+row fastest (neighbouring rows of one head share key blocks in L2). The order is
+computed on the device once per layout and cached on it (``_sched_cache``); the same is
+done for key block columns in ``_bwd_dkdv``.
+
+dtypes: float16, bfloat16, float32 (float32 accumulation; float32 inputs use TF32 tensor
+cores when ``torch.get_float32_matmul_precision() != "highest"``, IEEE otherwise, or as
+chosen by ``allow_tf32``). Any head dim (padded to a power of two >= 16 inside; 32, 64
+and 128 are the tuned ones). The layout's ``BM``/``BN`` are the kernel's tile sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from fusegnn.kernels._edge_utils import LazyKernel, fused_can_run, interpreter_enabled, next_pow2
+
+__all__ = [
+    "BlockSparseAttentionFunction",
+    "block_sparse_attention",
+    "block_sparse_attention_lse",
+    "launch_config",
+    "SUPPORTED_DTYPES",
+]
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_LOG2E = 1.4426950408889634
+
+try:  # triton is an optional dependency; the kernels below need it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only without triton
+    triton = None
+    tl = None
+
+
+# --------------------------------------------------------------------------------------
+# Kernels (jitted at first launch, see LazyKernel)
+# --------------------------------------------------------------------------------------
+
+
+def _fwd_kernel(
+    Q, K, V, Out, Lse,
+    row_ptr, col_idx, pattern_id, patterns, sched,
+    sm_scale_log2,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    H, NHL, L_q, L_k, NRB, BH, D,
+    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # flat program id -> (bh, block row): heavy rows of every bh first (see module doc)
+    pid_flat = tl.program_id(0)
+    n_heavy = tl.load(sched)
+    heavy_work = n_heavy * BH
+    is_heavy = pid_flat < heavy_work
+    n_light = tl.maximum(NRB - n_heavy, 1)
+    rest = tl.maximum(pid_flat - heavy_work, 0)
+    bh = tl.where(is_heavy, pid_flat % BH, rest // n_light)
+    pid_m = tl.load(sched + 1 + tl.where(is_heavy, pid_flat // BH, n_heavy + rest % n_light))
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    h_l = bh % H % NHL  # the layout's head: h, or 0 for a shared layout
+    start = tl.load(row_ptr + h_l * (NRB + 1) + pid_m)
+    end = tl.load(row_ptr + h_l * (NRB + 1) + pid_m + 1)
+
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_bn = tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    m_valid = offs_m < L_q
+    d_valid = offs_d < D
+    rows = offs_m[:, None].to(tl.int64)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows * stride_qm + offs_d[None, :],
+                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_base = K + b * stride_kb + h * stride_kh + offs_d[None, :]
+    v_base = V + b * stride_vb + h * stride_vh + offs_d[None, :]
+    pat_offs = tl.arange(0, BM)[:, None] * BN + offs_bn[None, :]
+
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, BD], dtype=tl.float32)
+    for idx in range(start, end):
+        cb = tl.load(col_idx + idx)
+        pid = tl.load(pattern_id + idx)
+        offs_n = cb * BN + offs_bn
+        n_valid = offs_n < L_k
+        cols = offs_n[:, None].to(tl.int64)
+        if EVEN_K and EVEN_D:
+            k = tl.load(k_base + cols * stride_kn)
+            v = tl.load(v_base + cols * stride_vn)
+        else:
+            kv_mask = n_valid[:, None] & d_valid[None, :]
+            k = tl.load(k_base + cols * stride_kn, mask=kv_mask, other=0.0)
+            v = tl.load(v_base + cols * stride_vn, mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2
+        if pid >= 0:  # partial block: its element pattern (and the key bound)
+            pat = tl.load(patterns + pid * (BM * BN) + pat_offs)
+            s = tl.where((pat != 0) & n_valid[None, :], s, float("-inf"))
+        else:  # full block: no element mask, only the key bound of a ragged last column
+            if not EVEN_K:
+                s = tl.where(n_valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: no NaN
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    tl.store(Lse + bh.to(tl.int64) * L_q + offs_m, lse, mask=m_valid)
+    tl.store(Out + b * stride_ob + h * stride_oh + rows * stride_om + offs_d[None, :],
+             out.to(Out.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
+
+
+def _bwd_preprocess_kernel(
+    Out, DO, Delta,
+    stride_ob, stride_oh, stride_om,
+    stride_db, stride_dh, stride_dm,
+    H, L_q, D,
+    BM: tl.constexpr, BD: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    mask = (offs_m < L_q)[:, None] & (offs_d < D)[None, :]
+    rows = offs_m[:, None].to(tl.int64)
+    o = tl.load(Out + b * stride_ob + h * stride_oh + rows * stride_om + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(DO + b * stride_db + h * stride_dh + rows * stride_dm + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + bh.to(tl.int64) * L_q + offs_m, delta, mask=offs_m < L_q)
+
+
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, Lse, Delta, DK, DV,
+    col_ptr, row_idx, t_block, pattern_id, patterns, sched,
+    sm_scale, sm_scale_log2,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_db, stride_dh, stride_dm,
+    stride_dkb, stride_dkh, stride_dkn,
+    stride_dvb, stride_dvh, stride_dvn,
+    H, NHL, L_q, L_k, NCB, BH, D,
+    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+    EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # flat program id -> (bh, block column): heavy columns of every bh first
+    pid_flat = tl.program_id(0)
+    n_heavy = tl.load(sched)
+    heavy_work = n_heavy * BH
+    is_heavy = pid_flat < heavy_work
+    n_light = tl.maximum(NCB - n_heavy, 1)
+    rest = tl.maximum(pid_flat - heavy_work, 0)
+    bh = tl.where(is_heavy, pid_flat % BH, rest // n_light)
+    pid_n = tl.load(sched + 1 + tl.where(is_heavy, pid_flat // BH, n_heavy + rest % n_light))
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    h_l = bh % H % NHL
+    start = tl.load(col_ptr + h_l * (NCB + 1) + pid_n)
+    end = tl.load(col_ptr + h_l * (NCB + 1) + pid_n + 1)
+
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_bm = tl.arange(0, BM)
+    offs_d = tl.arange(0, BD)
+    n_valid = offs_n < L_k
+    d_valid = offs_d < D
+    kv_mask = n_valid[:, None] & d_valid[None, :]
+    cols = offs_n[:, None].to(tl.int64)
+    k = tl.load(K + b * stride_kb + h * stride_kh + cols * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + b * stride_vb + h * stride_vh + cols * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    q_base = Q + b * stride_qb + h * stride_qh + offs_d[None, :]
+    do_base = DO + b * stride_db + h * stride_dh + offs_d[None, :]
+    stat_base = bh.to(tl.int64) * L_q
+    # element (i, j) of a [BM, BN] pattern, read transposed as [BN, BM]
+    patT_offs = offs_bm[None, :] * BN + tl.arange(0, BN)[:, None]
+
+    dk = tl.zeros([BN, BD], dtype=tl.float32)
+    dv = tl.zeros([BN, BD], dtype=tl.float32)
+    for t in range(start, end):
+        rb = tl.load(row_idx + t)
+        pid = tl.load(pattern_id + tl.load(t_block + t))
+        offs_m = rb * BM + offs_bm
+        m_valid = offs_m < L_q
+        rows = offs_m[:, None].to(tl.int64)
+        qd_mask = m_valid[:, None] & d_valid[None, :]
+        q = tl.load(q_base + rows * stride_qm, mask=qd_mask, other=0.0)
+        do = tl.load(do_base + rows * stride_dm, mask=qd_mask, other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+            do = do.to(tl.float32)
+        # rows >= L_q and empty rows have lse = +inf: P = 0, no gradient
+        lse = tl.load(Lse + stat_base + offs_m, mask=m_valid, other=float("inf"))
+        delta = tl.load(Delta + stat_base + offs_m, mask=m_valid, other=0.0)
+        pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale_log2 - lse[None, :])
+        if pid >= 0:
+            patT = tl.load(patterns + pid * (BM * BN) + patT_offs)
+            pT = tl.where((patT != 0) & n_valid[:, None], pT, 0.0)
+        else:
+            if not EVEN_K:
+                pT = tl.where(n_valid[:, None], pT, 0.0)
+        dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
+        dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        dsT = pT * (dpT - delta[None, :])
+        dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
+
+    dk = dk * sm_scale
+    tl.store(DK + b * stride_dkb + h * stride_dkh + cols * stride_dkn + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + b * stride_dvb + h * stride_dvh + cols * stride_dvn + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+def _bwd_dq_kernel(
+    Q, K, V, DO, Lse, Delta, DQ,
+    row_ptr, col_idx, pattern_id, patterns, sched,
+    sm_scale, sm_scale_log2,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_db, stride_dh, stride_dm,
+    stride_dqb, stride_dqh, stride_dqm,
+    H, NHL, L_q, L_k, NRB, BH, D,
+    BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    pid_flat = tl.program_id(0)
+    n_heavy = tl.load(sched)
+    heavy_work = n_heavy * BH
+    is_heavy = pid_flat < heavy_work
+    n_light = tl.maximum(NRB - n_heavy, 1)
+    rest = tl.maximum(pid_flat - heavy_work, 0)
+    bh = tl.where(is_heavy, pid_flat % BH, rest // n_light)
+    pid_m = tl.load(sched + 1 + tl.where(is_heavy, pid_flat // BH, n_heavy + rest % n_light))
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    h_l = bh % H % NHL
+    start = tl.load(row_ptr + h_l * (NRB + 1) + pid_m)
+    end = tl.load(row_ptr + h_l * (NRB + 1) + pid_m + 1)
+
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_bn = tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    m_valid = offs_m < L_q
+    d_valid = offs_d < D
+    qd_mask = m_valid[:, None] & d_valid[None, :]
+    rows = offs_m[:, None].to(tl.int64)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows * stride_qm + offs_d[None, :], mask=qd_mask, other=0.0)
+    do = tl.load(DO + b * stride_db + h * stride_dh + rows * stride_dm + offs_d[None, :], mask=qd_mask, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    stat_base = bh.to(tl.int64) * L_q
+    lse = tl.load(Lse + stat_base + offs_m, mask=m_valid, other=float("inf"))
+    delta = tl.load(Delta + stat_base + offs_m, mask=m_valid, other=0.0)
+    k_base = K + b * stride_kb + h * stride_kh + offs_d[None, :]
+    v_base = V + b * stride_vb + h * stride_vh + offs_d[None, :]
+    pat_offs = tl.arange(0, BM)[:, None] * BN + offs_bn[None, :]
+
+    dq = tl.zeros([BM, BD], dtype=tl.float32)
+    for idx in range(start, end):
+        cb = tl.load(col_idx + idx)
+        pid = tl.load(pattern_id + idx)
+        offs_n = cb * BN + offs_bn
+        n_valid = offs_n < L_k
+        cols = offs_n[:, None].to(tl.int64)
+        if EVEN_K and EVEN_D:
+            k = tl.load(k_base + cols * stride_kn)
+            v = tl.load(v_base + cols * stride_vn)
+        else:
+            kv_mask = n_valid[:, None] & d_valid[None, :]
+            k = tl.load(k_base + cols * stride_kn, mask=kv_mask, other=0.0)
+            v = tl.load(v_base + cols * stride_vn, mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2 - lse[:, None])
+        if pid >= 0:
+            pat = tl.load(patterns + pid * (BM * BN) + pat_offs)
+            p = tl.where((pat != 0) & n_valid[None, :], p, 0.0)
+        else:
+            if not EVEN_K:
+                p = tl.where(n_valid[None, :], p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+
+    dq = dq * sm_scale
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqm + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=qd_mask)
+
+
+_fwd = LazyKernel(_fwd_kernel)
+_bwd_preprocess = LazyKernel(_bwd_preprocess_kernel)
+_bwd_dkdv = LazyKernel(_bwd_dkdv_kernel)
+_bwd_dq = LazyKernel(_bwd_dq_kernel)
+
+
+# --------------------------------------------------------------------------------------
+# Launch configuration
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """``num_warps`` / ``num_stages`` of the forward and the two backward kernels."""
+
+    fwd_warps: int
+    fwd_stages: int
+    bwd_warps: int
+    bwd_stages: int
+
+
+def launch_config(BM: int, BN: int, head_dim: int) -> LaunchConfig:
+    """A small table: 4 warps per 64-row tile (8 for 128-row tiles, 2 for 16-row tiles),
+    3 pipeline stages for D <= 64, 2 above (shared memory), the backward one step leaner
+    (it holds more tiles: k, v, dk, dv and the streamed q, dO)."""
+    rows = max(BM, BN)
+    warps = 8 if rows >= 128 else (4 if rows >= 32 else 2)
+    if BM * BN <= 32 * 32:
+        warps = min(warps, 2)
+    stages = 3 if head_dim <= 64 else 2
+    bwd_warps = 8 if BM * BN >= 128 * 64 else (4 if BM * BN >= 32 * 32 else 2)
+    bwd_stages = 2 if head_dim <= 64 or BM * BN <= 64 * 64 else 1
+    return LaunchConfig(warps, stages, bwd_warps, bwd_stages)
+
+
+def _upcast(dtype: torch.dtype) -> bool:
+    """Work around the Triton interpreter's ``tl.dot`` on bfloat16 (it multiplies the raw
+    uint16 bit patterns): under the interpreter, bfloat16 tiles are converted to float32
+    right after loading. Never on a GPU."""
+    return dtype == torch.bfloat16 and interpreter_enabled()
+
+
+def _precision(dtype: torch.dtype, allow_tf32: bool | None) -> str:
+    if dtype != torch.float32:
+        return "ieee"  # fp16 / bf16 tensor cores; the flag only concerns float32 inputs
+    if allow_tf32 is None:
+        allow_tf32 = torch.get_float32_matmul_precision() != "highest"
+    return "tf32" if allow_tf32 else "ieee"
+
+
+# --------------------------------------------------------------------------------------
+# Layout preparation (cached on the layout object)
+# --------------------------------------------------------------------------------------
+
+
+def _heavy_first_order(ptr: Tensor, num_blocks: int) -> Tensor:
+    """``[1 + num_blocks]`` int32: the number of heavy blocks, then the block order.
+
+    ``ptr`` is ``[num_heads, num_blocks + 1]``; a block (row or column) is heavy when its
+    count of non-empty blocks, summed over the layout's heads, exceeds twice the mean.
+    Heavy blocks come first, heaviest first; then the others in index order. Computed
+    on ``ptr``'s device without a host synchronisation.
+    """
+    lens = (ptr[:, 1:] - ptr[:, :-1]).to(torch.int64).sum(0)
+    heavy = lens * num_blocks > 2 * lens.sum()
+    key = torch.where(heavy, -lens, torch.zeros_like(lens))
+    order = torch.sort(key, stable=True).indices
+    sched = torch.empty(num_blocks + 1, dtype=torch.int32, device=ptr.device)
+    sched[0] = heavy.sum().to(torch.int32)
+    sched[1:] = order.to(torch.int32)
+    return sched
+
+
+@dataclass
+class _Prepared:
+    row_ptr: Tensor
+    col_idx: Tensor
+    pattern_id: Tensor
+    patterns: Tensor
+    col_ptr: Tensor
+    row_idx: Tensor
+    t_block: Tensor
+    row_sched: Tensor
+    col_sched: Tensor
+    nnzb: int
+
+
+def _int32(t: Tensor) -> Tensor:
+    return t.to(torch.int32).contiguous()
+
+
+def _prepare(layout, device: torch.device) -> _Prepared:
+    """Kernel-ready int32 / uint8 views of ``layout``'s tensors, cached on the layout."""
+    cache = getattr(layout, "_sched_cache", None)
+    if isinstance(cache, _Prepared) and cache.row_ptr.device == device:
+        return cache
+    patterns = layout.patterns
+    if patterns.numel() == 0:  # no partial block: a 1-element dummy the kernels never read
+        patterns = torch.zeros(1, dtype=torch.uint8, device=device)
+    else:
+        patterns = patterns.to(torch.uint8).contiguous()
+    prepared = _Prepared(
+        row_ptr=_int32(layout.row_ptr),
+        col_idx=_int32(layout.col_idx),
+        pattern_id=_int32(layout.pattern_id),
+        patterns=patterns,
+        col_ptr=_int32(layout.col_ptr),
+        row_idx=_int32(layout.row_idx),
+        t_block=_int32(layout.t_block),
+        row_sched=_heavy_first_order(layout.row_ptr, layout.nrb),
+        col_sched=_heavy_first_order(layout.col_ptr, layout.ncb),
+        nnzb=int(layout.col_idx.numel()),
+    )
+    try:
+        object.__setattr__(layout, "_sched_cache", prepared)
+    except (AttributeError, TypeError):  # slotted / frozen layout: recompute per call
+        pass
+    return prepared
+
+
+# --------------------------------------------------------------------------------------
+# Validation and entry points
+# --------------------------------------------------------------------------------------
+
+_LAYOUT_FIELDS = (
+    "L_q", "L_k", "BM", "BN", "num_heads", "nrb", "ncb", "row_ptr", "col_idx",
+    "pattern_id", "patterns", "col_ptr", "row_idx", "t_block",
+)
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, layout) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be [B, H, L, D], got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    B, H, L_q, D = q.shape
+    if k.shape[:2] != (B, H) or v.shape[:2] != (B, H):
+        raise ValueError(f"k, v must have batch and heads {(B, H)} of q, got {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape[3] != D:
+        raise ValueError(f"k must have head dim {D} of q, got {k.shape[3]}")
+    if v.shape[2] != k.shape[2] or v.shape[3] != D:
+        raise ValueError(f"v must be [B, H, L_k, {D}] like k {tuple(k.shape)}, got {tuple(v.shape)}")
+    missing = [f for f in _LAYOUT_FIELDS if not hasattr(layout, f)]
+    if missing:
+        raise TypeError(f"layout must be a BlockLayout, got {type(layout).__name__} (missing {missing})")
+    if (layout.L_q, layout.L_k) != (L_q, k.shape[2]):
+        raise ValueError(
+            f"layout is for L_q x L_k = {layout.L_q} x {layout.L_k}, but q, k have {L_q} and {k.shape[2]}"
+        )
+    if layout.num_heads not in (1, H):
+        raise ValueError(f"layout has {layout.num_heads} heads; need 1 (shared) or H = {H}")
+    for bs_name in ("BM", "BN"):
+        bs = getattr(layout, bs_name)
+        if bs < 16 or bs & (bs - 1):
+            raise ValueError(f"layout.{bs_name} must be a power of two >= 16, got {bs}")
+    if layout.row_ptr.device != q.device:
+        raise ValueError(
+            f"layout is on {layout.row_ptr.device} but q is on {q.device}: "
+            f"build it on q's device or call layout.to(q.device)"
+        )
+    if not fused_can_run(q, k, v):
+        raise RuntimeError(
+            "block_sparse_attention needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU) and triton"
+        )
+
+
+def _last_contiguous(t: Tensor) -> Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _strides(t: Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, layout, scale: float, precision: str) -> tuple[Tensor, Tensor]:
+    B, H, L_q, D = q.shape
+    L_k = k.shape[2]
+    out = torch.empty(B, H, L_q, D, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, H, L_q, dtype=torch.float32, device=q.device)
+    prep = _prepare(layout, q.device)
+    if prep.nnzb == 0 or B * H == 0 or L_q == 0:
+        out.zero_()
+        lse.fill_(float("inf"))
+        return out, lse
+    BM, BN = int(layout.BM), int(layout.BN)
+    BD = max(16, next_pow2(D))
+    cfg = launch_config(BM, BN, D)
+    grid = (layout.nrb * B * H,)
+    _fwd[grid](
+        q, k, v, out, lse,
+        prep.row_ptr, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
+        scale * _LOG2E,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+        H, int(layout.num_heads), L_q, L_k, int(layout.nrb), B * H, D,
+        BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, EVEN_D=BD == D, PRECISION=precision, UPCAST=_upcast(q.dtype),
+        num_warps=cfg.fwd_warps, num_stages=cfg.fwd_stages,
+    )
+    return out, lse
+
+
+def _backward(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, layout, scale: float,
+    precision: str, need_dq: bool, need_dkdv: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    B, H, L_q, D = q.shape
+    L_k = k.shape[2]
+    dq = torch.zeros_like(q, memory_format=torch.contiguous_format) if need_dq else None
+    dk = torch.zeros_like(k, memory_format=torch.contiguous_format) if need_dkdv else None
+    dv = torch.zeros_like(v, memory_format=torch.contiguous_format) if need_dkdv else None
+    prep = _prepare(layout, q.device)
+    if prep.nnzb == 0 or B * H == 0 or L_q == 0 or L_k == 0:
+        return dq, dk, dv
+    do = _last_contiguous(do)
+    BM, BN = int(layout.BM), int(layout.BN)
+    BD = max(16, next_pow2(D))
+    cfg = launch_config(BM, BN, D)
+    delta = torch.empty(B, H, L_q, dtype=torch.float32, device=q.device)
+    _bwd_preprocess[(triton.cdiv(L_q, 64), B * H)](
+        out, do, delta, *_strides(out), *_strides(do), H, L_q, D, BM=64, BD=BD, num_warps=4,
+    )
+    scale_log2 = scale * _LOG2E
+    nhl = int(layout.num_heads)
+    if need_dkdv:
+        _bwd_dkdv[(layout.ncb * B * H,)](
+            q, k, v, do, lse, delta, dk, dv,
+            prep.col_ptr, prep.row_idx, prep.t_block, prep.pattern_id, prep.patterns, prep.col_sched,
+            scale, scale_log2,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
+            H, nhl, L_q, L_k, int(layout.ncb), B * H, D,
+            BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, PRECISION=precision, UPCAST=_upcast(q.dtype),
+            num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages,
+        )
+    if need_dq:
+        _bwd_dq[(layout.nrb * B * H,)](
+            q, k, v, do, lse, delta, dq,
+            prep.row_ptr, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
+            scale, scale_log2,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
+            H, nhl, L_q, L_k, int(layout.nrb), B * H, D,
+            BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, EVEN_D=BD == D, PRECISION=precision, UPCAST=_upcast(q.dtype),
+            num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages,
+        )
+    return dq, dk, dv
+
+
+class BlockSparseAttentionFunction(torch.autograd.Function):
+    """Autograd wrapper: ``apply(q, k, v, layout, scale, precision) -> out``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout, scale, precision):  # type: ignore[override]
+        q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
+        out, lse = _forward(q, k, v, layout, scale, precision)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.layout = layout
+        ctx.scale = scale
+        ctx.precision = precision
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):  # type: ignore[override]
+        q, k, v, out, lse = ctx.saved_tensors
+        need_dq, need_dk, need_dv = ctx.needs_input_grad[:3]
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        dq, dk, dv = _backward(
+            grad_out, q, k, v, out, lse, ctx.layout, ctx.scale, ctx.precision,
+            need_dq, need_dk or need_dv,
+        )
+        return dq, (dk if need_dk else None), (dv if need_dv else None), None, None, None
+
+
+def block_sparse_attention_lse(
+    q: Tensor, k: Tensor, v: Tensor, layout, scale: float | None = None, *, allow_tf32: bool | None = None
+) -> tuple[Tensor, Tensor]:
+    """Like :func:`block_sparse_attention`, also returning the natural-log log-sum-exp
+    ``[B, H, L_q]`` float32 of each row's allowed scores (``+inf`` for empty rows; not
+    differentiable)."""
+    _check_inputs(q, k, v, layout)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    out, lse2 = BlockSparseAttentionFunction.apply(q, k, v, layout, float(scale), _precision(q.dtype, allow_tf32))
+    return out, lse2 / _LOG2E
+
+
+def block_sparse_attention(
+    q: Tensor, k: Tensor, v: Tensor, layout, scale: float | None = None, *, allow_tf32: bool | None = None
+) -> Tensor:
+    r"""Masked softmax attention over the non-empty blocks of ``layout``, fused.
+
+    Args:
+        q: ``[B, H, L_q, D]`` queries (float16, bfloat16 or float32; last dim contiguous
+            or it is copied).
+        k, v: ``[B, H, L_k, D]`` keys and values, same dtype and device.
+        layout: a :class:`~fusegnn.sparse.block_layout.BlockLayout` for ``L_q x L_k`` on
+            ``q``'s device, shared (``num_heads == 1``) or per head (``num_heads == H``).
+            Its ``BM``/``BN`` are the kernel's tile sizes.
+        scale: multiplies :math:`q \cdot k` (default :math:`1/\sqrt{D}`).
+        allow_tf32: float32 inputs only: use TF32 tensor cores (default: when
+            ``torch.get_float32_matmul_precision() != "highest"``).
+
+    Returns:
+        ``[B, H, L_q, D]`` in ``q``'s dtype; rows with no allowed key are zero.
+        Differentiable in ``q``, ``k``, ``v`` (deterministic backward, no atomics).
+    """
+    return block_sparse_attention_lse(q, k, v, layout, scale, allow_tf32=allow_tf32)[0]
