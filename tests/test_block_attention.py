@@ -29,10 +29,63 @@ from fusegnn.kernels.block_attention import (  # noqa: E402
     block_sparse_attention_lse,
     launch_config,
 )
-from tests.attention_masks import dense_masks, make_layout  # noqa: E402
+from fusegnn.sparse.block_layout import BlockLayout  # noqa: E402
+from fusegnn.sparse.masks import (  # noqa: E402
+    bigbird,
+    causal,
+    dilated,
+    from_dense,
+    from_graph,
+    global_tokens,
+    longformer,
+    random_blocks,
+    sliding_window,
+    stack_heads,
+)
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
+def _rand_bool(*shape, p, seed):
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) < p
+
+
+def _empty_rows(L_q, L_k):
+    """Causal with rows 0, 7 and 20..31 emptied (at L_q >= 32 a whole empty block row)."""
+    m = torch.ones(L_q, L_k, dtype=torch.bool).tril()
+    m[[0, 7]] = False
+    m[20:32] = False
+    return from_dense(m)
+
+
+def _graph_mask(L_q, L_k):
+    gen = torch.Generator().manual_seed(11)
+    E = 3 * L_q
+    ei = torch.stack([torch.randint(0, L_k, (E,), generator=gen), torch.randint(0, L_q, (E,), generator=gen)])
+    return from_graph(ei, L_q, L_k)
+
+
+#: name -> (L_q, L_k) -> Mask; square masks ignore L_k
+MASKS = {
+    "causal": lambda L, _: causal(L),
+    "window": lambda L, _: sliding_window(L, 5),
+    "dilated": lambda L, _: dilated(L, 3, 2),
+    "global": lambda L, _: global_tokens(L, 3),
+    "random_blocks": lambda L, _: random_blocks(L, 16, 0.4, seed=1),
+    "longformer": lambda L, _: longformer(L, 4, 2),
+    "bigbird": lambda L, _: bigbird(L, 3, 4, 16, 0.15, seed=0),
+    "combined": lambda L, _: (causal(L) & sliding_window(L, 9)) | global_tokens(L, 2),
+    "random": lambda Lq, Lk: from_dense(_rand_bool(Lq, Lk, p=0.3, seed=3)),
+    "empty_rows": _empty_rows,
+    "graph": _graph_mask,
+    "per_head_stack": lambda L, _: stack_heads([causal(L), sliding_window(L, 4)]),
+    "per_head_dense": lambda Lq, Lk: from_dense(_rand_bool(2, Lq, Lk, p=0.3, seed=4)),
+}
+
+
+def make(name, L_q, L_k, BM=16, BN=16):
+    """``(dense bool mask [L_q, L_k] or [H, L_q, L_k], BlockLayout on DEVICE)``."""
+    mask = MASKS[name](L_q, L_k)
+    return mask.dense(), BlockLayout.from_mask(mask, BM, BN, DEVICE)
 
 
 def reference(q, k, v, mask, scale=None):
@@ -72,39 +125,42 @@ def _check(q, k, v, g, mask, layout, *, scale=None, atol=2e-5, grads=True):
     return out
 
 
-# (mask name, L_q, L_k, B, H, D, BM, BN, per_head)
+# (mask name, L_q, L_k, B, H, D, BM, BN)
 CASES = [
-    ("causal", 17, 17, 1, 1, 32, 16, 16, False),
-    ("causal", 40, 40, 2, 1, 32, 16, 16, False),
-    ("window", 64, 64, 1, 2, 32, 16, 16, False),
-    ("random_blocks", 40, 40, 1, 1, 32, 16, 16, False),
-    ("random", 33, 33, 1, 1, 32, 16, 16, False),
-    ("empty_rows", 40, 40, 1, 1, 32, 16, 16, False),
-    ("bigbird", 64, 64, 1, 1, 32, 16, 16, False),
-    ("random", 40, 40, 1, 2, 32, 16, 16, True),
-    ("window", 40, 17, 1, 1, 32, 16, 16, False),  # L_q != L_k
-    ("causal", 40, 40, 1, 1, 32, 16, 32, False),  # BM != BN
-    ("causal", 33, 33, 1, 1, 64, 16, 16, False),  # D = 64
-    ("random", 20, 20, 1, 1, 24, 16, 16, False),  # D padded to 32
+    ("causal", 17, 17, 1, 1, 32, 16, 16),
+    ("causal", 40, 40, 2, 1, 32, 16, 16),
+    ("window", 64, 64, 1, 2, 32, 16, 16),
+    ("dilated", 40, 40, 1, 1, 32, 16, 16),
+    ("global", 33, 33, 1, 1, 32, 16, 16),
+    ("random_blocks", 40, 40, 1, 1, 32, 16, 16),
+    ("longformer", 40, 40, 1, 1, 32, 16, 16),
+    ("bigbird", 64, 64, 1, 1, 32, 16, 16),
+    ("combined", 40, 40, 1, 1, 32, 16, 16),
+    ("random", 33, 33, 1, 1, 32, 16, 16),
+    ("empty_rows", 40, 40, 1, 1, 32, 16, 16),
+    ("graph", 40, 24, 1, 1, 32, 16, 16),  # L_q != L_k
+    ("per_head_stack", 40, 40, 1, 2, 32, 16, 16),
+    ("per_head_dense", 24, 40, 2, 2, 32, 16, 16),
+    ("window", 40, 40, 1, 1, 32, 16, 32),  # BM != BN
+    ("causal", 40, 40, 1, 1, 32, 32, 16),
+    ("causal", 33, 33, 1, 1, 64, 16, 16),  # D = 64
+    ("random", 20, 20, 1, 1, 24, 16, 16),  # D = 24, padded to 32
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}-B{c[3]}H{c[4]}D{c[5]}-{c[6]}x{c[7]}{'-perhead' if c[8] else ''}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}-B{c[3]}H{c[4]}D{c[5]}-{c[6]}x{c[7]}")
 def test_matches_dense_reference(case):
-    name, L_q, L_k, B, H, D, BM, BN, per_head = case
-    mask = dense_masks(name, L_q, L_k, heads=H if per_head else 1, seed=3)
-    layout = make_layout(mask, BM, BN, DEVICE)
-    assert layout.num_heads == (H if per_head else 1)
-    (q, k, v), g = _inputs(B, H, L_q, L_k, D, seed=hash(case) % 1000)
-    out = _check(q, k, v, g, mask if per_head else mask[0], layout)
-    empty = ~mask.any(-1)  # [Hl, L_q]
-    if empty.any():
-        assert (out[:, empty.expand(H, L_q)] == 0).all()
+    name, L_q, L_k, B, H, D, BM, BN = case
+    mask, layout = make(name, L_q, L_k, BM, BN)
+    assert layout.num_heads == (H if name.startswith("per_head") else 1)
+    (q, k, v), g = _inputs(B, H, L_q, L_k, D, seed=sum(map(ord, str(case))))
+    out = _check(q, k, v, g, mask, layout)
+    empty = ~mask.any(-1).expand(H, L_q)  # [H, L_q]
+    assert (out[:, empty] == 0).all()
 
 
 def test_fully_empty_layout_gives_zeros_and_zero_grads():
-    mask = torch.zeros(1, 20, 20, dtype=torch.bool)
-    layout = make_layout(mask, 16, 16, DEVICE)
+    layout = BlockLayout.from_mask(from_dense(torch.zeros(20, 20, dtype=torch.bool)), 16, 16, DEVICE)
     assert layout.col_idx.numel() == 0
     (q, k, v), g = _inputs(1, 2, 20, 20, 32, seed=1)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
@@ -117,35 +173,35 @@ def test_fully_empty_layout_gives_zeros_and_zero_grads():
 
 def test_empty_row_inside_partial_block_and_lse():
     """Row 3 has no key; its block row has others that do. LSE is the natural log-sum-exp."""
-    mask = dense_masks("random", 32, 32, seed=5)
-    mask[0, 3] = False
-    layout = make_layout(mask, 16, 16, DEVICE)
+    dense = _rand_bool(32, 32, p=0.3, seed=5)
+    dense[3] = False
+    dense[4, 0] = True
+    layout = BlockLayout.from_mask(from_dense(dense), 16, 16, DEVICE)
     (q, k, v), g = _inputs(1, 1, 32, 32, 32, seed=2)
     out, lse = block_sparse_attention_lse(q, k, v, layout)
     assert (out[0, 0, 3] == 0).all() and math.isinf(lse[0, 0, 3].item())
     s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(32)
-    ref_lse = torch.logsumexp(s.masked_fill(~mask.to(DEVICE), float("-inf")), -1)
+    ref_lse = torch.logsumexp(s.masked_fill(~dense.to(DEVICE), float("-inf")), -1)
     finite = torch.isfinite(ref_lse)
     torch.testing.assert_close(lse[finite].double(), ref_lse[finite], atol=1e-5, rtol=1e-5)
-    _check(q, k, v, g, mask[0], layout)
+    _check(q, k, v, g, dense, layout)
 
 
 def test_custom_scale_and_strided_inputs():
     """q, k, v as transposed views of [B, L, H, D] tensors (what the layers pass)."""
-    mask = dense_masks("window", 40, 40, seed=0)
-    layout = make_layout(mask, 16, 16, DEVICE)
+    mask, layout = make("window", 40, 40)
     gen = torch.Generator().manual_seed(4)
     base = [torch.randn(2, 40, 2, 32, generator=gen).to(DEVICE) for _ in range(3)]
     q, k, v = (t.transpose(1, 2) for t in base)
     assert not q.is_contiguous()
     g = torch.randn(2, 2, 40, 32, generator=gen).to(DEVICE)
-    _check(q, k, v, g, mask[0], layout, scale=0.3)
+    _check(q, k, v, g, mask, layout, scale=0.3)
 
 
-def test_backward_is_deterministic():
-    mask = dense_masks("bigbird", 48, 48, seed=1)
-    layout = make_layout(mask, 16, 16, DEVICE)
+def test_backward_is_deterministic_and_inputs_untouched():
+    mask, layout = make("bigbird", 48, 48)
     (q, k, v), g = _inputs(1, 1, 48, 48, 32, seed=7)
+    copies = [t.clone() for t in (q, k, v, g)]
     grads = []
     for _ in range(2):
         qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
@@ -153,23 +209,34 @@ def test_backward_is_deterministic():
         grads.append((qq.grad, kk.grad, vv.grad))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+    for a, b in zip((q, k, v, g), copies):
+        assert torch.equal(a, b)
+
+
+def test_only_some_inputs_require_grad():
+    mask, layout = make("causal", 20, 20)
+    (q, k, v), g = _inputs(1, 1, 20, 20, 32, seed=9)
+    v = v.requires_grad_()
+    block_sparse_attention(q, k, v, layout).backward(g)
+    vd = v.detach().double().requires_grad_()
+    reference(q, k, vd, mask).backward(g.double())
+    torch.testing.assert_close(v.grad.double(), vd.grad, atol=2e-5, rtol=2e-5)
+    assert q.grad is None and k.grad is None
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_forward(dtype):
-    mask = dense_masks("causal", 40, 40, seed=0)
-    layout = make_layout(mask, 16, 16, DEVICE)
+    mask, layout = make("causal", 40, 40)
     (q, k, v), _ = _inputs(1, 1, 40, 40, 32, seed=8, dtype=dtype)
     out = block_sparse_attention(q, k, v, layout)
     assert out.dtype == dtype
-    ref = reference(q, k, v, mask[0])
+    ref = reference(q, k, v, mask)
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
     torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
 
 
 def test_bad_inputs():
-    mask = dense_masks("causal", 32, 32, seed=0)
-    layout = make_layout(mask, 16, 16, DEVICE)
+    mask, layout = make("causal", 32, 32)
     (q, k, v), _ = _inputs(1, 2, 32, 32, 32, seed=0)
     with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
         block_sparse_attention(q.double(), k.double(), v.double(), layout)
@@ -183,7 +250,7 @@ def test_bad_inputs():
         block_sparse_attention(q, k[..., :16], v, layout)
     with pytest.raises(TypeError, match="layout must be a BlockLayout"):
         block_sparse_attention(q, k, v, mask)
-    three = make_layout(torch.ones(3, 32, 32, dtype=torch.bool), 16, 16, DEVICE)
+    three = BlockLayout.from_mask(from_dense(torch.ones(3, 32, 32, dtype=torch.bool)), 16, 16, DEVICE)
     with pytest.raises(ValueError, match="3 heads"):
         block_sparse_attention(q, k, v, three)
 
@@ -201,20 +268,28 @@ def test_launch_config_table():
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("D", [32, 64, 128])
-@pytest.mark.parametrize("name,L,BM,BN", [("bigbird", 1000, 64, 64), ("causal", 777, 128, 64), ("random", 513, 64, 32)])
-def test_gpu_vs_sdpa(dtype, D, name, L, BM, BN):
+@pytest.mark.parametrize(
+    "mask_fn,L,BM,BN",
+    [
+        (lambda L: bigbird(L, 100, 64, 64, 0.05, seed=0), 1000, 64, 64),
+        (lambda L: causal(L), 777, 128, 64),
+        (lambda L: dilated(L, 20, 3) | global_tokens(L, 5), 513, 64, 32),
+        (lambda L: stack_heads([sliding_window(L, 40), causal(L), longformer(L, 30, 16)]), 700, 64, 128),
+    ],
+    ids=["bigbird", "causal", "dilated+global", "per_head"],
+)
+def test_gpu_vs_sdpa(dtype, D, mask_fn, L, BM, BN):
     import torch.nn.functional as F
 
-    mask = dense_masks(name, L, L, seed=0)[0]
-    mask[7] = False  # an empty row
-    layout = make_layout(mask[None], BM, BN, DEVICE)
+    mask = mask_fn(L)
+    layout = BlockLayout.from_mask(mask, BM, BN, DEVICE)
+    dense = mask.dense(DEVICE)
     (q, k, v), g = _inputs(2, 3, L, L, D, seed=1, dtype=dtype)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = block_sparse_attention(q, k, v, layout)
     out.backward(g)
     q2, k2, v2 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    dev_mask = mask.to(DEVICE)
-    ref = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=dev_mask).masked_fill(~dev_mask.any(-1)[:, None], 0.0)
+    ref = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=dense)
     ref.backward(g.float())
     tol = {torch.float16: 2e-2, torch.bfloat16: 6e-2, torch.float32: 5e-3}[dtype]
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
