@@ -28,6 +28,15 @@ from fusegnn.sparse import masks as M
 CUDA = torch.cuda.is_available()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread is faster, and immune to an oversubscribed CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # ----------------------------------------------------------------------------- oracles
 def grid(L_q, L_k):
     return torch.arange(L_q).view(-1, 1), torch.arange(L_k).view(1, -1)
