@@ -22,6 +22,10 @@ from fusegnn.sparse.processing import (
     gcn_norm,
     remove_self_loops,
 )
+from fusegnn.sparse import masks
+from fusegnn.sparse.block_layout import BlockLayout
+from fusegnn.sparse.masks import Mask
+from fusegnn.sparse.sparse_attention import explain_attention, sparse_attention
 
 register_backend(
     Backend(
@@ -35,18 +39,23 @@ register_backend(
 __all__ = [
     "AGGREGATIONS",
     "Backend",
+    "BlockLayout",
     "CompressedEdges",
     "Graph",
+    "Mask",
     "add_remaining_self_loops",
     "add_self_loops",
     "as_graph",
     "available_backends",
     "edge_softmax",
+    "explain_attention",
     "gat_attention",
     "gcn_norm",
+    "masks",
     "register_backend",
     "remove_self_loops",
     "resolve_aggregation",
     "sddmm",
+    "sparse_attention",
     "spmm",
 ]
