@@ -291,6 +291,7 @@ class LayoutMask(Mask):
     def __init__(self, layout: BlockLayout) -> None:
         super().__init__(layout.L_q, layout.L_k, layout.num_heads)
         self.BM, self.BN = layout.BM, layout.BN
+        self._graph_block_size = (layout.BM, layout.BN)
         self._table = _DeviceBuffer(layout.block_table().cpu())
         self._pattern_table = _DeviceBuffer(layout.patterns.cpu())
         self._layout_map = layout.block_map().cpu()

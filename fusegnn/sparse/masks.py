@@ -168,6 +168,7 @@ class Mask:
     L_k: int
     num_heads: int = 1
     _reads_tables = False  # whether the predicate indexes a stored table
+    _graph_block_size = (64, 64)  # blocks to_graph walks the mask in
 
     def __init__(self, L_q: int, L_k: int, num_heads: int = 1) -> None:
         self.L_q = _check_int(L_q, "L_q", 1)
@@ -305,10 +306,10 @@ class Mask:
         return self._cache[key]
 
     def __or__(self, other: "Mask") -> "Mask":
-        return _Combined.make("union", self, other)
+        return CombinedMask.make("union", self, other)
 
     def __and__(self, other: "Mask") -> "Mask":
-        return _Combined.make("intersection", self, other)
+        return CombinedMask.make("intersection", self, other)
 
     # ------------------------------------------------------------------ internals
     def _head_index(self, head: int | None) -> int:
@@ -401,7 +402,7 @@ class Mask:
         return _classify(counts, in_range).view(self.num_heads, nrb, ncb)
 
     def _build_graph(self, head: int | None, device: torch.device) -> Graph:
-        BM = BN = 64
+        BM, BN = self._graph_block_size
         bmap = self._block_map3(BM, BN, device)
         if head is not None:
             bmap = bmap[head : head + 1]
@@ -829,7 +830,7 @@ class HeadStack(Mask):
         return torch.cat(tables), pid
 
 
-class _Combined(Mask):
+class CombinedMask(Mask):
     """Union (``|``) or intersection (``&``) of masks."""
 
     def __init__(self, op: str, parts: Sequence[Mask], name: str | None = None) -> None:
@@ -849,13 +850,13 @@ class _Combined(Mask):
         self.name = name
 
     @classmethod
-    def make(cls, op: str, a: Mask, b: Mask, name: str | None = None) -> "_Combined":
+    def make(cls, op: str, a: Mask, b: Mask, name: str | None = None) -> "CombinedMask":
         for side in (a, b):
             if not isinstance(side, Mask):
                 raise TypeError(f"can only combine a Mask with a Mask, got {type(side).__name__}")
         parts: list[Mask] = []
         for side in (a, b):  # flatten nested unions / intersections (unnamed ones)
-            if isinstance(side, _Combined) and side.op == op and side.name is None:
+            if isinstance(side, CombinedMask) and side.op == op and side.name is None:
                 parts.extend(side.parts)
             else:
                 parts.append(side)
@@ -992,7 +993,7 @@ def longformer(L: int, window: int, num_global: int) -> Mask:
     .. math:: \mathrm{allowed}(q, k) = [\,|q - k| \le \mathrm{window}\,] \ \vee\
         [\,q < g \ \vee\ k < g\,]
     """
-    return _Combined("union", [SlidingWindow(L, window), GlobalTokens(L, num_global)], "Longformer")
+    return CombinedMask("union", [SlidingWindow(L, window), GlobalTokens(L, num_global)], "Longformer")
 
 
 def bigbird(
@@ -1016,7 +1017,7 @@ def bigbird(
         GlobalTokens(L, num_global),
         RandomBlocks(L, random_block, random_density, seed),
     ]
-    return _Combined("union", parts, "BigBird")
+    return CombinedMask("union", parts, "BigBird")
 
 
 def from_dense(mask: Tensor) -> Mask:

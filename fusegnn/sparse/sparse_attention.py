@@ -202,7 +202,7 @@ def _reference_path(q: Tensor, k: Tensor, v: Tensor, mask: Mask, scale: float) -
 
 def _element_path(q: Tensor, k: Tensor, v: Tensor, mask: Mask, scale: float, aggregation: str) -> Tensor:
     B, H, L_q, D = q.shape
-    L_k, D_v = k.size(2), v.size(-1)
+    D_v = v.size(-1)
     graph = mask.to_graph(device=q.device)
     if mask.num_heads == 1:
         # one graph over positions; (batch, head) pairs are the ops' heads
