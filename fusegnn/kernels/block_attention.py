@@ -398,7 +398,7 @@ def _upcast(dtype: torch.dtype) -> bool:
 
 def _precision(dtype: torch.dtype, allow_tf32: bool | None) -> str:
     if dtype != torch.float32:
-        return "ieee"  # fp16 / bf16 tensor cores; the flag only concerns float32 inputs
+        return "tf32"  # Triton's default; it only changes float32 products (fp16/bf16: tensor cores)
     if allow_tf32 is None:
         allow_tf32 = torch.get_float32_matmul_precision() != "highest"
     return "tf32" if allow_tf32 else "ieee"
