@@ -52,7 +52,7 @@ def default_data_root() -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    p.add_argument("--suite", choices=(*SUITES, "all"), default="paper")
+    p.add_argument("--suite", choices=(*SUITES, "attention", "all"), default="paper")
     p.add_argument("--out", type=Path, default=_REPO / "benchmarks" / "results",
                    help="results directory; files go to <out>/<suite>/<gpu-slug>.* (default benchmarks/results)")
     p.add_argument("--cases", type=_csv, help="comma-separated case names or globs, e.g. 'gcn-*,gat-cora-*'")
@@ -199,6 +199,11 @@ def run_suite(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.suite == "attention":  # masked attention: its own grid, see benchmarks/attention.py
+        from benchmarks.attention import main_from_harness
+
+        cpu = args.list and not torch.cuda.is_available()
+        return main_from_harness(args, torch.device("cpu") if cpu else resolve_device(args))
     if args.list:
         cpu = not torch.cuda.is_available()
         _list(args, torch.device("cpu") if cpu else resolve_device(args))

@@ -567,12 +567,14 @@ def _backward(
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
-    dq = torch.zeros_like(q, memory_format=torch.contiguous_format) if need_dq else None
-    dk = torch.zeros_like(k, memory_format=torch.contiguous_format) if need_dkdv else None
-    dv = torch.zeros_like(v, memory_format=torch.contiguous_format) if need_dkdv else None
     prep = _prepare(layout, q.device)
     if prep.nnzb == 0 or B * H == 0 or L_q == 0 or L_k == 0:
-        return dq, dk, dv
+        zeros = lambda t, need: torch.zeros_like(t, memory_format=torch.contiguous_format) if need else None  # noqa: E731
+        return zeros(q, need_dq), zeros(k, need_dkdv), zeros(v, need_dkdv)
+    # every element is written by the kernels (blocks with no work store zeros): no memset
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format) if need_dq else None
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format) if need_dkdv else None
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format) if need_dkdv else None
     do = _last_contiguous(do)
     BM, BN = int(layout.BM), int(layout.BN)
     BD = max(16, next_pow2(D))
