@@ -150,6 +150,16 @@ def test_from_networkx_weighted():
     torch.testing.assert_close(und.to_dense(), und.to_dense().t())
 
 
+def test_from_networkx_multigraph_keeps_parallel_edges():
+    nxg = nx.MultiDiGraph()
+    nxg.add_edge(0, 1, w=1.0)
+    nxg.add_edge(0, 1, w=2.0)
+    nxg.add_edge(1, 1, w=0.5)
+    g = Graph.from_networkx(nxg, weight="w")
+    assert g.num_edges == 3 and g.in_degree.tolist() == [0, 3]
+    assert g.to_dense()[1].tolist() == [3.0, 0.5]
+
+
 def test_from_networkx_empty_graph():
     nxg = nx.empty_graph(3)
     g = Graph.from_networkx(nxg)
