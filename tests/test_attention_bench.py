@@ -71,3 +71,25 @@ def test_list(capsys):
     assert main(["--suite", "attention", "--list", "--quick"]) == 0
     out = capsys.readouterr().out
     assert "suite attention: 8 of 30 cases" in out and "bigbird-L16384-fwdbwd" in out
+
+
+def test_calibration_recommendation_rule():
+    """DEFAULT_BLOCK_SIZE: best geometric mean per L; ELEMENT_MAX_FILL: the fill threshold
+    minimising the rule's summed time (the element path wins only on the sparse case)."""
+    from benchmarks.attention_calibrate import BLOCK_CONFIGS, recommend
+
+    records = []
+
+    def add(case, L, config, ms, fill=None, bm=None, bn=None):
+        records.append(dict(case=case, L=L, config=config, ms=ms, fill=fill, BM=bm, BN=bn))
+
+    for case, fill, element_ms in (("dense-ish", 0.8, 9.0), ("sparse", 0.02, 0.5)):
+        for bm, bn in BLOCK_CONFIGS:
+            ms = 1.0 if (bm, bn) == (128, 64) else 2.0
+            add(case, 4096, f"block {bm}x{bn}", ms, fill, bm, bn)
+        add(case, 4096, "element", element_ms)
+    rec = recommend(records, [4096])
+    assert rec["DEFAULT_BLOCK_SIZE"] == {4096: [128, 64]}
+    assert 0.02 < rec["ELEMENT_MAX_FILL"] <= 0.8
+    best = {row["case"]: row["best"] for row in rec["per_case"]}
+    assert best == {"dense-ish": "block 128x64", "sparse": "element"}
