@@ -15,7 +15,9 @@ the weights' dtype.
 
 * **GAS** (:class:`GASSpmm`): forward scatters over the COO edges with atomics; backward
   runs the same kernel with the roles of source and target swapped, and forms the
-  weight gradient in the same pass when it is needed.
+  weight gradient in the same pass when it is needed. When the scatter row is sorted
+  (checked once per graph: the backward of a COO sorted by source), runs of equal rows
+  are added up in the program before the atomics.
 * **GAR** (:class:`GARSpmm`): forward reduces over the CSR segments of
   :mod:`fusegnn.kernels.partition`, backward over the CSC segments, reading the weights
   in CSC order (``w[csc.perm]``) and forming the weight gradient in the same pass
@@ -76,16 +78,27 @@ def tuning(
         _gas_override, _gar_override = saved
 
 
-def _gas_cfg(feat: int, elem_size: int, dot: bool) -> GasConfig:
+def _gas_cfg(feat: int, elem_size: int, dot: bool, runs: bool) -> GasConfig:
     if _gas_override is None:
-        return gas_config(feat, elem_size)
+        return gas_config(feat, elem_size)._replace(runs=runs)
     return _gas_override(feat, elem_size, dot) if callable(_gas_override) else _gas_override
 
 
-def _gar_cfg(feat: int, elem_size: int, dot: bool) -> GarConfig:
+def _gar_cfg(feat: int, elem_size: int, dot: bool, avg_degree: float) -> GarConfig:
     if _gar_override is None:
-        return gar_config(feat, elem_size, dot=dot)
+        return gar_config(feat, elem_size, dot=dot, avg_degree=avg_degree)
     return _gar_override(feat, elem_size, dot) if callable(_gar_override) else _gar_override
+
+
+def _sorted(graph: Graph, which: str) -> bool:
+    """Whether the COO ``src`` / ``dst`` row is sorted (checked once, cached): GAS then
+    pre-adds runs of equal scatter rows before its atomics."""
+    index = graph.src if which == "src" else graph.dst
+
+    def check() -> bool:
+        return index.numel() < 2 or bool((index[1:] >= index[:-1]).all())
+
+    return graph.cached(f"gas_sorted:{which}", check)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -142,7 +155,7 @@ class GASSpmm(torch.autograd.Function):
         src, dst = _indices(graph)
         acc, _ = gas_scatter(
             x2, src, dst, w2, graph.num_dst_nodes, heads,
-            config=_gas_cfg(feat, x2.element_size(), False),
+            config=_gas_cfg(feat, x2.element_size(), False, _sorted(graph, "dst")),
         )
         out = acc if acc.dtype == x.dtype else acc.to(x.dtype)
         ctx.graph, ctx.heads, ctx.x_shape = graph, heads, x.shape
@@ -163,7 +176,7 @@ class GASSpmm(torch.autograd.Function):
             g, dst, src, w2, graph.num_src_nodes, ctx.heads,
             dot_with=x2 if need_w else None,
             scatter=need_x,
-            config=_gas_cfg(feat, g.element_size(), need_w),
+            config=_gas_cfg(feat, g.element_size(), need_w, need_x and _sorted(graph, "src")),
         )
         grad_x = acc.to(grad_out.dtype).reshape(ctx.x_shape) if need_x else None
         grad_w = gw.reshape(ctx.w_shape) if need_w else None
@@ -179,7 +192,8 @@ class GARSpmm(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor | None, graph: Graph) -> Tensor:  # type: ignore[override]
         x2, w2, heads = _flatten(graph, x, weight)
         feat = x2.size(1) // heads
-        cfg = _gar_cfg(feat, x2.element_size(), False)
+        avg = graph.num_edges / max(graph.num_dst_nodes, 1)
+        cfg = _gar_cfg(feat, x2.element_size(), False, avg)
         plan = plan_for(graph, "csr", cfg.seg_len)
         key = _weight_key(weight)
         w_csr = _grouped_weight(graph, w2, "csr", key) if w2 is not None else None
@@ -202,7 +216,9 @@ class GARSpmm(torch.autograd.Function):
         grad_x = grad_w = gw = None
         if need_x:
             fuse_dot = need_w and triton.next_power_of_2(max(feat, 1)) <= MAX_DOT_BLOCK_F
-            cfg = _gar_cfg(feat, g.element_size(), fuse_dot)
+            avg = graph.num_edges / max(graph.num_src_nodes, 1)
+            cfg = _gar_cfg(feat, g.element_size(), fuse_dot, avg)
+            fuse_dot = fuse_dot and cfg.block_f >= feat  # an override may not span the head
             plan = plan_for(graph, "csc", cfg.seg_len)
             w_csc = _grouped_weight(graph, w2, "csc", ctx.weight_key) if w2 is not None else None
             gx, gw = gar_reduce(
@@ -217,7 +233,7 @@ class GARSpmm(torch.autograd.Function):
             _, gw = gas_scatter(
                 g, dst, src, w2, graph.num_src_nodes, heads,
                 dot_with=x2, scatter=False,
-                config=_gas_cfg(feat, g.element_size(), True),
+                config=_gas_cfg(feat, g.element_size(), True, False),
             )
         if need_w:
             grad_w = gw.reshape(ctx.w_shape)

@@ -28,6 +28,7 @@ This needs a head's whole feature vector in one tile (``BLOCK_F >= F``); wider h
 
 from __future__ import annotations
 
+import math
 import os
 from typing import NamedTuple
 
@@ -48,6 +49,8 @@ __all__ = ["GarConfig", "gar_config", "gar_reduce", "MAX_DOT_BLOCK_F"]
 
 # Widest head (in features, rounded up to a power of two) the fused weight gradient handles.
 MAX_DOT_BLOCK_F = 1024
+# Average degree below which gar_config shapes the tile for short rows.
+LOW_DEGREE = 32.0
 
 
 class GarConfig(NamedTuple):
@@ -56,7 +59,10 @@ class GarConfig(NamedTuple):
     ``seg_len`` (edges per segment) selects the cached work list; ``block_e`` edges by
     ``block_f`` features is the register tile; ``col_major`` orders the grid so that all
     segments of one feature block run before the next block (the gathered columns then
-    stay in L2 for wide features).
+    stay in L2 for wide features); ``hints`` marks the streamed index / weight loads and
+    the stores evict-first and the gathered rows evict-last in L2; ``prefetch`` loads the
+    next step's indices and weights before the current gather (software pipelining by
+    hand).
     """
 
     block_e: int
@@ -65,20 +71,38 @@ class GarConfig(NamedTuple):
     seg_len: int = 1024
     num_stages: int = 1
     col_major: bool = True
+    hints: bool = False
+    prefetch: bool = False
 
 
 def gar_config(
-    feat: int, elem_size: int, *, dot: bool = False, tile: int = 2048, max_row_bytes: int = 256
+    feat: int,
+    elem_size: int,
+    *,
+    dot: bool = False,
+    avg_degree: float | None = None,
+    max_row_bytes: int = 256,
 ) -> GarConfig:
     """Default launch parameters for ``feat`` features per head of ``elem_size`` bytes.
 
-    The feature block spans at most ``max_row_bytes`` of a row (wider heads take several
-    column blocks); with ``dot`` it must span the whole head (``block_f >= feat``).
-    ``block_e`` fills a tile of ``tile`` elements.
+    Tuned on an H200 (``benchmarks/NOTES-spmm.md``): a feature block spans at most
+    ``max_row_bytes`` of a row, so with ``col_major`` the gathered column strip of a
+    Reddit-sized graph stays in L2; the tile holds 1024 elements (2048 for wider heads
+    and for the fused weight gradient, whose block must span the whole head). When the
+    graph's ``avg_degree`` is low, short rows would leave most of a tall tile masked:
+    the tile is then as tall as the average row and as wide as the whole head.
     """
     full = triton.next_power_of_2(max(feat, 1))
-    block_f = full if dot else min(full, max(max_row_bytes // elem_size, 1))
+    if dot:
+        block_f = full
+    elif avg_degree is not None and avg_degree < LOW_DEGREE:
+        block_f = min(full, max(1024 // elem_size, 1))
+    else:
+        block_f = min(full, max(max_row_bytes // elem_size, 1))
+    tile = 2048 if (dot or full > 64) else 1024
     block_e = max(tile // block_f, 1)
+    if avg_degree is not None and avg_degree < LOW_DEGREE:
+        block_e = min(block_e, max(triton.next_power_of_2(math.ceil(avg_degree)), 2))
     return GarConfig(block_e=block_e, block_f=block_f, num_warps=4)
 
 
@@ -106,6 +130,9 @@ def _gar_kernel(
     IDX64: tl.constexpr,
     ACC64: tl.constexpr,
     COL_MAJOR: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    STREAM: tl.constexpr,
+    KEEP: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_F: tl.constexpr,
 ):
@@ -134,29 +161,52 @@ def _gar_kernel(
     if DOT:
         xr = tl.load(xrow_ptr + (row * row_stride + col0 + f), mask=fmask, other=0.0).to(acc_t)
     acc = tl.zeros([BLOCK_E, BLOCK_F], dtype=acc_t)
-    for k0 in range(start, end, BLOCK_E):
-        k = k0 + tl.arange(0, BLOCK_E)
+    if PREFETCH:
+        k = start + tl.arange(0, BLOCK_E)
         kmask = k < end
-        j = tl.load(index_ptr + k, mask=kmask, other=0)
+        j = tl.load(index_ptr + k, mask=kmask, other=0, eviction_policy=STREAM)
+        if HAS_W:
+            w = tl.load(w_ptr + k * num_heads + head, mask=kmask, other=0.0, eviction_policy=STREAM)
+    for k0 in range(start, end, BLOCK_E):
+        if PREFETCH:
+            kn = k0 + BLOCK_E + tl.arange(0, BLOCK_E)
+            knmask = kn < end
+            jn = tl.load(index_ptr + kn, mask=knmask, other=0, eviction_policy=STREAM)
+            if HAS_W:
+                wn = tl.load(w_ptr + kn * num_heads + head, mask=knmask, other=0.0, eviction_policy=STREAM)
+        else:
+            k = k0 + tl.arange(0, BLOCK_E)
+            kmask = k < end
+            j = tl.load(index_ptr + k, mask=kmask, other=0, eviction_policy=STREAM)
+            if HAS_W:
+                w = tl.load(w_ptr + k * num_heads + head, mask=kmask, other=0.0, eviction_policy=STREAM)
         if IDX64:
-            j = j.to(tl.int64)
+            jj = j.to(tl.int64)
+        else:
+            jj = j
         m = kmask[:, None] & fmask[None, :]
-        a = tl.load(a_ptr + (j[:, None] * row_stride + col0 + f[None, :]), mask=m, other=0.0)
+        a = tl.load(a_ptr + (jj[:, None] * row_stride + col0 + f[None, :]), mask=m, other=0.0, eviction_policy=KEEP)
         a = a.to(acc_t)
         if HAS_W:
-            w = tl.load(w_ptr + k * num_heads + head, mask=kmask, other=0.0).to(acc_t)
-            acc += a * w[:, None]
+            acc += a * w.to(acc_t)[:, None]
         else:
             acc += a
         if DOT:
             d = tl.sum(a * xr[None, :], axis=1)
-            p = tl.load(perm_ptr + k, mask=kmask, other=0)
+            p = tl.load(perm_ptr + k, mask=kmask, other=0, eviction_policy=STREAM)
             if IDX64:
                 p = p.to(tl.int64)
             tl.store(gw_ptr + p * num_heads + head, d.to(gw_ptr.dtype.element_ty), mask=kmask)
+        if PREFETCH:
+            k = kn
+            kmask = knmask
+            j = jn
+            if HAS_W:
+                w = wn
     res = tl.sum(acc, axis=0)
     if slot < 0:
-        tl.store(out_ptr + (row * row_stride + col0 + f), res.to(out_ptr.dtype.element_ty), mask=fmask)
+        tl.store(out_ptr + (row * row_stride + col0 + f), res.to(out_ptr.dtype.element_ty), mask=fmask,
+                 eviction_policy=STREAM)
     else:
         tl.store(part_ptr + (slot * row_stride + col0 + f), res, mask=fmask)
 
@@ -266,6 +316,9 @@ def gar_reduce(
         IDX64=idx64,
         ACC64=acc_dtype == torch.float64,
         COL_MAJOR=cfg.col_major,
+        PREFETCH=cfg.prefetch,
+        STREAM="evict_first" if cfg.hints else "",
+        KEEP="evict_last" if cfg.hints else "",
         BLOCK_E=cfg.block_e,
         BLOCK_F=cfg.block_f,
         num_warps=cfg.num_warps,
