@@ -4,6 +4,7 @@ disabled or pointed at local ``file://`` archives)."""
 
 from __future__ import annotations
 
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -55,6 +56,10 @@ def assert_same_dataset(a: NodeDataset, b: NodeDataset) -> None:
         assert ta.dtype == tb.dtype and torch.equal(ta, tb), field
 
 
+def split_sizes(data: NodeDataset) -> tuple[int, int, int]:
+    return int(data.train_mask.sum()), int(data.val_mask.sum()), int(data.test_mask.sum())
+
+
 def degrees(edge_index: torch.Tensor, n: int) -> torch.Tensor:
     return torch.bincount(edge_index[0], minlength=n)
 
@@ -100,7 +105,7 @@ def test_reddit_like_statistics(reddit_root):
     assert data.num_features == 602 and data.num_classes == 41
     assert torch.equal(torch.unique(data.y), torch.arange(41))
     val, test = round(n * 23_831 / 232_965), round(n * 55_703 / 232_965)
-    assert (int(data.train_mask.sum()), int(data.val_mask.sum()), int(data.test_mask.sum())) == (n - val - test, val, test)
+    assert split_sizes(data) == (n - val - test, val, test)
     cover = data.train_mask.long() + data.val_mask.long() + data.test_mask.long()
     assert bool((cover == 1).all())
     check_simple_symmetric(data.edge_index, n)
@@ -205,6 +210,35 @@ def test_reddit_download_unpacks_the_zip(tmp_path, monkeypatch, reddit_root, red
         "reddit_data.npz", "reddit_graph.npz"]
 
 
+def test_writers_do_not_clobber_real_data(tmp_path, reddit_small):
+    raw = tmp_path / "Reddit" / "raw"
+    raw.mkdir(parents=True)
+    np.savez(raw / "reddit_data.npz", feature=np.zeros((1, 1)))  # not written by reddit_like
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        reddit_like(tmp_path, REDDIT_SCALE, avg_degree=REDDIT_DEGREE)
+    reddit_like(tmp_path, REDDIT_SCALE, avg_degree=REDDIT_DEGREE, overwrite=True)
+    reddit_like(tmp_path, REDDIT_SCALE, avg_degree=REDDIT_DEGREE)  # its own files: replaced
+    assert_same_dataset(Reddit(tmp_path, download=False), reddit_small)
+    (tmp_path / "ogbn_arxiv").mkdir()
+    (tmp_path / "ogbn_arxiv" / "RELEASE_v1.txt").write_text("the real thing")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        ogbn_like(tmp_path, "arxiv", 0.002)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_generator_on_cuda():
+    data = generate_reddit_like(REDDIT_SCALE, seed=0, device="cuda", avg_degree=REDDIT_DEGREE)
+    assert data.x.is_cuda and data.edge_index.is_cuda
+    again = generate_reddit_like(REDDIT_SCALE, seed=0, device="cuda", avg_degree=REDDIT_DEGREE)
+    assert_same_dataset(data, again)
+    cpu = data.to("cpu")
+    assert cpu.num_edges == 23300 and cpu.num_nodes == 1165
+    check_simple_symmetric(cpu.edge_index, cpu.num_nodes)
+    assert edge_homophily(cpu) > 0.4
+    arxiv = generate_ogbn_like("arxiv", ARXIV_SCALE, device="cuda", to_undirected=False).to("cpu")
+    assert arxiv.num_edges == round(1_166_243 * ARXIV_SCALE)
+
+
 def test_coalesce_edge_index():
     ei = torch.tensor([[2, 0, 2, 1, 0], [1, 2, 1, 0, 2]])
     assert coalesce_edge_index(ei, 3).tolist() == [[0, 1, 2], [2, 0, 1]]
@@ -252,7 +286,8 @@ def test_ogbn_like_writes_ogb_layout(arxiv_root):
     files = sorted(str(p.relative_to(base)) for p in base.rglob("*"))
     assert files == sorted([
         "RELEASE_v1.txt", "processed", "raw", "split", "split/time",
-        *(f"raw/{f}.csv.gz" for f in ("edge", "node-feat", "node-label", "num-node-list", "num-edge-list", "node_year")),
+        *(f"raw/{f}.csv.gz"
+          for f in ("edge", "node-feat", "node-label", "num-node-list", "num-edge-list", "node_year")),
         *(f"split/time/{s}.csv.gz" for s in ("train", "valid", "test")),
     ])
 
@@ -263,8 +298,6 @@ def test_ogb_arxiv_roundtrip_and_cache(ogb_loader, arxiv_root, tmp_path):
     spec = OGBN_SPECS["ogbn-arxiv"]
     n, e = round(spec.num_nodes * ARXIV_SCALE), round(spec.num_edges * ARXIV_SCALE)
     root = tmp_path / "copy"
-    import shutil
-
     shutil.copytree(arxiv_root, root)
     cache = root / "ogbn_arxiv" / "processed" / "data_processed"
     directed = ogb_loader.OGBNodeDataset("ogbn-arxiv", root, to_undirected=False, download=False)
@@ -276,6 +309,10 @@ def test_ogb_arxiv_roundtrip_and_cache(ogb_loader, arxiv_root, tmp_path):
     assert_same_dataset(directed, generate_ogbn_like("arxiv", ARXIV_SCALE, seed=0, to_undirected=False))
     assert_same_dataset(undirected, generate_ogbn_like("arxiv", ARXIV_SCALE, seed=0))
     assert_same_dataset(again, directed)
+    ogbn_like(root, "arxiv", ARXIV_SCALE, seed=1)  # regenerated: ogb's stale cache must go too
+    assert not cache.exists()
+    other = ogb_loader.OGBNodeDataset("arxiv", root, to_undirected=False, download=False)
+    assert_same_dataset(other, generate_ogbn_like("arxiv", ARXIV_SCALE, seed=1, to_undirected=False))
     assert (directed.num_nodes, directed.num_edges, directed.num_features, directed.num_classes) == (n, e, 128, 40)
     assert undirected.num_edges == 2 * e and undirected.extra["ogb_num_edges"] == e
     check_simple_symmetric(undirected.edge_index, n)
@@ -307,7 +344,7 @@ def test_ogb_products_roundtrip(ogb_loader, tmp_path):
     assert data.num_edges == 2 * pairs
     check_simple_symmetric(data.edge_index, n)
     val, test = round(n * 39_323 / 2_449_029), round(n * 2_213_091 / 2_449_029)
-    assert (int(data.train_mask.sum()), int(data.val_mask.sum()), int(data.test_mask.sum())) == (n - val - test, val, test)
+    assert split_sizes(data) == (n - val - test, val, test)
     assert "node_year" not in data.extra and data.extra["evaluator"].name == "ogbn-products"
 
 

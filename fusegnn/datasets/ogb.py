@@ -224,7 +224,9 @@ def _find_dir(name: str, meta: dict[str, str], root: str | os.PathLike | None, d
         try:
             _download(meta, base, dir_name)
         except (OSError, zipfile.BadZipFile) as err:
-            raise FileNotFoundError(f"{missing}\nDownload of {meta['url']} failed ({type(err).__name__}: {err}).") from err
+            raise FileNotFoundError(
+                f"{missing}\nDownload of {meta['url']} failed ({type(err).__name__}: {err})."
+            ) from err
         return base / dir_name
 
 

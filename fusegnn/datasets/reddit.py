@@ -34,8 +34,8 @@ Everything is vectorised NumPy -> PyTorch: the full graph loads in seconds and t
 about 1.8 GB as an int64 ``edge_index``.
 
 If the files are in none of the searched directories (see
-:mod:`fusegnn.datasets.paths`), ``download=True`` fetches ``reddit.zip`` (about 1.3 GB)
-from the usual location, https://data.dgl.ai/dataset/reddit.zip, and unpacks the two
+:mod:`fusegnn.datasets.paths`), ``download=True`` fetches ``reddit.zip`` from the
+usual location, https://data.dgl.ai/dataset/reddit.zip, and unpacks the two
 files into ``<first root>/Reddit/raw/``; without network this ends in a
 :class:`FileNotFoundError` that lists the files to put where.
 
