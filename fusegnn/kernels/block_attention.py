@@ -15,9 +15,11 @@ and :math:`\mathrm{out}_i = 0` for a row with no allowed key (never NaN).
 non-empty key blocks of its row from the block-CSR index (``row_ptr``/``col_idx``) and
 keeps FlashAttention's running maximum :math:`m`, normaliser :math:`l` and accumulator
 :math:`a` in float32, rescaling them by :math:`2^{m_{old} - m_{new}}` when the maximum
-grows (logits are kept in base 2: :math:`S \log_2 e`). Full blocks (``pattern_id == -1``)
-are used without any element mask; partial blocks load their element pattern, stored
-once per distinct pattern in ``patterns``. Keys ``>= L_k`` are always masked (last
+grows (logits are kept in base 2: :math:`S \log_2 e`). As in FlexAttention, each row's
+blocks are visited in two loops: first its partial blocks, which load their element
+pattern (stored once per distinct pattern in ``patterns``), then its full blocks
+(``pattern_id == -1``), which use no element mask at all (the kernels' copy of the index
+lists each row's partial blocks first and records where its full blocks start). Keys ``>= L_k`` are always masked (last
 block column of a length that is not a multiple of ``BN``); rows ``>= L_q`` are computed
 but never stored. The base-2 log-sum-exp :math:`\mathrm{lse}_i = m_i + \log_2 l_i`
 (``+inf`` for empty rows) is stored for the backward.
@@ -45,8 +47,8 @@ BigBird / Longformer masks, which visits every key block) would otherwise start 
 the grid and finish alone. Programs are numbered so that the heavy rows of every
 ``(b, h)`` run first (heaviest first), then the light rows ``(b, h)``-major with the block
 row fastest (neighbouring rows of one head share key blocks in L2). The order is
-computed on the device once per layout and cached on it (``_sched_cache``); the same is
-done for key block columns in ``_bwd_dkdv``.
+computed on the device once per layout and cached on it (``_kernel_cache``, with the
+partial-first copy of the index); the same is done for key block columns in ``_bwd_dkdv``.
 
 dtypes: float16, bfloat16, float32 (float32 accumulation; float32 inputs use TF32 tensor
 cores when ``torch.get_float32_matmul_precision() != "highest"``, IEEE otherwise, or as
@@ -90,7 +92,7 @@ except ImportError:  # pragma: no cover - exercised only without triton
 
 def _fwd_kernel(
     Q, K, V, Out, Lse,
-    row_ptr, col_idx, pattern_id, patterns, sched,
+    row_ptr, row_split, col_idx, pattern_id, patterns, sched,
     sm_scale_log2,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -113,6 +115,7 @@ def _fwd_kernel(
     h = (bh % H).to(tl.int64)
     h_l = bh % H % NHL  # the layout's head: h, or 0 for a shared layout
     start = tl.load(row_ptr + h_l * (NRB + 1) + pid_m)
+    split = tl.load(row_split + h_l * NRB + pid_m)  # the row's partial blocks come first
     end = tl.load(row_ptr + h_l * (NRB + 1) + pid_m + 1)
 
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -132,36 +135,44 @@ def _fwd_kernel(
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BD], dtype=tl.float32)
-    for idx in range(start, end):
-        cb = tl.load(col_idx + idx)
-        pid = tl.load(pattern_id + idx)
-        offs_n = cb * BN + offs_bn
-        n_valid = offs_n < L_k
-        cols = offs_n[:, None].to(tl.int64)
-        if EVEN_K and EVEN_D:
-            k = tl.load(k_base + cols * stride_kn)
-            v = tl.load(v_base + cols * stride_vn)
+    # phase 0: partial blocks (element pattern), phase 1: full blocks (no element mask)
+    for phase in tl.static_range(2):
+        if phase == 0:
+            lo = start
+            hi = split
         else:
-            kv_mask = n_valid[:, None] & d_valid[None, :]
-            k = tl.load(k_base + cols * stride_kn, mask=kv_mask, other=0.0)
-            v = tl.load(v_base + cols * stride_vn, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2
-        if pid >= 0:  # partial block: its element pattern (and the key bound)
-            pat = tl.load(patterns + pid * (BM * BN) + pat_offs)
-            s = tl.where((pat != 0) & n_valid[None, :], s, float("-inf"))
-        else:  # full block: no element mask, only the key bound of a ragged last column
-            if not EVEN_K:
-                s = tl.where(n_valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: no NaN
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+            lo = split
+            hi = end
+        for idx in range(lo, hi):
+            cb = tl.load(col_idx + idx)
+            offs_n = cb * BN + offs_bn
+            n_valid = offs_n < L_k
+            cols = offs_n[:, None].to(tl.int64)
+            if EVEN_K and EVEN_D:
+                k = tl.load(k_base + cols * stride_kn)
+                v = tl.load(v_base + cols * stride_vn)
+            else:
+                kv_mask = n_valid[:, None] & d_valid[None, :]
+                k = tl.load(k_base + cols * stride_kn, mask=kv_mask, other=0.0)
+                v = tl.load(v_base + cols * stride_vn, mask=kv_mask, other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2
+            if phase == 0:  # partial block: its element pattern (and the key bound)
+                pid = tl.load(pattern_id + idx)
+                pat = tl.load(patterns + pid * (BM * BN) + pat_offs)
+                s = tl.where((pat != 0) & n_valid[None, :], s, float("-inf"))
+            else:  # full block: only the key bound of a ragged last column
+                if not EVEN_K:
+                    s = tl.where(n_valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: no NaN
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -194,7 +205,7 @@ def _bwd_preprocess_kernel(
 
 def _bwd_dkdv_kernel(
     Q, K, V, DO, Lse, Delta, DK, DV,
-    col_ptr, row_idx, t_block, pattern_id, patterns, sched,
+    col_ptr, col_split, row_idx, t_pattern, patterns, sched,
     sm_scale, sm_scale_log2,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -219,6 +230,7 @@ def _bwd_dkdv_kernel(
     h = (bh % H).to(tl.int64)
     h_l = bh % H % NHL
     start = tl.load(col_ptr + h_l * (NCB + 1) + pid_n)
+    split = tl.load(col_split + h_l * NCB + pid_n)  # the column's partial blocks come first
     end = tl.load(col_ptr + h_l * (NCB + 1) + pid_n + 1)
 
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -241,32 +253,40 @@ def _bwd_dkdv_kernel(
 
     dk = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BD], dtype=tl.float32)
-    for t in range(start, end):
-        rb = tl.load(row_idx + t)
-        pid = tl.load(pattern_id + tl.load(t_block + t))
-        offs_m = rb * BM + offs_bm
-        m_valid = offs_m < L_q
-        rows = offs_m[:, None].to(tl.int64)
-        qd_mask = m_valid[:, None] & d_valid[None, :]
-        q = tl.load(q_base + rows * stride_qm, mask=qd_mask, other=0.0)
-        do = tl.load(do_base + rows * stride_dm, mask=qd_mask, other=0.0)
-        if UPCAST:
-            q = q.to(tl.float32)
-            do = do.to(tl.float32)
-        # rows >= L_q and empty rows have lse = +inf: P = 0, no gradient
-        lse = tl.load(Lse + stat_base + offs_m, mask=m_valid, other=float("inf"))
-        delta = tl.load(Delta + stat_base + offs_m, mask=m_valid, other=0.0)
-        pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale_log2 - lse[None, :])
-        if pid >= 0:
-            patT = tl.load(patterns + pid * (BM * BN) + patT_offs)
-            pT = tl.where((patT != 0) & n_valid[:, None], pT, 0.0)
+    # phase 0: partial blocks (element pattern), phase 1: full blocks (no element mask)
+    for phase in tl.static_range(2):
+        if phase == 0:
+            lo = start
+            hi = split
         else:
-            if not EVEN_K:
-                pT = tl.where(n_valid[:, None], pT, 0.0)
-        dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
-        dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-        dsT = pT * (dpT - delta[None, :])
-        dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
+            lo = split
+            hi = end
+        for t in range(lo, hi):
+            rb = tl.load(row_idx + t)
+            offs_m = rb * BM + offs_bm
+            m_valid = offs_m < L_q
+            rows = offs_m[:, None].to(tl.int64)
+            qd_mask = m_valid[:, None] & d_valid[None, :]
+            q = tl.load(q_base + rows * stride_qm, mask=qd_mask, other=0.0)
+            do = tl.load(do_base + rows * stride_dm, mask=qd_mask, other=0.0)
+            if UPCAST:
+                q = q.to(tl.float32)
+                do = do.to(tl.float32)
+            # rows >= L_q and empty rows have lse = +inf: P = 0, no gradient
+            lse = tl.load(Lse + stat_base + offs_m, mask=m_valid, other=float("inf"))
+            delta = tl.load(Delta + stat_base + offs_m, mask=m_valid, other=0.0)
+            pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale_log2 - lse[None, :])
+            if phase == 0:
+                pid = tl.load(t_pattern + t)
+                patT = tl.load(patterns + pid * (BM * BN) + patT_offs)
+                pT = tl.where((patT != 0) & n_valid[:, None], pT, 0.0)
+            else:
+                if not EVEN_K:
+                    pT = tl.where(n_valid[:, None], pT, 0.0)
+            dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
+            dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+            dsT = pT * (dpT - delta[None, :])
+            dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
 
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + h * stride_dkh + cols * stride_dkn + offs_d[None, :],
@@ -277,7 +297,7 @@ def _bwd_dkdv_kernel(
 
 def _bwd_dq_kernel(
     Q, K, V, DO, Lse, Delta, DQ,
-    row_ptr, col_idx, pattern_id, patterns, sched,
+    row_ptr, row_split, col_idx, pattern_id, patterns, sched,
     sm_scale, sm_scale_log2,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -300,6 +320,7 @@ def _bwd_dq_kernel(
     h = (bh % H).to(tl.int64)
     h_l = bh % H % NHL
     start = tl.load(row_ptr + h_l * (NRB + 1) + pid_m)
+    split = tl.load(row_split + h_l * NRB + pid_m)  # the row's partial blocks come first
     end = tl.load(row_ptr + h_l * (NRB + 1) + pid_m + 1)
 
     offs_m = pid_m * BM + tl.arange(0, BM)
@@ -322,32 +343,40 @@ def _bwd_dq_kernel(
     pat_offs = tl.arange(0, BM)[:, None] * BN + offs_bn[None, :]
 
     dq = tl.zeros([BM, BD], dtype=tl.float32)
-    for idx in range(start, end):
-        cb = tl.load(col_idx + idx)
-        pid = tl.load(pattern_id + idx)
-        offs_n = cb * BN + offs_bn
-        n_valid = offs_n < L_k
-        cols = offs_n[:, None].to(tl.int64)
-        if EVEN_K and EVEN_D:
-            k = tl.load(k_base + cols * stride_kn)
-            v = tl.load(v_base + cols * stride_vn)
+    # phase 0: partial blocks (element pattern), phase 1: full blocks (no element mask)
+    for phase in tl.static_range(2):
+        if phase == 0:
+            lo = start
+            hi = split
         else:
-            kv_mask = n_valid[:, None] & d_valid[None, :]
-            k = tl.load(k_base + cols * stride_kn, mask=kv_mask, other=0.0)
-            v = tl.load(v_base + cols * stride_vn, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2 - lse[:, None])
-        if pid >= 0:
-            pat = tl.load(patterns + pid * (BM * BN) + pat_offs)
-            p = tl.where((pat != 0) & n_valid[None, :], p, 0.0)
-        else:
-            if not EVEN_K:
-                p = tl.where(n_valid[None, :], p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+            lo = split
+            hi = end
+        for idx in range(lo, hi):
+            cb = tl.load(col_idx + idx)
+            offs_n = cb * BN + offs_bn
+            n_valid = offs_n < L_k
+            cols = offs_n[:, None].to(tl.int64)
+            if EVEN_K and EVEN_D:
+                k = tl.load(k_base + cols * stride_kn)
+                v = tl.load(v_base + cols * stride_vn)
+            else:
+                kv_mask = n_valid[:, None] & d_valid[None, :]
+                k = tl.load(k_base + cols * stride_kn, mask=kv_mask, other=0.0)
+                v = tl.load(v_base + cols * stride_vn, mask=kv_mask, other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2 - lse[:, None])
+            if phase == 0:
+                pid = tl.load(pattern_id + idx)
+                pat = tl.load(patterns + pid * (BM * BN) + pat_offs)
+                p = tl.where((pat != 0) & n_valid[None, :], p, 0.0)
+            else:
+                if not EVEN_K:
+                    p = tl.where(n_valid[None, :], p, 0.0)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
 
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqm + offs_d[None, :],
@@ -427,15 +456,36 @@ def _heavy_first_order(ptr: Tensor, num_blocks: int) -> Tensor:
     return sched
 
 
+def _partial_first(ptr: Tensor, is_partial: Tensor, *arrays: Tensor) -> tuple[Tensor, ...]:
+    """Reorder each group ``ptr[h, g] : ptr[h, g + 1]`` of the flat block arrays so that
+    its partial blocks come first (stable: the original order within both kinds).
+
+    Returns ``(split, *reordered)`` with ``split [num_heads, num_groups]`` int32 the flat
+    position of each group's first full block (its end when it has none)."""
+    H, G = ptr.size(0), ptr.size(1) - 1
+    counts = (ptr[:, 1:] - ptr[:, :-1]).reshape(-1).to(torch.int64)
+    group = torch.repeat_interleave(torch.arange(H * G, device=ptr.device), counts, output_size=is_partial.numel())
+    order = torch.sort(group * 2 + (~is_partial).to(torch.int64), stable=True).indices
+    n_partial = torch.zeros(H * G, dtype=torch.int64, device=ptr.device)
+    n_partial.index_add_(0, group, is_partial.to(torch.int64))
+    split = (ptr[:, :-1].to(torch.int64) + n_partial.view(H, G)).to(torch.int32).contiguous()
+    return (split, *(_int32(a[order]) for a in arrays))
+
+
 @dataclass
 class _Prepared:
+    """The kernels' view of a layout: each block row (column) lists its partial blocks
+    first, then its full blocks, split at ``row_split`` (``col_split``)."""
+
     row_ptr: Tensor
+    row_split: Tensor
     col_idx: Tensor
     pattern_id: Tensor
     patterns: Tensor
     col_ptr: Tensor
+    col_split: Tensor
     row_idx: Tensor
-    t_block: Tensor
+    t_pattern: Tensor
     row_sched: Tensor
     col_sched: Tensor
     nnzb: int
@@ -446,8 +496,9 @@ def _int32(t: Tensor) -> Tensor:
 
 
 def _prepare(layout, device: torch.device) -> _Prepared:
-    """Kernel-ready int32 / uint8 views of ``layout``'s tensors, cached on the layout."""
-    cache = getattr(layout, "_sched_cache", None)
+    """Kernel-ready int32 / uint8 arrays of ``layout``, computed on its device without a
+    host synchronisation and cached on the layout object."""
+    cache = getattr(layout, "_kernel_cache", None)
     if isinstance(cache, _Prepared) and cache.row_ptr.device == device:
         return cache
     patterns = layout.patterns
@@ -455,20 +506,26 @@ def _prepare(layout, device: torch.device) -> _Prepared:
         patterns = torch.zeros(1, dtype=torch.uint8, device=device)
     else:
         patterns = patterns.to(torch.uint8).contiguous()
+    pattern_id = layout.pattern_id.to(torch.int64)
+    t_pattern = pattern_id[layout.t_block.to(torch.int64)]
+    row_split, col_idx, pattern_id_r = _partial_first(layout.row_ptr, pattern_id >= 0, layout.col_idx, pattern_id)
+    col_split, row_idx, t_pattern_r = _partial_first(layout.col_ptr, t_pattern >= 0, layout.row_idx, t_pattern)
     prepared = _Prepared(
         row_ptr=_int32(layout.row_ptr),
-        col_idx=_int32(layout.col_idx),
-        pattern_id=_int32(layout.pattern_id),
+        row_split=row_split,
+        col_idx=col_idx,
+        pattern_id=pattern_id_r,
         patterns=patterns,
         col_ptr=_int32(layout.col_ptr),
-        row_idx=_int32(layout.row_idx),
-        t_block=_int32(layout.t_block),
+        col_split=col_split,
+        row_idx=row_idx,
+        t_pattern=t_pattern_r,
         row_sched=_heavy_first_order(layout.row_ptr, layout.nrb),
         col_sched=_heavy_first_order(layout.col_ptr, layout.ncb),
         nnzb=int(layout.col_idx.numel()),
     )
     try:
-        object.__setattr__(layout, "_sched_cache", prepared)
+        object.__setattr__(layout, "_kernel_cache", prepared)
     except (AttributeError, TypeError):  # slotted / frozen layout: recompute per call
         pass
     return prepared
@@ -551,7 +608,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, layout, scale: float, precision: s
     grid = (layout.nrb * B * H,)
     _fwd[grid](
         q, k, v, out, lse,
-        prep.row_ptr, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
+        prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
         scale * _LOG2E,
         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
         H, int(layout.num_heads), L_q, L_k, int(layout.nrb), B * H, D,
@@ -588,7 +645,7 @@ def _backward(
     if need_dkdv:
         _bwd_dkdv[(layout.ncb * B * H,)](
             q, k, v, do, lse, delta, dk, dv,
-            prep.col_ptr, prep.row_idx, prep.t_block, prep.pattern_id, prep.patterns, prep.col_sched,
+            prep.col_ptr, prep.col_split, prep.row_idx, prep.t_pattern, prep.patterns, prep.col_sched,
             scale, scale_log2,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
             H, nhl, L_q, L_k, int(layout.ncb), B * H, D,
@@ -598,7 +655,7 @@ def _backward(
     if need_dq:
         _bwd_dq[(layout.nrb * B * H,)](
             q, k, v, do, lse, delta, dq,
-            prep.row_ptr, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
+            prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
             scale, scale_log2,
             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
             H, nhl, L_q, L_k, int(layout.nrb), B * H, D,
