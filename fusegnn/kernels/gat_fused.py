@@ -194,16 +194,17 @@ def _gat_bwd_row_kernel(
     ptr, idx, perm,
     item_row, item_start, item_slot,
     h, s_src, s_dst, out, lse, grad_out, d_extra, grad_alpha,
-    grad_dst, part_dst, d_buf, grad_h, grad_src,
+    grad_dst, part_dst, aux_buf, grad_h, grad_src,
     seed, p_drop, drop_scale, negative_slope,
-    H, C, CHUNK,
+    H, C, CHUNK, AUX_STRIDE,
     HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
-    HAS_GALPHA: tl.constexpr, SCATTER_SRC: tl.constexpr, STORE_D: tl.constexpr,
+    HAS_GALPHA: tl.constexpr, SCATTER_SRC: tl.constexpr, STORE_AUX: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     ACC: tl.constexpr,
 ):
-    """Pass R over a target row: d score_dst (row sum of dZ) and D; with SCATTER_SRC
-    also d h and d score_src by atomics into the sources (the "gas" backward)."""
+    """Pass R over a target row: d score_dst (row sum of dZ) and D (stored with t and lse
+    for pass C); with SCATTER_SRC also d h and d score_src by atomics into the sources
+    (the "gas" backward)."""
     pid = tl.program_id(0)
     if HAS_ITEMS:
         row = tl.load(item_row + pid)
@@ -266,8 +267,11 @@ def _gat_bwd_row_kernel(
                 w[:, :, None] * g[None, :, :],
                 mask=me[:, None, None] & mask_hc[None, :, :],
             )
-    if STORE_D:
-        tl.store(d_buf + row * H + offs_h, d, mask=mask_h)
+    if STORE_AUX:  # (t_i, lse_i, D_i) side by side: one gather per edge in pass C
+        aux = aux_buf + row * AUX_STRIDE + offs_h
+        tl.store(aux, t, mask=mask_h)
+        tl.store(aux + H, lse_i, mask=mask_h)
+        tl.store(aux + 2 * H, d, mask=mask_h)
     if slot < 0:
         tl.store(grad_dst + row * H + offs_h, dt, mask=mask_h)
     else:
@@ -277,10 +281,10 @@ def _gat_bwd_row_kernel(
 def _gat_bwd_col_kernel(
     ptr, idx, perm,
     item_row, item_start, item_slot,
-    h, s_src, s_dst, lse, d_buf, grad_out, grad_alpha,
+    h, s_src, aux, grad_out, grad_alpha,
     grad_h, grad_src, part_h, part_src,
     seed, p_drop, drop_scale, negative_slope,
-    H, C, CHUNK,
+    H, C, CHUNK, AUX_STRIDE,
     HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
     HAS_GALPHA: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -313,10 +317,10 @@ def _gat_bwd_col_kernel(
         me = pos < end
         meh = me[:, None] & mask_h[None, :]
         i = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
-        ih = i[:, None] * H + offs_h[None, :]
-        t = tl.load(s_dst + ih, mask=meh, other=0.0).to(ACC)
-        lse_i = tl.load(lse + ih, mask=meh, other=0.0)
-        d = tl.load(d_buf + ih, mask=meh, other=0.0)
+        ih = aux + i[:, None] * AUX_STRIDE + offs_h[None, :]
+        t = tl.load(ih, mask=meh, other=0.0)
+        lse_i = tl.load(ih + H, mask=meh, other=0.0)
+        d = tl.load(ih + 2 * H, mask=meh, other=0.0)
         z = s[None, :] + t
         e = tl.where(z > 0, z, z * negative_slope)
         alpha = tl.where(meh, tl.exp(e - lse_i), 0.0)
@@ -572,7 +576,9 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
     grid, item_row, item_start, item_slot = _items(sched_r, csr.ptr, n_dst)
     grad_dst = torch.empty((n_dst, H), dtype=cfg.acc, device=dev)
     part_dst = _partials(sched_r, (H,), cfg.acc, dev, lse)
-    d_buf = torch.empty((n_dst, H), dtype=cfg.acc, device=dev) if not scatter else lse
+    # pass C gathers (t_i, lse_i, D_i) per edge: one row of 3H values, padded to 16 bytes
+    aux_stride = -(-3 * H // 4) * 4
+    aux = torch.empty((n_dst, aux_stride), dtype=cfg.acc, device=dev) if not scatter else lse
     if scatter:
         grad_h = torch.zeros((n_src, H, C), dtype=cfg.acc, device=dev)
         grad_src = torch.zeros((n_src, H), dtype=cfg.acc, device=dev)
@@ -582,10 +588,10 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
         h, s_src, s_dst, out, lse, grad_out, d_extra, grad_alpha,
-        grad_dst, part_dst, d_buf, grad_h, grad_src,
-        *cfg.rng_args(), H, C, cfg.chunk,
+        grad_dst, part_dst, aux, grad_h, grad_src,
+        *cfg.rng_args(), H, C, cfg.chunk, aux_stride,
         HAS_ITEMS=sched_r is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
-        HAS_GALPHA=has_galpha, SCATTER_SRC=scatter, STORE_D=not scatter,
+        HAS_GALPHA=has_galpha, SCATTER_SRC=scatter, STORE_AUX=not scatter,
         BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
     )
     _combine_sums(sched_r, part_dst, grad_dst)
@@ -601,9 +607,9 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
             gat_bwd_col_kernel[(grid,)](
                 csc.ptr, csc.index, csc.perm,
                 item_row, item_start, item_slot,
-                h, s_src, s_dst, lse, d_buf, grad_out, grad_alpha,
+                h, s_src, aux, grad_out, grad_alpha,
                 grad_h, grad_src, part_h, part_src,
-                *cfg.rng_args(), H, C, cfg.chunk,
+                *cfg.rng_args(), H, C, cfg.chunk, aux_stride,
                 HAS_ITEMS=sched_c is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
                 HAS_GALPHA=has_galpha,
                 BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
