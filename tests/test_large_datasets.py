@@ -138,6 +138,23 @@ def test_generator_is_deterministic():
     assert not torch.equal(a.edge_index, b.edge_index) and not torch.equal(a.x, b.x)
 
 
+@pytest.mark.parametrize(
+    "seed, avg_degree, homophily, degree_sigma",
+    [(0, 2, 0.8, 1.2), (1, 2, 0.8, 1.2), (2, 3, 0.0, 2.5), (3, 40, 0.9, 0.1), (4, 8, 1.0, 1.2)],
+)
+def test_generator_invariants(seed, avg_degree, homophily, degree_sigma):
+    """Exact counts, simple symmetric graph, every node covered: sparse graphs (many
+    isolated nodes to rewire), no homophily, huge hubs (capped), near-regular degrees."""
+    data = generate_reddit_like(0.004, seed=seed, avg_degree=avg_degree, homophily=homophily,
+                                degree_sigma=degree_sigma)
+    n = round(232_965 * 0.004)
+    assert data.num_nodes == n and data.num_edges == 2 * round(n * avg_degree / 2)
+    check_simple_symmetric(data.edge_index, n)
+    assert int(degrees(data.edge_index, n).max()) <= n - 1
+    if homophily == 0.0:
+        assert edge_homophily(data) < 0.2  # chance ~0.03, plus the same-class rewiring of isolated nodes
+
+
 def test_reddit_default_degree_keeps_the_shape():
     """Without avg_degree the real mean degree (~492) is kept: exact edge count."""
     scale = 0.01  # 2330 nodes, 1,146,159 pairs = 2,292,318 directed edges (dense: 42% of all pairs)
@@ -253,6 +270,8 @@ def test_coalesce_edge_index():
         (dict(scale=1e-5), "nodes"),
         (dict(scale=0.002, avg_degree=400), "lower avg_degree"),
         (dict(scale=0.002, avg_degree=-1), "avg_degree"),
+        (dict(scale=0.002, avg_degree=1.5), "raise avg_degree"),
+        (dict(scale=0.002, avg_degree=30, homophily=1.0), "lower homophily"),
         (dict(scale=0.002, avg_degree=10, homophily=1.5), "homophily"),
         (dict(scale=0.002, avg_degree=10, class_sep=0), "class_sep"),
     ],

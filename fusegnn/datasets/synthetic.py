@@ -36,10 +36,11 @@ With ``N`` nodes, ``C`` classes and ``M`` undirected pairs to draw:
   binary search, fast on CPU and GPU.);
 * **edges**: self-loops are dropped and pairs deduplicated; pairs are drawn in rounds
   until at least ``M`` distinct ones exist, then a uniformly random ``M`` of them are
-  kept, so the count is **exact**. A node left isolated is joined to a random
-  non-isolated node of its class (by stub count), and as many random pairs are
-  removed, between nodes of degree at least 3 and at most one per node and side (so
-  the count stays exact and no node becomes isolated). Undirected graphs are stored
+  kept, so the count is **exact**. A node ``i`` left isolated gets an edge by
+  rewiring: a random (by stub count) node ``p`` of its class (rarely, of any class)
+  trades one of its pairs
+  ``(p, q)``, with ``deg(q) >= 2``, for ``(p, i)`` (so the count stays exact and no
+  node becomes isolated). Undirected graphs are stored
   in both directions, sorted by source then target (coalesced). Deduplication bites
   where pairs are dense, i.e. among hubs and within classes: the realised tail and
   the edge homophily are somewhat below what the weights and ``homophily`` ask for,
@@ -77,7 +78,8 @@ test, the rest train. Keeping the average degree makes small scales dense (Reddi
 ``s=0.01``: 2,330 nodes, 1.15M edges), so ``avg_degree`` overrides it: the
 average number of directed edges per node in what the loader returns (with
 ``to_undirected=False`` for OGB), e.g. ``scale=0.005, avg_degree=20`` for a tiny test
-graph. A pair count above a quarter of all possible pairs is refused.
+graph. A pair count above a quarter of all possible pairs, or below the number of
+nodes (mean undirected degree 2), is refused.
 
 Generation uses torch ops only, on ``device``; results are deterministic for a given
 ``seed`` and device type (CPU and CUDA random streams differ).
@@ -579,8 +581,11 @@ def _sample_pairs(
             f"{num_pairs} pairs on {n} nodes is more than {_MAX_DENSITY:.0%} of all {max_pairs} pairs; "
             f"lower avg_degree or raise scale"
         )
-    if num_pairs < (n + 1) // 2:
-        raise ValueError(f"{num_pairs} pairs cannot cover {n} nodes (no isolated nodes); raise avg_degree")
+    if num_pairs < n:
+        raise ValueError(
+            f"{num_pairs} pairs on {n} nodes: at least one per node (undirected degree 2) is needed "
+            f"to leave no node isolated; raise avg_degree"
+        )
     device = y.device
     w = torch.exp(degree_sigma * torch.randn(n, generator=gen, device=device, dtype=torch.float64))
     expected = (w * (2 * num_pairs / float(w.sum()))).clamp(max=0.5 * (n - 1))
@@ -592,17 +597,20 @@ def _sample_pairs(
 
     keys = torch.empty(0, dtype=torch.int64, device=device)
     draw = int(num_pairs * 1.2) + 1024
-    for _ in range(100):
+    while True:
         parts = [keys] + [sampler.keys(min(_CHUNK, draw - s)) for s in range(0, draw, _CHUNK)]
         merged = torch.unique(torch.cat(parts), sorted=True)
         gained, keys = merged.numel() - keys.numel(), merged
         del parts, merged
         if keys.numel() >= num_pairs:
             break
-        rate = max(gained / draw, 1e-3)  # fraction of draws that were new pairs
+        rate = gained / draw  # fraction of draws that were new pairs
+        if rate < 1e-3:
+            raise ValueError(
+                f"could not draw {num_pairs} distinct pairs on {n} nodes (got {keys.numel()}): the "
+                f"classes are too small for homophily={homophily} at this degree; lower homophily or avg_degree"
+            )
         draw = min(int((num_pairs - keys.numel()) / rate * 1.5) + 1024, 4 * num_pairs + 1024)
-    else:  # pragma: no cover - prevented by the density check
-        raise RuntimeError(f"could not draw {num_pairs} distinct pairs on {n} nodes")
     if keys.numel() > num_pairs:  # keep a uniformly random num_pairs of them
         keep = torch.randperm(keys.numel(), generator=gen, device=device)[:num_pairs]
         keys = keys[torch.sort(keep).values]
@@ -615,34 +623,47 @@ def _sample_pairs(
 def _connect_isolated(
     a: Tensor, b: Tensor, n: int, stubs: Tensor, y: Tensor, num_classes: int, gen: torch.Generator
 ) -> tuple[Tensor, Tensor]:
-    """Join every isolated node to a random (by stub count) non-isolated node of its
-    class and remove as many random pairs, chosen so that the pair count stays the same
-    and no node becomes isolated."""
-    degree = torch.bincount(a, minlength=n) + torch.bincount(b, minlength=n)
-    isolated = torch.nonzero(degree == 0).squeeze(1)
-    f = isolated.numel()
-    if f == 0:
-        return a, b
-    connected = stubs[degree[stubs] > 0]  # still grouped by class
-    partner = _StubSampler(connected, y, num_classes, 0.0, gen).class_nodes(y[isolated])
-    # Removable: pairs of nodes of degree >= 3, at most one per node as ``a`` and one as
-    # ``b`` (the first in a random order), so that no node loses more than two edges.
-    candidates = torch.nonzero((degree[a] >= 3) & (degree[b] >= 3)).squeeze(1)
-    candidates = candidates[torch.randperm(candidates.numel(), generator=gen, device=a.device)]
-    for end in (a, b):
-        node = end[candidates]
-        position = torch.arange(candidates.numel(), device=a.device)
-        first = torch.full((n,), candidates.numel(), device=a.device).scatter_reduce_(0, node, position, "amin")
-        candidates = candidates[first[node] == position]
-    if candidates.numel() < f:
-        raise RuntimeError(f"{f} isolated nodes but only {candidates.numel()} removable pairs; raise avg_degree")
-    drop = candidates[:f]
-    keep = torch.ones(a.numel(), dtype=torch.bool, device=a.device)
-    keep[drop] = False
-    keys = torch.cat([a[keep] * n + b[keep], torch.minimum(isolated, partner) * n + torch.maximum(isolated, partner)])
-    keys = torch.sort(keys).values
-    a = torch.div(keys, n, rounding_mode="floor")
-    return a, keys - a * n
+    """Give every isolated node ``i`` one edge by rewiring, keeping the pair count.
+
+    ``i`` gets a random (by stub count) non-isolated partner ``p`` of its class, and a
+    random pair ``(p, q)`` of ``p`` with ``deg(q) >= 2`` becomes ``(p, i)``: ``p`` keeps
+    its degree, ``q`` loses one edge (each ``q`` and each pair at most once per round),
+    so no node becomes isolated and no pair repeats (``i`` had none). Rounds repeat
+    for the isolated nodes whose draw was unusable (after 8 rounds with partners of any
+    class). Returns sorted pairs ``a < b``.
+    """
+    device = a.device
+    pair_ids = torch.arange(a.numel(), device=device)
+    for attempt in range(64):
+        degree = torch.bincount(a, minlength=n) + torch.bincount(b, minlength=n)
+        isolated = torch.nonzero(degree == 0).squeeze(1)
+        if isolated.numel() == 0:
+            keys = torch.sort(torch.minimum(a, b) * n + torch.maximum(a, b)).values
+            a = torch.div(keys, n, rounding_mode="floor")
+            return a, keys - a * n
+        isolated = isolated[torch.randperm(isolated.numel(), generator=gen, device=device)]
+        connected = stubs[degree[stubs] > 0]  # still grouped by class
+        sampler = _StubSampler(connected, y, num_classes, 0.0, gen)
+        if attempt < 8:
+            partner = sampler.class_nodes(y[isolated])
+        else:  # a tiny class may have no usable pair: any class then
+            partner = sampler.global_nodes(isolated.numel())
+        # the pairs incident to each node, grouped by node (CSR over both endpoints)
+        order = torch.argsort(torch.cat([a, b]), stable=True)
+        incident = torch.cat([pair_ids, pair_ids])[order]
+        ptr = torch.cumsum(degree, 0) - degree
+        pick = torch.randint(0, 1 << 62, (isolated.numel(),), generator=gen, device=device) % degree[partner]
+        pair = incident[ptr[partner] + pick]
+        other = a[pair] + b[pair] - partner
+        usable = degree[other] >= 2
+        for key in (pair, other):  # first use of each pair and each losing node only
+            position = torch.arange(key.numel(), device=device)
+            first = torch.full((n if key is other else a.numel(),), key.numel(), device=device)
+            first = first.scatter_reduce(0, key[usable], position[usable], "amin")
+            usable &= first[key] == position
+        a[pair[usable]], b[pair[usable]] = partner[usable], isolated[usable]
+    still = int((torch.bincount(a, minlength=n) + torch.bincount(b, minlength=n) == 0).sum())
+    raise RuntimeError(f"{still} nodes stay isolated; raise avg_degree")
 
 
 def _mirror_sorted(a: Tensor, b: Tensor, n: int) -> Tensor:
