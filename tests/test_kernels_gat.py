@@ -300,9 +300,22 @@ def test_gatconv_fused_matches_reference():
         torch.testing.assert_close(p1.grad, p2.grad, atol=1e-10, rtol=1e-9, msg=lambda m: f"{name}: {m}")
 
 
-def test_config_block_sizes():
-    # tiles stay around 4096 values and never have more edges than a typical row needs
-    assert gat_fused._block_sizes(1, 16, 492.0) == (128, 1, 16)
-    assert gat_fused._block_sizes(8, 8, 492.0) == (64, 8, 8)
-    assert gat_fused._block_sizes(8, 8, 4.5) == (16, 8, 8)
-    assert gat_fused._block_sizes(8, 7, 3.0)[1:] == (8, 8)
+def test_config_block_sizes_and_tuning():
+    # tiles of at most 2048 values, about 8 per thread, no more edges than a row needs
+    assert gat_fused._block_sizes(1, 16, 492.0) == (128, 1, 16, 8)
+    assert gat_fused._block_sizes(8, 8, 492.0) == (32, 8, 8, 8)
+    assert gat_fused._block_sizes(8, 8, 4.5) == (16, 8, 8, 4)
+    assert gat_fused._block_sizes(8, 7, 3.0)[1:3] == (8, 8)
+    graph = _graph()
+    h, s, t = _inputs(graph, 2, 3, seed=1)
+    ref = fused_gat_attention(graph, h, s, t)[0]
+    with gat_fused.tuning(block_e=4, num_warps=2, chunk=40):
+        cfg = gat_fused._Config(graph, h, s.dtype, SLOPE, 0.0, 0, "gar", 40)
+        assert (cfg.block_e, cfg.num_warps) == (4, 2)
+        torch.testing.assert_close(fused_gat_attention(graph, h, s, t)[0], ref, atol=1e-12, rtol=1e-12)
+    assert gat_fused._TUNING == {}
+    with pytest.raises(ValueError, match="power of two"):
+        with gat_fused.tuning(block_e=3):
+            pass
+    with pytest.raises(ValueError, match="chunk must be a positive int"):
+        fused_gat_attention(graph, h, s, t, chunk=0)

@@ -55,6 +55,7 @@ Accumulation is in float32 (float64 for float64 inputs); index arithmetic in int
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -71,7 +72,7 @@ from fusegnn.kernels._edge_utils import (
 )
 from fusegnn.sparse.graph import Graph
 
-__all__ = ["fused_gat_attention", "dropout_keep_mask", "GATAttentionFunction", "DEFAULT_CHUNK"]
+__all__ = ["fused_gat_attention", "dropout_keep_mask", "tuning", "GATAttentionFunction", "DEFAULT_CHUNK"]
 
 #: Longest run of edges one program handles before a row is split into several items.
 DEFAULT_CHUNK = 2048
@@ -437,13 +438,40 @@ sum_partials_kernel = LazyKernel(_sum_partials_kernel)
 _TL_ACC = {torch.float32: tl.float32, torch.float64: tl.float64}
 
 
-def _block_sizes(heads: int, channels: int, avg_degree: float) -> tuple[int, int, int]:
-    """(BLOCK_E, BLOCK_H, BLOCK_C): full-width head x channel tiles, BLOCK_E edges at a
-    time, sized so a tile holds about 4096 values and no more edges than a typical row."""
+def _block_sizes(heads: int, channels: int, avg_degree: float) -> tuple[int, int, int, int]:
+    """(BLOCK_E, BLOCK_H, BLOCK_C, num_warps): full-width head x channel tiles of BLOCK_E
+    edges, no more edges than a typical row has, at most 2048 values, and about 8 values
+    of a tile per thread (register use stays near 64-80 on sm_90: room for several
+    programs per SM, which these latency-bound gathers need)."""
     block_h, block_c = next_pow2(heads), next_pow2(channels)
     by_degree = min(max(next_pow2(math.ceil(avg_degree)), 16), 128)
-    by_width = max(4096 // (block_h * block_c), 2)
-    return min(by_degree, by_width), block_h, block_c
+    by_width = max(2048 // (block_h * block_c), 2)
+    block_e = min(by_degree, by_width)
+    num_warps = max(4, min(8, block_e * block_h * block_c // 256))
+    return block_e, block_h, block_c, num_warps
+
+
+_TUNING: dict = {}
+
+
+@contextlib.contextmanager
+def tuning(*, block_e: int | None = None, num_warps: int | None = None, chunk: int | None = None):
+    """Override the launch parameters of the fused GAT kernels inside the block (for
+    benchmark sweeps): edges per step ``block_e`` (a power of two), ``num_warps``, and the
+    default ``chunk`` (longest run of edges per work item)."""
+    previous = dict(_TUNING)
+    for key, value in (("block_e", block_e), ("num_warps", num_warps), ("chunk", chunk)):
+        if value is not None:
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key} must be a positive int, got {value!r}")
+            if key != "chunk" and value & (value - 1):
+                raise ValueError(f"{key} must be a power of two, got {value}")
+            _TUNING[key] = value
+    try:
+        yield
+    finally:
+        _TUNING.clear()
+        _TUNING.update(previous)
 
 
 def _rng64(num_edges: int, heads: int) -> bool:
@@ -503,7 +531,11 @@ class _Config:
         self.chunk = int(chunk)
         self.rng64 = _rng64(graph.num_edges, self.heads)
         self.acc = acc_dtype(torch.promote_types(h.dtype, scores_dtype))
-        self.block_e, self.block_h, self.block_c = _block_sizes(self.heads, self.channels, graph.avg_degree)
+        self.block_e, self.block_h, self.block_c, self.num_warps = _block_sizes(
+            self.heads, self.channels, graph.avg_degree
+        )
+        self.block_e = _TUNING.get("block_e", self.block_e)
+        self.num_warps = _TUNING.get("num_warps", self.num_warps)
 
     def rng_args(self):
         return self.seed, self.p, self.drop_scale, self.negative_slope
@@ -532,6 +564,7 @@ def _forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor) -> tuple[Ten
         H, C, cfg.chunk,
         HAS_ITEMS=sched is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
         BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=_TL_ACC[cfg.acc],
+        num_warps=cfg.num_warps,
     )
     if sched is not None and sched.split_groups.numel() > 0:
         gat_combine_kernel[(sched.split_groups.numel(),)](
@@ -593,6 +626,7 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
         HAS_ITEMS=sched_r is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
         HAS_GALPHA=has_galpha, SCATTER_SRC=scatter, STORE_AUX=not scatter,
         BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
+        num_warps=cfg.num_warps,
     )
     _combine_sums(sched_r, part_dst, grad_dst)
     if not scatter:
@@ -613,6 +647,7 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
                 HAS_ITEMS=sched_c is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
                 HAS_GALPHA=has_galpha,
                 BLOCK_E=cfg.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
+                num_warps=cfg.num_warps,
             )
         _combine_sums(sched_c, part_h, grad_h, part_src, grad_src)
     return grad_h, grad_src, grad_dst
@@ -670,7 +705,7 @@ def fused_gat_attention(
     seed: int | None = None,
     return_alpha: bool = False,
     variant: str = "gar",
-    chunk: int = DEFAULT_CHUNK,
+    chunk: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Fused GAT attention ``out_i = sum_j w_ji h_j`` (see the module docstring).
 
@@ -688,7 +723,8 @@ def fused_gat_attention(
             (post-dropout), in COO edge order; they are differentiable.
         variant: ``"gar"`` (two-pass backward over CSR and CSC) or ``"gas"`` (one-pass
             backward with atomics into the sources).
-        chunk: longest run of edges one program handles; longer rows are split.
+        chunk: longest run of edges one program handles; longer rows are split
+            (default :data:`DEFAULT_CHUNK`, or the value set by :func:`tuning`).
 
     Returns:
         ``(out [N_dst, H, C], alpha [E, H] or None)``. Inputs must be contiguous, on the
@@ -698,6 +734,10 @@ def fused_gat_attention(
         raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if chunk is None:
+        chunk = _TUNING.get("chunk", DEFAULT_CHUNK)
+    if not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
     h, score_src, score_dst = h.contiguous(), score_src.contiguous(), score_dst.contiguous()
     if dropout > 0.0 and seed is None:
         seed = _draw_seed()
