@@ -3,7 +3,7 @@ and PyG's ``GATConv``.
 
 Run on a CUDA machine from the repository root::
 
-    PYTHONUNBUFFERED=1 python benchmarks/kernels_gat_gpu.py --out $OUT [--stages check,time,layer]
+    PYTHONUNBUFFERED=1 python benchmarks/kernels_gat_gpu.py --out $OUT [--stages check,sweep,time,layer]
 
 Stages (all by default):
 
@@ -12,6 +12,9 @@ Stages (all by default):
   power-law graph with self-loops (H x C in {1 x 16, 8 x 8}), with dropout through the
   explicit keep mask, bf16 forward; the caching allocator poisoned with NaN first so an
   unwritten output shows up; ``gar`` run twice must be bitwise identical.
+* ``sweep`` -- fused ``gar`` forward + backward on the PubMed- and Reddit-sized graphs over
+  ``block_e`` x ``num_warps`` x ``chunk`` (:func:`fusegnn.kernels.gat_fused.tuning`),
+  against the default launch parameters; prints the best of each shape.
 * ``time``  -- the attention op alone (``out = sum_j alpha_ji h_j`` from ``h``, ``score_src``,
   ``score_dst``), forward + backward, medians of ``triton.testing.do_bench``: fused
   ``gar`` / ``gas``, the reference composition (sddmm -> leaky_relu -> edge_softmax ->
@@ -24,7 +27,9 @@ Stages (all by default):
   forward + backward, fusegnn (``gar``, ``gas``) vs PyG ``GATConv`` (which adds the
   self-loops on every call; fusegnn caches its processed graph on the ``Graph``).
 
-Prints tables at the end and writes everything to ``$OUT/gat_gpu.json``. Out-of-memory
+Prints tables at the end and writes everything to ``$OUT/gat_gpu.json``. The whole run
+takes several minutes on an H100 (the sweep alone 3-5); under a 10-minute limit run
+``--stages check,time,layer`` and ``--stages sweep`` separately. Out-of-memory
 cases are recorded as ``"OOM"``. ``--smoke`` runs every stage at toy sizes (also on the CPU
 through ``TRITON_INTERPRET=1``) to check the script itself.
 """
@@ -51,6 +56,7 @@ if str(ROOT) not in sys.path:
 
 import torch.nn.functional as F  # noqa: E402
 
+from fusegnn.kernels import gat_fused  # noqa: E402
 from fusegnn.kernels.gat_fused import dropout_keep_mask, fused_gat_attention  # noqa: E402
 from fusegnn.layers import GATConv  # noqa: E402
 from fusegnn.sparse import Graph, add_self_loops, dispatch, gat_attention, remove_self_loops  # noqa: E402
@@ -271,6 +277,48 @@ def stage_time(graphs: dict, smoke: bool) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------------ launch sweep
+def stage_sweep(graphs: dict, smoke: bool) -> dict:
+    out = {}
+    for name in ("pubmed", "reddit"):
+        if name not in graphs:
+            continue
+        graph = graphs[name]
+        for heads, channels in ((1, 16), (8, 8)):
+            h, s, t = inputs(graph, heads, channels)
+            grad = torch.randn(graph.num_nodes, heads, channels, device=DEV)
+
+            def step():
+                o = fused_gat_attention(graph, h, s, t, SLOPE, DROPOUT, variant="gar")[0]
+                torch.autograd.grad(o, (h, s, t), grad)
+
+            cfg = gat_fused._Config(graph, h, s.dtype, SLOPE, DROPOUT, 0, "gar", gat_fused.DEFAULT_CHUNK)
+            default = dict(block_e=cfg.block_e, num_warps=cfg.num_warps, chunk=gat_fused.DEFAULT_CHUNK)
+            results = [dict(default, ms=bench(step), default=True)]
+            block_es = (16, 64) if smoke else (16, 32, 64, 128)
+            warps = (4,) if smoke else (4, 8)
+            chunks = (gat_fused.DEFAULT_CHUNK,) if smoke else (1024, 4096)
+            for be in block_es:
+                if be * cfg.block_h * cfg.block_c > 8192:
+                    continue
+                for nw in warps:
+                    for ch in chunks:
+                        with gat_fused.tuning(block_e=be, num_warps=nw, chunk=ch):
+                            try:
+                                ms = bench(step)
+                            except Exception as err:  # noqa: BLE001 - e.g. out of registers
+                                log(f"[sweep] {name} H{heads} C{channels} be={be} nw={nw} chunk={ch}: {type(err).__name__}")
+                                continue
+                        results.append(dict(block_e=be, num_warps=nw, chunk=ch, ms=ms))
+            best = min(results, key=lambda r: r["ms"])
+            key = f"{name}_H{heads}_C{channels}"
+            out[key] = dict(default=results[0], best=best, all=results)
+            log(f"[sweep] {key}: default {results[0]['ms']:.3f} ms {default}; best {best['ms']:.3f} ms {best}")
+            free()
+    RESULTS["sweep"] = out
+    return out
+
+
 # ------------------------------------------------------------------------ full layer
 def stage_layer(graphs: dict, sizes: dict) -> list[dict]:
     from torch_geometric.nn import GATConv as PygGAT
@@ -333,7 +381,7 @@ def _table(rows: list[dict], title: str):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--stages", default="check,time,layer")
+    parser.add_argument("--stages", default="check,sweep,time,layer")
     parser.add_argument("--graphs", default="cora,pubmed,reddit")
     parser.add_argument("--smoke", action="store_true", help="toy sizes, to test the script")
     args = parser.parse_args()
@@ -353,7 +401,7 @@ def main():
         if "check" in stages:
             stage_check(args.smoke)
         graphs = {}
-        if "time" in stages or "layer" in stages:
+        if any(stage in stages for stage in ("sweep", "time", "layer")):
             RESULTS["graphs"] = {}
             for name in args.graphs.split(","):
                 n, e, sigma, _ = sizes[name]
@@ -368,6 +416,8 @@ def main():
                 RESULTS["graphs"][name] = info
                 log(f"[graph] {name}: {info}")
                 graphs[name] = graph
+        if "sweep" in stages:
+            stage_sweep(graphs, args.smoke)
         if "time" in stages:
             time_rows = stage_time(graphs, args.smoke)
         if "layer" in stages:
@@ -377,6 +427,8 @@ def main():
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "gat_gpu.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    for key, res in RESULTS.get("sweep", {}).items():
+        log(f"sweep {key}: default {res['default']['ms']:.3f} ms, best {res['best']['ms']:.3f} ms with {res['best']}")
     _table(time_rows, "attention op (h, score_src, score_dst -> out), forward + backward, dropout 0.6")
     _table(layer_rows, "GATConv layer, forward + backward, dropout 0.6")
     log(f"elapsed {RESULTS['elapsed_s']:.0f} s; auto picks {dispatch.GAR_MIN_AVG_DEGREE=}")
