@@ -19,7 +19,8 @@ Backward (``g`` the gradient of :math:`\alpha`):
 
 the same two-pass row kernel on the saved output. A target's edges are one program: a
 hub with tens of thousands of edges is a long serial loop (the fused GAT kernels of
-:mod:`fusegnn.kernels.gat_fused` split such rows instead).
+:mod:`fusegnn.kernels.gat_fused` split such rows instead). The backward is not itself
+differentiable (``once_differentiable``: double backward raises).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from fusegnn.kernels._edge_utils import LazyKernel, acc_dtype, next_pow2
 from fusegnn.sparse.graph import Graph
@@ -137,6 +139,7 @@ class EdgeSoftmaxFunction(torch.autograd.Function):
         return alpha
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_alpha: Tensor):
         (alpha,) = ctx.saved_tensors
         grad_alpha = grad_alpha.contiguous()

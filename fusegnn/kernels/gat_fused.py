@@ -51,6 +51,8 @@ item writes its partial sums and a second kernel adds them in item order. So ``"
 is bitwise reproducible; ``"gas"`` is not (its atomics).
 
 Accumulation is in float32 (float64 for float64 inputs); index arithmetic in int64.
+The backward is not itself differentiable (``once_differentiable``: double backward
+raises); use the reference composition for higher-order gradients.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from fusegnn.kernels._edge_utils import (
     ChunkSchedule,
@@ -70,6 +73,7 @@ from fusegnn.kernels._edge_utils import (
     chunk_schedule,
     next_pow2,
 )
+from fusegnn.kernels.sddmm import edge_to_node_sum
 from fusegnn.sparse.graph import Graph
 
 __all__ = ["fused_gat_attention", "dropout_keep_mask", "tuning", "GATAttentionFunction", "DEFAULT_CHUNK"]
@@ -598,9 +602,8 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
     if has_galpha:
         grad_alpha = grad_alpha.contiguous()
         # D_i gains sum_k w_ki * grad_w_ki (w: the returned, post-dropout coefficients).
-        d_extra = torch.zeros((n_dst, H), dtype=cfg.acc, device=dev).index_add_(
-            0, graph.dst.long(), alpha.to(cfg.acc) * grad_alpha.to(cfg.acc)
-        )
+        # (a row sum over the CSR: deterministic, no atomics)
+        d_extra = edge_to_node_sum(graph, alpha.to(cfg.acc) * grad_alpha.to(cfg.acc), "dst")
     else:
         d_extra = grad_alpha = lse
     scatter = cfg.variant == "gas"
@@ -658,6 +661,7 @@ class GATAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, s_src, s_dst, cfg: _Config, return_alpha: bool):
+        ctx.set_materialize_grads(False)  # an unused output (e.g. alpha) gets no gradient
         graph = cfg.graph
         ctx.empty = graph.num_edges == 0 or graph.num_dst_nodes == 0
         if ctx.empty:  # no edges: every output row is zero
@@ -675,6 +679,7 @@ class GATAttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out, grad_second):
         h, s_src, s_dst, out, lse, alpha = ctx.saved_tensors
         cfg: _Config = ctx.cfg

@@ -23,6 +23,9 @@ Backward, with :math:`g` the gradient of the ``[E, ...]`` output:
   its CSC / CSR group (reading the edges' gradients in COO order through ``perm``; no
   atomics, deterministic). A node's edges are one program: a hub of tens of thousands of
   edges is a long serial loop there (the fused GAT kernels split such rows instead).
+
+The backward is not itself differentiable (``once_differentiable``: double backward
+raises); use ``aggregation="reference"`` for higher-order gradients.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from fusegnn.kernels._edge_utils import LazyKernel, acc_dtype, next_pow2
 from fusegnn.sparse.graph import Graph
@@ -213,6 +217,7 @@ class SddmmFunction(torch.autograd.Function):
         return _launch_sddmm(graph, a, b, op)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
         graph, op, family = ctx.graph, ctx.op, ctx.family
