@@ -74,6 +74,24 @@ def test_all_equal_keys_and_descending():
     assert torch.equal(_stable_group_perm(group, 7), torch.argsort(group, stable=True))
 
 
+@pytest.mark.parametrize("first", ["csr", "degrees"])
+def test_degrees_and_conversion_agree_in_either_order(first):
+    """Converting first caches the degrees read off the sort; degrees first are reused."""
+    ei = random_graph(25, 300, 7, hub_degree=80)
+    ei = ei[:, torch.argsort(ei[0], stable=True)]  # sources sorted: CSC takes the identity path
+    g = Graph(ei, 25)
+    if first == "csr":
+        g.csr, g.csc  # noqa: B018
+    else:
+        g.in_degree, g.out_degree  # noqa: B018
+    assert torch.equal(g.in_degree, torch.bincount(ei[1], minlength=25))
+    assert torch.equal(g.out_degree, torch.bincount(ei[0], minlength=25))
+    assert g.in_degree.dtype == torch.int64
+    _assert_same(g.csr, _expected(ei[1], ei[0], 25))
+    _assert_same(g.csc, _expected(ei[0], ei[1], 25))
+    assert g.csc.index.data_ptr() != ei[1].data_ptr()  # a copy, not a view of edge_index
+
+
 def test_compress_does_not_touch_inputs():
     ei = random_graph(15, 100, 6)
     before = ei.clone()

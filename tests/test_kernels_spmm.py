@@ -128,6 +128,9 @@ def test_int64_offsets(path, monkeypatch):
     graph = _graph(num_nodes=12, num_edges=120, seed=7, hub=60, dtype=torch.int32)
     x, w = _inputs(graph, 2, 3, "eh", seed=7)
     _check(graph, x, w, path)
+    if path == "gar":  # the banded variant has its own partial-sum offsets
+        with fused.tuning(gar=lambda f, es, dot: gar_config(f, es, dot=dot)._replace(seg_len=SEG_LEN, bands=2)):
+            _check(graph, x, w, path)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -249,8 +252,11 @@ def test_double_backward_raises(path):
         ("gar", dict(gar=spmm_gar.GarConfig(block_e=8, block_f=4, seg_len=SEG_LEN, hints=True, prefetch=True))),
         ("gar", dict(gar=spmm_gar.GarConfig(block_e=4, block_f=8, seg_len=SEG_LEN, prefetch=True, col_major=False))),
         ("gar", dict(gar=lambda f, es, dot: gar_config(f, es, dot=dot, avg_degree=3.0)._replace(seg_len=SEG_LEN))),
+        ("gar", dict(gar=lambda f, es, dot: gar_config(f, es, dot=dot)._replace(seg_len=SEG_LEN, bands=3))),
+        ("gar", dict(gar=spmm_gar.GarConfig(block_e=8, block_f=4, seg_len=SEG_LEN, bands=2, col_major=False))),
     ],
-    ids=["gas-runs", "gas-noruns", "gar-hints-prefetch", "gar-prefetch-rowmajor", "gar-lowdeg"],
+    ids=["gas-runs", "gas-noruns", "gar-hints-prefetch", "gar-prefetch-rowmajor", "gar-lowdeg", "gar-bands3",
+         "gar-bands2-rowmajor"],
 )
 def test_kernel_variants_on_sorted_coo(path, override):
     """Launch variants on a COO sorted by source (so GAS's backward scatter row comes in
@@ -389,6 +395,16 @@ def test_backends_registered_and_explained():
         dispatch.explain(graph, x.to(torch.int64), aggregation="gar")
 
 
+def test_auto_threshold_follows_the_calibration():
+    table = dict(dispatch.GAR_CROSSOVER)
+    for width, degree in table.items():
+        assert dispatch.gar_min_avg_degree(width) == pytest.approx(degree)
+    assert dispatch.gar_min_avg_degree(1) == table[16] and dispatch.gar_min_avg_degree(4096) == table[256]
+    between = dispatch.gar_min_avg_degree(32)
+    assert table[64] < between < table[16]
+    assert dispatch.gar_min_avg_degree(None) == dispatch.GAR_MIN_AVG_DEGREE
+
+
 def test_supports_cpu_only_under_the_interpreter(monkeypatch):
     graph = Graph(random_graph(10, 50, 22), 10)
     x = torch.randn(10, 3)
@@ -448,7 +464,7 @@ def test_gpu_large_graph(path, feat, heads):
 def test_gpu_auto_rule_and_determinism():
     graph = _power_law_graph(5_000, 200_000, seed=1)
     x = torch.randn(5_000, 32, device="cuda")
-    assert dispatch.explain(graph, x).name == ("gar" if graph.avg_degree >= dispatch.GAR_MIN_AVG_DEGREE else "gas")
+    assert dispatch.explain(graph, x).name == ("gar" if graph.avg_degree >= dispatch.gar_min_avg_degree(32) else "gas")
     with dispatch.deterministic():
         assert dispatch.explain(graph, x).name == "gar"
         a = spmm(graph, x)

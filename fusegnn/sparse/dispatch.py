@@ -12,8 +12,11 @@ Every public op takes ``aggregation``:
      interpreter, which only explicit ``"gas"`` / ``"gar"`` use on the CPU);
   2. in deterministic mode (below) GAR, which has no atomics;
   3. otherwise fuseGNN's rule: GAR when the graph's average in-degree is at least
-     :data:`GAR_MIN_AVG_DEGREE`, GAS below it (the threshold was calibrated by the sweep
-     in ``benchmarks/kernels_spmm_gpu.py``, see ``benchmarks/NOTES-spmm.md``);
+     :func:`gar_min_avg_degree` of the feature width (38 at 16 columns, 20 at 64, 5 at
+     256: the sweep in ``benchmarks/kernels_spmm_gpu.py``, see
+     ``benchmarks/NOTES-spmm.md``), GAS below it. The threshold assumes the CSR / CSC
+     formats are reused (transductive training); the first GAR call on a graph also
+     pays the conversion;
   4. the reference when no kernel backend can run (Triton missing, unsupported dtype).
 
 **Seeing the choice.** :func:`explain` returns the :class:`Decision` (backend name and
@@ -52,6 +55,8 @@ from fusegnn.sparse.graph import Graph
 __all__ = [
     "AGGREGATIONS",
     "GAR_MIN_AVG_DEGREE",
+    "GAR_CROSSOVER",
+    "gar_min_avg_degree",
     "Backend",
     "Decision",
     "register_backend",
@@ -69,9 +74,29 @@ __all__ = [
 
 AGGREGATIONS = ("auto", "gas", "gar", "reference")
 
-# Average in-degree at and above which "auto" prefers GAR over GAS on a GPU; calibrated
-# on an H100 by benchmarks/kernels_spmm_gpu.py (see benchmarks/NOTES-spmm.md).
-GAR_MIN_AVG_DEGREE = 8.0
+# Average in-degree at and above which "auto" prefers GAR over GAS on a GPU, by feature
+# width (columns of x: H * F). Calibrated on an H200 by the "calib" stage of
+# benchmarks/kernels_spmm_gpu.py (fp32, forward + backward, formats cached; see
+# benchmarks/NOTES-spmm.md): GAS's atomics cost grows with the width, GAR's per-row
+# overhead does not, so the crossover degree falls as the features widen. Between the
+# measured widths the threshold is interpolated log-log; outside, it is held constant.
+GAR_CROSSOVER: tuple[tuple[int, float], ...] = ((16, 38.0), (64, 20.0), (256, 5.0))
+# The threshold when the width is unknown (that of 64 columns).
+GAR_MIN_AVG_DEGREE = 20.0
+
+
+def gar_min_avg_degree(width: int | None) -> float:
+    """Average degree from which ``"auto"`` picks GAR for ``width`` feature columns."""
+    if width is None:
+        return GAR_MIN_AVG_DEGREE
+    points = GAR_CROSSOVER
+    if width <= points[0][0]:
+        return points[0][1]
+    for (w0, d0), (w1, d1) in zip(points, points[1:]):
+        if width <= w1:
+            t = math.log(width / w0) / math.log(w1 / w0)
+            return math.exp(math.log(d0) + t * (math.log(d1) - math.log(d0)))
+    return points[-1][1]
 
 
 @dataclass(frozen=True)
@@ -224,12 +249,12 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto") -> Decisi
         return Decision("reference", "deterministic mode and GAR cannot run on these inputs")
     avg = graph.avg_degree
     width = _feature_width(tensors)
-    if avg >= GAR_MIN_AVG_DEGREE:
-        order, why = ("gar", "gas"), f"average degree {avg:.1f} >= {GAR_MIN_AVG_DEGREE:g}"
+    threshold = gar_min_avg_degree(width)
+    if avg >= threshold:
+        order, why = ("gar", "gas"), f"average degree {avg:.1f} >= {threshold:.1f}"
     else:
-        order, why = ("gas", "gar"), f"average degree {avg:.1f} < {GAR_MIN_AVG_DEGREE:g}"
-    if width is not None:
-        why += f" (feature width {width})"
+        order, why = ("gas", "gar"), f"average degree {avg:.1f} < {threshold:.1f}"
+    why += f" (GAR threshold for feature width {width})" if width is not None else " (feature width unknown)"
     for name in order:
         if _usable(name, graph, tensors):
             return Decision(name, why)

@@ -303,12 +303,20 @@ class Graph:
     @property
     def csr(self) -> CompressedEdges:
         """Edges grouped by target: ``index`` holds sources (GAR forward)."""
-        return self._cached("csr", lambda: _compress(self.dst, self.src, self.in_degree))
+        return self._cached("csr", lambda: self._group("in_degree", self.dst, self.src, self._num_dst))
 
     @property
     def csc(self) -> CompressedEdges:
         """Edges grouped by source: ``index`` holds targets (GAR backward)."""
-        return self._cached("csc", lambda: _compress(self.src, self.dst, self.out_degree))
+        return self._cached("csc", lambda: self._group("out_degree", self.src, self.dst, self._num_src))
+
+    def _group(self, degree_key: str, group: Tensor, other: Tensor, num_groups: int) -> CompressedEdges:
+        """:func:`_compress`, reusing cached degrees or else caching the ones it finds
+        (``bincount`` is slow on sorted ids, where every atomic hits one counter)."""
+        compressed = _compress(group, other, self._cache.get(degree_key), num_groups)
+        if degree_key not in self._cache:
+            self._cache[degree_key] = compressed.ptr[1:] - compressed.ptr[:-1]
+        return compressed
 
     def cached(self, key: str, compute):
         """Cache ``compute()`` on this graph under ``key`` (for graph processing results
@@ -357,39 +365,63 @@ class Graph:
         return dense
 
 
-def _compress(group: Tensor, other: Tensor, counts: Tensor) -> CompressedEdges:
+def _compress(
+    group: Tensor, other: Tensor, counts: Tensor | None = None, num_groups: int | None = None
+) -> CompressedEdges:
     """Group edges by ``group`` with a stable sort: all tensor ops, on the graph's device.
 
-    ``ptr`` is the cumulative sum of the group sizes; ``perm`` a stable sort of ``group``
-    (:func:`_stable_group_perm`), so edges of one group keep their COO order and the
-    result is the same on every run and device.
+    ``perm`` stably sorts ``group`` (:func:`_stable_group_sort`), so edges of one group
+    keep their COO order and the result is the same on every run and device. ``ptr`` is
+    the cumulative sum of ``counts`` (the group sizes) when given, else it is read off
+    the sorted ids with a binary search per group.
     """
-    ptr = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=group.device)
-    torch.cumsum(counts, dim=0, out=ptr[1:])
-    perm = _stable_group_perm(group, counts.numel())
-    return CompressedEdges(ptr=ptr, index=other[perm], perm=perm)
+    if num_groups is None:
+        if counts is None:
+            raise ValueError("_compress needs counts or num_groups")
+        num_groups = counts.numel()
+    perm, keys = _stable_group_sort(group, num_groups)
+    if counts is not None:
+        ptr = torch.zeros(num_groups + 1, dtype=torch.int64, device=group.device)
+        torch.cumsum(counts, dim=0, out=ptr[1:])
+    else:
+        if num_groups >= torch.iinfo(keys.dtype).max:
+            keys = keys.to(torch.int64)
+        bounds = torch.arange(num_groups + 1, dtype=keys.dtype, device=group.device)
+        ptr = torch.searchsorted(keys, bounds)
+    index = other.clone() if perm is None else other[perm]
+    if perm is None:
+        perm = torch.arange(group.numel(), dtype=torch.int64, device=group.device)
+    return CompressedEdges(ptr=ptr, index=index, perm=perm)
 
 
-def _stable_group_perm(group: Tensor, num_groups: int) -> Tensor:
-    """int64 permutation that stably sorts ``group`` (ids in ``[0, num_groups)``).
+def _stable_group_sort(group: Tensor, num_groups: int) -> tuple[Tensor | None, Tensor]:
+    """``(perm, group[perm])`` for a stable sort of ``group`` (ids in ``[0, num_groups)``);
+    ``perm`` is ``None`` when ``group`` is already sorted (the identity).
 
-    Two shortcuts over a plain ``argsort(stable=True)``, which on a GPU is several times
-    slower for int64 keys (Reddit, 114.6M edges: 89 ms for CSR + CSC):
+    Two shortcuts over a plain ``argsort(stable=True)`` (on an H200 with 114.6M edges:
+    stable int64 sort 10.1 ms, int32 4.7 ms, see ``benchmarks/NOTES-spmm.md``):
 
     * a ``group`` that is already sorted (a coalesced ``edge_index`` grouped by this
-      endpoint) needs no sort: ``perm`` is the identity (one pass to check);
+      endpoint) needs no sort (one pass to check);
     * otherwise the keys are sorted as int32 when the ids fit, which halves the radix
       passes of the GPU's stable (radix) sort.
     """
     num_edges = group.numel()
-    if num_edges == 0:
-        return torch.empty(0, dtype=torch.int64, device=group.device)
     on_meta = group.device.type == "meta"  # holds no values to inspect
-    if num_edges == 1 or (not on_meta and bool((group[1:] >= group[:-1]).all())):
-        return torch.arange(num_edges, dtype=torch.int64, device=group.device)
+    if num_edges <= 1 or (not on_meta and bool((group[1:] >= group[:-1]).all())):
+        return None, group
     if group.dtype != torch.int32 and num_groups <= torch.iinfo(torch.int32).max:
         group = group.to(torch.int32)
-    return torch.sort(group, stable=True).indices
+    keys, perm = torch.sort(group, stable=True)
+    return perm, keys
+
+
+def _stable_group_perm(group: Tensor, num_groups: int) -> Tensor:
+    """int64 permutation that stably sorts ``group`` (see :func:`_stable_group_sort`)."""
+    perm, _ = _stable_group_sort(group, num_groups)
+    if perm is None:
+        return torch.arange(group.numel(), dtype=torch.int64, device=group.device)
+    return perm
 
 
 def _as_count(value: Any, name: str) -> int:
