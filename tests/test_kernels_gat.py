@@ -172,6 +172,24 @@ def test_gradcheck_with_dropout():
     assert torch.autograd.gradcheck(fn, (h, s, t), eps=1e-6, atol=1e-7, fast_mode=True)
 
 
+def test_gradient_through_alpha_only_and_no_double_backward():
+    graph = _graph(num_nodes=10, num_edges=50, hub=20)
+    h, s, t = _inputs(graph, 2, 3, seed=6)
+    out, alpha = fused_gat_attention(graph, h, s, t, SLOPE, 0.3, seed=4, return_alpha=True, chunk=8)
+    weight = torch.randn(alpha.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
+    got = torch.autograd.grad((alpha * weight).sum(), (h, s, t), allow_unused=True)
+    keep = dropout_keep_mask(graph.num_edges, 2, 0.3, 4, DEVICE)
+    hr, sr, tr = (v.detach().clone().requires_grad_() for v in (h, s, t))
+    want = torch.autograd.grad((_reference(graph, hr, sr, tr, keep, 0.3)[1] * weight).sum(), (hr, sr, tr), allow_unused=True)
+    assert got[0] is None or bool((got[0] == 0).all())  # h does not reach alpha
+    for a, b in zip(got[1:], want[1:]):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+    out = fused_gat_attention(graph, h, s, t)[0]
+    (gh,) = torch.autograd.grad(out.square().sum(), (h,), create_graph=True)
+    with pytest.raises(RuntimeError):
+        gh.sum().backward()
+
+
 def test_isolated_targets_get_zeros_and_no_nan():
     graph = _graph(num_nodes=16, num_edges=40, hub=0)
     assert (graph.in_degree == 0).any()
