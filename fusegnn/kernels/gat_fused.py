@@ -133,7 +133,7 @@ def _gat_fwd_kernel(
         pexp = tl.exp(e - m_safe[None, :])
         l = l * rescale + tl.sum(pexp, axis=0)
         if DROPOUT:
-            cid = tl.load(perm + pos, mask=me, other=0)
+            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
             rng = cid[:, None] * H + offs_h[None, :]
             if not RNG64:
                 rng = rng.to(tl.int32)
@@ -251,7 +251,7 @@ def _gat_bwd_row_kernel(
         ).to(ACC)
         dp = tl.sum(g[None, :, :] * hj, axis=2)
         if DROPOUT or HAS_GALPHA:
-            cid = tl.load(perm + pos, mask=me, other=0)
+            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         if HAS_GALPHA:
             dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         w = alpha
@@ -336,7 +336,7 @@ def _gat_bwd_col_kernel(
         ).to(ACC)
         dp = tl.sum(gi * hj[None, :, :], axis=2)
         if DROPOUT or HAS_GALPHA:
-            cid = tl.load(perm + pos, mask=me, other=0)
+            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         if HAS_GALPHA:
             dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         w = alpha
