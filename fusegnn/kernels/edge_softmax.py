@@ -55,7 +55,7 @@ def _edge_softmax_fwd_kernel(
         pos = e0 + offs
         me = pos < end
         mask = me[:, None] & mh[None, :]
-        eid = tl.load(perm + pos, mask=me, other=0)
+        eid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         s = tl.load(scores + eid[:, None] * H + hd[None, :], mask=mask, other=float("-inf")).to(ACC)
         m_new = tl.maximum(m, tl.max(s, axis=0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -67,7 +67,7 @@ def _edge_softmax_fwd_kernel(
         pos = e0 + offs
         me = pos < end
         mask = me[:, None] & mh[None, :]
-        eid = tl.load(perm + pos, mask=me, other=0)
+        eid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         s = tl.load(scores + eid[:, None] * H + hd[None, :], mask=mask, other=float("-inf")).to(ACC)
         a = tl.exp(s - m_safe[None, :]) * inv[None, :]
         tl.store(alpha + eid[:, None] * H + hd[None, :], a.to(alpha.dtype.element_ty), mask=mask)
@@ -88,7 +88,7 @@ def _edge_softmax_bwd_kernel(
         pos = e0 + offs
         me = pos < end
         mask = me[:, None] & mh[None, :]
-        eid = tl.load(perm + pos, mask=me, other=0)
+        eid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         off = eid[:, None] * H + hd[None, :]
         a = tl.load(alpha + off, mask=mask, other=0.0).to(ACC)
         g = tl.load(grad_alpha + off, mask=mask, other=0.0).to(ACC)
@@ -97,7 +97,7 @@ def _edge_softmax_bwd_kernel(
         pos = e0 + offs
         me = pos < end
         mask = me[:, None] & mh[None, :]
-        eid = tl.load(perm + pos, mask=me, other=0)
+        eid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         off = eid[:, None] * H + hd[None, :]
         a = tl.load(alpha + off, mask=mask, other=0.0).to(ACC)
         g = tl.load(grad_alpha + off, mask=mask, other=0.0).to(ACC)

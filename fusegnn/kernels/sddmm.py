@@ -102,7 +102,7 @@ def _edge_to_node_kernel(
         pos = e0 + tl.arange(0, BLOCK_E)
         me = pos < end
         mask = me[:, None] & mw[None, :]
-        eid = tl.load(perm + pos, mask=me, other=0)
+        eid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         v = tl.load(grad + eid[:, None] * W + w[None, :], mask=mask, other=0.0).to(ACC)
         if HAS_OTHER:
             k = tl.load(other_idx + pos, mask=me, other=0).to(tl.int64)
