@@ -238,7 +238,7 @@ def stage_convert(graph: Graph, smoke: bool):
 class Big:
     """The big graph's operands, in every order the paths need."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, cusparse: bool = True):
         self.graph = graph
         n, e = graph.num_nodes, graph.num_edges
         gen = torch.Generator(device=DEV).manual_seed(3)
@@ -253,7 +253,7 @@ class Big:
         self.src = graph.src.contiguous()
         self.dst = graph.dst.contiguous()
         self.cusparse = {}
-        for idx in (torch.int32, torch.int64):
+        for idx in (torch.int32, torch.int64) if cusparse else ():
             csr, csc = graph.csr, graph.csc
             self.cusparse[idx] = (
                 torch.sparse_csr_tensor(csr.ptr.to(idx), csr.index.to(idx), self.w[csr.perm], (n, n)),
@@ -353,140 +353,189 @@ def triton_next_pow2(n):
 
 
 def stage_sweep(big: Big, smoke: bool, budget_s: float):
+    """Greedy search from the defaults: source bands (L2-sized working set), the strip
+    width, the tile height, the segment length. Each candidate is timed twice and the
+    faster median kept (GAR timings are bimodal from one do_bench call to the next)."""
     out = {}
     best = {}
     feats = (16,) if smoke else FEATS
-    for i, feat in enumerate(feats):
+    for feat in feats:
         _DEADLINE[0] = time.perf_counter() + budget_s / len(feats)
         x = big.x(feat)
         g = big.x(feat, seed=1)
-        fs = _tile_space(feat)
-        # GAR forward
         start = gar_config(feat, 4)
-        space = [
-            ("block_f", fs),
-            ("block_e", [max(t // start.block_f, 1) for t in (1024, 4096)]),
-            ("num_warps", [2, 8]),
-            ("seg_len", [256, 4096]),
-            ("num_stages", [3]),
-            ("col_major", [False]),
+        space = [("bands", [2, 3, 4])]
+        if feat >= 128:
+            space += [("block_f", [128]), ("bands", [2, 4, 8])]
+        space += [
+            ("block_e", [max(start.block_e // 2, 1), start.block_e * 2]),
+            ("seg_len", [4096]),
         ]
         if smoke:
-            space = [("block_e", [64]), ("seg_len", [256])]
+            space = [("bands", [2])]
 
         def gar_measure(cfg, x=x):
-            return bench(lambda: gar_fwd(big, x, cfg))
+            return min(bench(lambda: gar_fwd(big, x, cfg)) for _ in range(2))
 
         b, t, trials = _greedy(f"gar fwd F={feat}", start, space, gar_measure)
-        # second round on block_e now that block_f / warps may have moved
-        b, t, trials2 = _greedy(
-            f"gar fwd F={feat} (round 2)", b,
-            [("block_e", [max(tt // b.block_f, 1) for tt in (1024, 2048, 4096, 8192)])] if not smoke else [],
-            gar_measure,
-        )
         best[f"gar_{feat}"] = b
-        out[f"gar_fwd_F{feat}"] = dict(best=b._asdict(), ms=t, trials=trials + trials2)
-        # GAR backward with the fused weight gradient (block_f must span F)
-        full = triton_next_pow2(feat)
-        start = gar_config(feat, 4, dot=True)._replace(seg_len=b.seg_len)
-        space = [("block_e", [max(tt // full, 1) for tt in (1024, 4096)])]
-        if smoke:
-            space = []
-        bd, td, trials = _greedy(f"gar bwd+dot F={feat}", start, space, lambda cfg: bench(lambda: gar_bwd(big, g, cfg, x)))
+        out[f"gar_fwd_F{feat}"] = dict(best=b._asdict(), ms=t, trials=trials)
+        start = gar_config(feat, 4, dot=True)
+        space = [("bands", [2])] if not smoke else []
+        bd, td, trials = _greedy(
+            f"gar bwd+dot F={feat}", start, space,
+            lambda cfg: min(bench(lambda: gar_bwd(big, g, cfg, x)) for _ in range(2)),
+        )
         best[f"gar_dot_{feat}"] = bd
         out[f"gar_bwd_dot_F{feat}"] = dict(best=bd._asdict(), ms=td, trials=trials)
-        # GAS forward
-        start = gas_config(feat, 4)
-        space = [
-            ("block_f", fs[-2:]),
-            ("block_e", [max(tt // start.block_f, 1) for tt in (1024, 4096)]),
-            ("num_warps", [8]),
-        ]
-        if smoke:
-            space = [("block_e", [32])]
-        bg, tg, trials = _greedy(f"gas fwd F={feat}", start, space, lambda cfg: bench(lambda: gas_fwd(big, x, cfg)))
-        best[f"gas_{feat}"] = bg
-        out[f"gas_fwd_F{feat}"] = dict(best=bg._asdict(), ms=tg, trials=trials)
     RESULTS["sweep"] = out
     return best
 
 
 # ------------------------------------------------------------------------ time
-def stage_time(big: Big, best: dict, smoke: bool):
+def stage_time(big: Big, best: dict, smoke: bool, rounds: int = 3):
+    """Medians of ``rounds`` interleaved do_bench medians (drift hits every variant alike)."""
     out = {}
     rows = []
     feats = (16,) if smoke else FEATS
+    a32, at32 = big.cusparse[torch.int32]
+    a64, at64 = big.cusparse[torch.int64]
     for feat in feats:
         x = big.x(feat)
         g = big.x(feat, seed=1)
+        xb, gb = x.to(torch.bfloat16), g.to(torch.bfloat16)
         gar_cfg = best.get(f"gar_{feat}", gar_config(feat, 4))
-        gar_dot = best.get(f"gar_dot_{feat}", gar_config(feat, 4, dot=True))._replace(seg_len=gar_cfg.seg_len)
-        gas_cfg = best.get(f"gas_{feat}", gas_config(feat, 4))
-        r = dict(F=feat)
-        for idx in (torch.int32, torch.int64):
-            a, at = big.cusparse[idx]
-            tag = "i32" if idx == torch.int32 else "i64"
-            try:
-                r[f"cusparse_fwd_{tag}"] = bench(lambda: torch.sparse.mm(a, x))
-                r[f"cusparse_bwd_{tag}"] = bench(lambda: torch.sparse.mm(at, g))
-            except RuntimeError as err:
-                log(f"[time] cuSPARSE with {idx} indices failed: {err}")
-                r[f"cusparse_fwd_{tag}"] = r[f"cusparse_bwd_{tag}"] = math.inf
+        gar_dot = best.get(f"gar_dot_{feat}", gar_config(feat, 4, dot=True))
+        gas_cfg = gas_config(feat, 4)
+        w = big.w
+        fns = {
+            "cusparse_fwd_i32": lambda: torch.sparse.mm(a32, x),
+            "cusparse_fwd_i64": lambda: torch.sparse.mm(a64, x),
+            "gar_fwd": lambda: gar_fwd(big, x, gar_cfg),
+            "gar_fwd_default": lambda: gar_fwd(big, x, gar_config(feat, 4)),
+            "cusparse_bwd_i32": lambda: torch.sparse.mm(at32, g),
+            "cusparse_bwd_i64": lambda: torch.sparse.mm(at64, g),
+            "gar_bwd": lambda: gar_bwd(big, g, gar_cfg),
+            "gar_bwd_dot": lambda: gar_bwd(big, g, gar_dot, x),
+            "gas_fwd": lambda: gas_fwd(big, x, gas_cfg),
+            "gas_bwd": lambda: gas_bwd(big, g, gas_cfg),
+            "gas_bwd_runs": lambda: gas_bwd(big, g, gas_cfg._replace(runs=True)),
+            "gas_bwd_dot_runs": lambda: gas_bwd(big, g, gas_cfg._replace(runs=True), x),
+            "public_gar_fwd": lambda: spmm(big.graph, x, w, aggregation="gar"),
+            "gar_fwd_bf16": lambda: gar_fwd(big, xb, gar_config(feat, 2)),
+            "gar_bwd_bf16": lambda: gar_bwd(big, gb, gar_config(feat, 2)),
+            "gar_fwd_bf16_best": lambda: gar_fwd(big, xb, gar_cfg._replace(block_f=min(2 * gar_cfg.block_f, triton_next_pow2(feat)))),
+        }
+        if smoke:
+            fns = {k: v for k, v in fns.items() if "gas" not in k or k == "gas_fwd"}
+        samples = {k: [] for k in fns}
+        for _ in range(1 if smoke else rounds):
+            for k, fn in fns.items():
+                try:
+                    samples[k].append(bench(fn))
+                except RuntimeError as err:  # e.g. cuSPARSE refusing int32 indices
+                    log(f"[time] {k} failed: {err}")
+                    samples[k].append(math.inf)
+        r = dict(F=feat, gar_config=gar_cfg._asdict(), samples=samples)
+        r.update({k: statistics.median(v) for k, v in samples.items()})
+        r["gar_fwd_min"] = min(samples["gar_fwd"])
+        r["gar_bwd_min"] = min(samples["gar_bwd"])
         r["cusparse_fwd"] = min(r["cusparse_fwd_i32"], r["cusparse_fwd_i64"])
         r["cusparse_bwd"] = min(r["cusparse_bwd_i32"], r["cusparse_bwd_i64"])
-        r["gar_fwd"] = bench(lambda: gar_fwd(big, x, gar_cfg))
-        r["gar_bwd"] = bench(lambda: gar_bwd(big, g, gar_cfg))
-        r["gar_bwd_dot"] = bench(lambda: gar_bwd(big, g, gar_dot, x))
-        r["gar_fwd_default"] = bench(lambda: gar_fwd(big, x, gar_config(feat, 4)))
-        r["gas_fwd"] = bench(lambda: gas_fwd(big, x, gas_cfg))
-        r["gas_bwd"] = bench(lambda: gas_bwd(big, g, gas_cfg))
-        r["gas_bwd_dot"] = bench(lambda: gas_bwd(big, g, gas_cfg, x))
-        w = big.w
-        r["public_gar_fwd"] = bench(lambda: spmm(big.graph, x, w, aggregation="gar"))
-        xb = x.to(torch.bfloat16)
-        r["gar_fwd_bf16"] = bench(lambda: gar_fwd(big, xb, best.get(f"gar_{feat}", gar_config(feat, 2))))
         r["speedup_fwd"] = r["cusparse_fwd"] / r["gar_fwd"]
         r["speedup_bwd"] = r["cusparse_bwd"] / r["gar_bwd"]
+        r.setdefault("gas_bwd", math.nan)
         rows.append(r)
-        log(f"[time] F={feat}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items() if k != "F"))
+        log(f"[time] F={feat}: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in r.items() if isinstance(v, float)
+        ))
     out["rows"] = rows
     RESULTS["time"] = out
     return rows
 
 
 # ------------------------------------------------------------------------ calibration
-def stage_calib(smoke: bool):
+def stage_calib(smoke: bool, degrees=None):
+    """GAS vs GAR, forward + backward (grad_x), transductive (formats and weights in
+    grouped order prepared once), on coalesced power-law graphs of growing degree."""
     out = []
     n = 100 if smoke else 100_000
-    degrees = (2, 8) if smoke else (1, 2, 4, 8, 16, 32, 64, 128)
+    degrees = degrees or ((2, 8) if smoke else (1, 2, 4, 8, 16, 32, 64, 128))
     feats = (16,) if smoke else (16, 64, 256)
     for d in degrees:
         graph = power_law_graph(n, n * d, 1.2, seed=d, coalesce=True)
         conv = wall(lambda: (lambda gg: (gg.csr, gg.csc))(Graph(graph.edge_index, n, validate=False)))
+        big = Big(graph, cusparse=False)
+        avg = graph.avg_degree
         for feat in feats:
-            x = torch.randn(n, feat, device=DEV)
-            w = torch.rand(graph.num_edges, device=DEV)
-            times = {}
-            for path in ("gas", "gar"):
-                def step(path=path):
-                    xs = x.requires_grad_(True)
-                    o = spmm(graph, xs, w, aggregation=path)
-                    o.backward(torch.ones_like(o))
-                    xs.grad = None
-                times[path] = bench(step, rep_ms=50)
-            out.append(dict(avg_degree=graph.avg_degree, F=feat, gas_ms=times["gas"], gar_ms=times["gar"], convert_ms=conv))
-            log(f"[calib] deg {graph.avg_degree:.1f} F={feat}: gas {times['gas']:.3f} ms, gar {times['gar']:.3f} ms, conversion {conv:.2f} ms")
+            x = big.x(feat)
+            g = big.x(feat, seed=1)
+            gas_cfg = gas_config(feat, 4)
+            t = dict(
+                gas_fwd=bench(lambda: gas_fwd(big, x, gas_cfg), rep_ms=40),
+                gas_bwd=bench(lambda: gas_bwd(big, g, gas_cfg), rep_ms=40),
+                gas_bwd_runs=bench(lambda: gas_bwd(big, g, gas_cfg._replace(runs=True)), rep_ms=40),
+                gar_fwd=bench(lambda: gar_fwd(big, x, gar_config(feat, 4)), rep_ms=40),
+                gar_bwd=bench(lambda: gar_bwd(big, g, gar_config(feat, 4)), rep_ms=40),
+                gar_fwd_low=bench(lambda: gar_fwd(big, x, gar_config(feat, 4, avg_degree=avg)), rep_ms=40),
+                gar_bwd_low=bench(lambda: gar_bwd(big, g, gar_config(feat, 4, avg_degree=avg)), rep_ms=40),
+            )
+            gas = t["gas_fwd"] + min(t["gas_bwd"], t["gas_bwd_runs"])
+            gar = t["gar_fwd_low"] + t["gar_bwd_low"] if avg < 32 else t["gar_fwd"] + t["gar_bwd"]
+            out.append(dict(avg_degree=avg, F=feat, convert_ms=conv, gas_ms=gas, gar_ms=gar, **t))
+            log(f"[calib] deg {avg:.1f} F={feat}: gas {gas:.3f} gar {gar:.3f} ms | " + ", ".join(f"{k} {v:.3f}" for k, v in t.items()) + f" | conversion {conv:.2f} ms")
     RESULTS["calib"] = out
 
 
+# ------------------------------------------------------------------------ conversion breakdown
+def stage_convert_parts(graph: Graph):
+    n = graph.num_nodes
+    out = {}
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    shuffled = graph.edge_index[:, torch.randperm(graph.num_edges, generator=gen, device=DEV)]
+    for name, ei in (("coalesced", graph.edge_index), ("shuffled", shuffled)):
+        src, dst = ei[0], ei[1]
+        dst32 = dst.to(torch.int32)
+        perm = torch.sort(dst32, stable=True).indices
+        keys = dst32[perm]
+        parts = dict(
+            bincount_dst=wall(lambda: torch.bincount(dst, minlength=n)),
+            bincount_src=wall(lambda: torch.bincount(src, minlength=n)),
+            sorted_check=wall(lambda: bool((src[1:] >= src[:-1]).all())),
+            to_int32=wall(lambda: dst.to(torch.int32)),
+            sort_int32_stable=wall(lambda: torch.sort(dst32, stable=True)),
+            sort_int64_stable=wall(lambda: torch.sort(dst, stable=True)),
+            sort_int32_unstable=wall(lambda: torch.sort(dst32)),
+            gather_other=wall(lambda: src[perm]),
+            degrees_by_searchsorted=wall(lambda: torch.diff(torch.searchsorted(
+                keys, torch.arange(n + 1, device=DEV, dtype=torch.int32)))),
+            graph_csr=wall(lambda: Graph(ei, n, validate=False).csr),
+            graph_csc=wall(lambda: Graph(ei, n, validate=False).csc),
+        )
+        out[name] = parts
+        log(f"[convert parts] {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
+    RESULTS["convert_parts"] = out
+
+
 # ------------------------------------------------------------------------ main
+def stage_ncu(smoke: bool):
+    """Run the chosen GAR forward once at F=128 and F=256 (for ncu to profile)."""
+    graph = stage_build(smoke)
+    big = Big(graph, cusparse=False)
+    for feat in (128, 256):
+        x = big.x(feat)
+        gar_fwd(big, x, gar_config(feat, 4))
+        gar_fwd(big, x, gar_config(feat, 4)._replace(hints=True))
+    sync()
+
+
 def print_table(rows) -> None:
-    log("\n  F | cuSPARSE fwd | GAR fwd | x     | cuSPARSE bwd | GAR bwd | x     | GAR bwd+dW | GAS fwd | GAS bwd")
+    log("\n  F | cuSPARSE fwd | GAR fwd | x     | cuSPARSE bwd | GAR bwd | x     | GAR bwd+dW | GAS fwd | GAS bwd (runs)")
     for r in rows:
         log(
             f"{r['F']:>3} | {r['cusparse_fwd']:12.3f} | {r['gar_fwd']:7.3f} | {r['speedup_fwd']:5.2f} | "
             f"{r['cusparse_bwd']:12.3f} | {r['gar_bwd']:7.3f} | {r['speedup_bwd']:5.2f} | "
-            f"{r['gar_bwd_dot']:10.3f} | {r['gas_fwd']:7.3f} | {r['gas_bwd']:7.3f}"
+            f"{r['gar_bwd_dot']:10.3f} | {r['gas_fwd']:7.3f} | {r['gas_bwd']:7.3f} ({r.get('gas_bwd_runs', math.nan):.3f})"
         )
     if "convert" in RESULTS:
         c = RESULTS["convert"]
@@ -507,6 +556,7 @@ def main():
     parser.add_argument("--stages", default="check,build,convert,spot,sweep,time,calib")
     parser.add_argument("--smoke", action="store_true", help="toy sizes, to test the script")
     parser.add_argument("--sweep-budget", type=float, default=150.0, help="seconds for the whole sweep")
+    parser.add_argument("--calib-degrees", default="", help="comma-separated average degrees for calib")
     args = parser.parse_args()
     stages = args.stages.split(",")
     import triton
@@ -529,10 +579,11 @@ def main():
             stage_check(args.smoke)
             save(args.out)
         big = best = None
-        if any(s in stages for s in ("build", "convert", "spot", "sweep", "time")):
+        if any(s in stages for s in ("build", "convert", "spot", "sweep", "time")) and "ncu" not in stages:
             graph = stage_build(args.smoke)
             if "convert" in stages:
                 stage_convert(graph, args.smoke)
+                stage_convert_parts(graph)
                 save(args.out)
             big = Big(graph)
         if "spot" in stages:
@@ -547,7 +598,9 @@ def main():
         print_table(rows)
         del big
         if "calib" in stages:
-            stage_calib(args.smoke)
+            stage_calib(args.smoke, tuple(int(d) for d in args.calib_degrees.split(",")) if args.calib_degrees else None)
+        if "ncu" in stages:
+            stage_ncu(args.smoke)
     finally:
         RESULTS["elapsed_s"] = time.perf_counter() - t0
         save(args.out)
