@@ -519,13 +519,14 @@ def stage_convert_parts(graph: Graph):
 
 # ------------------------------------------------------------------------ main
 def stage_ncu(smoke: bool):
-    """Run the chosen GAR forward once at F=128 and F=256 (for ncu to profile)."""
+    """Run the GAR forward once without and once with 2 source bands at F=128 and F=256
+    (for ncu to profile)."""
     graph = stage_build(smoke)
     big = Big(graph, cusparse=False)
     for feat in (128, 256):
         x = big.x(feat)
-        gar_fwd(big, x, gar_config(feat, 4))
-        gar_fwd(big, x, gar_config(feat, 4)._replace(hints=True))
+        gar_fwd(big, x, gar_config(feat, 4)._replace(bands=1))
+        gar_fwd(big, x, gar_config(feat, 4)._replace(bands=2))
     sync()
 
 
