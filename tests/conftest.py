@@ -5,17 +5,24 @@
 * Fixtures: ``random_graph`` (the :func:`tests.graphs.random_graph` generator itself),
   ``nasty_graph`` (a small :class:`fusegnn.sparse.Graph` with isolated nodes, a hub,
   self-loops and duplicate edges).
+* Without a CUDA device, sets ``TRITON_INTERPRET=1`` before anything can import Triton
+  (``triton.jit`` reads it when a kernel is decorated; importing e.g. torch_geometric
+  imports Triton), so every Triton kernel runs through the interpreter on the CPU.
 * Hypothesis profile ``fusegnn``: few examples, no deadline, derandomised (CI is a
   2-core CPU machine and must be deterministic).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
