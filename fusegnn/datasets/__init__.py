@@ -11,9 +11,25 @@ from typing import Any
 
 from fusegnn.datasets.base import NodeDataset
 from fusegnn.datasets.paths import ENV_VAR, cache_dir
+from fusegnn.datasets.ogb import OGBNodeDataset
 from fusegnn.datasets.planetoid import Planetoid
+from fusegnn.datasets.reddit import Reddit
+from fusegnn.datasets.synthetic import generate_ogbn_like, generate_reddit_like, ogbn_like, reddit_like
 
-__all__ = ["NodeDataset", "ENV_VAR", "Planetoid", "cache_dir", "load_dataset", "DATASETS"]
+__all__ = [
+    "DATASETS",
+    "ENV_VAR",
+    "NodeDataset",
+    "OGBNodeDataset",
+    "Planetoid",
+    "Reddit",
+    "cache_dir",
+    "generate_ogbn_like",
+    "generate_reddit_like",
+    "load_dataset",
+    "ogbn_like",
+    "reddit_like",
+]
 
 #: Names accepted by :func:`load_dataset` (case-insensitive).
 DATASETS = ("Cora", "CiteSeer", "PubMed", "Reddit", "ogbn-arxiv", "ogbn-products")
@@ -26,11 +42,7 @@ def load_dataset(name: str, root: str | None = None, **kwargs: Any) -> NodeDatas
     if key in ("cora", "citeseer", "pubmed"):
         return Planetoid(root, name, **kwargs)
     if key == "reddit":
-        from fusegnn.datasets.reddit import Reddit
-
         return Reddit(root, **kwargs)
     if key in ("ogbn-arxiv", "ogbn-products"):
-        from fusegnn.datasets.ogb import OGBNodeDataset
-
         return OGBNodeDataset(key, root, **kwargs)
     raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}")
