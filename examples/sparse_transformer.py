@@ -15,7 +15,7 @@ it; the local window lets neighbouring positions exchange information, as in the
 model. Both models see sinusoidal positions.
 
 **Models.** The same network, built from the same seed (identical initial weights):
-token embedding + sinusoidal positions -> ``--layers`` pre-norm
+factorised token embedding (type + key + value vectors) + sinusoidal positions -> ``--layers`` pre-norm
 :class:`~fusegnn.layers.SparseTransformerEncoderLayer` -> LayerNorm -> linear classifier
 on position 0. The ``dense`` model gives its layers no mask (PyTorch's fused SDPA, full
 attention); the ``sparse`` model gives them a fusegnn mask (Longformer: window +
@@ -49,7 +49,7 @@ try:
 except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fusegnn.layers.attention import SparseTransformerEncoderLayer
+from fusegnn.layers import SparseTransformerEncoderLayer
 from fusegnn.sparse.masks import Mask, bigbird, longformer
 
 FILLER, QUERY0 = 0, 1  # token ids: filler, then query tokens (one per key), then records
@@ -123,10 +123,6 @@ def make_batch(args: argparse.Namespace, gen: torch.Generator, device: torch.dev
     return tokens.to(device), labels.to(device)
 
 
-def vocab_size(args: argparse.Namespace) -> int:
-    return QUERY0 + args.keys + args.keys * args.values
-
-
 def build_mask(args: argparse.Namespace) -> Mask:
     L = args.seq_len
     if args.mask == "longformer":
@@ -144,12 +140,34 @@ def sinusoidal_positions(L: int, d: int) -> Tensor:
     return pe
 
 
+class RetrievalEmbedding(nn.Module):
+    """Factorised token embedding: ``type + key + value`` vectors (filler / query / record),
+    so a key looks the same in the query and in its record and the model learns 64 key
+    and 16 value vectors rather than one vector per (key, value) record."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__()
+        self.keys, self.values = args.keys, args.values
+        self.kind = nn.Embedding(3, args.d_model)
+        self.key = nn.Embedding(args.keys, args.d_model)
+        self.value = nn.Embedding(args.values, args.d_model)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        is_query = (tokens >= QUERY0) & (tokens < QUERY0 + self.keys)
+        is_record = tokens >= QUERY0 + self.keys
+        rec = (tokens - QUERY0 - self.keys).clamp(min=0)
+        key = torch.where(is_query, tokens - QUERY0, rec // self.values).clamp(min=0)
+        kind = is_query.long() + 2 * is_record.long()
+        x = self.kind(kind) + self.key(key) * (is_query | is_record).unsqueeze(-1)
+        return x + self.value(rec % self.values) * is_record.unsqueeze(-1)
+
+
 class RetrievalEncoder(nn.Module):
     """Embedding + sinusoidal positions -> pre-norm encoder layers -> classifier on token 0."""
 
     def __init__(self, args: argparse.Namespace, mask: Mask | None) -> None:
         super().__init__()
-        self.embed = nn.Embedding(vocab_size(args), args.d_model)
+        self.embed = RetrievalEmbedding(args)
         self.register_buffer("positions", sinusoidal_positions(args.seq_len, args.d_model), persistent=False)
         self.layers = nn.ModuleList(
             SparseTransformerEncoderLayer(
