@@ -353,9 +353,10 @@ def triton_next_pow2(n):
 
 
 def stage_sweep(big: Big, smoke: bool, budget_s: float):
-    """Greedy search from the defaults: source bands (L2-sized working set), the strip
-    width, the tile height, the segment length. Each candidate is timed twice and the
-    faster median kept (GAR timings are bimodal from one do_bench call to the next)."""
+    """Greedy search from the defaults: the strip width, the tile height, the segment
+    length, L2 eviction hints, index prefetch. Each candidate is timed twice and the
+    faster median kept (GAR timings are bimodal from one do_bench call to the next).
+    (Source bands, tried in the third H200 run, lost everywhere: benchmarks/NOTES-spmm.md.)"""
     out = {}
     best = {}
     feats = (16,) if smoke else FEATS
@@ -364,15 +365,15 @@ def stage_sweep(big: Big, smoke: bool, budget_s: float):
         x = big.x(feat)
         g = big.x(feat, seed=1)
         start = gar_config(feat, 4)
-        space = [("bands", [2, 3, 4])]
-        if feat >= 128:
-            space += [("block_f", [128]), ("bands", [2, 4, 8])]
+        space = [("block_f", [128])] if feat >= 128 else []
         space += [
             ("block_e", [max(start.block_e // 2, 1), start.block_e * 2]),
             ("seg_len", [4096]),
+            ("hints", [True]),
+            ("prefetch", [True]),
         ]
         if smoke:
-            space = [("bands", [2])]
+            space = [("hints", [True])]
 
         def gar_measure(cfg, x=x):
             return min(bench(lambda: gar_fwd(big, x, cfg)) for _ in range(2))
@@ -381,7 +382,7 @@ def stage_sweep(big: Big, smoke: bool, budget_s: float):
         best[f"gar_{feat}"] = b
         out[f"gar_fwd_F{feat}"] = dict(best=b._asdict(), ms=t, trials=trials)
         start = gar_config(feat, 4, dot=True)
-        space = [("bands", [2])] if not smoke else []
+        space = [("block_e", [max(start.block_e // 2, 1)])] if not smoke else []
         bd, td, trials = _greedy(
             f"gar bwd+dot F={feat}", start, space,
             lambda cfg: min(bench(lambda: gar_bwd(big, g, cfg, x)) for _ in range(2)),
@@ -519,14 +520,14 @@ def stage_convert_parts(graph: Graph):
 
 # ------------------------------------------------------------------------ main
 def stage_ncu(smoke: bool):
-    """Run the GAR forward once without and once with 2 source bands at F=128 and F=256
-    (for ncu to profile)."""
+    """Run the GAR forward once without and once with L2 eviction hints at F=128 and
+    F=256 (for ncu to profile)."""
     graph = stage_build(smoke)
     big = Big(graph, cusparse=False)
     for feat in (128, 256):
         x = big.x(feat)
-        gar_fwd(big, x, gar_config(feat, 4)._replace(bands=1))
-        gar_fwd(big, x, gar_config(feat, 4)._replace(bands=2))
+        gar_fwd(big, x, gar_config(feat, 4))
+        gar_fwd(big, x, gar_config(feat, 4)._replace(hints=True))
     sync()
 
 

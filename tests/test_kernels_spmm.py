@@ -128,8 +128,8 @@ def test_int64_offsets(path, monkeypatch):
     graph = _graph(num_nodes=12, num_edges=120, seed=7, hub=60, dtype=torch.int32)
     x, w = _inputs(graph, 2, 3, "eh", seed=7)
     _check(graph, x, w, path)
-    if path == "gar":  # the banded variant has its own partial-sum offsets
-        with fused.tuning(gar=lambda f, es, dot: gar_config(f, es, dot=dot)._replace(seg_len=SEG_LEN, bands=2)):
+    if path == "gar":  # the prefetching loop and the fused weight gradient, in int64 too
+        with fused.tuning(gar=lambda f, es, dot: gar_config(f, es, dot=dot)._replace(seg_len=SEG_LEN, prefetch=True)):
             _check(graph, x, w, path)
 
 
@@ -252,11 +252,8 @@ def test_double_backward_raises(path):
         ("gar", dict(gar=spmm_gar.GarConfig(block_e=8, block_f=4, seg_len=SEG_LEN, hints=True, prefetch=True))),
         ("gar", dict(gar=spmm_gar.GarConfig(block_e=4, block_f=8, seg_len=SEG_LEN, prefetch=True, col_major=False))),
         ("gar", dict(gar=lambda f, es, dot: gar_config(f, es, dot=dot, avg_degree=3.0)._replace(seg_len=SEG_LEN))),
-        ("gar", dict(gar=lambda f, es, dot: gar_config(f, es, dot=dot)._replace(seg_len=SEG_LEN, bands=3))),
-        ("gar", dict(gar=spmm_gar.GarConfig(block_e=8, block_f=4, seg_len=SEG_LEN, bands=2, col_major=False))),
     ],
-    ids=["gas-runs", "gas-noruns", "gar-hints-prefetch", "gar-prefetch-rowmajor", "gar-lowdeg", "gar-bands3",
-         "gar-bands2-rowmajor"],
+    ids=["gas-runs", "gas-noruns", "gar-hints-prefetch", "gar-prefetch-rowmajor", "gar-lowdeg"],
 )
 def test_kernel_variants_on_sorted_coo(path, override):
     """Launch variants on a COO sorted by source (so GAS's backward scatter row comes in
@@ -269,7 +266,8 @@ def test_kernel_variants_on_sorted_coo(path, override):
         _check(graph, x, w, path)
 
 
-def test_gas_uses_runs_when_the_scatter_row_is_sorted(monkeypatch):
+@pytest.mark.parametrize("runs_min, expected", [(0.0, [False, True]), (1e9, [False, False])])
+def test_gas_uses_runs_when_the_scatter_row_is_sorted(monkeypatch, runs_min, expected):
     ei = random_graph(12, 80, 24)
     ei = ei[:, torch.argsort(ei[0] * 12 + ei[1])]
     graph = Graph(ei.to(DEVICE), 12)
@@ -281,9 +279,10 @@ def test_gas_uses_runs_when_the_scatter_row_is_sorted(monkeypatch):
         return real(*args, config=config, **kw)
 
     monkeypatch.setattr(fused, "gas_scatter", spy)
+    monkeypatch.setattr(fused, "GAS_RUNS_MIN", runs_min)
     x, w = _inputs(graph, None, 3, "e", seed=24)
     _check(graph, x, w, "gas")
-    assert seen == [False, True]  # forward scatters into dst (unsorted), backward into src
+    assert seen == expected  # forward scatters into dst (unsorted), backward into src
 
 
 # ------------------------------------------------------------------ GAR specifics

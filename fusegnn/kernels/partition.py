@@ -50,8 +50,6 @@ class SegmentPlan(NamedTuple):
             ``slot_ptr[r]:slot_ptr[r + 1]``.
         num_slots: number of partial-sum rows (``slot_ptr[-1]``).
         max_row_slots: the most slots of one split row (0 when none is split).
-        row_seg_ptr: ``[R + 1]`` int64; row ``r`` owns segments
-            ``row_seg_ptr[r]:row_seg_ptr[r + 1]`` (at least one each).
         seg_len: the segment length ``K`` the plan was built with.
         index: ``[E]`` the other endpoint of each grouped edge, int32 when node ids
             fit (halves the bytes the kernels stream), else int64.
@@ -66,7 +64,6 @@ class SegmentPlan(NamedTuple):
     slot_ptr: Tensor
     num_slots: int
     max_row_slots: int
-    row_seg_ptr: Tensor
     seg_len: int
     index: Tensor
     perm: Tensor
@@ -98,9 +95,7 @@ def build_plan(compressed: CompressedEdges, seg_len: int, num_other: int) -> Seg
     num_segments = num_rows and int(nseg.sum())
     rows = torch.arange(num_rows, device=device, dtype=torch.int64)
     seg_row = torch.repeat_interleave(rows, nseg, output_size=num_segments)
-    row_seg_ptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=device)
-    torch.cumsum(nseg, 0, out=row_seg_ptr[1:])
-    first = row_seg_ptr[:-1]  # first segment of each row
+    first = torch.cumsum(nseg, 0) - nseg  # first segment of each row
     local = torch.arange(num_segments, device=device, dtype=torch.int64) - first[seg_row]
     seg_start = ptr[seg_row] + local * seg_len
     seg_end = torch.minimum(seg_start + seg_len, ptr[seg_row + 1])
@@ -133,7 +128,6 @@ def build_plan(compressed: CompressedEdges, seg_len: int, num_other: int) -> Seg
         slot_ptr=slot_ptr,
         num_slots=num_slots,
         max_row_slots=max_row_slots,
-        row_seg_ptr=row_seg_ptr,
         seg_len=seg_len,
         index=index,
         perm=perm,

@@ -16,8 +16,9 @@ the weights' dtype.
 * **GAS** (:class:`GASSpmm`): forward scatters over the COO edges with atomics; backward
   runs the same kernel with the roles of source and target swapped, and forms the
   weight gradient in the same pass when it is needed. When the scatter row is sorted
-  (checked once per graph: the backward of a COO sorted by source), runs of equal rows
-  are added up in the program before the atomics.
+  (checked once per graph: the backward of a COO sorted by source) and its runs are
+  long enough (:data:`GAS_RUNS_MIN`), runs of equal rows are added up in the program
+  before the atomics.
 * **GAR** (:class:`GARSpmm`): forward reduces over the CSR segments of
   :mod:`fusegnn.kernels.partition`, backward over the CSC segments, reading the weights
   in CSC order (``w[csc.perm]``) and forming the weight gradient in the same pass
@@ -40,6 +41,7 @@ for higher-order gradients.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Callable, Iterator
 
 import torch
@@ -90,10 +92,19 @@ def _gar_cfg(feat: int, elem_size: int, dot: bool, avg_degree: float) -> GarConf
     return _gar_override(feat, elem_size, dot) if callable(_gar_override) else _gar_override
 
 
-def _sorted(graph: Graph, which: str) -> bool:
-    """Whether the COO ``src`` / ``dst`` row is sorted (checked once, cached): GAS then
-    pre-adds runs of equal scatter rows before its atomics."""
+# GAS pre-adds runs of equal scatter rows when the scatter row is sorted and
+# (average run length) * sqrt(columns) reaches this: on an H200 the scan paid off from
+# degree 128 at 16 columns, 64 at 64 columns and 16 at 256 (benchmarks/NOTES-spmm.md).
+GAS_RUNS_MIN = 512.0
+
+
+def _use_runs(graph: Graph, which: str, cols: int) -> bool:
+    """Whether GAS should pre-add runs when scattering into ``which`` (``"src"`` or
+    ``"dst"``): that row sorted (checked once per graph, cached) and runs long enough."""
     index = graph.src if which == "src" else graph.dst
+    num_rows = graph.num_src_nodes if which == "src" else graph.num_dst_nodes
+    if graph.num_edges / max(num_rows, 1) * math.sqrt(cols) < GAS_RUNS_MIN:
+        return False
 
     def check() -> bool:
         return index.numel() < 2 or bool((index[1:] >= index[:-1]).all())
@@ -155,7 +166,7 @@ class GASSpmm(torch.autograd.Function):
         src, dst = _indices(graph)
         acc, _ = gas_scatter(
             x2, src, dst, w2, graph.num_dst_nodes, heads,
-            config=_gas_cfg(feat, x2.element_size(), False, _sorted(graph, "dst")),
+            config=_gas_cfg(feat, x2.element_size(), False, _use_runs(graph, "dst", x2.size(1))),
         )
         out = acc if acc.dtype == x.dtype else acc.to(x.dtype)
         ctx.graph, ctx.heads, ctx.x_shape = graph, heads, x.shape
@@ -176,7 +187,7 @@ class GASSpmm(torch.autograd.Function):
             g, dst, src, w2, graph.num_src_nodes, ctx.heads,
             dot_with=x2 if need_w else None,
             scatter=need_x,
-            config=_gas_cfg(feat, g.element_size(), need_w, need_x and _sorted(graph, "src")),
+            config=_gas_cfg(feat, g.element_size(), need_w, need_x and _use_runs(graph, "src", g.size(1))),
         )
         grad_x = acc.to(grad_out.dtype).reshape(ctx.x_shape) if need_x else None
         grad_w = gw.reshape(ctx.w_shape) if need_w else None

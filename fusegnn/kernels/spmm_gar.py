@@ -62,11 +62,7 @@ class GarConfig(NamedTuple):
     stay in L2 for wide features); ``hints`` marks the streamed index / weight loads and
     the stores evict-first and the gathered rows evict-last in L2; ``prefetch`` loads the
     next step's indices and weights before the current gather (software pipelining by
-    hand); ``bands > 1`` splits the source rows into that many contiguous ranges and
-    runs every segment once per range, gathering only the edges whose source lies in it
-    (with ``col_major`` the rows read at a time are then one range of one column strip,
-    a working set that fits in L2 where a whole strip does not), writing one partial sum
-    per (segment, band) that :func:`_gar_band_combine_kernel` adds up in fixed order.
+    hand).
     """
 
     block_e: int
@@ -77,7 +73,6 @@ class GarConfig(NamedTuple):
     col_major: bool = True
     hints: bool = False
     prefetch: bool = False
-    bands: int = 1
 
 
 def gar_config(
@@ -131,14 +126,12 @@ def _gar_kernel(
     row_stride,
     num_fblocks,
     num_heads,
-    band_size,
     HAS_W: tl.constexpr,
     DOT: tl.constexpr,
     IDX64: tl.constexpr,
     ACC64: tl.constexpr,
     COL_MAJOR: tl.constexpr,
     PREFETCH: tl.constexpr,
-    NUM_BANDS: tl.constexpr,
     STREAM: tl.constexpr,
     KEEP: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -148,12 +141,10 @@ def _gar_kernel(
     pid = tl.program_id(0)
     if COL_MAJOR:
         seg = pid % num_segments
-        rest = pid // num_segments
+        col = pid // num_segments
     else:
-        seg = pid // (num_heads * num_fblocks * NUM_BANDS)
-        rest = pid % (num_heads * num_fblocks * NUM_BANDS)
-    band = rest % NUM_BANDS
-    col = rest // NUM_BANDS
+        seg = pid // (num_heads * num_fblocks)
+        col = pid % (num_heads * num_fblocks)
     head = col // num_fblocks
     fblock = col % num_fblocks
     row = tl.load(seg_row_ptr + seg)
@@ -165,10 +156,6 @@ def _gar_kernel(
         slot = slot.to(tl.int64)
         start = start.to(tl.int64)
         end = end.to(tl.int64)
-        seg = seg.to(tl.int64)
-        band = band.to(tl.int64)
-    band_lo = band * band_size
-    band_hi = band_lo + band_size
     f = fblock * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < num_feat
     col0 = head * num_feat
@@ -198,11 +185,7 @@ def _gar_kernel(
             jj = j.to(tl.int64)
         else:
             jj = j
-        if NUM_BANDS > 1:
-            kin = kmask & (jj >= band_lo) & (jj < band_hi)
-        else:
-            kin = kmask
-        m = kin[:, None] & fmask[None, :]
+        m = kmask[:, None] & fmask[None, :]
         a = tl.load(a_ptr + (jj[:, None] * row_stride + col0 + f[None, :]), mask=m, other=0.0, eviction_policy=KEEP)
         a = a.to(acc_t)
         if HAS_W:
@@ -214,7 +197,7 @@ def _gar_kernel(
             p = tl.load(perm_ptr + k, mask=kmask, other=0, eviction_policy=STREAM)
             if IDX64:
                 p = p.to(tl.int64)
-            tl.store(gw_ptr + p * num_heads + head, d.to(gw_ptr.dtype.element_ty), mask=kin)
+            tl.store(gw_ptr + p * num_heads + head, d.to(gw_ptr.dtype.element_ty), mask=kmask)
         if PREFETCH:
             k = kn
             kmask = knmask
@@ -222,9 +205,7 @@ def _gar_kernel(
             if HAS_W:
                 w = wn
     res = tl.sum(acc, axis=0)
-    if NUM_BANDS > 1:
-        tl.store(part_ptr + ((band * num_segments + seg) * row_stride + col0 + f), res, mask=fmask)
-    elif slot < 0:
+    if slot < 0:
         tl.store(out_ptr + (row * row_stride + col0 + f), res.to(out_ptr.dtype.element_ty), mask=fmask,
                  eviction_policy=STREAM)
     else:
@@ -258,36 +239,6 @@ def _gar_combine_kernel(
     for s in range(s0, s1):
         acc += tl.load(part_ptr + (s * row_stride + c), mask=cmask, other=0.0)
     tl.store(out_ptr + (row * row_stride + c), acc.to(out_ptr.dtype.element_ty), mask=cmask)
-
-
-@triton.jit
-def _gar_band_combine_kernel(
-    part_ptr,
-    row_seg_ptr_ptr,
-    out_ptr,
-    num_segments,
-    row_stride,
-    NUM_BANDS: tl.constexpr,
-    IDX64: tl.constexpr,
-    ACC64: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    acc_t = tl.float64 if ACC64 else tl.float32
-    r = tl.program_id(0)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = c < row_stride
-    s0 = tl.load(row_seg_ptr_ptr + r)
-    s1 = tl.load(row_seg_ptr_ptr + r + 1)
-    if IDX64:
-        r = r.to(tl.int64)
-    else:
-        s0 = s0.to(tl.int32)
-        s1 = s1.to(tl.int32)
-    acc = tl.zeros([BLOCK_C], dtype=acc_t)
-    for s in range(s0, s1):
-        for b in tl.static_range(NUM_BANDS):
-            acc += tl.load(part_ptr + ((b * num_segments + s) * row_stride + c), mask=cmask, other=0.0)
-    tl.store(out_ptr + (r * row_stride + c), acc.to(out_ptr.dtype.element_ty), mask=cmask)
 
 
 def gar_reduce(
@@ -340,12 +291,10 @@ def gar_reduce(
         raise ValueError(f"the fused weight gradient needs block_f >= F={feat}, got {cfg.block_f}")
     num_fblocks = triton.cdiv(feat, cfg.block_f)
     num_segments = plan.num_segments
-    bands = max(int(cfg.bands), 1)
-    part_rows = bands * num_segments if bands > 1 else plan.num_slots
-    part = torch.empty(part_rows, cols, dtype=acc_dtype, device=a.device) if part_rows else out
-    big = max(a.size(0), num_out_rows, part_rows) * cols
+    part = torch.empty(plan.num_slots, cols, dtype=acc_dtype, device=a.device) if plan.num_slots else out
+    big = max(a.size(0), num_out_rows, plan.num_slots) * cols
     idx64 = max(big, (num_edges + cfg.block_e) * num_heads) >= INT64_OFFSETS_FROM
-    _gar_kernel[(num_segments * num_heads * num_fblocks * bands,)](
+    _gar_kernel[(num_segments * num_heads * num_fblocks,)](
         a,
         plan.index,
         weight if weight is not None else a,
@@ -363,14 +312,12 @@ def gar_reduce(
         cols,
         num_fblocks,
         num_heads,
-        triton.cdiv(a.size(0), bands),
         HAS_W=weight is not None,
         DOT=dot,
         IDX64=idx64,
         ACC64=acc_dtype == torch.float64,
         COL_MAJOR=cfg.col_major,
         PREFETCH=cfg.prefetch,
-        NUM_BANDS=bands,
         STREAM="evict_first" if cfg.hints else "",
         KEEP="evict_last" if cfg.hints else "",
         BLOCK_E=cfg.block_e,
@@ -378,22 +325,7 @@ def gar_reduce(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if bands > 1:
-        block_c = min(triton.next_power_of_2(cols), 1024)
-        grid = (num_out_rows, triton.cdiv(cols, block_c))
-        _gar_band_combine_kernel[grid](
-            part,
-            plan.row_seg_ptr,
-            out,
-            num_segments,
-            cols,
-            NUM_BANDS=bands,
-            IDX64=idx64,
-            ACC64=acc_dtype == torch.float64,
-            BLOCK_C=block_c,
-            num_warps=4,
-        )
-    elif plan.num_slots:
+    if plan.num_slots:
         block_c = min(triton.next_power_of_2(cols), 1024)
         grid = (plan.split_rows.numel(), triton.cdiv(cols, block_c))
         _gar_combine_kernel[grid](
