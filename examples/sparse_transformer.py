@@ -25,8 +25,8 @@ kernel on a GPU, the dense reference on the CPU). On CUDA both run under bf16 au
 
 Per step it logs the training loss of both models and their step times (CUDA-event /
 ``perf_counter``, the first ``--warmup`` steps excluded from the mean); at the end it
-evaluates both on held-out batches. (On a CPU, ``--seq-len 1024`` with the defaults reaches
-zero loss, accuracy 1.0, in about 200 steps for the dense model.) ``--json`` prints a JSON summary (curves included)
+evaluates both on held-out batches. (Measured on a CPU with ``--seq-len 1024 --steps 500
+--models dense``: training loss below 0.2 after about 175 steps, held-out accuracy 1.0.) ``--json`` prints a JSON summary (curves included)
 as the last line; ``--plot PATH`` draws the loss curves and step times (matplotlib).
 """
 
