@@ -51,6 +51,12 @@ item writes its partial sums and a second kernel adds them in item order. So ``"
 is bitwise reproducible; ``"gas"`` is not (its atomics).
 
 Accumulation is in float32 (float64 for float64 inputs); index arithmetic in int64.
+The LeakyReLU slope and the dropout scale :math:`1/(1-p)` are passed as float64 kernel
+arguments and cast to the accumulation type (Triton passes an unannotated Python float
+as float32: for float64 inputs that rounded ``0.2`` to ``0.2000000030`` and cost ~1e-8
+relative accuracy on the GPU, while the CPU interpreter kept full precision), so
+float64 inputs give float64-accurate results. The dropout threshold ``p`` stays float32:
+it is compared with ``tl.rand``'s float32 uniforms, which is the mask's definition.
 The backward is not itself differentiable (``once_differentiable``: double backward
 raises); use the reference composition for higher-order gradients.
 """
@@ -90,7 +96,7 @@ def _gat_fwd_kernel(
     h, s_src, s_dst,
     out, lse,
     part_acc, part_m, part_l,
-    seed, p_drop, drop_scale, negative_slope,
+    seed, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK,
     HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -98,6 +104,8 @@ def _gat_fwd_kernel(
 ):
     """One target row (or one chunk of a long row): online softmax + aggregation."""
     pid = tl.program_id(0)
+    slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
+    scale = tl.full([], drop_scale, ACC)
     if HAS_ITEMS:
         row = tl.load(item_row + pid)
         start = tl.load(item_start + pid)
@@ -125,7 +133,7 @@ def _gat_fwd_kernel(
         meh = me[:, None] & mask_h[None, :]
         s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         z = s + t[None, :]
-        e = tl.where(z > 0, z, z * negative_slope)
+        e = tl.where(z > 0, z, z * slope)
         e = tl.where(meh, e, float("-inf"))
         m_new = tl.maximum(m, tl.max(e, axis=0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -138,7 +146,7 @@ def _gat_fwd_kernel(
             if not RNG64:
                 rng = rng.to(tl.int32)
             keep = tl.rand(seed, rng) >= p_drop
-            pexp = tl.where(keep, pexp * drop_scale, 0.0)
+            pexp = tl.where(keep, pexp * scale, 0.0)
         hj = tl.load(
             h + j[:, None, None] * (H * C) + hc[None, :, :],
             mask=me[:, None, None] & mask_hc[None, :, :],
@@ -200,7 +208,7 @@ def _gat_bwd_row_kernel(
     item_row, item_start, item_slot,
     h, s_src, s_dst, out, lse, grad_out, d_extra, grad_alpha,
     grad_dst, part_dst, aux_buf, grad_h, grad_src,
-    seed, p_drop, drop_scale, negative_slope,
+    seed, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK, AUX_STRIDE,
     HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
     HAS_GALPHA: tl.constexpr, SCATTER_SRC: tl.constexpr, STORE_AUX: tl.constexpr,
@@ -211,6 +219,8 @@ def _gat_bwd_row_kernel(
     for pass C); with SCATTER_SRC also d h and d score_src by atomics into the sources
     (the "gas" backward)."""
     pid = tl.program_id(0)
+    slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
+    scale = tl.full([], drop_scale, ACC)
     if HAS_ITEMS:
         row = tl.load(item_row + pid)
         start = tl.load(item_start + pid)
@@ -242,7 +252,7 @@ def _gat_bwd_row_kernel(
         j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
         s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         z = s + t[None, :]
-        e = tl.where(z > 0, z, z * negative_slope)
+        e = tl.where(z > 0, z, z * slope)
         alpha = tl.where(meh, tl.exp(e - lse_i[None, :]), 0.0)
         hj = tl.load(
             h + j[:, None, None] * (H * C) + hc[None, :, :],
@@ -260,10 +270,10 @@ def _gat_bwd_row_kernel(
             if not RNG64:
                 rng = rng.to(tl.int32)
             keep = tl.rand(seed, rng) >= p_drop
-            dp = tl.where(keep, dp * drop_scale, 0.0)
-            w = tl.where(keep, alpha * drop_scale, 0.0)
+            dp = tl.where(keep, dp * scale, 0.0)
+            w = tl.where(keep, alpha * scale, 0.0)
         ds = alpha * (dp - d[None, :])
-        dz = tl.where(meh, tl.where(z > 0, ds, ds * negative_slope), 0.0)
+        dz = tl.where(meh, tl.where(z > 0, ds, ds * slope), 0.0)
         dt += tl.sum(dz, axis=0)
         if SCATTER_SRC:
             tl.atomic_add(grad_src + j[:, None] * H + offs_h[None, :], dz, mask=meh)
@@ -288,7 +298,7 @@ def _gat_bwd_col_kernel(
     item_row, item_start, item_slot,
     h, s_src, aux, grad_out, grad_alpha,
     grad_h, grad_src, part_h, part_src,
-    seed, p_drop, drop_scale, negative_slope,
+    seed, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK, AUX_STRIDE,
     HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
     HAS_GALPHA: tl.constexpr,
@@ -297,6 +307,8 @@ def _gat_bwd_col_kernel(
 ):
     """Pass C over a source row of the CSC: d h_j = sum_i w_ji g_i, d s_j = sum_i dZ_ji."""
     pid = tl.program_id(0)
+    slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
+    scale = tl.full([], drop_scale, ACC)
     if HAS_ITEMS:
         col = tl.load(item_row + pid)
         start = tl.load(item_start + pid)
@@ -327,7 +339,7 @@ def _gat_bwd_col_kernel(
         lse_i = tl.load(ih + H, mask=meh, other=0.0)
         d = tl.load(ih + 2 * H, mask=meh, other=0.0)
         z = s[None, :] + t
-        e = tl.where(z > 0, z, z * negative_slope)
+        e = tl.where(z > 0, z, z * slope)
         alpha = tl.where(meh, tl.exp(e - lse_i), 0.0)
         gi = tl.load(
             grad_out + i[:, None, None] * (H * C) + hc[None, :, :],
@@ -345,10 +357,10 @@ def _gat_bwd_col_kernel(
             if not RNG64:
                 rng = rng.to(tl.int32)
             keep = tl.rand(seed, rng) >= p_drop
-            dp = tl.where(keep, dp * drop_scale, 0.0)
-            w = tl.where(keep, alpha * drop_scale, 0.0)
+            dp = tl.where(keep, dp * scale, 0.0)
+            w = tl.where(keep, alpha * scale, 0.0)
         ds = alpha * (dp - d)
-        dz = tl.where(meh, tl.where(z > 0, ds, ds * negative_slope), 0.0)
+        dz = tl.where(meh, tl.where(z > 0, ds, ds * slope), 0.0)
         acc_s += tl.sum(dz, axis=0)
         acc_h += tl.sum(w[:, :, None] * gi, axis=0)
     if slot < 0:
@@ -388,13 +400,15 @@ def _sum_partials_kernel(
 
 def _gat_alpha_kernel(
     src, dst, s_src, s_dst, lse, alpha,
-    seed, p_drop, drop_scale, negative_slope,
+    seed, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     E, H,
     DROPOUT: tl.constexpr, RNG64: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ACC: tl.constexpr,
 ):
     """Edge-parallel (COO order): the coefficients actually applied, w = alpha * M / (1-p)."""
     pid = tl.program_id(0)
+    slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
+    scale = tl.full([], drop_scale, ACC)
     eid = pid.to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
     offs_h = tl.arange(0, BLOCK_H)
     me = eid < E
@@ -405,14 +419,14 @@ def _gat_alpha_kernel(
     t = tl.load(s_dst + i[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
     lse_i = tl.load(lse + i[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
     z = s + t
-    e = tl.where(z > 0, z, z * negative_slope)
+    e = tl.where(z > 0, z, z * slope)
     a = tl.exp(e - lse_i)
     if DROPOUT:
         rng = eid[:, None] * H + offs_h[None, :]
         if not RNG64:
             rng = rng.to(tl.int32)
         keep = tl.rand(seed, rng) >= p_drop
-        a = tl.where(keep, a * drop_scale, 0.0)
+        a = tl.where(keep, a * scale, 0.0)
     tl.store(alpha + eid[:, None] * H + offs_h[None, :], a.to(alpha.dtype.element_ty), mask=meh)
 
 
