@@ -96,7 +96,7 @@ def _gat_fwd_kernel(
     h, s_src, s_dst,
     out, lse,
     part_acc, part_m, part_l,
-    seed, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
+    seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK,
     HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -106,6 +106,8 @@ def _gat_fwd_kernel(
     pid = tl.program_id(0)
     slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
     scale = tl.full([], drop_scale, ACC)
+    if DROPOUT:  # one int64 on the device: a CUDA graph replays a fresh draw
+        seed = tl.load(seed_ptr)
     if HAS_ITEMS:
         row = tl.load(item_row + pid)
         start = tl.load(item_start + pid)
@@ -208,7 +210,7 @@ def _gat_bwd_row_kernel(
     item_row, item_start, item_slot,
     h, s_src, s_dst, out, lse, grad_out, d_extra, grad_alpha,
     grad_dst, part_dst, aux_buf, grad_h, grad_src,
-    seed, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
+    seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK, AUX_STRIDE,
     HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
     HAS_GALPHA: tl.constexpr, SCATTER_SRC: tl.constexpr, STORE_AUX: tl.constexpr,
@@ -221,6 +223,8 @@ def _gat_bwd_row_kernel(
     pid = tl.program_id(0)
     slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
     scale = tl.full([], drop_scale, ACC)
+    if DROPOUT:  # one int64 on the device: a CUDA graph replays a fresh draw
+        seed = tl.load(seed_ptr)
     if HAS_ITEMS:
         row = tl.load(item_row + pid)
         start = tl.load(item_start + pid)
@@ -298,7 +302,7 @@ def _gat_bwd_col_kernel(
     item_row, item_start, item_slot,
     h, s_src, aux, grad_out, grad_alpha,
     grad_h, grad_src, part_h, part_src,
-    seed, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
+    seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK, AUX_STRIDE,
     HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
     HAS_GALPHA: tl.constexpr,
@@ -309,6 +313,8 @@ def _gat_bwd_col_kernel(
     pid = tl.program_id(0)
     slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
     scale = tl.full([], drop_scale, ACC)
+    if DROPOUT:  # one int64 on the device: a CUDA graph replays a fresh draw
+        seed = tl.load(seed_ptr)
     if HAS_ITEMS:
         col = tl.load(item_row + pid)
         start = tl.load(item_start + pid)
@@ -400,7 +406,7 @@ def _sum_partials_kernel(
 
 def _gat_alpha_kernel(
     src, dst, s_src, s_dst, lse, alpha,
-    seed, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
+    seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     E, H,
     DROPOUT: tl.constexpr, RNG64: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ACC: tl.constexpr,
@@ -409,6 +415,8 @@ def _gat_alpha_kernel(
     pid = tl.program_id(0)
     slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
     scale = tl.full([], drop_scale, ACC)
+    if DROPOUT:  # one int64 on the device: a CUDA graph replays a fresh draw
+        seed = tl.load(seed_ptr)
     eid = pid.to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
     offs_h = tl.arange(0, BLOCK_H)
     me = eid < E
@@ -430,10 +438,11 @@ def _gat_alpha_kernel(
     tl.store(alpha + eid[:, None] * H + offs_h[None, :], a.to(alpha.dtype.element_ty), mask=meh)
 
 
-def _keep_mask_kernel(keep, seed, p_drop, n, RNG64: tl.constexpr, BLOCK: tl.constexpr):
+def _keep_mask_kernel(keep, seed_ptr, p_drop, n, RNG64: tl.constexpr, BLOCK: tl.constexpr):
     """The dropout keep mask the fused kernels regenerate, materialised (for tests):
     element ``edge * H + head`` of the flattened ``[E, H]`` mask."""
     pid = tl.program_id(0)
+    seed = tl.load(seed_ptr)
     off = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = off < n
     rng = off
@@ -537,14 +546,14 @@ class _Config:
     """Everything a launch needs besides the tensors (shared by forward and backward)."""
 
     def __init__(self, graph: Graph, h: Tensor, scores_dtype: torch.dtype, negative_slope: float,
-                 p: float, seed: int, variant: str, chunk: int) -> None:
+                 p: float, seed: Tensor | None, variant: str, chunk: int) -> None:
         self.graph = graph
         self.heads, self.channels = h.size(1), h.size(2)
         self.negative_slope = float(negative_slope)
         self.p = float(p)
         self.dropout = self.p > 0.0
         self.drop_scale = 1.0 / (1.0 - self.p) if self.dropout else 1.0
-        self.seed = int(seed)
+        self.seed = seed  # [1] int64 on the device (None without dropout)
         self.variant = variant
         self.chunk = int(chunk)
         self.rng64 = _rng64(graph.num_edges, self.heads)
@@ -556,7 +565,8 @@ class _Config:
         self.num_warps = _TUNING.get("num_warps", self.num_warps)
 
     def rng_args(self):
-        return self.seed, self.p, self.drop_scale, self.negative_slope
+        seed = self.seed if self.seed is not None else self.graph.edge_index  # not read
+        return seed, self.p, self.drop_scale, self.negative_slope
 
 
 def _forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor) -> tuple[Tensor, Tensor]:
@@ -708,9 +718,22 @@ class GATAttentionFunction(torch.autograd.Function):
         return grad_h.to(h.dtype), grad_src.to(s_src.dtype), grad_dst.to(s_dst.dtype), None, None
 
 
-def _draw_seed() -> int:
-    """A seed from torch's default CPU generator (so ``torch.manual_seed`` fixes it)."""
-    return int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64))
+def _seed_tensor(seed: int | Tensor | None, device: torch.device) -> Tensor:
+    """The dropout seed as a ``[1]`` int64 tensor on ``device``, which the kernels read.
+
+    ``None`` draws it there from torch's generator of that device (``torch.manual_seed``
+    fixes it; on CUDA the draw is a kernel, so a captured CUDA graph draws a new seed at
+    every replay instead of baking one in). An int is written with a fill kernel (no
+    host-to-device copy, so it is capture-safe too)."""
+    if seed is None:
+        return torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=device)
+    if isinstance(seed, Tensor):
+        if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype == torch.bool:
+            raise ValueError(f"seed tensor must hold one integer, got {seed.dtype} of shape {tuple(seed.shape)}")
+        return seed.reshape(1).to(device=device, dtype=torch.int64)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
+        raise ValueError(f"seed must be an int in [0, 2**31), got {seed!r}")
+    return torch.full((1,), seed, dtype=torch.int64, device=device)
 
 
 def fused_gat_attention(
@@ -721,7 +744,7 @@ def fused_gat_attention(
     negative_slope: float = 0.2,
     dropout: float = 0.0,
     *,
-    seed: int | None = None,
+    seed: int | Tensor | None = None,
     return_alpha: bool = False,
     variant: str = "gar",
     chunk: int | None = None,
@@ -736,8 +759,10 @@ def fused_gat_attention(
         negative_slope: LeakyReLU slope.
         dropout: probability ``p`` of dropping a coefficient (0 disables dropout); kept
             coefficients are scaled by ``1 / (1 - p)``.
-        seed: the dropout RNG seed; drawn from torch's default generator when ``None``.
-            The keep mask of a given seed is :func:`dropout_keep_mask`.
+        seed: the dropout RNG seed (an int in ``[0, 2**31)`` or a one-element integer
+            tensor); drawn on ``h``'s device from torch's generator when ``None`` (a
+            kernel on CUDA: capture-safe, a new seed at every CUDA-graph replay). The
+            keep mask of a given seed is :func:`dropout_keep_mask`.
         return_alpha: also return the ``[E, H]`` coefficients actually applied
             (post-dropout), in COO edge order; they are differentiable.
         variant: ``"gar"`` (two-pass backward over CSR and CSC) or ``"gas"`` (one-pass
@@ -758,14 +783,14 @@ def fused_gat_attention(
     if not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive int, got {chunk!r}")
     h, score_src, score_dst = h.contiguous(), score_src.contiguous(), score_dst.contiguous()
-    if dropout > 0.0 and seed is None:
-        seed = _draw_seed()
-    cfg = _Config(graph, h, score_src.dtype, negative_slope, dropout, seed or 0, variant, chunk)
+    seed_t = _seed_tensor(seed, h.device) if dropout > 0.0 else None
+    cfg = _Config(graph, h, score_src.dtype, negative_slope, dropout, seed_t, variant, chunk)
     out, second = GATAttentionFunction.apply(h, score_src, score_dst, cfg, return_alpha)
     return out, (second if return_alpha else None)
 
 
-def dropout_keep_mask(num_edges: int, heads: int, p: float, seed: int, device: torch.device | str) -> Tensor:
+def dropout_keep_mask(num_edges: int, heads: int, p: float, seed: int | Tensor,
+                      device: torch.device | str) -> Tensor:
     """The ``[E, H]`` boolean keep mask (COO edge order) that the fused kernels use for
     dropout probability ``p`` and ``seed`` -- the same counter-based stream, materialised.
 
@@ -776,6 +801,6 @@ def dropout_keep_mask(num_edges: int, heads: int, p: float, seed: int, device: t
     if n:
         block = 1024
         keep_mask_kernel[(triton.cdiv(n, block),)](
-            keep, int(seed), float(p), n, RNG64=_rng64(num_edges, heads), BLOCK=block
+            keep, _seed_tensor(seed, keep.device), float(p), n, RNG64=_rng64(num_edges, heads), BLOCK=block
         )
     return keep.bool()
