@@ -65,10 +65,12 @@ __all__ = [
 ATTENTION_AGGREGATIONS = ("auto", "block", "element", "reference")
 
 # "auto" on CUDA takes the element path when allowed elements fill less than this
-# fraction of the non-empty blocks' BM x BN elements. Initial value (each block path
-# element costs about as much as an element-path edge per head within a small factor);
-# to be calibrated by the attention benchmark suite on the GPU.
-ELEMENT_MAX_FILL = 0.05
+# fraction of the non-empty blocks' BM x BN elements. Calibrated on an NVIDIA H200
+# (benchmarks/attention_calibrate.py, 2026-11-21, B=4, H=12, D=64, bf16; results in
+# benchmarks/results/attention/calibration-nvidia-h200.json): the element path won only
+# on a random graph mask at fill 0.001-0.004 (L=4096, 16384); the block path won at fill
+# 0.016 (same mask, L=1024) and above, by 4-50x on the structured masks.
+ELEMENT_MAX_FILL = 0.01
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
