@@ -98,10 +98,18 @@ def _compare(graph, heads, channels, *, variant="gar", chunk=SHORT_CHUNK, p=0.0,
         (8, 7, "gar", SHORT_CHUNK),
         (8, 7, "gas", SHORT_CHUNK),
         (8, 3, "gar", 2048),
+        (1, 19, "gar", SHORT_CHUNK),  # padded to 32 channels inside (padded_channels)
+        (2, 20, "gas", SHORT_CHUNK),
     ],
 )
 def test_matches_reference(heads, channels, variant, chunk):
     _compare(_graph(), heads, channels, variant=variant, chunk=chunk)
+
+
+def test_padded_channels():
+    assert [gat_fused.padded_channels(c) for c in (1, 3, 7, 16, 19, 32, 41, 48, 100, 130)] == [
+        1, 3, 7, 16, 32, 32, 48, 48, 112, 144,
+    ]
 
 
 def test_hub_row_is_split_into_items():

@@ -393,15 +393,17 @@ def test_gcn_matches_pyg(spec, opts, weighted, channels):
 @pytest.mark.parametrize("heads", [1, 4])
 @pytest.mark.parametrize("concat", [True, False], ids=["concat", "mean"])
 @pytest.mark.parametrize("add_self_loops", [True, False], ids=["loops", "no_loops"])
-def test_gat_matches_pyg(spec, heads, concat, add_self_loops):
+@pytest.mark.parametrize("channels", [(5, 3), (3, 7)], ids=["narrow", "widen"])
+def test_gat_matches_pyg(spec, heads, concat, add_self_loops, channels):
+    # "widen" (in < out) runs the aggregate-first form: same function, other rounding
     opts = dict(heads=heads, concat=concat, add_self_loops=add_self_loops, negative_slope=0.1)
     torch.manual_seed(0)
-    ours = GATConv(5, 3, **opts).double()
-    theirs = pyg_nn.GATConv(5, 3, **opts).double()
+    ours = GATConv(*channels, **opts).double()
+    theirs = pyg_nn.GATConv(*channels, **opts).double()
     torch.nn.init.normal_(ours.bias)
     _copy_params(ours, theirs)
     ei = spec.build()
-    x1 = _randn(spec.num_nodes, 5, seed=3).requires_grad_()
+    x1 = _randn(spec.num_nodes, channels[0], seed=3).requires_grad_()
     x2 = x1.detach().clone().requires_grad_()
     out1, (ei1, alpha1) = ours(x1, ei, return_attention_weights=True)
     out2, (ei2, alpha2) = theirs(x2, ei, return_attention_weights=True)

