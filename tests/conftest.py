@@ -64,3 +64,13 @@ def nasty_graph():
 
     return Graph(_graphs.random_graph(17, 60, seed=2, hub_degree=12), 17)
 
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny-tensor tests: faster, and immune to an
+    oversubscribed CPU. Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

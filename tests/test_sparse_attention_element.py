@@ -35,13 +35,7 @@ from fusegnn.sparse.sparse_attention import (  # noqa: E402
 CUDA = torch.cuda.is_available()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster, and immune to an oversubscribed CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------------------------- oracle
