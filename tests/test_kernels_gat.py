@@ -277,7 +277,12 @@ def test_public_op_dropout_only_in_training():
         a = gat_attention(graph, h, s, t, dropout=0.5, training=True, aggregation=path, return_alpha=True)[1]
         torch.manual_seed(0)
         b = gat_attention(graph, h, s, t, dropout=0.5, training=True, aggregation=path, return_alpha=True)[1]
-        assert torch.equal(a, b) and bool((a == 0).any())
+        assert bool((a == 0).any())
+        if path == "gar" or not a.is_cuda:
+            assert torch.equal(a, b)  # same seed: same mask, and gar is atomic-free
+        else:  # the reference's index_add uses float atomics on CUDA: same mask, low bits vary
+            assert torch.equal(a == 0, b == 0)
+            torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize(
