@@ -303,3 +303,14 @@ def test_avg_degree():
     g = Graph(random_graph(10, 37, seed=0), 10)
     assert g.avg_degree == pytest.approx(3.7)
     assert Graph(random_graph(6, 12, seed=0, num_dst_nodes=3), (6, 3)).avg_degree == pytest.approx(4.0)
+
+
+def test_with_edge_weight_shares_structural_caches_only():
+    """Structure-only caches (work lists, self-loop graphs) survive re-weighting; caches
+    that may depend on the weights do not."""
+    graph = Graph(torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]]), 3)
+    plan = graph.cached("plan", lambda: object(), structural=True)
+    weighted = graph.cached("weighted", lambda: object())
+    reweighted = graph.with_edge_weight(torch.rand(4))
+    assert reweighted.cached("plan", lambda: object(), structural=True) is plan
+    assert reweighted.cached("weighted", lambda: object()) is not weighted

@@ -511,7 +511,7 @@ def _rng64(num_edges: int, heads: int) -> bool:
 
 def _schedule(graph: Graph, which: str, chunk: int) -> ChunkSchedule | None:
     comp = graph.csr if which == "csr" else graph.csc
-    return graph.cached(f"fusegnn.gat.schedule.{which}.{chunk}", lambda: chunk_schedule(comp.ptr, chunk))
+    return graph.cached(f"fusegnn.gat.schedule.{which}.{chunk}", lambda: chunk_schedule(comp.ptr, chunk), structural=True)
 
 
 def _items(schedule: ChunkSchedule | None, ptr: Tensor, num_groups: int):

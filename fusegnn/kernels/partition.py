@@ -141,10 +141,12 @@ def plan_for(graph: Graph, order: str, seg_len: int) -> SegmentPlan:
         return graph.cached(
             f"gar_plan:csr:{seg_len}",
             lambda: build_plan(graph.csr, seg_len, graph.num_src_nodes),
+            structural=True,
         )
     if order == "csc":
         return graph.cached(
             f"gar_plan:csc:{seg_len}",
             lambda: build_plan(graph.csc, seg_len, graph.num_dst_nodes),
+            structural=True,
         )
     raise ValueError(f"order must be 'csr' or 'csc', got {order!r}")

@@ -187,6 +187,7 @@ def _reverse(graph: Graph) -> Graph:
     return graph.cached(
         "fusegnn.reverse",
         lambda: Graph(graph.edge_index.flip(0), (graph.num_dst_nodes, graph.num_src_nodes), validate=False),
+        structural=True,
     )
 
 

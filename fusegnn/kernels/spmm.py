@@ -109,7 +109,7 @@ def _use_runs(graph: Graph, which: str, cols: int) -> bool:
     def check() -> bool:
         return index.numel() < 2 or bool((index[1:] >= index[:-1]).all())
 
-    return graph.cached(f"gas_sorted:{which}", check)
+    return graph.cached(f"gas_sorted:{which}", check, structural=True)
 
 
 # --------------------------------------------------------------------------- helpers

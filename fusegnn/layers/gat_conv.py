@@ -103,7 +103,9 @@ class GATConv(nn.Module):
         # A pure function of the (immutable) structure: cache it on the graph, so layers
         # that share a Graph process it (and convert it) once.
         return graph.cached(
-            "gat_self_loops", lambda: add_self_loops(remove_self_loops(graph.with_edge_weight(None)))
+            "gat_self_loops",
+            lambda: add_self_loops(remove_self_loops(graph.with_edge_weight(None))),
+            structural=True,
         )
 
     def forward(

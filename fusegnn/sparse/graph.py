@@ -318,10 +318,15 @@ class Graph:
             self._cache[degree_key] = compressed.ptr[1:] - compressed.ptr[:-1]
         return compressed
 
-    def cached(self, key: str, compute):
+    def cached(self, key: str, compute, *, structural: bool = False):
         """Cache ``compute()`` on this graph under ``key`` (for graph processing results
-        shared between layers, e.g. a normalised copy). Returns the cached value."""
-        return self._cached(f"user:{key}", compute)
+        shared between layers, e.g. a normalised copy). Returns the cached value.
+
+        ``structural=True`` declares that the value depends on the edges only, not on the
+        edge weights: :meth:`with_edge_weight` then shares it with the re-weighted graph
+        (GAR work lists, self-loop graphs, ...), so re-normalising does not rebuild it."""
+        prefix = "struct:" if structural else "user:"
+        return self._cached(prefix + key, compute)
 
     # ------------------------------------------------------------------ transforms
     def to(self, device: torch.device | str) -> "Graph":
@@ -346,7 +351,9 @@ class Graph:
             check_edge_weight(edge_weight, self, "edge_weight") if edge_weight is not None else None
         )
         structural = ("in_degree", "out_degree", "csr", "csc")
-        graph._cache = {k: v for k, v in self._cache.items() if k in structural}
+        graph._cache = {
+            k: v for k, v in self._cache.items() if k in structural or k.startswith("struct:")
+        }
         return graph
 
     def to_dense(self, dtype: torch.dtype = torch.float32) -> Tensor:
