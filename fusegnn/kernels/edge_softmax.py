@@ -34,7 +34,7 @@ from torch.autograd.function import once_differentiable
 from fusegnn.kernels._edge_utils import LazyKernel, acc_dtype, next_pow2
 from fusegnn.sparse.graph import Graph
 
-__all__ = ["edge_softmax", "EdgeSoftmaxFunction"]
+__all__ = ["edge_softmax", "edge_softmax_backward", "EdgeSoftmaxFunction"]
 
 _TL_ACC = {torch.float32: tl.float32, torch.float64: tl.float64}
 
@@ -142,10 +142,18 @@ class EdgeSoftmaxFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_alpha: Tensor):
         (alpha,) = ctx.saved_tensors
-        grad_alpha = grad_alpha.contiguous()
-        grad_scores = torch.empty_like(alpha) if ctx.graph.num_edges else torch.zeros_like(alpha)
-        _launch(edge_softmax_bwd_kernel, ctx.graph, ctx.heads, alpha.dtype, alpha, grad_alpha, grad_scores)
-        return grad_scores, None
+        return edge_softmax_backward(ctx.graph, alpha, grad_alpha), None
+
+
+def edge_softmax_backward(graph: Graph, alpha: Tensor, grad_alpha: Tensor) -> Tensor:
+    """Backward of :func:`edge_softmax` as a plain function: the gradient of the scores
+    from the forward's output ``alpha`` (contiguous ``[E]`` or ``[E, H]``) and its
+    gradient (see the module docstring)."""
+    heads = alpha.size(1) if alpha.dim() > 1 else 1
+    grad_alpha = grad_alpha.contiguous()
+    grad_scores = torch.empty_like(alpha) if graph.num_edges else torch.zeros_like(alpha)
+    _launch(edge_softmax_bwd_kernel, graph, heads, alpha.dtype, alpha, grad_alpha, grad_scores)
+    return grad_scores
 
 
 def edge_softmax(graph: Graph, scores: Tensor) -> Tensor:

@@ -41,7 +41,7 @@ from torch.autograd.function import once_differentiable
 from fusegnn.kernels._edge_utils import LazyKernel, acc_dtype, next_pow2
 from fusegnn.sparse.graph import Graph
 
-__all__ = ["sddmm", "gas_sddmm", "gar_sddmm", "edge_to_node_sum", "SddmmFunction"]
+__all__ = ["sddmm", "gas_sddmm", "gar_sddmm", "sddmm_backward", "edge_to_node_sum", "SddmmFunction"]
 
 _OPS = {"dot": 0, "add": 1, "sub": 2, "mul": 3}
 _TL_ACC = {torch.float32: tl.float32, torch.float64: tl.float64}
@@ -221,24 +221,34 @@ class SddmmFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
-        graph, op, family = ctx.graph, ctx.op, ctx.family
-        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_a = grad_b = None
-        grad = grad.contiguous()
-        if op == "dot":
-            weight = grad.to(a.dtype)
-            if need_a:
-                grad_a = _spmm(family, _reverse(graph), b, weight)
-            if need_b:
-                grad_b = _spmm(family, graph, a, weight)
-        else:
-            if need_a:
-                grad_a = edge_to_node_sum(graph, grad, "src", b if op == "mul" else None, out_dtype=a.dtype)
-            if need_b:
-                grad_b = edge_to_node_sum(
-                    graph, grad, "dst", a if op == "mul" else None, negate=op == "sub", out_dtype=b.dtype
-                )
+        grad_a, grad_b = sddmm_backward(
+            ctx.graph, a, b, grad, ctx.op, ctx.family, ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        )
         return grad_a, grad_b, None, None, None
+
+
+def sddmm_backward(
+    graph: Graph, a: Tensor, b: Tensor, grad: Tensor, op: str, family: str, need_a: bool, need_b: bool
+) -> tuple[Tensor | None, Tensor | None]:
+    """Backward of :func:`sddmm` as a plain function (see the module docstring):
+    ``(grad_a, grad_b)``, each ``None`` unless needed. ``family`` (``"gas"`` / ``"gar"``)
+    picks the fused SpMM of the ``dot`` backward."""
+    grad_a = grad_b = None
+    grad = grad.contiguous()
+    if op == "dot":
+        weight = grad.to(a.dtype)
+        if need_a:
+            grad_a = _spmm(family, _reverse(graph), b, weight)
+        if need_b:
+            grad_b = _spmm(family, graph, a, weight)
+    else:
+        if need_a:
+            grad_a = edge_to_node_sum(graph, grad, "src", b if op == "mul" else None, out_dtype=a.dtype)
+        if need_b:
+            grad_b = edge_to_node_sum(
+                graph, grad, "dst", a if op == "mul" else None, negate=op == "sub", out_dtype=b.dtype
+            )
+    return grad_a, grad_b
 
 
 def sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot", *, family: str = "gar") -> Tensor:

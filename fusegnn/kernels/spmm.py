@@ -56,7 +56,7 @@ from fusegnn.sparse import reference
 from fusegnn.sparse.dispatch import note_path
 from fusegnn.sparse.graph import Graph
 
-__all__ = ["GASSpmm", "GARSpmm", "gas_spmm", "gar_spmm", "tuning"]
+__all__ = ["GASSpmm", "GARSpmm", "gas_spmm", "gar_spmm", "gas_backward", "gar_backward", "spmm_backward", "tuning"]
 
 _gas_override: GasConfig | Callable[..., GasConfig] | None = None
 _gar_override: GarConfig | Callable[..., GarConfig] | None = None
@@ -178,20 +178,34 @@ class GASSpmm(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         x2, w2 = ctx.saved_tensors
-        graph: Graph = ctx.graph
-        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        g = grad_out.reshape(grad_out.size(0), -1).contiguous()
-        feat = g.size(1) // ctx.heads
-        src, dst = _indices(graph)
-        acc, gw = gas_scatter(
-            g, dst, src, w2, graph.num_src_nodes, ctx.heads,
-            dot_with=x2 if need_w else None,
-            scatter=need_x,
-            config=_gas_cfg(feat, g.element_size(), need_w, need_x and _use_runs(graph, "src", g.size(1))),
+        grad_x, grad_w = gas_backward(
+            ctx.graph, grad_out, x2, w2, ctx.heads, ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         )
-        grad_x = acc.to(grad_out.dtype).reshape(ctx.x_shape) if need_x else None
-        grad_w = gw.reshape(ctx.w_shape) if need_w else None
-        return grad_x, grad_w, None
+        return grad_x, (grad_w.reshape(ctx.w_shape) if grad_w is not None else None), None
+
+
+def gas_backward(
+    graph: Graph, grad_out: Tensor, x2: Tensor | None, w2: Tensor | None, heads: int,
+    need_x: bool, need_w: bool,
+) -> tuple[Tensor | None, Tensor | None]:
+    """Backward of the GAS SpMM (sum): ``(grad_x, grad_w)``, each ``None`` unless needed.
+
+    ``grad_out`` is ``[N_dst, ...]``; ``x2`` the forward's ``x`` flattened to a contiguous
+    ``[N_src, C]`` (needed only for ``grad_w``), ``w2`` its weights as contiguous
+    ``[E, heads]`` (:func:`_flatten`). ``grad_x`` has ``x``'s shape, ``N_src`` rows and
+    ``grad_out``'s trailing shape; ``grad_w`` is ``[E, heads]`` in the weights' dtype.
+    """
+    g = grad_out.reshape(grad_out.size(0), -1).contiguous()
+    feat = g.size(1) // heads
+    src, dst = _indices(graph)
+    acc, gw = gas_scatter(
+        g, dst, src, w2, graph.num_src_nodes, heads,
+        dot_with=x2 if need_w else None,
+        scatter=need_x,
+        config=_gas_cfg(feat, g.element_size(), need_w, need_x and _use_runs(graph, "src", g.size(1))),
+    )
+    grad_x = acc.to(grad_out.dtype).reshape((graph.num_src_nodes,) + tuple(grad_out.shape[1:])) if need_x else None
+    return grad_x, (gw if need_w else None)
 
 
 # --------------------------------------------------------------------------- GAR
@@ -219,36 +233,86 @@ class GARSpmm(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         x2, w2 = ctx.saved_tensors
-        graph: Graph = ctx.graph
-        heads = ctx.heads
-        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        g = grad_out.reshape(grad_out.size(0), -1).contiguous()
-        feat = g.size(1) // heads
-        grad_x = grad_w = gw = None
-        if need_x:
-            fuse_dot = need_w and triton.next_power_of_2(max(feat, 1)) <= MAX_DOT_BLOCK_F
-            avg = graph.num_edges / max(graph.num_src_nodes, 1)
-            cfg = _gar_cfg(feat, g.element_size(), fuse_dot, avg)
-            fuse_dot = fuse_dot and cfg.block_f >= feat  # an override may not span the head
-            plan = plan_for(graph, "csc", cfg.seg_len)
-            w_csc = _grouped_weight(graph, w2, "csc", ctx.weight_key) if w2 is not None else None
-            gx, gw = gar_reduce(
-                plan, g, w_csc, graph.num_src_nodes, heads, grad_out.dtype,
-                dot_with=x2 if fuse_dot else None,
-                gw_dtype=w2.dtype if w2 is not None else None,
-                config=cfg,
-            )
-            grad_x = gx.reshape(ctx.x_shape)
-        if need_w and gw is None:
-            src, dst = _indices(graph)
-            _, gw = gas_scatter(
-                g, dst, src, w2, graph.num_src_nodes, heads,
-                dot_with=x2, scatter=False,
-                config=_gas_cfg(feat, g.element_size(), True, False),
-            )
-        if need_w:
-            grad_w = gw.reshape(ctx.w_shape)
-        return grad_x, grad_w, None
+        grad_x, grad_w = gar_backward(
+            ctx.graph, grad_out, x2, w2, ctx.heads, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+            weight_key=ctx.weight_key,
+        )
+        return grad_x, (grad_w.reshape(ctx.w_shape) if grad_w is not None else None), None
+
+
+def gar_backward(
+    graph: Graph, grad_out: Tensor, x2: Tensor | None, w2: Tensor | None, heads: int,
+    need_x: bool, need_w: bool, *, weight_key: tuple | None = None,
+) -> tuple[Tensor | None, Tensor | None]:
+    """Backward of the GAR SpMM (sum): ``(grad_x, grad_w)``, each ``None`` unless needed.
+
+    Arguments as for :func:`gas_backward`; ``weight_key`` (:func:`_weight_key` of the
+    forward's weights, ``None`` for weights that require grad) lets the CSC-ordered
+    weights be memoised on the graph. ``grad_x`` comes from one reduction over the CSC
+    segments, which also forms ``grad_w`` for heads of up to
+    :data:`~fusegnn.kernels.spmm_gar.MAX_DOT_BLOCK_F` features; wider heads (or
+    ``grad_w`` alone) take an edge-parallel dot-product pass.
+    """
+    g = grad_out.reshape(grad_out.size(0), -1).contiguous()
+    feat = g.size(1) // heads
+    grad_x = gw = None
+    if need_x:
+        fuse_dot = need_w and triton.next_power_of_2(max(feat, 1)) <= MAX_DOT_BLOCK_F
+        avg = graph.num_edges / max(graph.num_src_nodes, 1)
+        cfg = _gar_cfg(feat, g.element_size(), fuse_dot, avg)
+        fuse_dot = fuse_dot and cfg.block_f >= feat  # an override may not span the head
+        plan = plan_for(graph, "csc", cfg.seg_len)
+        w_csc = _grouped_weight(graph, w2, "csc", weight_key) if w2 is not None else None
+        gx, gw = gar_reduce(
+            plan, g, w_csc, graph.num_src_nodes, heads, grad_out.dtype,
+            dot_with=x2 if fuse_dot else None,
+            gw_dtype=w2.dtype if w2 is not None else None,
+            config=cfg,
+        )
+        grad_x = gx.reshape((graph.num_src_nodes,) + tuple(grad_out.shape[1:]))
+    if need_w and gw is None:
+        src, dst = _indices(graph)
+        _, gw = gas_scatter(
+            g, dst, src, w2, graph.num_src_nodes, heads,
+            dot_with=x2, scatter=False,
+            config=_gas_cfg(feat, g.element_size(), True, False),
+        )
+    return grad_x, (gw if need_w else None)
+
+
+def spmm_backward(
+    variant: str, graph: Graph, grad_out: Tensor, x: Tensor | None, weight: Tensor | None,
+    need_x: bool, need_w: bool, *, memoise_weight: bool = False,
+) -> tuple[Tensor | None, Tensor | None]:
+    """Backward of the fused sum SpMM ``variant`` (``"gas"`` / ``"gar"``) as a plain function,
+    for callers outside autograd (the ``torch.library`` ops of
+    :mod:`fusegnn.sparse.library`): ``(grad_x, grad_weight)`` with the shapes of ``x``
+    and ``weight``, each ``None`` unless needed.
+
+    ``x`` (the forward's features) is read only for ``grad_weight``; ``weight`` is the
+    forward's ``[E]`` / ``[E, H]`` weights or ``None``. ``memoise_weight`` lets GAR keep
+    the weights in CSC order on the graph (for weights that are the same tensor from
+    call to call, like a cached normalisation).
+    """
+    x2 = None
+    if need_w:
+        if x is None:
+            raise ValueError("spmm_backward needs x to form the weight gradient")
+        x2 = x.reshape(x.size(0), -1).contiguous()
+    w2, heads = None, 1
+    if weight is not None:
+        w2 = weight.reshape(-1, 1).contiguous() if weight.dim() == 1 else weight.contiguous()
+        heads = 1 if weight.dim() == 1 else weight.size(1)
+    if variant == "gas":
+        grad_x, grad_w = gas_backward(graph, grad_out, x2, w2, heads, need_x, need_w)
+    elif variant == "gar":
+        key = _weight_key(weight) if memoise_weight and not need_w else None
+        grad_x, grad_w = gar_backward(graph, grad_out, x2, w2, heads, need_x, need_w, weight_key=key)
+    else:
+        raise ValueError(f"variant must be 'gas' or 'gar', got {variant!r}")
+    if grad_w is not None:
+        grad_w = grad_w.reshape(weight.shape)
+    return grad_x, grad_w
 
 
 # --------------------------------------------------------------------------- entry points

@@ -21,18 +21,47 @@ and cached on the instance (a :class:`Graph` is immutable):
 
 Within one group, edges keep their COO order (stable sort), so conversions are
 deterministic.
+
+**Handles.** Every graph gets a process-unique integer :attr:`Graph.uid` when it is built
+and is listed under it in a weak registry (:func:`graph_by_uid`): the ``torch.library``
+custom ops of :mod:`fusegnn.sparse.library` take that integer instead of the (non-tensor)
+graph, so that ``torch.compile`` sees each sparse op as one opaque node, and look the
+graph up when they run. The registry holds no reference: a graph lives as long as the
+user (or a layer's cache) keeps it; a handle is never reused.
 """
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["Graph", "CompressedEdges", "check_edge_weight"]
+__all__ = ["Graph", "CompressedEdges", "check_edge_weight", "graph_by_uid"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
+
+# Live graphs by handle (see "Handles" above). Handles count up from 1 and are never
+# reused, so a stale handle can only miss, never find another graph.
+_UIDS = itertools.count(1)
+_REGISTRY: "weakref.WeakValueDictionary[int, Graph]" = weakref.WeakValueDictionary()
+
+
+def graph_by_uid(uid: int) -> "Graph":
+    """The live :class:`Graph` whose :attr:`Graph.uid` is ``uid``.
+
+    Raises :class:`LookupError` when no such graph is alive (it was garbage collected,
+    or the handle never belonged to a graph of this process)."""
+    graph = _REGISTRY.get(uid)
+    if graph is None:
+        raise LookupError(
+            f"no live fusegnn Graph has uid {uid}: the graph was garbage collected (keep a "
+            "reference to it while ops or compiled models that use it run) or the handle "
+            "comes from another process"
+        )
+    return graph
 
 
 class CompressedEdges(NamedTuple):
@@ -100,6 +129,22 @@ class Graph:
             edge_weight = check_edge_weight(edge_weight, self, "edge_weight")
         self._edge_weight = edge_weight
         self._cache: dict[str, Any] = {}
+        self._register()
+
+    def _register(self) -> None:
+        """Give this graph a fresh handle (see :attr:`uid`) and list it in the registry."""
+        self._uid = next(_UIDS)
+        _REGISTRY[self._uid] = self
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_uid"]  # a handle belongs to one live object of one process
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # copy.copy / deepcopy / pickle: the copy is a graph of its own, with its own handle
+        self.__dict__.update(state)
+        self._register()
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -212,6 +257,12 @@ class Graph:
         return graph.to(device) if device is not None else graph
 
     # ------------------------------------------------------------------ basic facts
+    @property
+    def uid(self) -> int:
+        """Process-unique integer handle of this graph (never reused); the custom ops of
+        :mod:`fusegnn.sparse.library` take it in place of the graph (:func:`graph_by_uid`)."""
+        return self._uid
+
     @property
     def edge_index(self) -> Tensor:
         """``[2, E]`` COO edge list (row 0 sources, row 1 targets)."""
@@ -354,6 +405,7 @@ class Graph:
         graph._cache = {
             k: v for k, v in self._cache.items() if k in structural or k.startswith("struct:")
         }
+        graph._register()
         return graph
 
     def to_dense(self, dtype: torch.dtype = torch.float32) -> Tensor:

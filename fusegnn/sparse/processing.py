@@ -6,12 +6,22 @@ differentiable with respect to edge weights.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
 
-__all__ = ["remove_self_loops", "add_self_loops", "add_remaining_self_loops", "gcn_norm"]
+__all__ = [
+    "remove_self_loops",
+    "add_self_loops",
+    "add_remaining_self_loops",
+    "gcn_norm",
+    "gat_self_loops",
+    "self_loop_structure",
+    "SelfLoopStructure",
+]
 
 
 def _require_square(graph: Graph, what: str) -> int:
@@ -39,25 +49,71 @@ def add_self_loops(graph: Graph, fill_value: float = 1.0) -> Graph:
     return Graph(edge_index, n, weight, validate=False)
 
 
+class SelfLoopStructure(NamedTuple):
+    """Where :func:`add_remaining_self_loops` puts each edge (a function of the edges only).
+
+    Attributes:
+        graph: the unweighted result graph: the non-loop edges in their order, then one
+            self-loop per node ``0..n-1``.
+        keep: ``[E - L]`` int64 positions (in the input) of the non-loop edges.
+        loop_node: ``[K]`` int64 nodes that have at least one self-loop in the input.
+        loop_edge: ``[K]`` int64 position of the *last* self-loop of each of those nodes
+            (its weight is the one kept, as in PyG).
+    """
+
+    graph: Graph
+    keep: Tensor
+    loop_node: Tensor
+    loop_edge: Tensor
+
+
+def self_loop_structure(graph: Graph) -> SelfLoopStructure:
+    """The :class:`SelfLoopStructure` of ``graph``, computed once and cached on it
+    (``structural``: re-weighted copies share it). The data-dependent part of
+    :func:`add_remaining_self_loops` (boolean masks, ``nonzero``) lives here, so the
+    weights of the result are plain fixed-shape gathers of the input weights."""
+    n = _require_square(graph, "add_remaining_self_loops")
+
+    def build() -> SelfLoopStructure:
+        is_loop = graph.src == graph.dst
+        keep = torch.nonzero(~is_loop).flatten()
+        positions = torch.nonzero(is_loop).flatten()
+        # last self-loop per node: the largest position among that node's loops
+        last = torch.full((n,), -1, dtype=torch.int64, device=graph.device)
+        last = last.scatter_reduce(0, graph.src[positions].long(), positions, reduce="amax")
+        loop_node = torch.nonzero(last >= 0).flatten()
+        loop = torch.arange(n, device=graph.device, dtype=graph.index_dtype)
+        edge_index = torch.cat([graph.edge_index.index_select(1, keep), loop.unsqueeze(0).expand(2, n)], dim=1)
+        return SelfLoopStructure(
+            graph=Graph(edge_index, n, validate=False),
+            keep=keep,
+            loop_node=loop_node,
+            loop_edge=last.index_select(0, loop_node),
+        )
+
+    return graph.cached("fusegnn.remaining_self_loops", build, structural=True)
+
+
 def add_remaining_self_loops(graph: Graph, fill_value: float = 1.0, edge_weight: Tensor | None = None) -> Graph:
     r"""Add a self-loop to every node that has none, PyG's ``add_remaining_self_loops``.
 
     Existing self-loops are moved to the end and keep their weight (with duplicated
     self-loops the last one's weight wins, as in PyG); new ones get ``fill_value``. The
     result is always weighted: unweighted graphs get weight 1 on their other edges.
+
+    The new edge list is computed once per graph (:func:`self_loop_structure`, cached
+    on ``graph``); the result shares its cached formats (CSR, CSC, kernel plans), so
+    re-normalising the same graph with other weights converts nothing again.
     """
-    n = _require_square(graph, "add_remaining_self_loops")
+    structure = self_loop_structure(graph)
+    n = graph.num_nodes
     w = edge_weight if edge_weight is not None else graph.edge_weight
     if w is None:
         w = torch.ones(graph.num_edges, device=graph.device)
-    is_loop = graph.src == graph.dst
     loop_weight = w.new_full((n,) + tuple(w.shape[1:]), fill_value)
-    loop_nodes = graph.src[is_loop].long()
-    loop_weight = loop_weight.index_put((loop_nodes,), w[is_loop])
-    keep = ~is_loop
-    loop = torch.arange(n, device=graph.device, dtype=graph.index_dtype)
-    edge_index = torch.cat([graph.edge_index[:, keep], loop.unsqueeze(0).expand(2, n)], dim=1)
-    return Graph(edge_index, n, torch.cat([w[keep], loop_weight], dim=0), validate=False)
+    loop_weight = loop_weight.index_put((structure.loop_node,), w.index_select(0, structure.loop_edge))
+    weight = torch.cat([w.index_select(0, structure.keep), loop_weight], dim=0)
+    return structure.graph.with_edge_weight(weight)
 
 
 def gcn_norm(
@@ -98,3 +154,15 @@ def gcn_norm(
     deg_inv_sqrt = torch.where(torch.isinf(deg_inv_sqrt), torch.zeros_like(deg_inv_sqrt), deg_inv_sqrt)
     norm = deg_inv_sqrt.index_select(0, src) * edge_weight * deg_inv_sqrt.index_select(0, dst)
     return graph.with_edge_weight(norm)
+
+
+def gat_self_loops(graph: Graph) -> Graph:
+    """GAT's processed graph: ``graph`` unweighted, its self-loops replaced by exactly one
+    per node (PyG's ``GATConv`` with ``add_self_loops=True``). A pure function of the
+    structure, cached on ``graph`` (``structural``), so layers and compiled ops that share
+    a graph process (and convert) it once."""
+    return graph.cached(
+        "gat_self_loops",
+        lambda: add_self_loops(remove_self_loops(graph.with_edge_weight(None))),
+        structural=True,
+    )
