@@ -332,21 +332,31 @@ def test_gatconv_fused_matches_reference():
 
 
 def test_config_block_sizes_and_tuning():
-    # tiles of at most 2048 values, about 8 per thread, no more edges than a row needs
-    assert gat_fused._block_sizes(1, 16, 492.0) == (128, 1, 16, 8)
-    assert gat_fused._block_sizes(8, 8, 492.0) == (32, 8, 8, 8)
-    assert gat_fused._block_sizes(8, 8, 4.5) == (16, 8, 8, 4)
-    assert gat_fused._block_sizes(8, 7, 3.0)[1:3] == (8, 8)
+    # one warp per program; forward tiles of 2048 values, backward of 512; no more edges
+    # than a row needs (but at least 16)
+    L = gat_fused.Launch
+    assert gat_fused._block_sizes(1, 16, 492.0) == (1, 16, L(128, 1), L(32, 1), L(32, 1))
+    assert gat_fused._block_sizes(8, 8, 492.0) == (8, 8, L(32, 1), L(8, 1), L(8, 1))
+    assert gat_fused._block_sizes(8, 8, 4.5) == (8, 8, L(16, 1), L(8, 1), L(8, 1))
+    assert gat_fused._block_sizes(1, 16, 4.5) == (1, 16, L(16, 1), L(16, 1), L(16, 1))
+    assert gat_fused._block_sizes(8, 7, 3.0)[:2] == (8, 8)
     graph = _graph()
     h, s, t = _inputs(graph, 2, 3, seed=1)
     ref = fused_gat_attention(graph, h, s, t)[0]
-    with gat_fused.tuning(block_e=4, num_warps=2, chunk=40):
+    with gat_fused.tuning(block_e=4, num_warps=2, chunk=40, col=(8, 1)):
         cfg = gat_fused._Config(graph, h, s.dtype, SLOPE, 0.0, 0, "gar", 40)
-        assert (cfg.block_e, cfg.num_warps) == (4, 2)
+        assert (cfg.fwd, cfg.row, cfg.col) == (L(4, 2), L(4, 2), L(8, 1))
         torch.testing.assert_close(fused_gat_attention(graph, h, s, t)[0], ref, atol=1e-12, rtol=1e-12)
     assert gat_fused._TUNING == {}
     with pytest.raises(ValueError, match="power of two"):
         with gat_fused.tuning(block_e=3):
             pass
+    with pytest.raises(ValueError, match="row must be a pair"):
+        with gat_fused.tuning(row=4):
+            pass
+    with pytest.raises(ValueError, match=r"fwd\[1\] must be a power of two"):
+        with gat_fused.tuning(fwd=(4, 3)):
+            pass
+    assert gat_fused._TUNING == {}
     with pytest.raises(ValueError, match="chunk must be a positive int"):
         fused_gat_attention(graph, h, s, t, chunk=0)
