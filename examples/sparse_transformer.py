@@ -20,8 +20,12 @@ factorised token embedding (type + key + value vectors) + sinusoidal positions -
 on position 0. The ``dense`` model gives its layers no mask (PyTorch's fused SDPA, full
 attention); the ``sparse`` model gives them a fusegnn mask (Longformer: window +
 ``--num-global`` global tokens, or BigBird: plus random blocks), run by
-:func:`fusegnn.sparse.sparse_attention.sparse_attention` (the fused block-sparse Triton
-kernel on a GPU, the dense reference on the CPU). On CUDA both run under bf16 autocast.
+:func:`fusegnn.sparse.sparse_attention.sparse_attention` with ``--aggregation`` (default
+``auto``: on a GPU the fused block-sparse Triton kernel, or PyTorch's dense SDPA with the
+boolean mask where the op's calibrated cost model predicts it faster -- short sequences;
+the dense reference on the CPU). The summary's ``sparse_path`` / ``sparse_path_label``
+say which path the sparse model's training step takes, ``sparse_path_reason`` why. On
+CUDA both run under bf16 autocast.
 
 Per step it logs the training loss of both models and their step times (CUDA-event /
 ``perf_counter``, the first ``--warmup`` steps excluded from the mean); at the end it
@@ -52,6 +56,7 @@ except ImportError:  # running from a source checkout without installing
 
 from fusegnn.layers import SparseTransformerEncoderLayer
 from fusegnn.sparse.masks import Mask, bigbird, longformer
+from fusegnn.sparse.sparse_attention import ATTENTION_AGGREGATIONS, explain_attention
 
 FILLER, QUERY0 = 0, 1  # token ids: filler, then query tokens (one per key), then records
 
@@ -75,7 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=5, help="first steps not counted in the step time")
     p.add_argument("--eval-batches", type=int, default=8)
-    p.add_argument("--aggregation", default="auto", choices=("auto", "block", "element", "reference"))
+    p.add_argument("--aggregation", default="auto", choices=ATTENTION_AGGREGATIONS,
+                   help="path of the sparse model's attention (see fusegnn.sparse.sparse_attention)")
     p.add_argument("--models", default="dense,sparse", help="comma-separated subset of dense,sparse")
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
@@ -267,12 +273,15 @@ def train(args: argparse.Namespace) -> dict:
         "models": {},
     }
     if mask is not None:
-        from fusegnn.sparse.sparse_attention import explain_attention
-
+        # what a training step of the sparse model runs: its q shape and dtype (bf16 under
+        # autocast on CUDA), with a backward
         probe = torch.empty(1, args.heads, args.seq_len, args.d_model // args.heads, device=device,
                             dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
-        decision = explain_attention(probe, mask, aggregation=args.aggregation)
+        probe = probe.expand(args.batch, -1, -1, -1)
+        decision = explain_attention(probe, mask, aggregation=args.aggregation, backward=True)
         summary["sparse_path"] = decision.name
+        summary["sparse_path_label"] = decision.label
+        summary["sparse_path_reason"] = decision.reason
         summary["mask"] = repr(mask)
     for name, model in models.items():
         counted = times[name][args.warmup:] or times[name]
@@ -321,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             f"eval acc {res['eval']['accuracy']:.3f}, step {res['step_ms_median']:.2f} ms (median)"
         )
     if "speedup_sparse_over_dense" in summary:
-        print(f"sparse ({summary.get('sparse_path')}) is {summary['speedup_sparse_over_dense']:.2f}x the speed of dense")
+        print(f"sparse ({summary.get('sparse_path_label')}) is {summary['speedup_sparse_over_dense']:.2f}x the speed of dense")
     if args.plot:
         plot(summary, args.plot)
     if args.json:

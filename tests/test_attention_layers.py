@@ -1,7 +1,7 @@
 """SparseMultiheadAttention / SparseTransformerEncoderLayer against PyTorch's
 nn.MultiheadAttention / nn.TransformerEncoderLayer given the equivalent dense boolean
 ``attn_mask`` (weights copied with ``load_state_dict``), on the CPU through the
-``reference`` and ``element`` paths; and a smoke run of ``examples/sparse_transformer.py``.
+``reference``, ``element`` and ``dense`` (SDPA) paths; and a smoke run of ``examples/sparse_transformer.py``.
 
 PyTorch's boolean ``attn_mask`` is ``True`` where attention is *not* allowed, so it is the
 negation of ``mask.dense()``. Masks here leave no row empty (PyTorch returns NaN there,
@@ -23,7 +23,7 @@ from fusegnn.sparse.block_layout import BlockLayout
 from fusegnn.sparse.masks import bigbird, causal, from_dense, longformer, sliding_window, stack_heads
 
 REPO = Path(__file__).resolve().parents[1]
-PATHS = ["reference", "element"]
+PATHS = ["reference", "element", "dense"]
 
 
 def _x(B, L, E, seed, dtype=torch.float64):
@@ -154,7 +154,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="divisible"):
         SparseMultiheadAttention(10, 3)
     with pytest.raises(ValueError, match="aggregation"):
-        SparseMultiheadAttention(8, 2, aggregation="dense")
+        SparseMultiheadAttention(8, 2, aggregation="gar")
     with pytest.raises(ValueError, match="activation"):
         SparseTransformerEncoderLayer(8, 2, activation="tanh")
     mha = SparseMultiheadAttention(8, 2)
@@ -181,7 +181,14 @@ def test_example_quick_run_json(capsys):
     out = capsys.readouterr().out
     summary = json.loads(out.strip().splitlines()[-1])
     assert set(summary["models"]) == {"dense", "sparse"}
-    assert summary["sparse_path"] == ("block" if torch.cuda.is_available() else "reference")
+    if torch.cuda.is_available():  # the auto rule for the training step's sizes (B=4, H=2, D=16)
+        from fusegnn.sparse.sparse_attention import auto_attention_rule
+
+        expected = auto_attention_rule(longformer(64, 8, 16), batch=4, heads=2, head_dim=16, backward=True)
+        assert summary["sparse_path_label"] == expected.label
+    else:
+        assert summary["sparse_path"] == "reference"
+    assert summary["sparse_path_reason"]
     for res in summary["models"].values():
         assert len(res["loss_curve"]) == 3 and all(map(lambda v: v == v, res["loss_curve"]))
         assert res["step_ms_median"] > 0 and 0 <= res["eval"]["accuracy"] <= 1

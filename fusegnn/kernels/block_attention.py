@@ -64,10 +64,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fusegnn.kernels._edge_utils import LazyKernel, fused_can_run, interpreter_enabled, next_pow2
+from fusegnn.kernels._edge_utils import LazyKernel, interpreter_enabled, next_pow2
 
 __all__ = [
     "BlockSparseAttentionFunction",
+    "LaunchConfig",
     "block_sparse_attention",
     "block_sparse_attention_lse",
     "launch_config",
@@ -578,10 +579,24 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, layout) -> None:
             f"layout is on {layout.row_ptr.device} but q is on {q.device}: "
             f"build it on q's device or call layout.to(q.device)"
         )
-    if not fused_can_run(q, k, v):
+    if triton is None or not (q.device.type == "cuda" or (q.device.type == "cpu" and interpreter_enabled())):
         raise RuntimeError(
             "block_sparse_attention needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU) and triton"
         )
+
+
+def _check_launch(launch) -> None:
+    if launch is not None and not isinstance(launch, LaunchConfig):
+        raise TypeError(f"launch must be a LaunchConfig or None, got {type(launch).__name__}")
+    if launch is not None:
+        for name in ("fwd_warps", "bwd_warps"):
+            w = getattr(launch, name)
+            if not isinstance(w, int) or w < 1 or w & (w - 1):
+                raise ValueError(f"launch.{name} must be a power of two >= 1, got {w!r}")
+        for name in ("fwd_stages", "bwd_stages"):
+            st = getattr(launch, name)
+            if not isinstance(st, int) or st < 1:
+                raise ValueError(f"launch.{name} must be an int >= 1, got {st!r}")
 
 
 def _last_contiguous(t: Tensor) -> Tensor:
@@ -592,7 +607,9 @@ def _strides(t: Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, layout, scale: float, precision: str) -> tuple[Tensor, Tensor]:
+def _forward(
+    q: Tensor, k: Tensor, v: Tensor, layout, scale: float, precision: str, launch: LaunchConfig | None = None
+) -> tuple[Tensor, Tensor]:
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
     out = torch.empty(B, H, L_q, D, dtype=q.dtype, device=q.device)
@@ -604,7 +621,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, layout, scale: float, precision: s
         return out, lse
     BM, BN = int(layout.BM), int(layout.BN)
     BD = max(16, next_pow2(D))
-    cfg = launch_config(BM, BN, D)
+    cfg = launch if launch is not None else launch_config(BM, BN, D)
     grid = (layout.nrb * B * H,)
     _fwd[grid](
         q, k, v, out, lse,
@@ -620,7 +637,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, layout, scale: float, precision: s
 
 def _backward(
     do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, layout, scale: float,
-    precision: str, need_dq: bool, need_dkdv: bool,
+    precision: str, need_dq: bool, need_dkdv: bool, launch: LaunchConfig | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
@@ -635,7 +652,7 @@ def _backward(
     do = _last_contiguous(do)
     BM, BN = int(layout.BM), int(layout.BN)
     BD = max(16, next_pow2(D))
-    cfg = launch_config(BM, BN, D)
+    cfg = launch if launch is not None else launch_config(BM, BN, D)
     delta = torch.empty(B, H, L_q, dtype=torch.float32, device=q.device)
     _bwd_preprocess[(triton.cdiv(L_q, 64), B * H)](
         out, do, delta, *_strides(out), *_strides(do), H, L_q, D, BM=64, BD=BD, num_warps=4,
@@ -666,16 +683,19 @@ def _backward(
 
 
 class BlockSparseAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper: ``apply(q, k, v, layout, scale, precision) -> out``."""
+    """Autograd wrapper: ``apply(q, k, v, layout, scale, precision, launch) -> (out, lse)``
+    (``lse`` base 2, not differentiable; ``launch`` a :class:`LaunchConfig` or ``None``
+    for :func:`launch_config`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, layout, scale, precision):  # type: ignore[override]
+    def forward(ctx, q, k, v, layout, scale, precision, launch=None):  # type: ignore[override]
         q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
-        out, lse = _forward(q, k, v, layout, scale, precision)
+        out, lse = _forward(q, k, v, layout, scale, precision, launch)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout = layout
         ctx.scale = scale
         ctx.precision = precision
+        ctx.launch = launch
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -687,26 +707,43 @@ class BlockSparseAttentionFunction(torch.autograd.Function):
             grad_out = torch.zeros_like(out)
         dq, dk, dv = _backward(
             grad_out, q, k, v, out, lse, ctx.layout, ctx.scale, ctx.precision,
-            need_dq, need_dk or need_dv,
+            need_dq, need_dk or need_dv, ctx.launch,
         )
-        return dq, (dk if need_dk else None), (dv if need_dv else None), None, None, None
+        return dq, (dk if need_dk else None), (dv if need_dv else None), None, None, None, None
 
 
 def block_sparse_attention_lse(
-    q: Tensor, k: Tensor, v: Tensor, layout, scale: float | None = None, *, allow_tf32: bool | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout,
+    scale: float | None = None,
+    *,
+    allow_tf32: bool | None = None,
+    launch: LaunchConfig | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Like :func:`block_sparse_attention`, also returning the natural-log log-sum-exp
     ``[B, H, L_q]`` float32 of each row's allowed scores (``+inf`` for empty rows; not
     differentiable)."""
     _check_inputs(q, k, v, layout)
+    _check_launch(launch)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    out, lse2 = BlockSparseAttentionFunction.apply(q, k, v, layout, float(scale), _precision(q.dtype, allow_tf32))
+    out, lse2 = BlockSparseAttentionFunction.apply(
+        q, k, v, layout, float(scale), _precision(q.dtype, allow_tf32), launch
+    )
     return out, lse2 / _LOG2E
 
 
 def block_sparse_attention(
-    q: Tensor, k: Tensor, v: Tensor, layout, scale: float | None = None, *, allow_tf32: bool | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout,
+    scale: float | None = None,
+    *,
+    allow_tf32: bool | None = None,
+    launch: LaunchConfig | None = None,
 ) -> Tensor:
     r"""Masked softmax attention over the non-empty blocks of ``layout``, fused.
 
@@ -720,9 +757,16 @@ def block_sparse_attention(
         scale: multiplies :math:`q \cdot k` (default :math:`1/\sqrt{D}`).
         allow_tf32: float32 inputs only: use TF32 tensor cores (default: when
             ``torch.get_float32_matmul_precision() != "highest"``).
+        launch: ``num_warps`` / ``num_stages`` of the forward and backward kernels
+            (``None``: :func:`launch_config`'s table; for tuning sweeps).
 
     Returns:
         ``[B, H, L_q, D]`` in ``q``'s dtype; rows with no allowed key are zero.
         Differentiable in ``q``, ``k``, ``v`` (deterministic backward, no atomics).
     """
-    return block_sparse_attention_lse(q, k, v, layout, scale, allow_tf32=allow_tf32)[0]
+    _check_inputs(q, k, v, layout)
+    _check_launch(launch)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    out, _ = BlockSparseAttentionFunction.apply(q, k, v, layout, float(scale), _precision(q.dtype, allow_tf32), launch)
+    return out

@@ -21,8 +21,12 @@ where :math:`\operatorname{softmax}_M` normalises each row over the keys the mas
 
 The mask's block layout is built once per (mask, block size, device) and cached on the
 mask by ``sparse_attention``, so a layer called with the same mask every step builds it
-once. On the CPU ``aggregation="auto"`` runs the dense reference; on CUDA the fused
-block-sparse kernel (or the element-level path for very irregular masks).
+once. On the CPU ``aggregation="auto"`` runs the dense reference; on CUDA the cheapest,
+under the op's calibrated cost model, of PyTorch's dense SDPA (``is_causal=True`` for an
+exactly causal mask, no mask for a full one, else the boolean mask -- e.g. at short
+sequences, where the sparse kernels' fixed cost dominates) and the fused block-sparse
+kernel (or the element-level path for very irregular masks); see
+:func:`~fusegnn.sparse.sparse_attention.explain_attention`.
 """
 
 from __future__ import annotations
@@ -61,8 +65,8 @@ class SparseMultiheadAttention(nn.Module):
             never materialise the weights), anything else raises ``ValueError``.
         bias: add biases to the input and output projections.
         batch_first: inputs are ``[B, L, E]`` (default) rather than ``[L, B, E]``.
-        aggregation: ``"auto"``, ``"block"``, ``"element"`` or ``"reference"`` (see
-            :func:`~fusegnn.sparse.sparse_attention.sparse_attention`).
+        aggregation: ``"auto"``, ``"block"``, ``"element"``, ``"reference"`` or
+            ``"dense"`` (see :func:`~fusegnn.sparse.sparse_attention.sparse_attention`).
         block_size: ``BM`` or ``(BM, BN)`` of the layout built from a ``Mask``
             (``None``: the op's default).
 

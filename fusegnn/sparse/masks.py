@@ -305,6 +305,54 @@ class Mask:
             self._cache[key] = compute()
         return self._cache[key]
 
+    def structure(
+        self, device: torch.device | str | None = None, block_size: tuple[int, int] = (64, 64)
+    ) -> str:
+        r"""What dense attention kernels can exploit about this mask (every head):
+
+        * ``"full"`` -- every ``(q, k)`` is allowed (no mask needed);
+        * ``"causal"`` -- ``L_q == L_k >= 2`` and :math:`\mathrm{allowed}(q, k) = [k \le q]`
+          exactly (SDPA's ``is_causal=True``);
+        * ``"general"`` -- anything else (a causal mask restricted to a window, a causal
+          mask with an emptied row, ... are general).
+
+        Decided from the definition, never by materialising ``L_q x L_k``: the block map
+        at ``block_size`` (analytic for the structured masks) must be all :data:`FULL`
+        (``"full"``), or equal to the causal block map -- full below the diagonal, empty
+        above -- with the element patterns of the partial blocks only (those crossing the
+        diagonal, about ``L / BM`` of them) equal to the causal ones. A
+        :func:`causal` mask answers at once. ``block_size`` changes only the work, not the
+        answer (pass the block size a layout uses, so its cached block map is reused).
+        Cached per device.
+        """
+        BM, BN = _check_block_size(*block_size)
+        device = _device(device)
+        key = ("structure", device)
+        if key not in self._cache:
+            self._cache[key] = self._structure(BM, BN, device)
+        return self._cache[key]
+
+    def _structure(self, BM: int, BN: int, device: torch.device) -> str:
+        bmap = self._block_map3(BM, BN, device)  # [H, nrb, ncb]
+        if bool((bmap == FULL).all()):
+            return "full"
+        if self.L_q != self.L_k:
+            return "general"
+        ref = Causal(self.L_q)
+        want = ref._block_map3(BM, BN, device)  # [1, nrb, ncb]
+        if not torch.equal(bmap, want.expand_as(bmap)):
+            return "general"
+        h, rb, cb = (bmap == PARTIAL).nonzero(as_tuple=True)
+        step = max(1, _CHUNK_ELEMENTS // (BM * BN))
+        for s in range(0, rb.numel(), step):
+            sl = slice(s, s + step)
+            patterns, pid = self._patterns(h[sl], rb[sl], cb[sl], BM, BN, device)
+            mine = patterns[pid]
+            theirs = ref._elements(torch.zeros_like(rb[sl]), rb[sl], cb[sl], BM, BN, device)
+            if not torch.equal(mine, theirs):
+                return "general"
+        return "causal"
+
     def __or__(self, other: "Mask") -> "Mask":
         return CombinedMask.make("union", self, other)
 
@@ -540,6 +588,9 @@ class Causal(_ShiftInvariant):
     def _block_map(self, BM, BN, device):
         a, b, c, d = self._bounds(BM, BN, device)
         return _codes(empty=c > b, full=d <= a).unsqueeze(0)
+
+    def _structure(self, BM, BN, device):
+        return "full" if self.L == 1 else "causal"
 
 
 class SlidingWindow(_ShiftInvariant):

@@ -12,7 +12,7 @@ and :math:`\mathrm{out}_i = 0` when :math:`N(i)` is empty (never NaN). ``scale``
 defaults to :math:`1/\sqrt{D}`. Tensors follow SDPA's layout: ``q`` ``[B, H, L_q, D]``,
 ``k`` ``[B, H, L_k, D]``, ``v`` ``[B, H, L_k, D_v]``.
 
-Three implementations (``aggregation=``):
+Four implementations (``aggregation=``):
 
 * ``"reference"`` -- dense masked softmax in PyTorch over the ``L_q x L_k`` boolean
   mask (the oracle; any device and dtype; memory ``O(B H L_q L_k)``);
@@ -27,10 +27,43 @@ Three implementations (``aggregation=``):
   ``O(B H nnz)``; for masks too irregular for blocks;
 * ``"block"`` -- the fused block-sparse FlashAttention-style Triton kernel of
   :mod:`fusegnn.kernels.block_attention` over a :class:`BlockLayout`;
-* ``"auto"`` -- ``"reference"`` off CUDA; on CUDA ``"block"``, except ``"element"``
-  when the block kernel is not available or when the allowed elements fill less than
-  :data:`ELEMENT_MAX_FILL` of the non-empty blocks (a very irregular mask, where blocks
-  would compute mostly masked-out scores).
+* ``"dense"`` -- PyTorch's dense ``torch.nn.functional.scaled_dot_product_attention``
+  (its flash / memory-efficient kernels), in the variant the mask allows
+  (:meth:`~fusegnn.sparse.masks.Mask.structure`, decided from the mask's definition):
+  no mask when every element is allowed (``"no mask"``), ``is_causal=True`` when the mask
+  is exactly :math:`k \le q` (``"causal"``), else the boolean ``attn_mask``
+  (``"bool mask"``; rows with no allowed key are given every key inside SDPA, so that it
+  stays finite, and their output is then set to zero -- never NaN, and no gradient flows
+  from them);
+* ``"auto"`` -- ``"reference"`` off CUDA; on CUDA the cheapest of dense SDPA and the
+  sparse path under the calibrated cost model below, where the sparse path is
+  ``"block"``, or ``"element"`` when the block kernel is not available or when the
+  allowed elements fill less than :data:`ELEMENT_MAX_FILL` of the non-empty blocks (a very
+  irregular mask, where blocks would compute mostly masked-out scores).
+
+**The auto rule's cost model** (:func:`predict_attention_ms`, :data:`COST_MODELS`),
+milliseconds of one call on the calibration GPU, for ``B`` batches, ``H`` heads, head
+dim ``D`` (the per-unit costs scale with ``D / 64``), forward only or forward + backward
+(``backward``: whether a gradient will be needed, i.e. grad mode is on and ``q``, ``k``
+or ``v`` requires grad):
+
+.. math::
+    t_\mathrm{dense} = a_d + c_d\, f\, \tfrac{D}{64}\, B H L_q L_k, \qquad
+    f = 1 \text{ (no mask)},\ f_\mathrm{causal} \text{ (is\_causal)},\
+    f_\mathrm{mask} \text{ (bool mask)}
+
+.. math::
+    t_\mathrm{block} = a_b + c_b\, \tfrac{D}{64}\, \tfrac{BM \cdot BN}{64 \cdot 64}\,
+    n_\mathrm{blocks}, \qquad
+    t_\mathrm{element} = a_e + c_e\, \tfrac{D}{64}\, n_\mathrm{allowed}
+
+with :math:`n_\mathrm{blocks}` the non-empty blocks and :math:`n_\mathrm{allowed}` the
+allowed elements, both summed over the ``B * H`` (batch, head) pairs. Dense SDPA with a
+boolean mask is considered only while the mask has at most
+:data:`DENSE_MASK_MAX_ELEMENTS` elements (it is materialised, and SDPA turns it into an
+additive bias of the same size). The rule takes dense when
+:math:`t_\mathrm{dense} < t_\mathrm{sparse}`. :func:`explain_attention` gives the
+decision, its reason and the predicted times.
 
 The mask is a :class:`~fusegnn.sparse.masks.Mask` or a prebuilt
 :class:`~fusegnn.sparse.block_layout.BlockLayout`. Layouts built from a mask are cached
@@ -41,10 +74,12 @@ is processed once.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from numbers import Real
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fusegnn.sparse.block_layout import BlockLayout, check_block_size
@@ -55,14 +90,23 @@ from fusegnn.sparse.ops import edge_softmax, sddmm, spmm
 
 __all__ = [
     "ATTENTION_AGGREGATIONS",
+    "AttentionDecision",
+    "COST_MODELS",
+    "CostModel",
+    "DENSE_CAUSAL_FACTOR",
+    "DENSE_MASK_FACTOR",
+    "DENSE_MASK_MAX_ELEMENTS",
+    "DENSE_VARIANTS",
     "ELEMENT_MAX_FILL",
-    "sparse_attention",
-    "masked_attention_reference",
-    "explain_attention",
+    "auto_attention_rule",
     "default_block_size",
+    "explain_attention",
+    "masked_attention_reference",
+    "predict_attention_ms",
+    "sparse_attention",
 ]
 
-ATTENTION_AGGREGATIONS = ("auto", "block", "element", "reference")
+ATTENTION_AGGREGATIONS = ("auto", "block", "element", "reference", "dense")
 
 # "auto" on CUDA takes the element path when allowed elements fill less than this
 # fraction of the non-empty blocks' BM x BN elements. Calibrated on an NVIDIA H200
@@ -71,6 +115,127 @@ ATTENTION_AGGREGATIONS = ("auto", "block", "element", "reference")
 # on a random graph mask at fill 0.001-0.004 (L=4096, 16384); the block path won at fill
 # 0.016 (same mask, L=1024) and above, by 4-50x on the structured masks.
 ELEMENT_MAX_FILL = 0.01
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Constants of the auto rule's cost model (see the module docstring): overheads in
+    ms per call; per-unit costs in ms at head dim 64 per dense ``(b, h, q, k)`` element,
+    per non-empty 64 x 64 block of one ``(b, h)`` pair, per allowed element of one pair."""
+
+    dense_overhead_ms: float
+    dense_ms_per_element: float
+    block_overhead_ms: float
+    block_ms_per_block: float
+    element_overhead_ms: float
+    element_ms_per_edge: float
+
+
+# Fitted on an NVIDIA H200 (torch 2.11, Triton 3.6; B=4, H=12, D=64, bf16) to the
+# measurements in benchmarks/results/attention/nvidia-h200.json (the attention suite:
+# sdpa without a mask and fusegnn's block path at 64 x 64, 5 masks x L in 1024, 4096,
+# 16384) and calibration-nvidia-h200.json (block 64 x 64 and element timings, 7 masks),
+# by weighted least squares on the relative error (fit_cost_models in
+# benchmarks/attention_calibrate.py; reproduce with
+#   python -m benchmarks.attention_calibrate --fit benchmarks/results/attention/nvidia-h200.json \
+#       benchmarks/results/attention/calibration-nvidia-h200.json
+# ). "fwd": forward only; "fwdbwd": forward + backward. Relative errors of the fit: dense
+# within 0.78-1.21, block within 0.81-1.14 (fwd) and 0.64-1.45 (fwd+bwd: at L = 1024
+# the block path's time is mostly its fixed per-call overhead, which varied 0.45-1.0 ms
+# between the two runs), element 0.34-1.41 (only its order of magnitude matters).
+COST_MODELS: dict[str, CostModel] = {
+    "fwd": CostModel(
+        dense_overhead_ms=0.0339, dense_ms_per_element=5.47e-10,
+        block_overhead_ms=0.0998, block_ms_per_block=4.07e-6,
+        element_overhead_ms=0.425, element_ms_per_edge=6.14e-8,
+    ),
+    "fwdbwd": CostModel(
+        dense_overhead_ms=0.141, dense_ms_per_element=1.93e-9,
+        block_overhead_ms=0.560, block_ms_per_block=1.40e-5,
+        element_overhead_ms=1.17, element_ms_per_edge=2.15e-7,
+    ),
+}
+
+# Per-element cost of SDPA with is_causal=True relative to no mask. Not yet measured on
+# the H200 (the suite times SDPA without a mask only): FlashAttention skips the blocks
+# above the diagonal, half of the work at long L -- the issue's "halved for causal".
+# benchmarks/attention_calibrate.py measures it (sdpa-causal) and prints the fitted value.
+DENSE_CAUSAL_FACTOR = 0.5
+
+# Per-element cost of SDPA with a boolean attn_mask relative to no mask. Not yet measured
+# on the H200: a mask rules out the flash kernel, and the memory-efficient kernel that
+# takes it ran at 1.9x flash's time on an A100 (xformers issue 924: 1343 vs 715 us,
+# B=1, L=2048, H=72, D=128). benchmarks/attention_calibrate.py measures it (sdpa-mask).
+DENSE_MASK_FACTOR = 2.0
+
+# auto considers SDPA with a boolean mask only up to this many mask elements
+# (L_q * L_k * mask heads; 2**26 = an 8192 x 8192 mask): the mask is materialised and
+# cached, and SDPA builds an additive bias of as many elements in the inputs' dtype.
+DENSE_MASK_MAX_ELEMENTS = 1 << 26
+
+#: variants of the dense path: no mask, is_causal=True, boolean attn_mask
+DENSE_VARIANTS = ("no mask", "causal", "bool mask")
+_VARIANT_OF_STRUCTURE = {"full": "no mask", "causal": "causal", "general": "bool mask"}
+
+
+@dataclass(frozen=True)
+class AttentionDecision(Decision):
+    """A :class:`~fusegnn.sparse.dispatch.Decision` of :func:`explain_attention`, plus:
+
+    Attributes:
+        dense_variant: for ``name == "dense"``, one of :data:`DENSE_VARIANTS`.
+        block_size: ``(BM, BN)`` of the block path (``None`` otherwise).
+        predicted_ms: ``(label, ms)`` pairs of the cost model when the auto rule used it.
+    """
+
+    dense_variant: str | None = None
+    block_size: tuple[int, int] | None = None
+    predicted_ms: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``"dense sdpa (causal)"``, ``"block 64x64"``, ``"element"``, ``"reference"``."""
+        if self.name == "dense":
+            return f"dense sdpa ({self.dense_variant})"
+        if self.name == "block" and self.block_size is not None:
+            return f"block {self.block_size[0]}x{self.block_size[1]}"
+        return self.name
+
+
+def predict_attention_ms(
+    path: str,
+    work: float,
+    *,
+    head_dim: int,
+    backward: bool,
+    dense_variant: str = "no mask",
+    block_size: tuple[int, int] = (64, 64),
+) -> float:
+    r"""The cost model's milliseconds for one call (see the module docstring).
+
+    Args:
+        path: ``"dense"``, ``"block"`` or ``"element"``.
+        work: summed over the ``B * H`` (batch, head) pairs: ``L_q * L_k`` elements
+            (dense), non-empty blocks (block), allowed elements (element).
+        head_dim: ``D``; per-unit costs scale with ``D / 64``.
+        backward: forward + backward (:data:`COST_MODELS` ``["fwdbwd"]``), else forward.
+        dense_variant: one of :data:`DENSE_VARIANTS` (dense path).
+        block_size: ``(BM, BN)`` (block path); the per-block cost scales with
+            ``BM * BN / 64**2``.
+    """
+    model = COST_MODELS["fwdbwd" if backward else "fwd"]
+    d = head_dim / 64.0
+    if path == "dense":
+        factors = {"no mask": 1.0, "causal": DENSE_CAUSAL_FACTOR, "bool mask": DENSE_MASK_FACTOR}
+        if dense_variant not in factors:
+            raise ValueError(f"dense_variant must be one of {DENSE_VARIANTS}, got {dense_variant!r}")
+        return model.dense_overhead_ms + model.dense_ms_per_element * factors[dense_variant] * d * work
+    if path == "block":
+        area = block_size[0] * block_size[1] / 4096.0
+        return model.block_overhead_ms + model.block_ms_per_block * d * area * work
+    if path == "element":
+        return model.element_overhead_ms + model.element_ms_per_edge * d * work
+    raise ValueError(f"path must be 'dense', 'block' or 'element', got {path!r}")
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -229,43 +394,171 @@ def _element_path(q: Tensor, k: Tensor, v: Tensor, mask: Mask, scale: float, agg
     return unnodes(out).contiguous()
 
 
+def _structure_block_size(mask: Mask | BlockLayout, block_size: tuple[int, int] | None) -> tuple[int, int]:
+    if isinstance(mask, BlockLayout):
+        return (mask.BM, mask.BN)
+    return block_size if block_size is not None else default_block_size(mask.L_q, mask.L_k)
+
+
+def _dense_variant(mask: Mask | BlockLayout, block_size: tuple[int, int] | None, device: torch.device) -> str:
+    """The dense SDPA variant of ``mask`` (:data:`DENSE_VARIANTS`), from
+    :meth:`Mask.structure` evaluated at the layout's block size (its cached block map)."""
+    structure = _mask_of(mask).structure(device, _structure_block_size(mask, block_size))
+    return _VARIANT_OF_STRUCTURE[structure]
+
+
+def _sdpa_bool_mask(mask: Mask, device: torch.device) -> tuple[Tensor, Tensor | None]:
+    """``(attn_mask, has_key)`` for SDPA: ``attn_mask`` bool ``[1, 1, L_q, L_k]`` (or
+    ``[1, H, L_q, L_k]`` per head), ``True`` = may attend, with the rows that allow no
+    key set to all ``True`` (SDPA would give NaN there); ``has_key`` bool
+    ``[1, 1 or H, L_q, 1]``, ``False`` at those rows, or ``None`` when there is none.
+    Cached on the mask per device while it has at most :data:`DENSE_MASK_MAX_ELEMENTS`
+    elements."""
+
+    def build() -> tuple[Tensor, Tensor | None]:
+        dense = mask.dense(device)
+        dense = dense.view(1, 1, *dense.shape) if dense.dim() == 2 else dense.unsqueeze(0)
+        has_key = dense.any(dim=-1, keepdim=True)
+        if bool(has_key.all()):
+            return dense, None
+        return dense | ~has_key, has_key
+
+    if mask.num_heads * mask.L_q * mask.L_k <= DENSE_MASK_MAX_ELEMENTS:
+        return mask.cached(("sdpa_bool_mask", device), build)
+    return build()
+
+
+def _dense_path(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, scale: float, variant: str) -> Tensor:
+    if variant == "no mask":
+        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+    if variant == "causal":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    attn_mask, has_key = _sdpa_bool_mask(_mask_of(mask), q.device)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
+    if has_key is not None:  # rows with no allowed key: zeros (and no gradient)
+        out = torch.where(has_key, out, torch.zeros((), dtype=out.dtype, device=out.device))
+    return out
+
+
 # ----------------------------------------------------------------------------- dispatch
+def auto_attention_rule(
+    mask: Mask | BlockLayout,
+    *,
+    batch: int,
+    heads: int,
+    head_dim: int,
+    backward: bool,
+    block_size: int | tuple[int, int] | None = None,
+    device: torch.device | str = "cpu",
+    element_allowed: bool = True,
+) -> AttentionDecision:
+    r"""The ``"auto"`` rule of :func:`sparse_attention` on CUDA (where block kernel and
+    dtype are supported), for ``batch`` x ``heads`` (batch, head) pairs of head dim
+    ``head_dim``: evaluated on ``device`` (it builds and caches the block layout there;
+    any device gives the same decision).
+
+    1. The sparse path: ``"element"`` when the allowed elements fill less than
+       :data:`ELEMENT_MAX_FILL` of the non-empty blocks' ``BM x BN`` elements (and
+       ``element_allowed``), else ``"block"``.
+    2. The dense variant from :meth:`Mask.structure`: ``"no mask"`` (every element
+       allowed), ``"causal"`` (exactly ``k <= q``), else ``"bool mask"`` -- not
+       considered above :data:`DENSE_MASK_MAX_ELEMENTS` mask elements.
+    3. ``"dense"`` when its predicted time (:func:`predict_attention_ms`) is below the
+       sparse path's, else the sparse path.
+    """
+    bs = _as_block_size(block_size)
+    device = torch.device(device)
+    layout = _layout_of(mask, bs, device)
+    BM, BN = layout.BM, layout.BN
+    pairs = batch * heads
+    per_layout_head = pairs // layout.num_heads  # pairs that share each layout head
+    blocks = layout.nnzb * per_layout_head
+    allowed = layout.density * layout.num_heads * layout.L_q * layout.L_k * per_layout_head
+    computed = layout.nnzb * BM * BN
+    fill = layout.density * layout.num_heads * layout.L_q * layout.L_k / computed if computed else 1.0
+    mode = "fwd+bwd" if backward else "fwd"
+    predict = lambda path, work, **kw: predict_attention_ms(path, work, head_dim=head_dim, backward=backward, **kw)  # noqa: E731
+
+    if element_allowed and fill < ELEMENT_MAX_FILL:
+        sparse = AttentionDecision("element", "", block_size=None)
+        sparse_ms = predict("element", allowed)
+        why_sparse = f"allowed elements fill {fill:.3f} < {ELEMENT_MAX_FILL} of the non-empty blocks"
+    else:
+        sparse = AttentionDecision("block", "", block_size=(BM, BN))
+        sparse_ms = predict("block", blocks, block_size=(BM, BN))
+        why_sparse = f"allowed elements fill {fill:.3f} >= {ELEMENT_MAX_FILL} of the non-empty blocks"
+    predicted = [(sparse.label, sparse_ms)]
+
+    variant = _dense_variant(mask, bs, device)
+    mask_elements = layout.num_heads * layout.L_q * layout.L_k
+    if variant == "bool mask" and mask_elements > DENSE_MASK_MAX_ELEMENTS:
+        reason = (
+            f"{sparse.label}: {why_sparse}; dense sdpa (bool mask) not considered: the mask has "
+            f"{mask_elements} elements > DENSE_MASK_MAX_ELEMENTS = {DENSE_MASK_MAX_ELEMENTS}"
+        )
+        return AttentionDecision(sparse.name, reason, block_size=sparse.block_size, predicted_ms=tuple(predicted))
+    dense = AttentionDecision("dense", "", dense_variant=variant)
+    dense_ms = predict("dense", pairs * layout.L_q * layout.L_k, dense_variant=variant)
+    predicted.insert(0, (dense.label, dense_ms))
+    costs = f"predicted {mode}: {dense.label} {dense_ms:.3g} ms, {sparse.label} {sparse_ms:.3g} ms"
+    if dense_ms < sparse_ms:
+        reason = f"{dense.label} is predicted faster ({costs}; {why_sparse}; mask structure: {variant})"
+        return AttentionDecision("dense", reason, dense_variant=variant, predicted_ms=tuple(predicted))
+    reason = f"{sparse.label} is predicted faster ({costs}; {why_sparse})"
+    return AttentionDecision(sparse.name, reason, block_size=sparse.block_size, predicted_ms=tuple(predicted))
+
+
+def _needs_backward(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def explain_attention(
     q: Tensor,
     mask: Mask | BlockLayout,
     *,
     aggregation: str = "auto",
     block_size: int | tuple[int, int] | None = None,
-) -> Decision:
-    """The path (``"reference"``, ``"element"`` or ``"block"``) and the reason
+    backward: bool | None = None,
+) -> AttentionDecision:
+    """The path (``"reference"``, ``"element"``, ``"block"`` or ``"dense"``) and the reason
     :func:`sparse_attention` takes for ``q`` and ``mask`` (builds and caches the block
-    layout when the rule needs it; runs no attention)."""
+    layout when the rule needs it; runs no attention). ``backward``: whether a gradient
+    will be needed (``None``: grad mode is on and ``q`` requires grad; pass it when only
+    ``k`` or ``v`` does); the cost model predicts forward or forward + backward time.
+    ``decision.label`` names the path as the benchmarks print it (``"dense sdpa
+    (causal)"``, ``"block 64x64"``), ``decision.predicted_ms`` the cost model's times."""
     if aggregation not in ATTENTION_AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {ATTENTION_AGGREGATIONS}, got {aggregation!r}")
     bs = _as_block_size(block_size)
+    if backward is None:
+        backward = _needs_backward(q)
     if aggregation != "auto":
+        reason = f"aggregation={aggregation!r} was asked for"
         if aggregation == "block":
             kernel, why = _block_kernel()
             if kernel is None:
                 raise NotImplementedError(
                     "aggregation='block' needs the fused kernel "
                     "fusegnn.kernels.block_attention.block_sparse_attention, which is not "
-                    f"available in this build ({why}); use 'element' or 'reference'"
+                    f"available in this build ({why}); use 'element', 'dense' or 'reference'"
                 )
-        return Decision(aggregation, f"aggregation={aggregation!r} was asked for")
+            BM, BN = (mask.BM, mask.BN) if isinstance(mask, BlockLayout) else (bs or default_block_size(mask.L_q, mask.L_k))
+            return AttentionDecision("block", reason, block_size=(BM, BN))
+        if aggregation == "dense":
+            variant = _dense_variant(mask, bs, q.device)
+            return AttentionDecision("dense", f"{reason}; mask structure: {variant}", dense_variant=variant)
+        return AttentionDecision(aggregation, reason)
     if q.device.type != "cuda":
-        return Decision("reference", f"q is on {q.device.type}: auto runs fused kernels on CUDA only")
+        return AttentionDecision("reference", f"q is on {q.device.type}: auto runs fused kernels on CUDA only")
     kernel, why = _block_kernel()
     if kernel is None:
-        return Decision("element", f"the block kernel is not available ({why})")
+        return AttentionDecision("element", f"the block kernel is not available ({why})")
     if q.dtype not in _block_kernel_dtypes():
-        return Decision("element", f"the block kernel does not take {q.dtype}")
-    layout = _layout_of(mask, bs, q.device)
-    computed = layout.nnzb * layout.BM * layout.BN
-    fill = layout.density * layout.num_heads * layout.L_q * layout.L_k / computed if computed else 1.0
-    if fill < ELEMENT_MAX_FILL:
-        return Decision("element", f"allowed elements fill {fill:.3f} < {ELEMENT_MAX_FILL} of the non-empty blocks")
-    return Decision("block", f"allowed elements fill {fill:.3f} >= {ELEMENT_MAX_FILL} of the non-empty blocks")
+        return AttentionDecision("element", f"the block kernel does not take {q.dtype}")
+    B, H, _, D = q.shape
+    return auto_attention_rule(
+        mask, batch=B, heads=H, head_dim=D, backward=backward, block_size=bs, device=q.device
+    )
 
 
 def sparse_attention(
@@ -288,7 +581,9 @@ def sparse_attention(
         mask: a :class:`~fusegnn.sparse.masks.Mask` over ``L_q x L_k`` (shared, or with
             ``H`` heads), or a :class:`~fusegnn.sparse.BlockLayout` built from one.
         scale: score scale; ``None`` for :math:`1/\sqrt{D}`.
-        aggregation: ``"auto"``, ``"block"``, ``"element"`` or ``"reference"``.
+        aggregation: ``"auto"``, ``"block"``, ``"element"``, ``"reference"`` or
+            ``"dense"`` (PyTorch's SDPA: no mask, ``is_causal=True`` or a boolean mask, as
+            the mask allows).
         block_size: ``BM`` (square) or ``(BM, BN)``, powers of two >= 16, for the block
             layout built from a ``Mask`` (``None``: :func:`default_block_size`).
         element_aggregation: backend of the element path's inner ``sddmm`` /
@@ -304,11 +599,15 @@ def sparse_attention(
     scale = _check_scale(scale, q.size(-1))
     if element_aggregation not in _ELEMENT_AGGREGATIONS:
         raise ValueError(f"element_aggregation must be one of {_ELEMENT_AGGREGATIONS}, got {element_aggregation!r}")
-    decision = explain_attention(q, mask, aggregation=aggregation, block_size=block_size)
+    decision = explain_attention(
+        q, mask, aggregation=aggregation, block_size=block_size, backward=_needs_backward(q, k, v)
+    )
     if decision.name == "reference":
         return _reference_path(q, k, v, _mask_of(mask), scale)
     if decision.name == "element":
         return _element_path(q, k, v, _mask_of(mask), scale, element_aggregation)
+    if decision.name == "dense":
+        return _dense_path(q, k, v, mask, scale, decision.dense_variant)
     kernel, _ = _block_kernel()
     assert kernel is not None  # explain_attention checked it
     layout = _layout_of(mask, _as_block_size(block_size), q.device)
