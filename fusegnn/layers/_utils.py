@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from fusegnn.sparse import Graph, as_graph
+from fusegnn.sparse import Graph, as_graph, library
 
 
 def glorot_(tensor: Tensor) -> Tensor:
@@ -51,3 +51,24 @@ def graph_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> Gra
             "move them to the same device"
         )
     return graph
+
+
+def graph_ref_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> library.GraphRef:
+    """:func:`graph_for` for code that ``torch.compile`` traces: the same checks, on a
+    :class:`~fusegnn.sparse.library.GraphRef` instead of a graph (no graph is built in the
+    traced part; a bare ``edge_index`` has its ids validated when the op runs)."""
+    try:
+        ref = library.graph_ref(edge_index_or_graph, x.size(0), name="edge_index_or_graph")
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{layer}: {err}") from None
+    if ref.num_src_nodes != ref.num_dst_nodes or ref.num_src_nodes != x.size(0):
+        raise ValueError(
+            f"{layer}: the graph has {ref.num_src_nodes} x {ref.num_dst_nodes} nodes "
+            f"but x has {x.size(0)} rows"
+        )
+    if ref.device != x.device:
+        raise ValueError(
+            f"{layer}: x is on {x.device} but the graph is on {ref.device}; "
+            "move them to the same device"
+        )
+    return ref

@@ -3,9 +3,12 @@
 Backends: ``reference`` (pure PyTorch, any device) is always registered; fused kernel
 backends (``gas``, ``gar``) register themselves from :mod:`fusegnn.kernels` where they
 can run. See :mod:`fusegnn.sparse.dispatch`.
+
+Importing this package also registers the ops as ``torch.library`` custom ops
+(``torch.ops.fusegnn.*``, :mod:`fusegnn.sparse.library`), which ``torch.compile`` uses.
 """
 
-from fusegnn.sparse import reference
+from fusegnn.sparse import library, reference
 from fusegnn.sparse.dispatch import (
     AGGREGATIONS,
     Backend,
@@ -51,6 +54,7 @@ __all__ = [
     "explain_attention",
     "gat_attention",
     "gcn_norm",
+    "library",
     "masks",
     "register_backend",
     "remove_self_loops",

@@ -27,6 +27,10 @@ Two implementations:
   edges together. On the CPU they run only when asked for explicitly, under the Triton
   interpreter (``TRITON_INTERPRET=1``).
 
+Under ``torch.compile`` the op is one ``torch.library`` custom op,
+``fusegnn::gat_attention`` (:mod:`fusegnn.sparse.library`), with a backward op that runs
+the fused kernels' backward (or, on the reference path, recomputes the composition).
+
 The two agree to rounding, except for the dropout mask, which is drawn from different
 random streams (``torch``'s for the reference, Philox keyed by edge and head for the
 fused kernels; the fused seed is drawn from torch's default generator, so
@@ -37,9 +41,11 @@ from __future__ import annotations
 
 from numbers import Real
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fusegnn.sparse import library
 from fusegnn.sparse.dispatch import check_aggregation, resolve_aggregation
 from fusegnn.sparse.graph import Graph
 from fusegnn.sparse.ops import as_graph, check_node_tensor, edge_softmax, sddmm, spmm
@@ -83,7 +89,10 @@ def gat_attention(
     """
     if not isinstance(h, Tensor):
         raise TypeError(f"h must be a torch.Tensor, got {type(h).__name__}")
-    graph = as_graph(graph, h.size(0) if h.dim() > 0 else None)
+    if torch.compiler.is_compiling():
+        graph = library.graph_ref(graph, h.size(0) if h.dim() > 0 else None)
+    else:
+        graph = as_graph(graph, h.size(0) if h.dim() > 0 else None)
     check_node_tensor(h, graph, graph.num_src_nodes, "h", (2, 3))
     single = h.dim() == 2
     score_dims = (1,) if single else (2,)
@@ -110,6 +119,11 @@ def gat_attention(
         raise TypeError(f"return_alpha must be a bool, got {type(return_alpha).__name__}")
     check_aggregation(aggregation)
     p = float(dropout) if training else 0.0
+    if isinstance(graph, library.GraphRef):
+        out, alpha = library.gat_attention(
+            graph, h, score_src, score_dst, float(negative_slope), p, return_alpha, aggregation
+        )
+        return (out, alpha) if return_alpha else out
 
     backend = resolve_aggregation(aggregation, graph, h, score_src, score_dst)
     if backend.name == "reference":

@@ -9,6 +9,12 @@ The three ops every GNN layer and every masked attention is built from
 
 All three accept a :class:`~fusegnn.sparse.Graph` or an ``edge_index`` tensor, never
 modify their inputs, and are differentiable with respect to every floating input.
+
+Under ``torch.compile`` (:func:`torch.compiler.is_compiling`) each op checks its
+arguments as eagerly and then calls its ``torch.library`` custom op
+(:mod:`fusegnn.sparse.library`), which Dynamo records as one opaque node and which runs
+this same eager path when the compiled code runs. Eager calls never go through the
+custom-op dispatcher.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fusegnn.sparse.dispatch import resolve_aggregation
+from fusegnn.sparse import library
+from fusegnn.sparse.dispatch import check_aggregation, resolve_aggregation
 from fusegnn.sparse.graph import Graph, check_edge_weight
 
 __all__ = ["spmm", "sddmm", "edge_softmax", "as_graph"]
@@ -34,8 +41,11 @@ def as_graph(graph: Graph | Tensor, num_nodes: int | tuple[int, int] | None = No
     raise TypeError(f"{name} must be a fusegnn.sparse.Graph or an edge_index tensor, got {type(graph).__name__}")
 
 
-def check_node_tensor(x: Tensor, graph: Graph, num_rows: int, name: str, dims: tuple[int, ...]) -> None:
-    """``x`` is a floating tensor on the graph's device with ``num_rows`` rows."""
+def check_node_tensor(
+    x: Tensor, graph: Graph | library.GraphRef, num_rows: int, name: str, dims: tuple[int, ...]
+) -> None:
+    """``x`` is a floating tensor on the graph's device with ``num_rows`` rows (a
+    ``num_rows`` of ``-1``, an unknown count under compilation, is not checked)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -46,7 +56,7 @@ def check_node_tensor(x: Tensor, graph: Graph, num_rows: int, name: str, dims: t
         raise ValueError(
             f"{name} is on {x.device} but the graph is on {graph.device}; move them to the same device"
         )
-    if x.size(0) != num_rows:
+    if num_rows >= 0 and x.size(0) != num_rows:
         raise ValueError(f"{name} has {x.size(0)} rows but the graph needs {num_rows} (one per node)")
 
 
@@ -77,11 +87,16 @@ def spmm(
     Returns:
         ``[N_dst, F]`` or ``[N_dst, H, F]``.
     """
-    graph = as_graph(graph, x.size(0) if isinstance(x, Tensor) else None)
+    if torch.compiler.is_compiling():
+        if edge_weight is None and isinstance(graph, Graph):
+            edge_weight = graph.edge_weight  # an input of the op, so its gradient flows
+        graph = library.graph_ref(graph, x.size(0) if isinstance(x, Tensor) else None)
+    else:
+        graph = as_graph(graph, x.size(0) if isinstance(x, Tensor) else None)
     check_node_tensor(x, graph, graph.num_src_nodes, "x", (2, 3))
     if reduce not in _REDUCES:
         raise ValueError(f"reduce must be one of {_REDUCES}, got {reduce!r}")
-    if edge_weight is None:
+    if edge_weight is None and isinstance(graph, Graph):
         edge_weight = graph.edge_weight
     if edge_weight is not None:
         check_edge_weight(edge_weight, graph, "edge_weight")
@@ -91,6 +106,8 @@ def spmm(
                     f"edge_weight of shape {tuple(edge_weight.shape)} has one weight per head; "
                     f"x must then be [N, H={edge_weight.size(1)}, F], got {tuple(x.shape)}"
                 )
+    if isinstance(graph, library.GraphRef):
+        return library.spmm(graph, x, edge_weight, reduce, check_aggregation(aggregation))
     backend = resolve_aggregation(aggregation, graph, x)
     return backend.spmm(graph, x, edge_weight, reduce)
 
@@ -119,7 +136,10 @@ def sddmm(
     """
     if not isinstance(a, Tensor):
         raise TypeError(f"a must be a torch.Tensor, got {type(a).__name__}")
-    graph = as_graph(graph, a.size(0))
+    if torch.compiler.is_compiling():
+        graph = library.graph_ref(graph, a.size(0))
+    else:
+        graph = as_graph(graph, a.size(0))
     check_node_tensor(a, graph, graph.num_src_nodes, "a", (1, 2, 3))
     check_node_tensor(b, graph, graph.num_dst_nodes, "b", (1, 2, 3))
     if a.shape[1:] != b.shape[1:]:
@@ -130,6 +150,8 @@ def sddmm(
         raise ValueError(f"op must be one of {_SDDMM_OPS}, got {op!r}")
     if op == "dot" and a.dim() < 2:
         raise ValueError("op='dot' needs a feature axis: a and b must be at least [N, F]")
+    if isinstance(graph, library.GraphRef):
+        return library.sddmm(graph, a, b, op, check_aggregation(aggregation))
     backend = resolve_aggregation(aggregation, graph, a, b)
     return backend.sddmm(graph, a, b, op)
 
@@ -147,9 +169,11 @@ def edge_softmax(graph: Graph | Tensor, scores: Tensor, *, aggregation: str = "a
             are all masked gets zeros, never NaN.
         aggregation: backend choice, as for :func:`spmm`.
     """
-    graph = as_graph(graph)
+    graph = library.graph_ref(graph) if torch.compiler.is_compiling() else as_graph(graph)
     if not isinstance(scores, Tensor):
         raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
     check_node_tensor(scores, graph, graph.num_edges, "scores", (1, 2))
+    if isinstance(graph, library.GraphRef):
+        return library.edge_softmax(graph, scores, check_aggregation(aggregation))
     backend = resolve_aggregation(aggregation, graph, scores)
     return backend.edge_softmax(graph, scores)

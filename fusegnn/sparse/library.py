@@ -1,0 +1,737 @@
+r"""The sparse ops as ``torch.library`` custom ops, so ``torch.compile`` sees each as one node.
+
+``torch.compile`` (Dynamo) cannot trace fuseGNN's eager path: its graph processing
+(boolean masks, ``nonzero``, sorts whose output sizes depend on the data), its caches on
+the :class:`~fusegnn.sparse.Graph` and the Triton launches would all break the captured
+graph. This module registers every sparse op as a custom op in the ``fusegnn``
+namespace instead; under compilation the public ops (:func:`fusegnn.sparse.spmm`,
+:func:`~fusegnn.sparse.sddmm`, :func:`~fusegnn.sparse.edge_softmax`,
+:func:`~fusegnn.sparse.gat_attention`) and the layers (``GCNConv``, ``GATConv``) call
+them, and Dynamo records one opaque node per op. When the compiled code runs, each op
+runs the **eager path unchanged** (argument dispatch, cached formats, GAR plans, Triton
+kernels, :func:`fusegnn.sparse.dispatch.last_decision` recorded at run time).
+
+**A graph crosses the op boundary as integers.** A :class:`~fusegnn.sparse.Graph` is no
+tensor, so an op takes its :attr:`~fusegnn.sparse.Graph.uid` (a process-unique handle
+that a weak registry maps back to the live graph, :func:`~fusegnn.sparse.graph.graph_by_uid`)
+plus the sizes the fake (meta) implementations need to give output shapes without the
+graph: ``num_src``, ``num_dst``, ``num_edges`` (``-1`` when unknown: the fake output then
+gets an unbacked size). The common leading arguments of every op are::
+
+    int graph, Tensor? edge_index, int num_src, int num_dst, int num_edges, str transform
+
+* ``graph >= 0``: the handle of a live graph; ``edge_index`` is ``None``.
+* ``graph == -1``: a bare ``edge_index`` tensor (what eager ops accept too); the op builds
+  (and validates) a transient graph from it on every call, forward and backward, like the
+  eager path builds one per call. Pass a :class:`Graph` to reuse conversions.
+* ``transform``: processing applied to that graph inside the op, so that no data-dependent
+  code runs in the traced part: ``""`` (none), ``"gat_self_loops"``
+  (:func:`~fusegnn.sparse.processing.gat_self_loops`) or ``"gcn_norm:I:L:DTYPE"``
+  (:func:`~fusegnn.sparse.processing.gcn_norm` with ``improved=I``, ``add_self_loops=L``,
+  ``dtype``; see :func:`gcn_transform`). Processed graphs are cached on the input graph,
+  exactly as the eager layers cache them, unless the op was given the edge weights to
+  normalise explicitly (weights that require grad): those are normalised on every call.
+
+Dynamo reads ``graph.uid`` like any integer attribute: the first compilation specialises
+on it (a guard), a call with another graph recompiles once, and from then on the handle
+is a symbolic integer, so further graphs reuse the compiled code. The traced part never
+looks a handle up. Nothing here uses ``torch._library.opaque_object`` (private and
+unstable): plain integers work on every torch with ``torch.library.custom_op``.
+
+**Autograd.** Each op registers a backward (``register_autograd``) that calls a second
+custom op, ``fusegnn::<op>_backward``, so the backward graph is opaque too. On the fused
+paths those run the kernels' own backward code (factored out of the
+``torch.autograd.Function`` classes: :func:`fusegnn.kernels.spmm.spmm_backward`,
+:func:`fusegnn.kernels.sddmm.sddmm_backward`,
+:func:`fusegnn.kernels.edge_softmax.edge_softmax_backward` and the fused GAT backward);
+on the reference path, closed-form gradients for ``spmm`` (sum / mean) and
+``edge_softmax``. **Recomputation** happens only where the eager path relies on autograd
+through intermediates that a custom op cannot keep: the reference ``sddmm``, ``spmm``
+with ``reduce="max"`` and the reference GAT composition rerun their forward under
+autograd in the backward, and a GCN normalisation of weights that require grad is
+recomputed in the backward to carry the gradient back to the raw weights. Gradients
+flow to everything they flow to eagerly: node features, edge weights (raw or per-head),
+SDDMM operands, edge scores, GAT's ``h``, ``score_src`` and ``score_dst`` (and through
+the returned coefficients). The backward ops are not differentiable (double backward
+raises), as on the fused eager path.
+
+**Dropout in GAT.** The traced part draws a one-element int64 seed with
+``torch.randint`` and passes it to the op; the fused kernels regenerate the keep mask
+from it in the backward (as eagerly), the reference path draws its mask from a
+``torch.Generator`` seeded with it, forward and backward alike. The masks differ from
+the eager reference's (``F.dropout`` on the global stream), as any two dropout draws do.
+
+Only :func:`torch.compiler.is_compiling` code paths use these ops: in eager mode the
+public ops keep their direct path, which spares the custom-op dispatch (tens of
+microseconds per call, which matters on small, launch-bound graphs).
+"""
+
+import math
+from typing import Callable, NamedTuple, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fusegnn.sparse import reference
+from fusegnn.sparse.dispatch import explain, resolve_aggregation
+from fusegnn.sparse.graph import Graph, graph_by_uid
+from fusegnn.sparse.processing import gat_self_loops, gcn_norm
+
+__all__ = [
+    "GraphRef",
+    "graph_ref",
+    "with_transform",
+    "gcn_transform",
+    "GAT_SELF_LOOPS",
+    "resolve",
+    "spmm",
+    "sddmm",
+    "edge_softmax",
+    "gat_attention",
+    "edge_index",
+]
+
+GAT_SELF_LOOPS = "gat_self_loops"
+_GCN_PREFIX = "gcn_norm:"
+_DTYPE_NAMES = {
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+}
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+# ----------------------------------------------------------------------------- references
+class GraphRef(NamedTuple):
+    """What the traced part of a compiled model knows of a graph: integers and metadata.
+
+    Attribute names follow :class:`~fusegnn.sparse.Graph` (``num_src_nodes``, ``device``,
+    ...) so argument checks written for graphs accept a reference too.
+
+    Attributes:
+        uid: handle of a live :class:`Graph` (:attr:`Graph.uid`), or ``-1`` for a bare
+            ``edge_index``.
+        edge_index: the ``[2, E]`` tensor when ``uid == -1``, else ``None``.
+        num_src_nodes: source nodes (``-1``: inferred from ``edge_index`` at run time).
+        num_dst_nodes: target nodes (``-1`` likewise).
+        num_edges: edges of the processed graph (``-1`` when a transform changes them).
+        device: the graph's device.
+        index_dtype: dtype of the graph's ``edge_index``.
+        transform: processing the ops apply before running (see the module docstring).
+    """
+
+    uid: int
+    edge_index: Optional[Tensor]
+    num_src_nodes: int
+    num_dst_nodes: int
+    num_edges: int
+    device: torch.device
+    index_dtype: torch.dtype
+    transform: str
+
+
+def graph_ref(graph: "Graph | Tensor", num_nodes: "int | tuple[int, int] | None" = None, name: str = "graph") -> GraphRef:
+    """A :class:`GraphRef` to ``graph`` (a :class:`Graph`, or an ``edge_index`` tensor with
+    optional ``num_nodes`` as for :class:`Graph`). Checks what can be checked without
+    reading ``edge_index``'s values (those are validated when the op builds the graph)."""
+    if isinstance(graph, Graph):
+        return GraphRef(
+            graph.uid, None, graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges,
+            graph.device, graph.index_dtype, "",
+        )
+    if isinstance(graph, Tensor):
+        if graph.dtype not in _INDEX_DTYPES:
+            raise TypeError(f"{name}: edge_index must hold int32 or int64 node ids, got dtype {graph.dtype}")
+        if graph.dim() != 2 or graph.size(0) != 2:
+            raise ValueError(f"{name}: edge_index must have shape [2, E], got {tuple(graph.shape)}")
+        if graph.layout != torch.strided:
+            raise TypeError(f"{name}: edge_index must be a dense (strided) tensor; use Graph.from_sparse")
+        if num_nodes is None:
+            num_src = num_dst = -1
+        elif isinstance(num_nodes, (tuple, list)):
+            if len(num_nodes) != 2:
+                raise ValueError(
+                    f"num_nodes must be an int or a pair (num_src_nodes, num_dst_nodes), got {num_nodes!r}"
+                )
+            num_src, num_dst = num_nodes
+        else:
+            num_src = num_dst = num_nodes
+        return GraphRef(-1, graph, num_src, num_dst, graph.size(1), graph.device, graph.dtype, "")
+    raise TypeError(f"{name} must be a fusegnn.sparse.Graph or an edge_index tensor, got {type(graph).__name__}")
+
+
+def with_transform(ref: GraphRef, transform: str) -> GraphRef:
+    """``ref`` with the processing ``transform`` (its edge count becomes unknown)."""
+    if ref.transform:
+        raise ValueError(f"the graph reference already carries transform {ref.transform!r}")
+    return GraphRef(
+        ref.uid, ref.edge_index, ref.num_src_nodes, ref.num_dst_nodes, -1, ref.device,
+        ref.index_dtype, transform,
+    )
+
+
+def gcn_transform(improved: bool, add_self_loops: bool, dtype: torch.dtype) -> str:
+    """The ``transform`` string of :func:`~fusegnn.sparse.processing.gcn_norm` with these
+    arguments (``dtype``: of the normalised weights)."""
+    if dtype not in _DTYPE_NAMES:
+        raise TypeError(f"gcn_norm weights must be float16, bfloat16, float32 or float64, got {dtype}")
+    return f"{_GCN_PREFIX}{int(bool(improved))}:{int(bool(add_self_loops))}:{_DTYPE_NAMES[dtype]}"
+
+
+# ----------------------------------------------------------------------------- run time
+def _base_graph(uid: int, edge_index: Optional[Tensor], num_src: int, num_dst: int, validate: bool = True) -> Graph:
+    if uid >= 0:
+        return graph_by_uid(uid)
+    if edge_index is None:
+        raise ValueError("a fusegnn op got neither a graph handle (graph >= 0) nor an edge_index")
+    num_nodes = None if num_src < 0 else (num_src, num_dst)
+    return Graph(edge_index, num_nodes, validate=validate)
+
+
+def _processed(graph: Graph, transform: str, weight: Optional[Tensor] = None) -> tuple[Graph, Optional[Tensor]]:
+    """``(processed graph, the weights an SpMM on it aggregates with)``.
+
+    ``weight`` (in ``graph``'s edge order) overrides the graph's own weights; with a GCN
+    transform it is normalised on every call (differentiably, under grad mode), else the
+    normalised graph is cached on ``graph`` like the eager layers cache theirs.
+    """
+    if transform == "":
+        return graph, weight if weight is not None else graph.edge_weight
+    if transform == GAT_SELF_LOOPS:
+        if weight is not None:
+            raise ValueError("the gat_self_loops transform takes no edge weights")
+        return gat_self_loops(graph), None
+    if transform.startswith(_GCN_PREFIX):
+        parts = transform[len(_GCN_PREFIX):].split(":")
+        if len(parts) != 3 or parts[2] not in _DTYPE_NAMES.values():
+            raise ValueError(f"malformed gcn_norm transform {transform!r}")
+        kwargs = dict(improved=parts[0] == "1", add_self_loops=parts[1] == "1", dtype=getattr(torch, parts[2]))
+        stored = graph.edge_weight
+        if weight is None and (stored is None or not stored.requires_grad):
+            normed = graph.cached("fusegnn." + transform, lambda: gcn_norm(graph, **kwargs))
+        else:
+            normed = gcn_norm(graph, weight, **kwargs)
+        return normed, normed.edge_weight
+    raise ValueError(f"unknown graph transform {transform!r}")
+
+
+def resolve(ref: GraphRef) -> Graph:
+    """The processed :class:`Graph` that ``ref`` stands for (at run time, never traced)."""
+    graph, _ = _processed(_base_graph(ref.uid, ref.edge_index, ref.num_src_nodes, ref.num_dst_nodes), ref.transform)
+    return graph
+
+
+def _path(aggregation: str, graph: Graph, *tensors: Tensor) -> str:
+    """The backend a backward runs: the forward's (an explicit choice was already checked
+    by the forward; ``"auto"`` is decided again, on the same inputs, without recording)."""
+    if aggregation != "auto":
+        return aggregation
+    return explain(graph, *tensors, aggregation="auto").name
+
+
+def _reversed(graph: Graph) -> Graph:
+    """``graph`` with every edge reversed (same edge order), cached on it (structural)."""
+    return graph.cached(
+        "fusegnn.reverse",
+        lambda: Graph(graph.edge_index.flip(0), (graph.num_dst_nodes, graph.num_src_nodes), validate=False),
+        structural=True,
+    )
+
+
+def _vjp_grads(
+    fn: Callable[..., "Tensor | tuple[Tensor, ...]"],
+    inputs: Sequence[Optional[Tensor]],
+    needs: Sequence[bool],
+    grads: Sequence[Optional[Tensor]],
+) -> list[Optional[Tensor]]:
+    """Gradients of ``fn(*inputs)`` with respect to the inputs flagged in ``needs``, by
+    recomputing ``fn`` under :func:`torch.func.vjp` (the reference paths, whose eager
+    backward is autograd through intermediates). ``grads`` holds one cotangent per
+    output (``None``: zeros).
+
+    ``torch.func`` rather than ``torch.autograd``: a custom op's implementation runs
+    with the autograd dispatch keys excluded, so plain autograd records nothing there,
+    while functorch's transforms carry their own autograd level.
+    """
+    wanted = [k for k, n in enumerate(needs) if n]
+    result: list[Optional[Tensor]] = [None] * len(inputs)
+    if not wanted:
+        return result
+
+    def partial(*args: Tensor):
+        full = list(inputs)
+        for k, t in zip(wanted, args):
+            full[k] = t
+        out = fn(*full)
+        return out if isinstance(out, tuple) else (out,)
+
+    outs, pullback = torch.func.vjp(partial, *[inputs[k] for k in wanted])
+    cotangents = tuple(g if g is not None else torch.zeros_like(o) for o, g in zip(outs, grads))
+    for k, g in zip(wanted, pullback(cotangents)):
+        result[k] = g
+    return result
+
+
+def _empty(like: Tensor) -> Tensor:
+    """The placeholder an op returns for a gradient nobody asked for."""
+    return like.new_empty((0,))
+
+
+def _unknown_edges() -> "int | torch.SymInt":
+    """An edge count the fake implementation cannot know (a transform's output)."""
+    return torch.library.get_ctx().new_dynamic_size()
+
+
+# ----------------------------------------------------------------------------- spmm
+_GRAPH_ARGS = "int graph, Tensor? edge_index, int num_src, int num_dst, int num_edges, str transform"
+
+
+@torch.library.custom_op(
+    "fusegnn::spmm",
+    mutates_args=(),
+    schema=f"({_GRAPH_ARGS}, Tensor x, Tensor? weight, str reduce, str aggregation) -> Tensor",
+)
+def _spmm_op(graph, edge_index, num_src, num_dst, num_edges, transform, x, weight, reduce, aggregation):
+    g, w = _processed(_base_graph(graph, edge_index, num_src, num_dst), transform, weight)
+    backend = resolve_aggregation(aggregation, g, x)
+    return backend.spmm(g, x, w, reduce).contiguous()
+
+
+@_spmm_op.register_fake
+def _(graph, edge_index, num_src, num_dst, num_edges, transform, x, weight, reduce, aggregation):
+    return x.new_empty((num_dst,) + tuple(x.shape[1:]))
+
+
+@torch.library.custom_op(
+    "fusegnn::spmm_backward",
+    mutates_args=(),
+    schema=(
+        f"({_GRAPH_ARGS}, Tensor grad, Tensor? x, Tensor? weight, bool need_x, bool need_w, "
+        "str reduce, str aggregation) -> (Tensor, Tensor)"
+    ),
+)
+def _spmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, grad, x, weight,
+                      need_x, need_w, reduce, aggregation):
+    base = _base_graph(graph, edge_index, num_src, num_dst, validate=False)
+    pullback = None
+    if need_w and transform != "":
+        # A GCN normalisation of given weights is recomputed here (E-sized tensor ops,
+        # the new edge structure is cached) to carry the gradient of the normalised
+        # weights back to the raw ones.
+        found: list[Graph] = []
+
+        def normalise(w_raw: Tensor) -> Tensor:
+            g_w, w_norm = _processed(base, transform, w_raw)
+            found.append(g_w.with_edge_weight(None))  # the edges, without traced weights
+            return w_norm
+
+        w_used, pullback = torch.func.vjp(normalise, weight)
+        g = found[0]
+    else:
+        g, w_used = _processed(base, transform, weight)
+    path = "reference" if reduce == "max" else _path(aggregation, g, grad)
+    if path == "reference":
+        gx, gw = _reference_spmm_backward(g, grad, x, w_used, reduce, need_x, need_w)
+    else:
+        from fusegnn.kernels.spmm import spmm_backward
+
+        g_sum = grad
+        if reduce == "mean":
+            count = g.in_degree.clamp(min=1).to(grad.dtype)
+            g_sum = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
+        gx, gw = spmm_backward(path, g, g_sum, x, w_used, need_x, need_w, memoise_weight=True)
+    if pullback is not None:
+        (gw,) = pullback(gw)
+    gx = gx.contiguous() if gx is not None else _empty(grad)
+    gw = gw.contiguous() if gw is not None else _empty(grad)
+    return gx, gw
+
+
+@_spmm_backward_op.register_fake
+def _(graph, edge_index, num_src, num_dst, num_edges, transform, grad, x, weight, need_x, need_w, reduce, aggregation):
+    gx = grad.new_empty((num_src,) + tuple(grad.shape[1:])) if need_x else _empty(grad)
+    gw = weight.new_empty(weight.shape) if need_w else _empty(grad)
+    return gx, gw
+
+
+def _reference_spmm_backward(graph: Graph, grad: Tensor, x: Optional[Tensor], w: Optional[Tensor],
+                             reduce: str, need_x: bool, need_w: bool):
+    """``(grad_x, grad_w)`` of :func:`fusegnn.sparse.reference.spmm`: closed form for
+    ``"sum"`` / ``"mean"``; ``"max"`` (whose gradient goes to the arg-max) is recomputed."""
+    if reduce == "max":
+        gx, gw = _vjp_grads(
+            lambda xx, ww: reference.spmm(graph, xx, ww, "max"), (x, w), (need_x, need_w), (grad,)
+        )
+        return gx, gw
+    if reduce == "mean":
+        count = graph.in_degree.clamp(min=1).to(grad.dtype)
+        grad = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
+    gx = gw = None
+    if need_x:
+        gx = reference.spmm(_reversed(graph), grad, w, "sum")
+    if need_w:
+        prod = x.index_select(0, graph.src.long()) * grad.index_select(0, graph.dst.long())
+        gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
+    return gx, gw
+
+
+def _spmm_setup(ctx, inputs, output):
+    graph, edge_index, num_src, num_dst, num_edges, transform, x, weight, reduce, aggregation = inputs
+    ctx.args = (graph, num_src, num_dst, num_edges, transform, reduce, aggregation)
+    keep_x = (weight is not None and weight.requires_grad) or reduce == "max"
+    ctx.save_for_backward(edge_index, x if keep_x else None, weight)
+
+
+def _spmm_autograd(ctx, grad):
+    edge_index, x, weight = ctx.saved_tensors
+    graph, num_src, num_dst, num_edges, transform, reduce, aggregation = ctx.args
+    need_x, need_w = ctx.needs_input_grad[6], ctx.needs_input_grad[7]
+    gx, gw = _spmm_backward_op(
+        graph, edge_index, num_src, num_dst, num_edges, transform, grad, x, weight,
+        need_x, need_w, reduce, aggregation,
+    )
+    return None, None, None, None, None, None, gx if need_x else None, gw if need_w else None, None, None
+
+
+_spmm_op.register_autograd(_spmm_autograd, setup_context=_spmm_setup)
+
+
+# ----------------------------------------------------------------------------- sddmm
+def _sddmm_shape(a: Tensor, op: str, num_edges) -> tuple:
+    return (num_edges,) + (tuple(a.shape[1:-1]) if op == "dot" else tuple(a.shape[1:]))
+
+
+@torch.library.custom_op(
+    "fusegnn::sddmm",
+    mutates_args=(),
+    schema=f"({_GRAPH_ARGS}, Tensor a, Tensor b, str op, str aggregation) -> Tensor",
+)
+def _sddmm_op(graph, edge_index, num_src, num_dst, num_edges, transform, a, b, op, aggregation):
+    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst), transform)
+    backend = resolve_aggregation(aggregation, g, a, b)
+    return backend.sddmm(g, a, b, op).contiguous()
+
+
+@_sddmm_op.register_fake
+def _(graph, edge_index, num_src, num_dst, num_edges, transform, a, b, op, aggregation):
+    return a.new_empty(_sddmm_shape(a, op, num_edges if num_edges >= 0 else _unknown_edges()))
+
+
+@torch.library.custom_op(
+    "fusegnn::sddmm_backward",
+    mutates_args=(),
+    schema=(
+        f"({_GRAPH_ARGS}, Tensor grad, Tensor a, Tensor b, str op, bool need_a, bool need_b, "
+        "str aggregation) -> (Tensor, Tensor)"
+    ),
+)
+def _sddmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, grad, a, b, op,
+                       need_a, need_b, aggregation):
+    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
+    path = _path(aggregation, g, a, b)
+    if path == "reference":
+        ga, gb = _vjp_grads(
+            lambda aa, bb: reference.sddmm(g, aa, bb, op), (a, b), (need_a, need_b), (grad,)
+        )
+    else:
+        from fusegnn.kernels.sddmm import sddmm_backward
+
+        ga, gb = sddmm_backward(g, a.contiguous(), b.contiguous(), grad, op, path, need_a, need_b)
+    ga = ga.contiguous() if ga is not None else _empty(grad)
+    gb = gb.contiguous() if gb is not None else _empty(grad)
+    return ga, gb
+
+
+@_sddmm_backward_op.register_fake
+def _(graph, edge_index, num_src, num_dst, num_edges, transform, grad, a, b, op, need_a, need_b, aggregation):
+    ga = a.new_empty(a.shape) if need_a else _empty(grad)
+    gb = b.new_empty(b.shape) if need_b else _empty(grad)
+    return ga, gb
+
+
+def _sddmm_setup(ctx, inputs, output):
+    graph, edge_index, num_src, num_dst, num_edges, transform, a, b, op, aggregation = inputs
+    ctx.args = (graph, num_src, num_dst, num_edges, transform, op, aggregation)
+    ctx.save_for_backward(edge_index, a, b)
+
+
+def _sddmm_autograd(ctx, grad):
+    edge_index, a, b = ctx.saved_tensors
+    graph, num_src, num_dst, num_edges, transform, op, aggregation = ctx.args
+    need_a, need_b = ctx.needs_input_grad[6], ctx.needs_input_grad[7]
+    ga, gb = _sddmm_backward_op(
+        graph, edge_index, num_src, num_dst, num_edges, transform, grad, a, b, op,
+        need_a, need_b, aggregation,
+    )
+    return None, None, None, None, None, None, ga if need_a else None, gb if need_b else None, None, None
+
+
+_sddmm_op.register_autograd(_sddmm_autograd, setup_context=_sddmm_setup)
+
+
+# ----------------------------------------------------------------------------- edge softmax
+@torch.library.custom_op(
+    "fusegnn::edge_softmax",
+    mutates_args=(),
+    schema=f"({_GRAPH_ARGS}, Tensor scores, str aggregation) -> Tensor",
+)
+def _edge_softmax_op(graph, edge_index, num_src, num_dst, num_edges, transform, scores, aggregation):
+    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst), transform)
+    backend = resolve_aggregation(aggregation, g, scores)
+    return backend.edge_softmax(g, scores).contiguous()
+
+
+@_edge_softmax_op.register_fake
+def _(graph, edge_index, num_src, num_dst, num_edges, transform, scores, aggregation):
+    return scores.new_empty(scores.shape)
+
+
+@torch.library.custom_op(
+    "fusegnn::edge_softmax_backward",
+    mutates_args=(),
+    schema=f"({_GRAPH_ARGS}, Tensor alpha, Tensor grad, str aggregation) -> Tensor",
+)
+def _edge_softmax_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, alpha, grad, aggregation):
+    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
+    if _path(aggregation, g, alpha) == "reference":
+        # d s_ji = alpha_ji (g_ji - sum_k alpha_ki g_ki): closed form, from the output alone
+        dst = g.dst.long()
+        weighted = alpha * grad
+        totals = weighted.new_zeros((g.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, weighted)
+        return (weighted - alpha * totals.index_select(0, dst)).contiguous()
+    from fusegnn.kernels.edge_softmax import edge_softmax_backward
+
+    return edge_softmax_backward(g, alpha.contiguous(), grad).contiguous()
+
+
+@_edge_softmax_backward_op.register_fake
+def _(graph, edge_index, num_src, num_dst, num_edges, transform, alpha, grad, aggregation):
+    return alpha.new_empty(alpha.shape)
+
+
+def _edge_softmax_setup(ctx, inputs, output):
+    graph, edge_index, num_src, num_dst, num_edges, transform, scores, aggregation = inputs
+    ctx.args = (graph, num_src, num_dst, num_edges, transform, aggregation)
+    ctx.save_for_backward(edge_index, output)
+
+
+def _edge_softmax_autograd(ctx, grad):
+    edge_index, alpha = ctx.saved_tensors
+    graph, num_src, num_dst, num_edges, transform, aggregation = ctx.args
+    gs = _edge_softmax_backward_op(
+        graph, edge_index, num_src, num_dst, num_edges, transform, alpha, grad, aggregation
+    )
+    return None, None, None, None, None, None, gs, None
+
+
+_edge_softmax_op.register_autograd(_edge_softmax_autograd, setup_context=_edge_softmax_setup)
+
+
+# ----------------------------------------------------------------------------- GAT
+def _lse_dtype(h: Tensor, scores: Tensor) -> torch.dtype:
+    """The fused kernels' accumulation dtype (of the stored log-sum-exp)."""
+    return torch.float64 if torch.promote_types(h.dtype, scores.dtype) == torch.float64 else torch.float32
+
+
+def _reference_gat(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float,
+                   p: float, seed: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """The reference composition with a dropout mask drawn from ``seed`` (reproducible in
+    the backward): ``(out [N_dst, H, C], alpha [E, H] after dropout)``."""
+    scores = F.leaky_relu(reference.sddmm(graph, s_src, s_dst, "add"), negative_slope)
+    alpha = reference.edge_softmax(graph, scores)
+    if p > 0.0:
+        gen = torch.Generator(device=alpha.device)
+        gen.manual_seed(int(seed.item()))
+        keep = torch.rand(alpha.shape, generator=gen, device=alpha.device) >= p
+        alpha = alpha * keep.to(alpha.dtype) * (1.0 / (1.0 - p))
+    return reference.spmm(graph, h, alpha), alpha
+
+
+def _fused_gat_setup(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float,
+                     p: float, seed: Optional[Tensor], variant: str):
+    """``(gat_fused module, config, h padded as the kernels run it, channels)``."""
+    from fusegnn.kernels import gat_fused as gf
+
+    channels = h.size(2)
+    padded = gf.padded_channels(channels)
+    h = h.contiguous()
+    if padded != channels:
+        h = F.pad(h, (0, padded - channels))
+    seed_t = seed.reshape(1).to(device=h.device, dtype=torch.int64) if p > 0.0 else None
+    chunk = gf._TUNING.get("chunk", gf.DEFAULT_CHUNK)
+    cfg = gf._Config(graph, h, s_src.dtype, negative_slope, p, seed_t, variant, chunk)
+    return gf, cfg, h, channels
+
+
+@torch.library.custom_op(
+    "fusegnn::gat_attention",
+    mutates_args=(),
+    schema=(
+        f"({_GRAPH_ARGS}, Tensor h, Tensor score_src, Tensor score_dst, Tensor? seed, "
+        "float negative_slope, float p, bool return_alpha, str aggregation) -> (Tensor, Tensor, Tensor)"
+    ),
+)
+def _gat_op(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst, seed,
+            negative_slope, p, return_alpha, aggregation):
+    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst), transform)
+    backend = resolve_aggregation(aggregation, g, h, score_src, score_dst)
+    heads = h.size(1)
+    lse = torch.zeros((g.num_dst_nodes, heads), dtype=_lse_dtype(h, score_src), device=h.device)
+    alpha = None
+    if backend.name == "reference":
+        out, alpha = _reference_gat(g, h, score_src, score_dst, negative_slope, p, seed)
+    elif g.num_edges == 0 or g.num_dst_nodes == 0:  # every output row is zero
+        out = h.new_zeros((g.num_dst_nodes,) + tuple(h.shape[1:]))
+        alpha = score_src.new_zeros((g.num_edges, heads))
+    else:
+        gf, cfg, hp, channels = _fused_gat_setup(g, h, score_src, score_dst, negative_slope, p, seed, backend.name)
+        s_src, s_dst = score_src.contiguous(), score_dst.contiguous()
+        out, lse = gf._forward(cfg, hp, s_src, s_dst)
+        if return_alpha:
+            alpha = gf._alpha(cfg, s_src, s_dst, lse)
+        out = out[..., :channels]
+    if not return_alpha:
+        alpha = score_src.new_empty((0, heads))
+    return out.contiguous(), lse, alpha.contiguous()
+
+
+@_gat_op.register_fake
+def _(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst, seed,
+      negative_slope, p, return_alpha, aggregation):
+    heads = h.size(1)
+    out = h.new_empty((num_dst,) + tuple(h.shape[1:]))
+    lse = torch.empty((num_dst, heads), dtype=_lse_dtype(h, score_src), device=h.device)
+    if return_alpha:
+        edges = num_edges if num_edges >= 0 else _unknown_edges()
+        alpha = score_src.new_empty((edges, heads))
+    else:
+        alpha = score_src.new_empty((0, heads))
+    return out, lse, alpha
+
+
+@torch.library.custom_op(
+    "fusegnn::gat_attention_backward",
+    mutates_args=(),
+    schema=(
+        f"({_GRAPH_ARGS}, Tensor h, Tensor score_src, Tensor score_dst, Tensor? seed, Tensor out, "
+        "Tensor lse, Tensor alpha, Tensor grad_out, Tensor? grad_alpha, float negative_slope, float p, "
+        "str aggregation) -> (Tensor, Tensor, Tensor)"
+    ),
+)
+def _gat_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst,
+                     seed, out, lse, alpha, grad_out, grad_alpha, negative_slope, p, aggregation):
+    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
+    path = _path(aggregation, g, h, score_src, score_dst)
+    if path == "reference":  # recomputes the composition (its eager backward is autograd)
+        gh, gs, gt = _vjp_grads(
+            lambda hh, ss, tt: _reference_gat(g, hh, ss, tt, negative_slope, p, seed),
+            (h, score_src, score_dst), (True, True, True), (grad_out, grad_alpha),
+        )
+    elif g.num_edges == 0 or g.num_dst_nodes == 0:
+        gh, gs, gt = torch.zeros_like(h), torch.zeros_like(score_src), torch.zeros_like(score_dst)
+    else:  # the fused kernels' backward, on the forward's out and log-sum-exp
+        gf, cfg, hp, channels = _fused_gat_setup(g, h, score_src, score_dst, negative_slope, p, seed, path)
+        pad = hp.size(2) - channels
+        out_p = F.pad(out, (0, pad)) if pad else out.contiguous()
+        grad_p = F.pad(grad_out, (0, pad)) if pad else grad_out
+        gh, gs, gt = gf._backward(
+            cfg, hp, score_src.contiguous(), score_dst.contiguous(), out_p, lse, grad_p.contiguous(),
+            alpha if grad_alpha is not None else None, grad_alpha,
+        )
+        gh = gh[..., :channels].to(h.dtype)
+        gs, gt = gs.to(score_src.dtype), gt.to(score_dst.dtype)
+    return gh.contiguous(), gs.contiguous(), gt.contiguous()
+
+
+@_gat_backward_op.register_fake
+def _(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst, seed, out, lse,
+      alpha, grad_out, grad_alpha, negative_slope, p, aggregation):
+    return h.new_empty(h.shape), score_src.new_empty(score_src.shape), score_dst.new_empty(score_dst.shape)
+
+
+def _gat_setup(ctx, inputs, output):
+    (graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst, seed,
+     negative_slope, p, return_alpha, aggregation) = inputs
+    out, lse, alpha = output
+    ctx.args = (graph, num_src, num_dst, num_edges, transform, negative_slope, p, return_alpha, aggregation)
+    ctx.save_for_backward(edge_index, h, score_src, score_dst, seed, out, lse, alpha)
+
+
+def _gat_autograd(ctx, grad_out, grad_lse, grad_alpha):
+    edge_index, h, score_src, score_dst, seed, out, lse, alpha = ctx.saved_tensors
+    graph, num_src, num_dst, num_edges, transform, negative_slope, p, return_alpha, aggregation = ctx.args
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    gh, gs, gt = _gat_backward_op(
+        graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst, seed,
+        out, lse, alpha, grad_out, grad_alpha if return_alpha else None, negative_slope, p, aggregation,
+    )
+    return (None,) * 6 + (gh, gs, gt) + (None,) * 5
+
+
+_gat_op.register_autograd(_gat_autograd, setup_context=_gat_setup)
+
+
+# ----------------------------------------------------------------------------- edge list
+@torch.library.custom_op(
+    "fusegnn::edge_index",
+    mutates_args=(),
+    schema=f"({_GRAPH_ARGS}, ScalarType dtype, Device device) -> Tensor",
+)
+def _edge_index_op(graph, edge_index, num_src, num_dst, num_edges, transform, dtype, device):
+    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst), transform)
+    return g.edge_index.to(dtype).clone()  # a copy: the graph's own tensor stays the graph's
+
+
+@_edge_index_op.register_fake
+def _(graph, edge_index, num_src, num_dst, num_edges, transform, dtype, device):
+    edges = num_edges if num_edges >= 0 else _unknown_edges()
+    return torch.empty((2, edges), dtype=dtype, device=device)
+
+
+# ----------------------------------------------------------------------------- traced-side API
+def _graph_args(ref: GraphRef) -> tuple:
+    return ref.uid, ref.edge_index, ref.num_src_nodes, ref.num_dst_nodes, ref.num_edges, ref.transform
+
+
+def spmm(ref: GraphRef, x: Tensor, weight: Optional[Tensor], reduce: str, aggregation: str) -> Tensor:
+    """``fusegnn::spmm``: :func:`fusegnn.sparse.spmm` on ``ref`` (arguments checked by the
+    caller). ``weight`` ``None`` aggregates with the processed graph's own weights."""
+    return _spmm_op(*_graph_args(ref), x, weight, reduce, aggregation)
+
+
+def sddmm(ref: GraphRef, a: Tensor, b: Tensor, op: str, aggregation: str) -> Tensor:
+    """``fusegnn::sddmm``: :func:`fusegnn.sparse.sddmm` on ``ref`` (arguments checked)."""
+    return _sddmm_op(*_graph_args(ref), a, b, op, aggregation)
+
+
+def edge_softmax(ref: GraphRef, scores: Tensor, aggregation: str) -> Tensor:
+    """``fusegnn::edge_softmax``: :func:`fusegnn.sparse.edge_softmax` on ``ref``."""
+    return _edge_softmax_op(*_graph_args(ref), scores, aggregation)
+
+
+def gat_attention(ref: GraphRef, h: Tensor, score_src: Tensor, score_dst: Tensor, negative_slope: float,
+                  p: float, return_alpha: bool, aggregation: str) -> tuple[Tensor, Optional[Tensor]]:
+    """``fusegnn::gat_attention``: :func:`fusegnn.sparse.gat_attention` on ``ref``
+    (arguments checked; ``p`` the dropout probability, 0 outside training). Returns
+    ``(out, alpha or None)`` with the shapes of the eager op."""
+    single = h.dim() == 2
+    if single:
+        h, score_src, score_dst = h.unsqueeze(1), score_src.unsqueeze(1), score_dst.unsqueeze(1)
+    seed = (
+        torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=h.device) if p > 0.0 else None
+    )
+    out, _, alpha = _gat_op(
+        *_graph_args(ref), h, score_src, score_dst, seed, float(negative_slope), float(p),
+        bool(return_alpha), aggregation,
+    )
+    if single:
+        out, alpha = out.squeeze(1), alpha.squeeze(1)
+    return out, (alpha if return_alpha else None)
+
+
+def edge_index(ref: GraphRef) -> Tensor:
+    """``fusegnn::edge_index``: a copy of the processed graph's ``edge_index``."""
+    return _edge_index_op(*_graph_args(ref), ref.index_dtype, ref.device)
