@@ -6,12 +6,25 @@ The package is split the way a GNN layer is (fuseGNN, Chen et al. 2020):
   (``spmm``, ``sddmm``, ``edge_softmax``) with their GAS / GAR / reference dispatch;
 * :mod:`fusegnn.kernels` -- Triton kernels, each beside the PyTorch reference it must match;
 * :mod:`fusegnn.layers` -- ``nn.Module`` layers (``GCNConv``, ``GATConv``, ...);
-* :mod:`fusegnn.datasets` -- data loaders and offline generators.
+* :mod:`fusegnn.datasets` -- data loaders and offline generators;
+* :mod:`fusegnn.capture` -- :func:`graphed_step`: a whole training step captured into a
+  CUDA graph and replayed (small graphs are bound by kernel launches).
 """
 
-from fusegnn import datasets, layers, sparse
+from fusegnn import capture, datasets, layers, sparse
+from fusegnn.capture import CaptureError, GraphedStep, graphed_step
 from fusegnn.sparse import Graph
 
 __version__ = "0.1.0"
 
-__all__ = ["Graph", "datasets", "layers", "sparse", "__version__"]
+__all__ = [
+    "CaptureError",
+    "Graph",
+    "GraphedStep",
+    "capture",
+    "datasets",
+    "graphed_step",
+    "layers",
+    "sparse",
+    "__version__",
+]

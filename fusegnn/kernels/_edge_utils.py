@@ -24,6 +24,7 @@ __all__ = [
     "LazyKernel",
     "ChunkSchedule",
     "acc_dtype",
+    "check_not_capturing",
     "chunk_schedule",
     "fused_can_run",
     "interpreter_enabled",
@@ -64,6 +65,20 @@ def next_pow2(n: int) -> int:
     """Smallest power of two ``>= max(n, 1)`` (Triton block shapes are powers of two)."""
     n = max(int(n), 1)
     return 1 << (n - 1).bit_length()
+
+
+def check_not_capturing(tensor: Tensor, what: str) -> None:
+    """Raise a clear error if ``what`` -- per-graph work built on first use, which reads
+    sizes back to the host -- is about to be built while ``tensor``'s CUDA stream is being
+    captured into a CUDA graph (the read would break the capture, and a replay could
+    not rebuild it anyway). Callers cache the result on the graph, so one eager call
+    before the capture builds it."""
+    if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{what} is built on the first use of a graph and reads its size back to the host, "
+            "which a CUDA graph capture cannot record: run the step once eagerly with the same "
+            "Graph object before capturing it (fusegnn.graphed_step does), so that it is cached"
+        )
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -140,6 +155,7 @@ def chunk_schedule(ptr: Tensor, chunk: int) -> ChunkSchedule | None:
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
+    check_not_capturing(ptr, "the chunk schedule of a fused GAT pass")
     deg = ptr[1:] - ptr[:-1]
     if deg.numel() == 0:
         return None

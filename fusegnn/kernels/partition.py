@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from fusegnn.kernels._edge_utils import check_not_capturing
 from fusegnn.sparse.graph import CompressedEdges, Graph
 
 __all__ = ["SegmentPlan", "build_plan", "plan_for"]
@@ -85,6 +86,7 @@ def build_plan(compressed: CompressedEdges, seg_len: int, num_other: int) -> Seg
     if seg_len < 1:
         raise ValueError(f"seg_len must be >= 1, got {seg_len}")
     ptr = compressed.ptr
+    check_not_capturing(ptr, "the GAR segment plan")
     device = ptr.device
     num_rows = ptr.numel() - 1
     num_edges = compressed.index.numel()

@@ -1,0 +1,409 @@
+"""fusegnn.graphed_step: a whole training step captured into a CUDA graph and replayed.
+
+CPU (always): the API's argument errors -- CPU tensors and CPU parameters are refused with
+a message naming them, and so is everything else that cannot be captured -- and the
+diagnosis of a failed capture.
+
+GPU (skipped without CUDA): GCN and GAT steps on a random graph (:mod:`tests.graphs`),
+captured and replayed: parameters after replays match eager steps (dropout off, close
+not bitwise: GAS and PyTorch's scatter use atomics), the loss falls over replays with
+dropout on, every replay draws new dropout masks (torch's dropout and the fused GAT
+attention dropout), new inputs are copied in, and what cannot be captured (a host sync
+inside the step, a changed learning rate, an optimizer with host state, a kernel plan
+built during a raw capture) is a clear error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusegnn
+from fusegnn import CaptureError, GraphedStep, graphed_step
+from fusegnn.models import GAT, GCN
+from fusegnn.sparse import Graph
+from tests.graphs import random_graph
+
+CUDA = torch.cuda.is_available()
+requires_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (none here)")
+
+N, E, FEAT, CLASSES = 400, 2400, 32, 4
+
+
+# ----------------------------------------------------------------------------- CPU: the API
+
+
+def test_exported_from_the_package():
+    assert fusegnn.graphed_step is graphed_step and fusegnn.GraphedStep is GraphedStep
+    assert issubclass(CaptureError, RuntimeError)
+
+
+def test_cpu_parameters_are_a_clear_error():
+    model = GCN(8, 4, 3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    with pytest.raises(ValueError, match=r"parameter 0 of param group 0 of optimizer 0 .* is on cpu.*CUDA device"):
+        graphed_step(lambda: None, optimizer)
+
+
+def test_cpu_argument_is_a_clear_error():
+    step = graphed_step(lambda x, graph: None)
+    with pytest.raises(ValueError, match=r"argument 'x' is on cpu; a CUDA graph captures CUDA work only"):
+        step(torch.zeros(3), None)
+    with pytest.raises(ValueError, match=r"argument 'x' is on cpu"):
+        step(x=torch.zeros(3), graph=None)
+    assert not step.captured
+
+
+def test_tensors_inside_containers_are_refused():
+    step = graphed_step(lambda xs: None)
+    with pytest.raises(TypeError, match=r"argument 'xs' holds tensors inside a list"):
+        step([torch.zeros(2)])
+
+
+@pytest.mark.skipif(CUDA, reason="checks the message without a CUDA device")
+def test_no_cuda_device_is_a_clear_error():
+    step = graphed_step(lambda: None)
+    with pytest.raises(RuntimeError, match=r"CUDA graphs need a CUDA device.*is_available\(\) is False"):
+        step()
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="fn must be callable"):
+        graphed_step(3)
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+        graphed_step(lambda: None, optimizer="adam")
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+        graphed_step(lambda: None, optimizer=[object()])
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="warmup must be an int >= 1"):
+            graphed_step(lambda: None, warmup=bad)
+
+
+def test_decorator_form_keeps_the_function():
+    @graphed_step(warmup=2)
+    def train_step(x):
+        """Docstring of the step."""
+
+    assert isinstance(train_step, GraphedStep)
+    assert train_step.__name__ == "train_step" and train_step.__doc__ == "Docstring of the step."
+    assert train_step.warmup == 2 and train_step.optimizers == () and not train_step.captured
+    assert train_step.graph is None
+    assert repr(train_step) == "GraphedStep(test_decorator_form_keeps_the_function.<locals>.train_step, 0/2 warm-up calls done)"
+
+
+def _raises_sync(x):
+    return x.nonzero()  # a stand-in for the line that synchronises
+
+
+def test_diagnosis_names_the_line_and_the_cause():
+    """The message of a failed capture points at the innermost frame outside torch of
+    the first error (the one raised when the capture ended comes second)."""
+    from fusegnn.capture import _diagnose
+
+    try:
+        _raise_from_helper(RuntimeError("called a synchronizing CUDA operation"))
+    except RuntimeError:
+        try:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+        except RuntimeError as outer:  # its __context__ is the first error
+            error = _diagnose(outer, "train_step")
+    assert isinstance(error, CaptureError)
+    assert error.synchronised and error.function == "_raise_from_helper"
+    assert error.filename.endswith("test_capture.py") and error.lineno > 0
+    assert error.summary.startswith("host sync in _raise_from_helper() (test_capture.py:")
+    assert error.location.endswith(f"test_capture.py:{error.lineno} in _raise_from_helper()")
+    text = str(error)
+    assert text.startswith("graphed_step(train_step): the step synchronises with the host while being captured at ")
+    assert "`raise error`" in text  # the source line
+    assert "boolean-mask indexing" in text
+    assert "ending the capture: RuntimeError: CUDA error: operation failed" in text
+
+
+def _raise_from_helper(error: RuntimeError) -> None:
+    raise error
+
+
+# ----------------------------------------------------------------------------- GPU helpers
+
+
+def _data(seed: int = 0):
+    """A learnable node-classification task on a random graph: labels from aggregated
+    features, training on every second node."""
+    from fusegnn.sparse import gcn_norm, spmm
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, FEAT, generator=gen)
+    w = torch.randn(FEAT, CLASSES, generator=gen)
+    graph = Graph(random_graph(N, E, seed=seed), N)
+    y = spmm(gcn_norm(graph), x @ w, aggregation="reference").argmax(1)
+    device = torch.device("cuda")
+    return x.to(device), y.to(device), graph.to(device), torch.arange(0, N, 2, device=device)
+
+
+def _model(kind: str, dropout: float, aggregation: str = "auto", seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    if kind == "gcn":
+        model = GCN(FEAT, 16, CLASSES, dropout=dropout, aggregation=aggregation)
+    else:
+        model = GAT(FEAT, 8, CLASSES, heads=4, dropout=dropout, aggregation=aggregation)
+    return model.cuda().train()
+
+
+def _step(model, optimizer, x, y, graph, index):
+    def train_step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x, graph).index_select(0, index), y.index_select(0, index))
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return train_step
+
+
+# ----------------------------------------------------------------------------- GPU: training
+
+
+@requires_cuda
+@pytest.mark.parametrize("aggregation", ["auto", "gar"])
+@pytest.mark.parametrize("kind", ["gcn", "gat"])
+def test_replays_train_like_eager_steps(kind, aggregation):
+    """Two eager steps with a standard Adam, then 10 more: eagerly on one model, through
+    graphed_step (2 warm-up calls, the capture, 7 replays) on its twin. Same losses,
+    same parameters, same Adam step counter."""
+    x, y, graph, index = _data()
+    eager, twin = _model(kind, 0.0, aggregation), _model(kind, 0.0, aggregation)
+    opt_e = torch.optim.Adam(eager.parameters(), lr=0.01, weight_decay=5e-4)
+    opt_t = torch.optim.Adam(twin.parameters(), lr=0.01, weight_decay=5e-4)
+    step_e, step_t = _step(eager, opt_e, x, y, graph, index), _step(twin, opt_t, x, y, graph, index)
+    for _ in range(2):  # state exists, with host step counters, before graphed_step
+        step_e(), step_t()
+    start = [p.detach().clone() for p in twin.parameters()]
+
+    graphed = graphed_step(step_t, opt_t, warmup=2)
+    assert all(group["capturable"] for group in opt_t.param_groups)
+    assert all(opt_t.state[p]["step"].is_cuda for p in twin.parameters())
+    losses_e, losses_t, outputs = [], [], []
+    for _ in range(10):
+        losses_e.append(step_e().detach())
+        out = graphed()
+        outputs.append(out)
+        losses_t.append(out.clone())
+    assert graphed.captured
+    assert all(out is outputs[2] for out in outputs[2:])  # static from the capture on
+    torch.testing.assert_close(torch.stack(losses_t), torch.stack(losses_e), rtol=1e-4, atol=1e-6)
+    for (name, p_e), p_t, p0 in zip(eager.named_parameters(), twin.parameters(), start):
+        torch.testing.assert_close(p_t, p_e, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        assert (p_t - p0).abs().max() > 1e-3, f"{name} did not move"  # the replays trained
+    for p_e, p_t in zip(eager.parameters(), twin.parameters()):
+        assert float(opt_t.state[p_t]["step"]) == float(opt_e.state[p_e]["step"]) == 12.0
+        assert p_t.grad is not None
+
+
+@requires_cuda
+@pytest.mark.parametrize("kind", ["gcn", "gat"])
+def test_loss_falls_over_replays_with_dropout(kind):
+    x, y, graph, index = _data(1)
+    model = _model(kind, 0.5 if kind == "gcn" else 0.6)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
+    graphed = graphed_step(_step(model, optimizer, x, y, graph, index), optimizer)
+    losses = torch.stack([graphed().clone() for _ in range(60)]).tolist()
+    assert graphed.captured
+    first, last = sum(losses[:5]) / 5, sum(losses[-10:]) / 10
+    assert last < 0.9 * first, losses
+
+
+@requires_cuda
+@pytest.mark.parametrize("which", ["torch-dropout", "fused-gat-dropout"])
+def test_replays_draw_new_dropout_masks(which):
+    """torch's dropout (GCN's features) and the fused GAT attention dropout (seed drawn on
+    the device) give a new mask at every replay; for the attention, an unbiased one: the
+    mean over replays approaches the output without dropout."""
+    x, _, graph, _ = _data(2)
+    if which == "torch-dropout":
+        module = _model("gcn", 0.5)
+    else:
+        module = fusegnn.layers.GATConv(FEAT, 8, heads=4, dropout=0.5).cuda().train()
+    graphed = graphed_step(lambda: module(x, graph), warmup=1)
+    graphed()
+    previous = graphed().clone()
+    assert graphed.captured
+    total = torch.zeros_like(previous, dtype=torch.float64)
+    replays = 1600
+    for _ in range(replays):
+        out = graphed()
+        assert not torch.equal(out, previous)
+        total += out
+        previous = out.clone()
+    if which == "fused-gat-dropout":  # linear in the coefficients: the mean is unbiased
+        module.eval()
+        with torch.no_grad():
+            expected = module(x, graph)
+        err = (total / replays - expected).abs().mean() / expected.abs().mean()
+        assert err < 0.06, float(err)
+
+
+@requires_cuda
+def test_new_inputs_are_copied_into_the_static_buffers():
+    x, _, graph, _ = _data(3)
+    model = _model("gcn", 0.0).eval()
+
+    def forward(features, g):
+        return model(features, g)
+
+    graphed = graphed_step(forward, warmup=1)
+    x1, x2 = x.clone(), torch.randn_like(x)
+    keep1 = x1.clone()
+    with torch.no_grad():
+        expect1, expect2 = model(x1, graph), model(x2, graph)
+    graphed(x1, graph)  # eager
+    out = graphed(x1, graph)  # capture
+    torch.testing.assert_close(out, expect1)
+    assert graphed(x2, graph) is out
+    torch.testing.assert_close(out, expect2)
+    x2.mul_(2)  # in place: copied again
+    with torch.no_grad():
+        expect2b = model(x2, graph)
+    torch.testing.assert_close(graphed(x2, graph), expect2b)
+    torch.testing.assert_close(graphed(x1, graph), expect1)
+    assert torch.equal(x1, keep1)  # the caller's tensors are never written
+
+    with pytest.raises(ValueError, match=r"argument 'features' is \(10, 32\) float32 on cuda:0 but the step was captured with"):
+        graphed(x1[:10], graph)
+    other = Graph(graph.edge_index.clone(), N)
+    with pytest.raises(ValueError, match="argument 'g' is not the object the step was captured with"):
+        graphed(x1, other)
+    with pytest.raises(ValueError, match="argument 'features' requires grad"):
+        graphed(x1.clone().requires_grad_(), graph)
+    with pytest.raises(TypeError, match="called with 1 positional arguments"):
+        graphed(x1)
+    with pytest.raises(TypeError, match=r"called with 0 positional arguments and keywords \['features', 'g'\]"):
+        graphed(features=x1, g=graph)  # call it the way it was captured
+
+
+# ----------------------------------------------------------------------------- GPU: errors
+
+
+@requires_cuda
+def test_a_host_sync_inside_the_step_is_a_clear_error():
+    x, y, graph, index = _data(4)
+    model = _model("gcn", 0.0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    mask = torch.zeros(N, dtype=torch.bool, device="cuda")
+    mask[index] = True
+    seen = []
+
+    def with_item():
+        loss = F.cross_entropy(model(x, graph).index_select(0, index), y.index_select(0, index))
+        loss.backward()
+        optimizer.step()
+        seen.append(loss.item())  # reads the loss back: cannot be captured
+        return loss
+
+    def with_mask():
+        loss = F.cross_entropy(model(x, graph)[mask], y[mask])  # boolean mask: data-dependent size
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    for fn, code in ((with_item, "seen.append(loss.item())"), (with_mask, "model(x, graph)[mask]")):
+        graphed = graphed_step(fn, optimizer, warmup=1)
+        graphed()
+        before = [p.detach().clone() for p in model.parameters()]
+        with pytest.raises(CaptureError) as info:
+            graphed()
+        error = info.value
+        assert error.synchronised and error.function == fn.__name__, str(error)
+        assert error.filename.endswith("test_capture.py") and code in str(error)
+        assert "synchronises with the host while being captured" in str(error)
+        assert not graphed.captured
+        for p, p0 in zip(model.parameters(), before):  # a failed capture ran nothing
+            assert torch.equal(p, p0)
+        assert torch.cuda.get_sync_debug_mode() == 0  # restored
+        fn()  # eager training still works
+        torch.cuda.synchronize()
+
+
+@requires_cuda
+def test_a_graph_built_inside_the_step_is_named():
+    x, y, _, index = _data(5)
+    edge_index = random_graph(N, E, seed=5, device="cuda")
+    model = _model("gcn", 0.0)
+    model.conv1.cached = model.conv2.cached = False
+
+    def step():
+        return model(x, Graph(edge_index, N)).sum()  # validates the ids: a host sync
+
+    graphed = graphed_step(step, warmup=1)
+    graphed()
+    with pytest.raises(CaptureError, match=r"Likely cause: a fusegnn Graph is built or converted inside the step"):
+        graphed()
+
+
+@requires_cuda
+def test_changed_lr_is_an_error_and_reset_captures_again():
+    x, y, graph, index = _data(6)
+    model = _model("gcn", 0.0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    graphed = graphed_step(_step(model, optimizer, x, y, graph, index), optimizer, warmup=1)
+    graphed(), graphed()
+    assert graphed.captured
+    optimizer.param_groups[0]["lr"] = 0.005
+    with pytest.raises(RuntimeError, match=r"'lr' changed from 0.01 to 0.005 after the step was captured"):
+        graphed()
+    graphed.reset()
+    assert not graphed.captured
+    graphed(), graphed()
+    assert graphed.captured
+    graphed()
+
+
+@requires_cuda
+def test_a_tensor_learning_rate_is_read_at_every_replay():
+    x, y, graph, index = _data(7)
+    model = _model("gcn", 0.0)
+    lr = torch.tensor(0.01, device="cuda")
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, capturable=True)
+    graphed = graphed_step(_step(model, optimizer, x, y, graph, index), optimizer, warmup=1)
+    graphed(), graphed()
+    moved = [p.detach().clone() for p in model.parameters()]
+    graphed()
+    assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), moved))
+    lr.fill_(0.0)  # what a scheduler does to a tensor lr
+    frozen = [p.detach().clone() for p in model.parameters()]
+    graphed(), graphed()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), frozen))
+
+
+@requires_cuda
+def test_an_optimizer_with_host_state_is_refused():
+    x, y, graph, index = _data(8)
+    model = _model("gcn", 0.0)
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.01)
+    graphed = graphed_step(_step(model, optimizer, x, y, graph, index), optimizer, warmup=1)
+    graphed()
+    with pytest.raises(CaptureError, match=r"Adagrad keeps its state 'step' on the host"):
+        graphed()
+
+
+@requires_cuda
+def test_kernel_plans_are_never_built_during_a_raw_capture():
+    """Without a warm-up, the first use of a graph would build its GAR segment plan (or
+    the fused GAT chunk schedule) inside the capture: a clear error, not a broken graph."""
+    from fusegnn.sparse import gat_attention, spmm
+
+    edge_index = random_graph(N, E, seed=9, device="cuda")
+    x = torch.randn(N, 8, device="cuda")
+    for name, op in (
+        ("GAR segment plan", lambda g: spmm(g, x, aggregation="gar")),
+        ("chunk schedule", lambda g: gat_attention(
+            g, x.view(N, 2, 4), x[:, :2].contiguous(), x[:, 2:4].contiguous(), aggregation="gar")),
+    ):
+        graph = Graph(edge_index, N)
+        graph.csr, graph.csc  # the formats are there, the work lists are not
+        capture = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match=name):
+            with torch.cuda.graph(capture):
+                op(graph)
+        op(graph)  # eagerly: builds and caches it
+        torch.cuda.synchronize()
