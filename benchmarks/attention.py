@@ -21,15 +21,21 @@ predicate through ``mask.mask_mod``.
 **Backends** (default: ``fusegnn``, ``flex``, ``sdpa``):
 
 * ``fusegnn`` -- :func:`fusegnn.sparse.sparse_attention.sparse_attention`,
-  ``aggregation="auto"`` (the ``aggregation`` column says what it picked; its block
-  layout is built and cached on the mask before timing, ``layout_ms`` is that one-off cost);
-* ``fusegnn-block``, ``fusegnn-element`` (opt-in) -- the two paths forced;
+  ``aggregation="auto"``: the fused block kernel, the element path, or dense SDPA where
+  the calibrated cost model predicts it faster (the ``path`` column says what it picked:
+  ``block 64x64``, ``element``, ``dense sdpa (causal)``, ``dense sdpa (bool mask)``,
+  ``dense sdpa (no mask)``; decided for a training step, as the inputs require grad in
+  both modes). Its block layout (and a dense path's boolean mask) is built and cached on
+  the mask before timing; ``layout_ms`` is the layout's one-off cost;
+* ``fusegnn-block``, ``fusegnn-element``, ``fusegnn-dense`` (opt-in) -- the paths forced;
 * ``flex`` -- ``torch.compile(flex_attention)`` with
   ``create_block_mask(mask.mask_mod, None, None, L, L)`` built once outside timing
   (``layout_ms``), FlexAttention's default 128 x 128 blocks;
 * ``sdpa`` -- dense ``scaled_dot_product_attention`` **without** a mask (flash): the
   "dense" anchor of the issue. It computes a different function, so it is not checked;
-* ``sdpa-mask`` (opt-in) -- dense SDPA given the boolean mask.
+* ``sdpa-mask`` (opt-in) -- dense SDPA given the boolean mask;
+* ``sdpa-causal`` (opt-in) -- dense SDPA with ``is_causal=True`` (the ``causal`` cases
+  only; other masks are reported as not applicable).
 
 **Correctness before timing.** Every masked backend runs once on the case's inputs (for
 ``fwdbwd`` with the backward); its output (and ``dq, dk, dv``) on batch 0, heads 0-1 are
@@ -194,8 +200,12 @@ def _fusegnn(aggregation: str):
         from fusegnn.sparse.sparse_attention import _layout_of, explain_attention, sparse_attention
 
         info: dict = {}
-        decision = explain_attention(prep.q, prep.mask, aggregation=aggregation)
-        info["aggregation"] = decision.name
+        # the timed calls have inputs that require grad (both modes): decide as they will
+        decision = explain_attention(prep.q, prep.mask, aggregation=aggregation, backward=True)
+        info["aggregation"] = decision.name if decision.name == "block" else decision.label
+        if aggregation == "auto" and device.type == "cuda":  # the rule built (and cached) the layout
+            layout = _layout_of(prep.mask, None, device)
+            info["block_density"] = layout.block_density
         if decision.name == "block":
             key = ("layout_ms", aggregation)
             if key not in prep.extras:  # build outside timing (cached on the mask), time it once
@@ -293,6 +303,12 @@ def _sdpa_mask(prep: Prepared, device: torch.device):
     return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)), {"aggregation": "dense + bool mask"}
 
 
+def _sdpa_causal(prep: Prepared, device: torch.device):
+    if prep.mask.structure(device) != "causal":
+        raise ValueError("not applicable: sdpa-causal computes causal attention and this mask is not causal")
+    return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)), {"aggregation": "dense, is_causal"}
+
+
 BACKENDS: dict[str, AttnBackend] = {
     b.name: b
     for b in (
@@ -301,7 +317,9 @@ BACKENDS: dict[str, AttnBackend] = {
         AttnBackend("fusegnn", True, _always, _fusegnn("auto")),
         AttnBackend("fusegnn-block", False, _fusegnn_unavailable("block"), _fusegnn("block")),
         AttnBackend("fusegnn-element", False, _always, _fusegnn("element")),
+        AttnBackend("fusegnn-dense", False, _always, _fusegnn("dense")),
         AttnBackend("sdpa-mask", False, _always, _sdpa_mask),
+        AttnBackend("sdpa-causal", False, _always, _sdpa_causal),
     )
 }
 DEFAULT_BACKENDS = tuple(name for name, b in BACKENDS.items() if b.default)

@@ -1,36 +1,53 @@
-"""Calibrate the ``auto`` rule of ``fusegnn.sparse.sparse_attention`` on a GPU.
+"""Calibrate ``sparse_attention``'s ``auto`` rule and the block kernel's launch table on a GPU.
 
-    python -m benchmarks.attention_calibrate                       # ~6 min on an H100
-    python -m benchmarks.attention_calibrate --lengths 4096 --modes fwdbwd --json calib.json
+    python -m benchmarks.attention_calibrate --out $OUT                  # ~4-5 min on an H200
+    python -m benchmarks.attention_calibrate --out $OUT --time-limit 120 --lengths 1024,4096
+    python -m benchmarks.attention_calibrate --fit benchmarks/results/attention/*.json   # refit, CPU
 
-For every mask of the ``attention`` suite (``window``, ``bigbird``, ``causal``,
-``longformer``, ``dilated``) plus two irregular ones that the element path is meant for
-(``dilated8``: ``|q - k| <= 32 * 8``, ``(q - k) % 8 == 0``; ``graph16``: 16 random keys per
-query plus the diagonal), at each ``L`` and mode (``fwd``, ``fwdbwd``), batch 4, 12 heads,
-head dim 64, bfloat16, it times
+For the ``attention`` suite's masks (``window``, ``bigbird``, ``causal``, ``longformer``,
+``dilated``) at ``L`` in 1024, 4096, 16384, batch 4, 12 heads, head dim 64, bfloat16,
+modes ``fwd`` (forward only) and ``fwdbwd`` (forward + backward), in two passes so that a
+run cut short by ``--time-limit`` still has the crossover data:
 
-* the fused block kernel at ``BM x BN`` for ``BM`` in {64, 128} and ``BN`` in {32, 64, 128}
-  (layout built outside timing), with the kernel's own ``num_warps`` / ``num_stages`` table;
-* the element path (``sddmm -> edge_softmax -> spmm``, ``aggregation="element"``);
+1. **dense vs block crossover** -- dense SDPA without a mask (``sdpa``, the suite's
+   anchor; not checked: it computes another function), with the boolean mask
+   (``sdpa-mask``), with ``is_causal=True`` (``sdpa-causal``, causal mask only), and the
+   fused block kernel at the default ``64 x 64`` blocks and launch table (``block``);
+2. **launch-config sweep** of the block kernel at ``64x64``, ``128x64``, ``64x128``,
+   ``128x128``: in ``fwd`` mode the forward kernel's ``num_warps`` in {4, 8} x
+   ``num_stages`` in {2, 3} (backward at the table's), in ``fwdbwd`` mode the backward
+   kernels' ``num_warps`` in {4, 8} x ``num_stages`` in {1, 2} (forward at the table's).
 
-after checking each against float32 SDPA with the dense mask (batch 0, heads 0-1).
+Every timed configuration is first checked against float32 SDPA with the dense mask on
+batch 0, heads 0-1 (outputs and, for ``fwdbwd``, gradients; ``--rtol``). ``--element``
+also times the element path (slow at 16384: add it with ``--lengths 1024,4096``), and
+``--masks`` takes ``dilated8`` / ``graph16`` (two irregular masks for the element path).
 
-It prints one table per case and then a **recommendation** block meant to be pasted into
-``fusegnn/sparse/sparse_attention.py``::
+Then it prints (and writes) a **recommendation**:
 
-    RECOMMENDATION
-    DEFAULT_BLOCK_SIZE = {1024: (64, 64), 4096: (128, 64), 16384: (128, 64)}
-    ELEMENT_MAX_FILL = 0.03
-    # per case: best config, its ms, block / element ms, fill at the default block size
+* the cost model of the ``auto`` rule refitted (:func:`fit_cost_models`): ``COST_MODELS``
+  (``fwd`` and ``fwdbwd``: dense SDPA overhead + per-element cost from ``sdpa``, block
+  overhead + per-block cost from ``block`` 64x64 at the table's launch, element from
+  ``element`` when timed), ``DENSE_CAUSAL_FACTOR`` and ``DENSE_MASK_FACTOR`` (``sdpa-causal``
+  / ``sdpa-mask`` per-element cost relative to ``sdpa``, overhead shared), in the form of
+  ``fusegnn/sparse/sparse_attention.py``;
+* the crossover table: per case the measured block / dense times, what the rule picks
+  with the current constants and with the refitted ones, and the measured best;
+* per block size the best forward and backward launch configuration (lowest geometric
+  mean over the cases of ``ms / best ms``) against ``launch_config``'s current table;
+* ``DEFAULT_BLOCK_SIZE`` per ``L`` (best geometric mean over the cases, each block size
+  at its best launch) and ``ELEMENT_MAX_FILL`` (when the element path was timed).
 
-* ``DEFAULT_BLOCK_SIZE[L]`` -- the ``(BM, BN)`` with the lowest geometric mean over the
-  cases at that ``L`` of ``ms / best ms of the case`` (``fwdbwd`` and ``fwd`` both count); a
-  length between two calibrated ones takes the nearest (in log) calibrated one;
-* ``ELEMENT_MAX_FILL`` -- the threshold ``t`` of the rule "element path when the allowed
-  elements fill less than ``t`` of the non-empty blocks at the default block size" that
-  minimises the summed time over all cases (0.0 when the element path never wins).
+``--out DIR`` writes ``DIR/attention-calibration-<gpu>.json`` (every measurement and the
+recommendation) and ``.log`` (what was printed). ``--fit FILE...`` refits the cost model
+from saved results on any machine: this script's JSON, the attention suite's
+(``benchmarks/results/attention/<gpu>.json``: ``sdpa``, ``sdpa-mask``, ``sdpa-causal``
+rows and the ``fusegnn`` rows by the path they took), or the earlier calibration format
+(records with ``config`` ``"block BMxBN"`` / ``"element"``, sizes of the suite); the
+constants in ``sparse_attention.py`` came from
 
-``--json PATH`` also writes every measurement and the recommendation.
+    python -m benchmarks.attention_calibrate --fit benchmarks/results/attention/nvidia-h200.json \\
+        benchmarks/results/attention/calibration-nvidia-h200.json
 """
 
 from __future__ import annotations
@@ -42,18 +59,24 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable, Iterable
 
 import torch
 
 from benchmarks.attention import CHECK_HEADS, GPU_SIZES, MASKS, Prepared, _check, _phases, _reference, build_mask
 from benchmarks.measure import free_memory, is_oom, measure
 
-BLOCK_CONFIGS = [(bm, bn) for bm in (64, 128) for bn in (32, 64, 128)]
+BLOCK_CONFIGS = [(64, 64), (128, 64), (64, 128), (128, 128)]
+DEFAULT_BLOCK = (64, 64)
+FWD_SWEEP = [(w, s) for w in (4, 8) for s in (2, 3)]
+BWD_SWEEP = [(w, s) for w in (4, 8) for s in (1, 2)]
 EXTRA_MASKS = ("dilated8", "graph16")
+SDPA_KINDS = ("sdpa", "sdpa-mask", "sdpa-causal")
 
 
 def calibration_mask(name: str, L: int, seed: int = 0):
-    """The suite's masks plus the two irregular ones (see the module docstring)."""
+    """The suite's masks plus two irregular ones: ``dilated8`` (``|q - k| <= 32 * 8``,
+    ``(q - k) % 8 == 0``) and ``graph16`` (16 random keys per query plus the diagonal)."""
     from fusegnn.sparse import masks
 
     if name == "dilated8":
@@ -70,128 +93,446 @@ def calibration_mask(name: str, L: int, seed: int = 0):
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--masks", default=",".join(MASKS + EXTRA_MASKS))
+    p.add_argument("--masks", default=",".join(MASKS), help=f"comma-separated; also {', '.join(EXTRA_MASKS)}")
     p.add_argument("--lengths", default="1024,4096,16384")
     p.add_argument("--modes", default="fwd,fwdbwd")
-    p.add_argument("--no-element", action="store_true", help="skip the element path")
+    p.add_argument("--element", action="store_true", help="also time the element path (pass 1)")
+    p.add_argument("--no-sweep", action="store_true", help="pass 1 only (crossover)")
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rtol", type=float, default=3e-2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path)
+    p.add_argument("--time-limit", type=float, default=270.0,
+                   help="seconds; no new measurement starts after it (the rest is recorded as not run)")
+    p.add_argument("--out", type=Path, help="directory for attention-calibration-<gpu>.json / .log")
+    p.add_argument("--fit", type=Path, nargs="+", metavar="FILE",
+                   help="no GPU run: refit the cost model from saved result files and print it")
     args = p.parse_args(argv)
     args.masks = [m for m in args.masks.split(",") if m]
     args.lengths = [int(x) for x in args.lengths.split(",") if x]
     args.modes = [m for m in args.modes.split(",") if m]
+    for m in args.masks:
+        if m not in MASKS + EXTRA_MASKS:
+            p.error(f"--masks: unknown mask {m!r}; known: {', '.join(MASKS + EXTRA_MASKS)}")
+    for m in args.modes:
+        if m not in ("fwd", "fwdbwd"):
+            p.error(f"--modes takes fwd and/or fwdbwd, got {m!r}")
     return args
 
 
-def _time(fn, prep, mode, args, device) -> tuple[float | None, float | None, str | None]:
-    """(ms, rel_err, error)."""
+# ----------------------------------------------------------------------------- measuring
+class Clock:
+    def __init__(self, limit: float | None) -> None:
+        self.start = time.perf_counter()
+        self.limit = limit
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def out(self) -> bool:
+        return self.limit is not None and self.elapsed() > self.limit
+
+
+def _time(fn, prep: Prepared, mode: str, args, device, checked: bool = True) -> tuple[float | None, float | None, str | None]:
+    """``(ms, rel_err, error)`` of ``fn`` in ``mode`` (checked first unless ``checked=False``)."""
     key = ("ref", mode)
-    if key not in prep.extras:
-        prep.extras[key] = _reference(prep, mode == "fwdbwd")
-    ref = prep.extras[key]
     try:
-        err = _check(fn, prep, mode == "fwdbwd", ref)
-        if not math.isfinite(err) or err > args.rtol:
-            return None, err, f"mismatch {err:.3g}"
+        err = None
+        if checked:
+            if key not in prep.extras:
+                prep.extras[key] = _reference(prep, mode == "fwdbwd")
+            err = _check(fn, prep, mode == "fwdbwd", prep.extras[key])
+            if not math.isfinite(err) or err > args.rtol:
+                return None, err, f"mismatch {err:.3g}"
         m = measure(_phases(fn, prep, mode), device, steps=args.steps, warmup=args.warmup, warmup_s=2.0, launches=False)
         return m.ms[0], err, None
     except Exception as exc:  # noqa: BLE001 - a failed config is a result
         free_memory(device)
-        return None, None, "OOM" if is_oom(exc) else f"{type(exc).__name__}: {str(exc)[:120]}"
+        return None, None, "OOM" if is_oom(exc) else f"{type(exc).__name__}: {str(exc)[:160]}"
 
 
-def calibrate(args, device) -> dict:
-    from fusegnn.sparse.block_layout import BlockLayout
+def _prepare(name: str, L: int, args, device) -> Prepared:
+    mask = calibration_mask(name, L, args.seed)
+    sizes = GPU_SIZES
+    gen = torch.Generator().manual_seed(args.seed)
+    shape = (sizes.batch, sizes.heads, L, sizes.head_dim)
+    q, k, v, g = (torch.randn(shape, generator=gen).to(device, sizes.dtype) for _ in range(4))
+    return Prepared(mask, q, k, v, g, mask.dense(device))
+
+
+def _record(prep: Prepared, name: str, L: int, mode: str, kind: str, config: str, **extra) -> dict:
+    sizes = GPU_SIZES
+    rec = dict(case=f"{name}-L{L}-{mode}", mask=name, L=L, mode=mode, kind=kind, config=config,
+               BM=None, BN=None, fwd_warps=None, fwd_stages=None, bwd_warps=None, bwd_stages=None,
+               default_launch=None, ms=None, rel_err=None, error=None, density=prep.extras["density"],
+               block_density=None, nnzb=None, layout_heads=None, fill=None,
+               batch=sizes.batch, heads=sizes.heads, head_dim=sizes.head_dim)
+    rec.update(extra)
+    return rec
+
+
+def _layout(prep: Prepared, bm: int, bn: int, device):
+    from fusegnn.sparse.sparse_attention import _layout_of
+
+    layout = _layout_of(prep.mask, (bm, bn), device)  # cached on the mask
+    fill = prep.extras["density"] * layout.L_q * layout.L_k * layout.num_heads / max(layout.nnzb * bm * bn, 1)
+    info = dict(BM=bm, BN=bn, block_density=layout.block_density, nnzb=layout.nnzb,
+                layout_heads=layout.num_heads, fill=fill)
+    return layout, info
+
+
+def _crossover(prep: Prepared, name: str, L: int, mode: str, args, device, clock: Clock) -> list[dict]:
+    """Pass 1: the SDPA variants and the block kernel at the default size and launch."""
+    import torch.nn.functional as F
+
     from fusegnn.sparse.sparse_attention import sparse_attention
 
-    sizes = GPU_SIZES
-    records = []
-    for name in args.masks:
-        for L in args.lengths:
-            mask = calibration_mask(name, L, args.seed)
-            gen = torch.Generator().manual_seed(args.seed)
-            shape = (sizes.batch, sizes.heads, L, sizes.head_dim)
-            q, k, v, g = (torch.randn(shape, generator=gen).to(device, sizes.dtype) for _ in range(4))
-            prep = Prepared(mask, q, k, v, g, mask.dense(device))
-            density = prep.dense_check.float().mean().item()
-            layouts = {}
-            for bm, bn in BLOCK_CONFIGS:
-                start = time.perf_counter()
-                layout = BlockLayout.from_mask(mask, bm, bn, device)
-                torch.cuda.synchronize(device)
-                layouts[(bm, bn)] = (layout, (time.perf_counter() - start) * 1e3)
-            for mode in args.modes:
-                case = f"{name}-L{L}-{mode}"
-                for (bm, bn), (layout, build_ms) in layouts.items():
-                    fn = lambda q, k, v, layout=layout: sparse_attention(q, k, v, layout, aggregation="block")  # noqa: E731
-                    ms, err, error = _time(fn, prep, mode, args, device)
-                    fill = density * L * L / max(layout.nnzb * bm * bn, 1)
-                    records.append(dict(case=case, mask=name, L=L, mode=mode, config=f"block {bm}x{bn}", BM=bm, BN=bn,
-                                        ms=ms, rel_err=err, error=error, density=density,
-                                        block_density=layout.block_density, fill=fill, layout_ms=build_ms))
-                if not args.no_element:
-                    fn = lambda q, k, v: sparse_attention(q, k, v, mask, aggregation="element")  # noqa: E731
-                    ms, err, error = _time(fn, prep, mode, args, device)
-                    records.append(dict(case=case, mask=name, L=L, mode=mode, config="element", BM=None, BN=None,
-                                        ms=ms, rel_err=err, error=error, density=density, block_density=None,
-                                        fill=None, layout_ms=None))
-                _print_case(case, [r for r in records if r["case"] == case])
-            del prep, q, k, v, g, layouts
-            free_memory(device)
-    return {"records": records, "recommendation": recommend(records, args.lengths)}
+    dense = prep.dense_check
+    variants: list[tuple[str, Callable, bool]] = [
+        ("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), False),
+        ("sdpa-mask", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=dense), True),
+    ]
+    if prep.mask.structure(device) == "causal":
+        variants.append(("sdpa-causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), True))
+    rows = []
+    for kind, fn, checked in variants:
+        rec = _record(prep, name, L, mode, kind, kind)
+        if clock.out():
+            rec["error"] = f"not run: --time-limit {args.time_limit:g} s"
+        else:
+            rec["ms"], rec["rel_err"], rec["error"] = _time(fn, prep, mode, args, device, checked)
+        rows.append(rec)
+    layout, info = _layout(prep, *DEFAULT_BLOCK, device)
+    rec = _record(prep, name, L, mode, "block", f"block {DEFAULT_BLOCK[0]}x{DEFAULT_BLOCK[1]}", default_launch=True, **info)
+    if clock.out():
+        rec["error"] = f"not run: --time-limit {args.time_limit:g} s"
+    else:
+        fn = lambda q, k, v: sparse_attention(q, k, v, layout, aggregation="block")  # noqa: E731
+        rec["ms"], rec["rel_err"], rec["error"] = _time(fn, prep, mode, args, device)
+    rows.append(rec)
+    if args.element:
+        rec = _record(prep, name, L, mode, "element", "element")
+        if clock.out():
+            rec["error"] = f"not run: --time-limit {args.time_limit:g} s"
+        else:
+            fn = lambda q, k, v: sparse_attention(q, k, v, prep.mask, aggregation="element")  # noqa: E731
+            rec["ms"], rec["rel_err"], rec["error"] = _time(fn, prep, mode, args, device)
+        rows.append(rec)
+    return rows
 
 
-def _print_case(case: str, rows: list[dict]) -> None:
-    done = [r["ms"] for r in rows if r["ms"]]
+def _sweep(prep: Prepared, name: str, L: int, mode: str, args, device, clock: Clock) -> list[dict]:
+    """Pass 2: launch configurations of the block kernel at each block size."""
+    from fusegnn.kernels.block_attention import LaunchConfig, block_sparse_attention, launch_config
+
+    D = GPU_SIZES.head_dim
+    rows = []
+    for bm, bn in BLOCK_CONFIGS:
+        layout, info = _layout(prep, bm, bn, device)
+        table = launch_config(bm, bn, D)
+        sweep = FWD_SWEEP if mode == "fwd" else BWD_SWEEP
+        for warps, stages in sweep:
+            if mode == "fwd":
+                cfg = LaunchConfig(warps, stages, table.bwd_warps, table.bwd_stages)
+            else:
+                cfg = LaunchConfig(table.fwd_warps, table.fwd_stages, warps, stages)
+            label = f"block {bm}x{bn} {'fwd' if mode == 'fwd' else 'bwd'} w{warps} s{stages}"
+            rec = _record(prep, name, L, mode, "block", label, fwd_warps=cfg.fwd_warps, fwd_stages=cfg.fwd_stages,
+                          bwd_warps=cfg.bwd_warps, bwd_stages=cfg.bwd_stages, default_launch=cfg == table, **info)
+            if clock.out():
+                rec["error"] = f"not run: --time-limit {args.time_limit:g} s"
+            else:
+                fn = lambda q, k, v, layout=layout, cfg=cfg: block_sparse_attention(q, k, v, layout, launch=cfg)  # noqa: E731
+                rec["ms"], rec["rel_err"], rec["error"] = _time(fn, prep, mode, args, device)
+            rows.append(rec)
+    return rows
+
+
+def calibrate(args, device, emit: Callable[[str], None] = print) -> list[dict]:
+    clock = Clock(args.time_limit)
+    records: list[dict] = []
+    passes = [("crossover", _crossover)] + ([] if args.no_sweep else [("sweep", _sweep)])
+    for pass_name, run in passes:
+        emit(f"\n=== pass: {pass_name} (t = {clock.elapsed():.0f} s)")
+        for name in args.masks:
+            for L in args.lengths:
+                if clock.out():
+                    prep = None
+                else:
+                    prep = _prepare(name, L, args, device)
+                    prep.extras["density"] = prep.dense_check.float().mean().item()
+                for mode in args.modes:
+                    if prep is None:
+                        records.append(dict(case=f"{name}-L{L}-{mode}", mask=name, L=L, mode=mode, kind=pass_name,
+                                            config=None, ms=None, error=f"not run: --time-limit {args.time_limit:g} s"))
+                        continue
+                    rows = run(prep, name, L, mode, args, device, clock)
+                    records.extend(rows)
+                    _print_rows(f"{name}-L{L}-{mode}", rows, prep.extras["density"], emit)
+                del prep
+                free_memory(device)
+    emit(f"\nmeasured in {clock.elapsed():.0f} s")
+    return records
+
+
+def _print_rows(case: str, rows: list[dict], density: float, emit) -> None:
+    done = [r["ms"] for r in rows if r.get("ms")]
     best = min(done) if done else None
-    print(f"\n{case}  (density {rows[0]['density']:.4f})")
-    print(f"  {'config':14s} {'ms':>9s} {'x best':>7s} {'fill':>6s} {'blocks':>7s}  status")
+    emit(f"\n{case}  (density {density:.4f})")
+    emit(f"  {'config':28s} {'ms':>9s} {'x best':>7s} {'blocks':>7s}  status")
     for r in rows:
-        ms = f"{r['ms']:.3f}" if r["ms"] else "—"
-        rel = f"{r['ms'] / best:.2f}" if r["ms"] and best else "—"
-        fill = f"{r['fill']:.3f}" if r["fill"] is not None else ""
-        blocks = f"{r['block_density']:.3f}" if r["block_density"] is not None else ""
-        print(f"  {r['config']:14s} {ms:>9s} {rel:>7s} {fill:>6s} {blocks:>7s}  {r['error'] or 'ok'}")
-    sys.stdout.flush()
+        ms = f"{r['ms']:.3f}" if r.get("ms") else "—"
+        rel = f"{r['ms'] / best:.2f}" if r.get("ms") and best else "—"
+        blocks = f"{r['block_density']:.3f}" if r.get("block_density") is not None else ""
+        emit(f"  {r['config']:28s} {ms:>9s} {rel:>7s} {blocks:>7s}  {r['error'] or 'ok'}")
+
+
+# ----------------------------------------------------------------------------- fitting
+def _wls(xs: list[list[float]], ys: list[float]) -> list[float]:
+    """Least squares on the relative error: minimise sum(((x . c) - y) / y)^2."""
+    import numpy as np
+
+    X = np.asarray(xs, dtype=float) / np.asarray(ys, dtype=float)[:, None]
+    coef, *_ = np.linalg.lstsq(X, np.ones(len(ys)), rcond=None)
+    return [float(c) for c in coef]
+
+
+def observations(records: Iterable[dict]) -> list[dict]:
+    """Normalise measurement records (this script's, or normalised by
+    :func:`load_observations`) to ``dict(kind, mode, x, ms, label)`` where ``x`` is the
+    cost model's work at head dim 64: ``B*H*L_q*L_k*D/64`` for the SDPA kinds, non-empty
+    blocks over all (batch, head) pairs ``* BM*BN/64**2 * D/64`` for ``block`` (default
+    block size and launch only), allowed elements over all pairs ``* D/64`` for
+    ``element``."""
+    out = []
+    for r in records:
+        if not r.get("ms") or r.get("kind") not in SDPA_KINDS + ("block", "element"):
+            continue
+        pairs = r["batch"] * r["heads"]
+        d = r["head_dim"] / 64.0
+        L2 = r["L"] * r["L"]
+        if r["kind"] in SDPA_KINDS:
+            x = pairs * L2 * d
+        elif r["kind"] == "block":
+            if (r["BM"], r["BN"]) != DEFAULT_BLOCK or not r.get("default_launch"):
+                continue
+            x = r["nnzb"] * pairs / r["layout_heads"] * r["BM"] * r["BN"] / 4096.0 * d
+        else:
+            x = r["density"] * L2 * pairs * d
+        out.append(dict(kind=r["kind"], mode=r["mode"], x=x, ms=r["ms"], label=f"{r['mask']}-L{r['L']}"))
+    return out
+
+
+def fit_cost_models(obs: list[dict]) -> dict:
+    """Fit the auto rule's constants to :func:`observations` (see the module docstring of
+    ``fusegnn.sparse.sparse_attention``): per mode, ``ms = a + c x`` for ``sdpa``,
+    ``block`` and ``element`` by least squares on the relative error; then the factors
+    ``f`` of ``sdpa-causal`` and ``sdpa-mask`` in ``ms = a + f c x`` (``a``, ``c`` of that
+    mode's ``sdpa``), one factor over both modes. Missing kinds give ``None``. Also the
+    relative errors ``predicted / measured`` of every observation."""
+    fit: dict[str, Any] = {"fwd": {}, "fwdbwd": {}, "DENSE_CAUSAL_FACTOR": None, "DENSE_MASK_FACTOR": None, "residuals": []}
+    names = {"sdpa": ("dense_overhead_ms", "dense_ms_per_element"), "block": ("block_overhead_ms", "block_ms_per_block"),
+             "element": ("element_overhead_ms", "element_ms_per_edge")}
+    for mode in ("fwd", "fwdbwd"):
+        for kind, (a_name, c_name) in names.items():
+            rows = [o for o in obs if o["mode"] == mode and o["kind"] == kind]
+            if len({round(o["x"]) for o in rows}) < 2:
+                fit[mode][a_name] = fit[mode][c_name] = None
+                continue
+            a, c = _wls([[1.0, o["x"]] for o in rows], [o["ms"] for o in rows])
+            if a < 0:  # a negative overhead: refit through the origin
+                a, c = 0.0, _wls([[o["x"]] for o in rows], [o["ms"] for o in rows])[0]
+            fit[mode][a_name], fit[mode][c_name] = a, c
+            fit["residuals"] += [dict(o, predicted=a + c * o["x"]) for o in rows]
+    for kind, key in (("sdpa-causal", "DENSE_CAUSAL_FACTOR"), ("sdpa-mask", "DENSE_MASK_FACTOR")):
+        used = []  # (observation, a, c) of that mode's sdpa fit
+        for o in obs:
+            model = fit[o["mode"]]
+            if o["kind"] == kind and model.get("dense_ms_per_element") is not None:
+                used.append((o, model["dense_overhead_ms"], model["dense_ms_per_element"]))
+        if not used:
+            continue
+        # minimise sum(((a + f c x) - y) / y)^2 over f
+        num = sum(c * o["x"] * (o["ms"] - a) / o["ms"] ** 2 for o, a, c in used)
+        den = sum((c * o["x"]) ** 2 / o["ms"] ** 2 for o, a, c in used)
+        f = num / den
+        fit[key] = f
+        fit["residuals"] += [dict(o, predicted=a + f * c * o["x"]) for o, a, c in used]
+    return fit
+
+
+def format_cost_models(fit: dict) -> str:
+    """The fit as the constants of ``fusegnn/sparse/sparse_attention.py`` (current
+    values where a kind was not measured)."""
+    import importlib
+
+    sa = importlib.import_module("fusegnn.sparse.sparse_attention")
+    lines = ["COST_MODELS: dict[str, CostModel] = {"]
+    for mode in ("fwd", "fwdbwd"):
+        current = sa.COST_MODELS[mode]
+        vals = {}
+        for field in ("dense_overhead_ms", "dense_ms_per_element", "block_overhead_ms", "block_ms_per_block",
+                      "element_overhead_ms", "element_ms_per_edge"):
+            v = fit[mode].get(field)
+            vals[field] = f"{v:.3g}," if v is not None else f"{getattr(current, field)!r},  # not measured: current"
+        lines.append(f'    "{mode}": CostModel(')
+        lines += [f"        {k}={v}" for k, v in vals.items()]
+        lines.append("    ),")
+    lines.append("}")
+    for key in ("DENSE_CAUSAL_FACTOR", "DENSE_MASK_FACTOR"):
+        v = fit[key]
+        if v is None:
+            lines.append(f"{key} = {getattr(sa, key)!r}  # not measured: current")
+        else:
+            lines.append(f"{key} = {v:.3g}" + ("  # implausible (<= 0): check the measurements" if v <= 0 else ""))
+    res = fit["residuals"]
+    for kind in sorted({r["kind"] for r in res}):
+        for mode in ("fwd", "fwdbwd"):
+            ratios = [r["predicted"] / r["ms"] for r in res if r["kind"] == kind and r["mode"] == mode]
+            if ratios:
+                lines.append(f"# {kind:11s} {mode:6s}: predicted / measured {min(ratios):.2f} .. {max(ratios):.2f} "
+                             f"over {len(ratios)} measurements")
+    return "\n".join(lines)
+
+
+def load_observations(paths: Iterable[Path]) -> list[dict]:
+    """Records of this script, of the attention suite and of the earlier calibration
+    format, normalised to this script's record fields (see the module docstring)."""
+    out: list[dict] = []
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        records = doc.get("records", [])
+        if doc.get("suite") == "attention":  # the suite's result file
+            cases = doc.get("cases", {})
+            for r in records:
+                info = cases.get(r["case"])
+                if not info or not r.get("ok"):
+                    continue
+                base = dict(mask=info["mask"], L=info["L"], mode=info["mode"], batch=info["batch"],
+                            heads=info["heads"], head_dim=info["head_dim"], ms=r["ms"], density=r["density"])
+                path_name = r.get("aggregation") or ""
+                kind = {"sdpa": "sdpa", "sdpa-mask": "sdpa-mask", "sdpa-causal": "sdpa-causal"}.get(r["backend"])
+                if r["backend"].startswith("fusegnn"):
+                    kind = {"dense sdpa (no mask)": "sdpa", "dense sdpa (bool mask)": "sdpa-mask",
+                            "dense sdpa (causal)": "sdpa-causal", "block": "block", "element": "element"}.get(path_name)
+                if kind is None:
+                    continue
+                if kind == "block":
+                    if not r.get("block_size") or r.get("block_density") is None:
+                        continue
+                    bm, bn = (int(x) for x in r["block_size"].split("x"))
+                    nnzb = r["block_density"] * math.ceil(info["L"] / bm) * math.ceil(info["L"] / bn)
+                    base.update(BM=bm, BN=bn, nnzb=nnzb, layout_heads=1, default_launch=True)
+                out.append(dict(base, kind=kind))
+        else:
+            for r in records:
+                if "kind" in r:  # this script's format
+                    out.append(r)
+                    continue
+                config = r.get("config") or ""  # the earlier calibration format (suite sizes)
+                base = dict(mask=r["mask"], L=r["L"], mode=r["mode"], batch=GPU_SIZES.batch, heads=GPU_SIZES.heads,
+                            head_dim=GPU_SIZES.head_dim, ms=r["ms"], density=r["density"])
+                if config == "element":
+                    out.append(dict(base, kind="element"))
+                elif config.startswith("block ") and r.get("block_density") is not None:
+                    bm, bn = r["BM"], r["BN"]
+                    nnzb = r["block_density"] * math.ceil(r["L"] / bm) * math.ceil(r["L"] / bn)
+                    out.append(dict(base, kind="block", BM=bm, BN=bn, nnzb=nnzb, layout_heads=1, default_launch=True))
+    return out
+
+
+# ----------------------------------------------------------------------------- recommending
+def _geomean(xs: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+
+def recommend_launch(records: list[dict]) -> dict:
+    """Per block size: the forward (``fwd`` mode) and backward (``fwdbwd`` mode) launch
+    configuration with the lowest geometric mean over the cases of ``ms / best ms of the
+    case at that block size``, and the table's (``default_launch``) score."""
+    out = {}
+    for bm, bn in BLOCK_CONFIGS:
+        entry = {}
+        for mode, keys in (("fwd", ("fwd_warps", "fwd_stages")), ("fwdbwd", ("bwd_warps", "bwd_stages"))):
+            rows = [r for r in records if r.get("kind") == "block" and r.get("mode") == mode and r.get("BM") == bm
+                    and r.get("BN") == bn and r.get(keys[0]) is not None]
+            best_of = {}
+            for r in rows:
+                if r["ms"]:
+                    best_of[r["case"]] = min(best_of.get(r["case"], math.inf), r["ms"])
+            scores, table = {}, None
+            for cfg in sorted({(r[keys[0]], r[keys[1]]) for r in rows}):
+                ratios = []
+                for case, best in best_of.items():
+                    match = [r for r in rows if r["case"] == case and (r[keys[0]], r[keys[1]]) == cfg]
+                    if match:  # a failed configuration counts as 10x the best
+                        ratios.append(match[0]["ms"] / best if match[0]["ms"] else 10.0)
+                        if match[0].get("default_launch"):
+                            table = cfg
+                if ratios:
+                    scores[cfg] = _geomean(ratios)
+            if scores:
+                best = min(scores, key=scores.get)
+                entry["fwd" if mode == "fwd" else "bwd"] = dict(
+                    best=list(best), score=scores[best], table=list(table) if table else None,
+                    table_score=scores.get(table), scores={f"w{w} s{s}": v for (w, s), v in scores.items()})
+        if entry:
+            out[f"{bm}x{bn}"] = entry
+    return out
 
 
 def recommend(records: list[dict], lengths: list[int]) -> dict:
-    cases = sorted({r["case"] for r in records})
-    best_of = {c: min((r["ms"] for r in records if r["case"] == c and r["ms"]), default=None) for c in cases}
+    """``DEFAULT_BLOCK_SIZE[L]``: the ``(BM, BN)`` with the lowest geometric mean over the
+    cases at that ``L`` of ``ms / best ms of the case`` (a block size counts at its best
+    launch configuration); ``ELEMENT_MAX_FILL``: the threshold ``t`` of "element path when
+    the allowed elements fill less than ``t`` of the non-empty blocks at the default block
+    size" that minimises the summed time over the cases (0.0 when the element path never
+    wins, or was not timed)."""
+    blockish = [r for r in records if r.get("ms") and r.get("BM") is not None]
+    element = {r["case"]: r for r in records if r.get("config") == "element"}
+    cases = sorted({r["case"] for r in blockish} | set(element))
+    # best time of each (case, block size) over its launch configurations
+    per_size: dict[tuple[str, int, int], dict] = {}
+    for r in blockish:
+        key = (r["case"], r["BM"], r["BN"])
+        if key not in per_size or r["ms"] < per_size[key]["ms"]:
+            per_size[key] = r
+    best_of = {}
+    for c in cases:
+        times = [r["ms"] for (cc, _, _), r in per_size.items() if cc == c]
+        if c in element and element[c].get("ms"):
+            times.append(element[c]["ms"])
+        best_of[c] = min(times) if times else None
+    sizes = sorted({(bm, bn) for (_, bm, bn) in per_size})
     default_bs = {}
     for L in lengths:
         scores = {}
-        for bm, bn in BLOCK_CONFIGS:
+        for bm, bn in sizes:
             ratios = []
             for c in cases:
-                rows = [r for r in records if r["case"] == c and r["L"] == L and r["BM"] == bm and r["BN"] == bn]
+                rows = [r for (cc, b1, b2), r in per_size.items() if cc == c and (b1, b2) == (bm, bn) and r["L"] == L]
                 if rows and best_of[c]:
-                    # a failed config counts as 10x the best
-                    ratios.append(rows[0]["ms"] / best_of[c] if rows[0]["ms"] else 10.0)
+                    ratios.append(rows[0]["ms"] / best_of[c])
+                elif best_of[c] and any(r["L"] == L for (cc, _, _), r in per_size.items() if cc == c):
+                    ratios.append(10.0)  # failed at this size
             if ratios:
-                scores[(bm, bn)] = math.exp(statistics.fmean(math.log(x) for x in ratios))
+                scores[(bm, bn)] = _geomean(ratios)
         if scores:
             default_bs[L] = min(scores, key=scores.get)
 
-    # element threshold at the default block size: minimise the summed time of the rule
-    pairs = []  # (fill, block ms, element ms)
+    pairs = []  # (fill, block ms, element ms, case) at the default block size
     for c in cases:
-        rows = [r for r in records if r["case"] == c]
-        L = rows[0]["L"]
-        if L not in default_bs:
+        rows = [r for (cc, _, _), r in per_size.items() if cc == c]
+        if not rows or rows[0]["L"] not in default_bs or c not in element:
             continue
-        bm, bn = default_bs[L]
-        blk = next((r for r in rows if r["BM"] == bm and r["BN"] == bn), None)
-        ele = next((r for r in rows if r["config"] == "element"), None)
-        if blk and blk["ms"] and ele:
-            pairs.append((blk["fill"], blk["ms"], ele["ms"] if ele["ms"] else float("inf"), c))
-    # candidate thresholds: 0 (never element), midpoints between consecutive fills, above all
+        bm, bn = default_bs[rows[0]["L"]]
+        blk = per_size.get((c, bm, bn))
+        ele = element[c]
+        if blk and blk.get("fill") is not None:
+            pairs.append((blk["fill"], blk["ms"], ele["ms"] if ele.get("ms") else math.inf, c))
     fills = sorted({p[0] for p in pairs})
     candidates = [0.0] + [(a + b) / 2 for a, b in zip(fills, fills[1:])] + ([fills[-1] * 1.25] if fills else [])
-    threshold, best_total = 0.0, float("inf")
+    threshold, best_total = 0.0, math.inf
     for t in candidates:
         t = float(f"{t:.3g}")
         total = sum(e if f < t else b for f, b, e, _ in pairs)
@@ -199,13 +540,16 @@ def recommend(records: list[dict], lengths: list[int]) -> dict:
             threshold, best_total = t, total
     per_case = []
     for c in cases:
-        rows = [r for r in records if r["case"] == c and r["ms"]]
+        rows = [r for (cc, _, _), r in per_size.items() if cc == c]
+        if c in element and element[c].get("ms"):
+            rows = rows + [element[c]]
         if not rows:
             per_case.append({"case": c, "best": None})
             continue
         top = min(rows, key=lambda r: r["ms"])
+        label = "element" if top.get("config") == "element" else f"block {top['BM']}x{top['BN']}"
         pair = next((p for p in pairs if p[3] == c), None)
-        per_case.append({"case": c, "best": top["config"], "best_ms": top["ms"],
+        per_case.append({"case": c, "best": label, "best_ms": top["ms"],
                          "default_block_ms": pair[1] if pair else None,
                          "element_ms": pair[2] if pair and math.isfinite(pair[2]) else None,
                          "fill_at_default": pair[0] if pair else None})
@@ -213,36 +557,132 @@ def recommend(records: list[dict], lengths: list[int]) -> dict:
             "ELEMENT_MAX_FILL": threshold, "per_case": per_case}
 
 
-def print_recommendation(rec: dict) -> None:
-    print("\nRECOMMENDATION")
-    bs = ", ".join(f"{L}: ({v[0]}, {v[1]})" for L, v in rec["DEFAULT_BLOCK_SIZE"].items())
-    print(f"DEFAULT_BLOCK_SIZE = {{{bs}}}")
-    print(f"ELEMENT_MAX_FILL = {rec['ELEMENT_MAX_FILL']}")
-    for row in rec["per_case"]:
-        if row["best"] is None:
-            print(f"# {row['case']}: nothing ran")
+def crossover_table(records: list[dict], fit: dict) -> list[dict]:
+    """Per case: measured block (64x64, table launch) and dense times, the rule's pick
+    with the current constants and with the refitted ones, and the measured best of the
+    two candidates the rule weighs."""
+    import importlib
+
+    sa = importlib.import_module("fusegnn.sparse.sparse_attention")
+    rows = []
+    for case in sorted({r["case"] for r in records if r.get("kind") in SDPA_KINDS + ("block",)}):
+        by_kind = {}
+        for r in records:
+            if r["case"] != case:
+                continue
+            if r.get("kind") == "block" and (r.get("BM"), r.get("BN")) == DEFAULT_BLOCK and r.get("default_launch"):
+                by_kind.setdefault("block", r)
+            elif r.get("kind") in SDPA_KINDS:
+                by_kind[r["kind"]] = r
+        blk = by_kind.get("block")
+        if blk is None or blk.get("nnzb") is None:
             continue
-        ele = f"{row['element_ms']:.3f}" if row.get("element_ms") else "—"
-        blk = f"{row['default_block_ms']:.3f}" if row.get("default_block_ms") else "—"
-        fill = f"{row['fill_at_default']:.3f}" if row.get("fill_at_default") is not None else "—"
-        print(f"# {row['case']}: best {row['best']} {row['best_ms']:.3f} ms; default block {blk} ms; "
-              f"element {ele} ms; fill {fill}")
+        dense_kind = "sdpa-causal" if "sdpa-causal" in by_kind else "sdpa-mask"
+        variant = "causal" if dense_kind == "sdpa-causal" else "bool mask"
+        pairs = blk["batch"] * blk["heads"]
+        backward = blk["mode"] == "fwdbwd"
+        work_dense = pairs * blk["L"] ** 2
+        work_block = blk["nnzb"] * pairs / blk["layout_heads"]
+        capped = variant == "bool mask" and blk["L"] ** 2 > sa.DENSE_MASK_MAX_ELEMENTS
+
+        def pick(model: Any, factors: dict) -> str:
+            if capped:
+                return "block"
+            d = blk["head_dim"] / 64
+            dense_ms = model.dense_overhead_ms + model.dense_ms_per_element * factors[variant] * d * work_dense
+            block_ms = model.block_overhead_ms + model.block_ms_per_block * d * work_block
+            return "dense" if dense_ms < block_ms else "block"
+
+        mode = "fwdbwd" if backward else "fwd"
+        now = pick(sa.COST_MODELS[mode], {"causal": sa.DENSE_CAUSAL_FACTOR, "bool mask": sa.DENSE_MASK_FACTOR})
+        refit_model = sa.CostModel(**{k: (fit[mode].get(k) if fit[mode].get(k) is not None else getattr(sa.COST_MODELS[mode], k))
+                                      for k in sa.CostModel.__dataclass_fields__})
+        refit = pick(refit_model, {"causal": fit["DENSE_CAUSAL_FACTOR"] or sa.DENSE_CAUSAL_FACTOR,
+                                   "bool mask": fit["DENSE_MASK_FACTOR"] or sa.DENSE_MASK_FACTOR})
+        dense_ms = by_kind.get(dense_kind, {}).get("ms")
+        measured = {"block": blk.get("ms"), "dense": dense_ms}
+        done = {k: v for k, v in measured.items() if v}
+        best = min(done, key=done.get) if done else None
+        rows.append(dict(case=case, block_ms=blk.get("ms"), dense=f"sdpa ({variant})", dense_ms=dense_ms,
+                         sdpa_ms=by_kind.get("sdpa", {}).get("ms"), block_density=blk.get("block_density"),
+                         rule_now=now, rule_refit=refit, best=best,
+                         now_ms=measured.get(now), refit_ms=measured.get(refit)))
+    return rows
+
+
+def print_recommendation(rec: dict, emit: Callable[[str], None] = print) -> None:
+    emit("\nRECOMMENDATION (fusegnn/sparse/sparse_attention.py)")
+    emit(rec["cost_models_text"])
+    if rec.get("crossover"):
+        emit("\n# crossover (ms; rule = what auto picks with the current / refitted constants)")
+        emit(f"# {'case':26s} {'block':>8s} {'dense':>8s} {'variant':16s} {'sdpa':>8s} {'blocks':>6s}  now    refit  best")
+        fmt = lambda v: f"{v:.3f}" if v else "—"  # noqa: E731
+        for r in rec["crossover"]:
+            bd = f"{r['block_density']:.3f}" if r["block_density"] is not None else "—"
+            emit(f"# {r['case']:26s} {fmt(r['block_ms']):>8s} {fmt(r['dense_ms']):>8s} {r['dense']:16s} "
+                 f"{fmt(r['sdpa_ms']):>8s} {bd:>6s}  {r['rule_now']:6s} {r['rule_refit']:6s} {r['best'] or '—'}")
+    if rec.get("launch"):
+        emit("\n# launch configuration (head dim 64; geometric mean of ms / best; table = launch_config's now)")
+        for size, entry in rec["launch"].items():
+            for direction, e in entry.items():
+                table = f"w{e['table'][0]} s{e['table'][1]} {e['table_score']:.3f}" if e.get("table") else "—"
+                emit(f"# {size:8s} {direction}: best w{e['best'][0]} s{e['best'][1]} {e['score']:.3f}; table {table}")
+    bs = ", ".join(f"{L}: ({v[0]}, {v[1]})" for L, v in rec["block"]["DEFAULT_BLOCK_SIZE"].items())
+    emit("")
+    emit(f"DEFAULT_BLOCK_SIZE = {{{bs}}}")
+    emit(f"ELEMENT_MAX_FILL = {rec['block']['ELEMENT_MAX_FILL']}  (0.0 also when the element path was not timed)")
+
+
+def build_recommendation(records: list[dict], lengths: list[int]) -> dict:
+    fit = fit_cost_models(observations(records))
+    return {"cost_models": {k: v for k, v in fit.items() if k != "residuals"},
+            "cost_models_text": format_cost_models(fit),
+            "crossover": crossover_table(records, fit),
+            "launch": recommend_launch(records),
+            "block": recommend(records, lengths)}
+
+
+# ----------------------------------------------------------------------------- entry
+class _Tee:
+    def __init__(self, path: Path | None) -> None:
+        self.lines: list[str] = []
+        self.path = path
+
+    def __call__(self, line: str) -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+        if self.path is not None:
+            self.path.write_text("\n".join(self.lines) + "\n")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.fit:
+        obs = load_observations(args.fit)
+        fit = fit_cost_models(observations(obs))
+        print(f"# fitted to {len(observations(obs))} measurements from {', '.join(str(p) for p in args.fit)}")
+        print(format_cost_models(fit))
+        return 0
     if not torch.cuda.is_available():
-        raise SystemExit("attention_calibrate needs a CUDA GPU")
+        raise SystemExit("attention_calibrate needs a CUDA GPU (or --fit FILE... to refit from saved results)")
+    from benchmarks.report import environment, gpu_slug
+
     device = torch.device("cuda", torch.cuda.current_device())
-    print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}; B={GPU_SIZES.batch} "
-          f"H={GPU_SIZES.heads} D={GPU_SIZES.head_dim} bf16; check heads 0..{CHECK_HEADS - 1}")
-    result = calibrate(args, device)
-    print_recommendation(result["recommendation"])
-    if args.json:
-        result["device"] = torch.cuda.get_device_name(device)
-        result["torch"] = torch.__version__
-        args.json.write_text(json.dumps(result, indent=1, default=str))
-        print(f"wrote {args.json}", file=sys.stderr)
+    stem = None
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        stem = args.out / f"attention-calibration-{gpu_slug(device)}"
+    emit = _Tee(stem.with_suffix(".log") if stem else None)
+    emit(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}; B={GPU_SIZES.batch} H={GPU_SIZES.heads} "
+         f"D={GPU_SIZES.head_dim} bf16; check heads 0..{CHECK_HEADS - 1}; time limit {args.time_limit:g} s")
+    records = calibrate(args, device, emit)
+    rec = build_recommendation(records, args.lengths)
+    print_recommendation(rec, emit)
+    if stem is not None:
+        doc = dict(environment(device), args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                   records=records, recommendation=rec)
+        stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str))
+        print(f"wrote {stem}.json and .log", file=sys.stderr)
     return 0
 
 

@@ -93,3 +93,100 @@ def test_calibration_recommendation_rule():
     assert 0.02 < rec["ELEMENT_MAX_FILL"] <= 0.8
     best = {row["case"]: row["best"] for row in rec["per_case"]}
     assert best == {"dense-ish": "block 128x64", "sparse": "element"}
+
+
+def test_dense_backends_and_path_labels(tmp_path):
+    """fusegnn-dense names the SDPA variant it ran; sdpa-causal runs (checked) on the
+    causal case only."""
+    assert main(FAST + ["--out", str(tmp_path), "--cases", "causal-L256-fwd,window-L256-fwdbwd",
+                        "--backends", "fusegnn-dense,sdpa-causal"]) == 0
+    doc = json.loads((tmp_path / "attention" / "cpu.json").read_text())
+    records = {(r["case"], r["backend"]): r for r in doc["records"]}
+    assert records[("causal-L256-fwd", "fusegnn-dense")]["aggregation"] == "dense sdpa (causal)"
+    assert records[("window-L256-fwdbwd", "fusegnn-dense")]["aggregation"] == "dense sdpa (bool mask)"
+    for key in (("causal-L256-fwd", "fusegnn-dense"), ("window-L256-fwdbwd", "fusegnn-dense"), ("causal-L256-fwd", "sdpa-causal")):
+        assert records[key]["ok"] and records[key]["rel_err"] < 1e-4, records[key]
+    wrong = records[("window-L256-fwdbwd", "sdpa-causal")]
+    assert not wrong["ok"] and "not applicable" in wrong["error"]
+    md = (tmp_path / "attention" / "cpu.md").read_text()
+    assert "| dense sdpa (causal) |" in md
+
+
+def test_cost_model_constants_come_from_the_fit():
+    """The constants in sparse_attention.py are what --fit gives on the stored H200 results."""
+    from pathlib import Path
+
+    from benchmarks.attention_calibrate import fit_cost_models, load_observations, observations
+    from fusegnn.sparse.sparse_attention import COST_MODELS
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "attention"
+    obs = observations(load_observations([results / "nvidia-h200.json", results / "calibration-nvidia-h200.json"]))
+    assert len(obs) == 144
+    fit = fit_cost_models(obs)
+    for mode, model in COST_MODELS.items():
+        for name, value in vars(model).items():
+            assert fit[mode][name] == pytest.approx(value, rel=6e-3), (mode, name)
+    assert fit["DENSE_CAUSAL_FACTOR"] is None and fit["DENSE_MASK_FACTOR"] is None  # not measured there
+
+
+def test_fit_recovers_a_known_model():
+    """fit_cost_models on synthetic measurements of a known model returns it."""
+    from benchmarks.attention_calibrate import fit_cost_models, observations
+
+    a_d, c_d, a_b, c_b, f_c, f_m = 0.1, 2e-9, 0.4, 1e-5, 0.55, 2.5
+    records = []
+    for L in (1024, 2048, 4096, 8192):
+        base = dict(mask="m", L=L, batch=4, heads=12, head_dim=64, density=0.1, mode="fwdbwd")
+        x = 48 * L * L
+        records.append(dict(base, kind="sdpa", ms=a_d + c_d * x))
+        records.append(dict(base, kind="sdpa-causal", ms=a_d + f_c * c_d * x))
+        records.append(dict(base, kind="sdpa-mask", ms=a_d + f_m * c_d * x))
+        nnzb = L // 64 * 5
+        records.append(dict(base, kind="block", BM=64, BN=64, nnzb=nnzb, layout_heads=1, default_launch=True,
+                            ms=a_b + c_b * nnzb * 48))
+        records.append(dict(base, kind="block", BM=128, BN=64, nnzb=nnzb, layout_heads=1, default_launch=True, ms=99.0))
+    fit = fit_cost_models(observations(records))
+    m = fit["fwdbwd"]
+    assert m["dense_overhead_ms"] == pytest.approx(a_d) and m["dense_ms_per_element"] == pytest.approx(c_d)
+    assert m["block_overhead_ms"] == pytest.approx(a_b) and m["block_ms_per_block"] == pytest.approx(c_b)
+    assert fit["DENSE_CAUSAL_FACTOR"] == pytest.approx(f_c) and fit["DENSE_MASK_FACTOR"] == pytest.approx(f_m)
+    assert m["element_overhead_ms"] is None and fit["fwd"]["dense_overhead_ms"] is None
+
+
+def test_calibration_run_on_cpu(tmp_path, monkeypatch):
+    """The whole calibration (both passes, recommendation, JSON + log) on tiny CPU sizes,
+    the block kernel through Triton's interpreter."""
+    pytest.importorskip("triton")
+    from benchmarks import attention_calibrate as cal
+
+    monkeypatch.setattr(cal, "GPU_SIZES", bench.CPU_SIZES)
+    monkeypatch.setattr(cal, "BLOCK_CONFIGS", [(64, 64), (32, 64)])
+    monkeypatch.setattr(cal, "FWD_SWEEP", [(4, 3), (2, 2)])
+    monkeypatch.setattr(cal, "BWD_SWEEP", [(4, 2)])
+    args = cal.parse_args(["--masks", "causal,window", "--lengths", "48,64", "--steps", "1", "--warmup", "1",
+                           "--time-limit", "600"])
+    lines = []
+    records = cal.calibrate(args, torch.device("cpu"), lines.append)
+    kinds = {(r["case"], r["kind"]) for r in records if r.get("ms")}
+    assert ("causal-L64-fwdbwd", "sdpa-causal") in kinds and ("window-L64-fwdbwd", "sdpa-causal") not in kinds
+    for r in records:
+        assert r["error"] is None, r
+        assert r["kind"] == "sdpa" or r["rel_err"] < 1e-4
+    sweep = [r for r in records if r["kind"] == "block" and r["config"].startswith("block 32x64")]
+    assert {(r["mode"], r["fwd_warps"], r["fwd_stages"]) for r in sweep if r["mode"] == "fwd"} == {("fwd", 4, 3), ("fwd", 2, 2)}
+    rec = cal.build_recommendation(records, args.lengths)
+    assert "COST_MODELS" in rec["cost_models_text"] and rec["cost_models"]["fwdbwd"]["dense_overhead_ms"] is not None
+    assert {r["case"] for r in rec["crossover"]} == {f"{m}-L{L}-{mode}" for m in ("causal", "window") for L in (48, 64)
+                                                     for mode in ("fwd", "fwdbwd")}
+    assert set(rec["launch"]) == {"64x64", "32x64"} and set(rec["launch"]["32x64"]) == {"fwd", "bwd"}
+    assert set(rec["block"]["DEFAULT_BLOCK_SIZE"]) == {48, 64}
+    cal.print_recommendation(rec, lines.append)
+    assert any(line.startswith("DEFAULT_BLOCK_SIZE") for line in lines)
+
+
+def test_calibration_time_limit_records_what_did_not_run():
+    from benchmarks import attention_calibrate as cal
+
+    args = cal.parse_args(["--masks", "causal", "--lengths", "64", "--time-limit", "0"])
+    records = cal.calibrate(args, torch.device("cpu"), lambda line: None)
+    assert records and all(r["ms"] is None and r["error"].startswith("not run: --time-limit") for r in records)
