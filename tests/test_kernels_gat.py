@@ -332,12 +332,12 @@ def test_gatconv_fused_matches_reference():
 
 
 def test_config_block_sizes_and_tuning():
-    # one warp per program; forward tiles of 2048 values, backward of 512; no more edges
-    # than a row needs (but at least 16)
+    # forward: one warp, 2048 values; backward: one warp and 512 values for one head,
+    # four warps and 256 values for several; no more edges than a row needs (but >= 16)
     L = gat_fused.Launch
     assert gat_fused._block_sizes(1, 16, 492.0) == (1, 16, L(128, 1), L(32, 1), L(32, 1))
-    assert gat_fused._block_sizes(8, 8, 492.0) == (8, 8, L(32, 1), L(8, 1), L(8, 1))
-    assert gat_fused._block_sizes(8, 8, 4.5) == (8, 8, L(16, 1), L(8, 1), L(8, 1))
+    assert gat_fused._block_sizes(8, 8, 492.0) == (8, 8, L(32, 1), L(4, 4), L(4, 4))
+    assert gat_fused._block_sizes(8, 8, 4.5) == (8, 8, L(16, 1), L(4, 4), L(4, 4))
     assert gat_fused._block_sizes(1, 16, 4.5) == (1, 16, L(16, 1), L(16, 1), L(16, 1))
     assert gat_fused._block_sizes(8, 7, 3.0)[:2] == (8, 8)
     graph = _graph()

@@ -488,31 +488,43 @@ class BlockSizes(NamedTuple):
     col: Launch
 
 
-#: Values (edges x heads x channels) in one program's tile: forward, backward.
+#: Values (edges x heads x channels) in one program's tile: forward, backward with one
+#: head, backward with several heads.
 FWD_TILE = 2048
 BWD_TILE = 512
+BWD_TILE_MULTIHEAD = 256
 
 
 def _block_sizes(heads: int, channels: int, avg_degree: float) -> BlockSizes:
     """The tiles and warps of each kernel for ``heads`` x ``channels`` and a graph of
     average degree ``avg_degree``.
 
-    Every kernel runs **one warp** per program and holds a full head x channel tile of
-    ``block_e`` edges: ``FWD_TILE`` values in the forward, ``BWD_TILE`` in the backward
-    (which keeps four such tiles live: h, grad_out and two products), and never more
-    edges than a typical row has (at least 16, so short rows are not all padding). These
-    gathers are latency bound: many small single-warp programs per SM keep more row
-    loads in flight than few wide ones. Measured on an H200 on a Reddit-sized graph
-    (115M edges, dropout 0.6, forward + backward of the op): 1 head x 16 channels
-    13.8 ms with the former 128-edge, 8-warp tiles to 6.9 ms; 8 x 8 222 ms to 96 ms
-    (``benchmarks/results/gpu-checks/tiles-nvidia-h200.log``).
+    Each program holds a full head x channel tile of ``block_e`` edges, never more
+    edges than a typical row has (at least 16, so short rows are not all padding):
+
+    * forward: ``FWD_TILE`` values, **one warp**;
+    * backward, one head: ``BWD_TILE`` values, one warp (the backward keeps four such
+      tiles live: h, grad_out and two products);
+    * backward, several heads: ``BWD_TILE_MULTIHEAD`` values over four warps (its
+      per-head reductions over few channels spread thin).
+
+    These gathers are latency bound: many small single-warp programs per SM keep more
+    row loads in flight than few wide ones. Measured on an H200 on a Reddit-sized graph
+    (115M edges, dropout 0.6), forward + backward of the op, against the former
+    128-edge (2048-value) tiles of 4-8 warps: 1 head x 16 channels 13.8 -> 6.9 ms,
+    1 x 48 60 -> 25 ms, 8 x 8 222 -> ~83 ms; a GAT training step of 1 x 16 heads
+    29.9 -> 16.1 ms (sweeps: ``benchmarks/tiles_gpu.py``, logs in
+    ``benchmarks/results/gpu-checks/tiles-nvidia-h200.log`` and ``tiles2-nvidia-h200.log``).
     """
     block_h, block_c = next_pow2(heads), next_pow2(channels)
     width = block_h * block_c
     by_degree = min(max(next_pow2(math.ceil(avg_degree)), 16), 128)
-    fwd = min(by_degree, max(FWD_TILE // width, 2))
-    bwd = min(by_degree, max(BWD_TILE // width, 2))
-    return BlockSizes(block_h, block_c, Launch(fwd, 1), Launch(bwd, 1), Launch(bwd, 1))
+    fwd = Launch(min(by_degree, max(FWD_TILE // width, 2)), 1)
+    if block_h == 1:
+        bwd = Launch(min(by_degree, max(BWD_TILE // width, 2)), 1)
+    else:
+        bwd = Launch(min(by_degree, max(BWD_TILE_MULTIHEAD // width, 2)), 4)
+    return BlockSizes(block_h, block_c, fwd, bwd, bwd)
 
 
 _TUNING: dict = {}
