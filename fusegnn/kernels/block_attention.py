@@ -599,6 +599,33 @@ def _check_launch(launch) -> None:
                 raise ValueError(f"launch.{name} must be an int >= 1, got {st!r}")
 
 
+# (kernel, constexprs, dtype, num_warps, num_stages of the table) -> the fewer stages that
+# fit in shared memory, for table configurations that did not (see _launch)
+_STAGES_THAT_FIT: dict[tuple, int] = {}
+
+
+def _launch(kernel, grid, args: tuple, meta: dict, warps: int, stages: int, *, fallback: bool, dtype) -> None:
+    """``kernel[grid](*args, **meta, num_warps=warps, num_stages=stages)``. With
+    ``fallback`` (a configuration of :func:`launch_config`'s table, not one asked for),
+    a kernel that does not fit in shared memory at ``stages`` (Triton's
+    ``OutOfResources``, e.g. float32 tiles at head dim 128) is retried with one stage
+    fewer, down to 1, and the stages that fitted are remembered for that specialisation."""
+    key = None
+    if fallback and _STAGES_THAT_FIT:
+        key = (kernel.__name__, tuple(sorted(meta.items())), dtype, warps, stages)
+    run_stages = _STAGES_THAT_FIT.get(key, stages) if key is not None else stages
+    while True:
+        try:
+            kernel[grid](*args, **meta, num_warps=warps, num_stages=run_stages)
+            break
+        except Exception as exc:  # noqa: BLE001 - only Triton's OutOfResources is retried
+            if not fallback or run_stages <= 1 or type(exc).__name__ != "OutOfResources":
+                raise
+            run_stages -= 1
+    if run_stages != stages:
+        _STAGES_THAT_FIT[(kernel.__name__, tuple(sorted(meta.items())), dtype, warps, stages)] = run_stages
+
+
 def _last_contiguous(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -623,14 +650,15 @@ def _forward(
     BD = max(16, next_pow2(D))
     cfg = launch if launch is not None else launch_config(BM, BN, D)
     grid = (layout.nrb * B * H,)
-    _fwd[grid](
-        q, k, v, out, lse,
-        prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
-        scale * _LOG2E,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-        H, int(layout.num_heads), L_q, L_k, int(layout.nrb), B * H, D,
-        BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, EVEN_D=BD == D, PRECISION=precision, UPCAST=_upcast(q.dtype),
-        num_warps=cfg.fwd_warps, num_stages=cfg.fwd_stages,
+    _launch(
+        _fwd, grid,
+        (q, k, v, out, lse,
+         prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
+         scale * _LOG2E,
+         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+         H, int(layout.num_heads), L_q, L_k, int(layout.nrb), B * H, D),
+        dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, EVEN_D=BD == D, PRECISION=precision, UPCAST=_upcast(q.dtype)),
+        cfg.fwd_warps, cfg.fwd_stages, fallback=launch is None, dtype=q.dtype,
     )
     return out, lse
 
@@ -660,24 +688,27 @@ def _backward(
     scale_log2 = scale * _LOG2E
     nhl = int(layout.num_heads)
     if need_dkdv:
-        _bwd_dkdv[(layout.ncb * B * H,)](
-            q, k, v, do, lse, delta, dk, dv,
-            prep.col_ptr, prep.col_split, prep.row_idx, prep.t_pattern, prep.patterns, prep.col_sched,
-            scale, scale_log2,
-            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
-            H, nhl, L_q, L_k, int(layout.ncb), B * H, D,
-            BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, PRECISION=precision, UPCAST=_upcast(q.dtype),
-            num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages,
+        _launch(
+            _bwd_dkdv, (layout.ncb * B * H,),
+            (q, k, v, do, lse, delta, dk, dv,
+             prep.col_ptr, prep.col_split, prep.row_idx, prep.t_pattern, prep.patterns, prep.col_sched,
+             scale, scale_log2,
+             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
+             H, nhl, L_q, L_k, int(layout.ncb), B * H, D),
+            dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, PRECISION=precision, UPCAST=_upcast(q.dtype)),
+            cfg.bwd_warps, cfg.bwd_stages, fallback=launch is None, dtype=q.dtype,
         )
     if need_dq:
-        _bwd_dq[(layout.nrb * B * H,)](
-            q, k, v, do, lse, delta, dq,
-            prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
-            scale, scale_log2,
-            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-            H, nhl, L_q, L_k, int(layout.nrb), B * H, D,
-            BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, EVEN_D=BD == D, PRECISION=precision, UPCAST=_upcast(q.dtype),
-            num_warps=cfg.bwd_warps, num_stages=cfg.bwd_stages,
+        _launch(
+            _bwd_dq, (layout.nrb * B * H,),
+            (q, k, v, do, lse, delta, dq,
+             prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
+             scale, scale_log2,
+             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
+             H, nhl, L_q, L_k, int(layout.nrb), B * H, D),
+            dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, EVEN_D=BD == D, PRECISION=precision,
+                 UPCAST=_upcast(q.dtype)),
+            cfg.bwd_warps, cfg.bwd_stages, fallback=launch is None, dtype=q.dtype,
         )
     return dq, dk, dv
 
