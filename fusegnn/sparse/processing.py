@@ -123,6 +123,7 @@ def gcn_norm(
     improved: bool = False,
     add_self_loops: bool = True,
     dtype: torch.dtype | None = None,
+    fused: bool | None = None,
 ) -> Graph:
     r"""Kipf & Welling's symmetric normalisation (PyG's ``gcn_norm``).
 
@@ -133,8 +134,21 @@ def gcn_norm(
     with :math:`\lambda = 2` when ``improved`` else 1, and self-loops added only to the
     nodes that have none (``add_self_loops``). Returns a graph whose ``edge_weight`` is
     :math:`\hat{w}_{ji} = d_j^{-1/2} w_{ji} d_i^{-1/2}`; zero-degree nodes get weight 0.
+
+    ``fused`` picks the implementation: ``None`` (default) runs the two fused Triton
+    kernels of :mod:`fusegnn.kernels.gcn_norm` (degree over the CSR, then the edge
+    weights: no atomics, bitwise reproducible) when the graph is on a CUDA device and
+    the weights need no gradient, and the composed PyTorch ops (differentiable) otherwise;
+    ``True`` demands the kernels (a ``ValueError`` says why they cannot run; on the CPU
+    they run under ``TRITON_INTERPRET=1``), ``False`` the composed ops.
     """
     _require_square(graph, "gcn_norm")
+    if fused is None or fused:
+        why_not = _fused_norm_unavailable(graph, edge_weight, dtype)
+        if why_not is None and (fused or graph.device.type == "cuda"):
+            return _fused_gcn_norm(graph, edge_weight, improved, add_self_loops, dtype)
+        if fused:
+            raise ValueError(f"gcn_norm(fused=True) cannot run: {why_not}")
     if edge_weight is None:
         edge_weight = graph.edge_weight
     if edge_weight is not None and edge_weight.dim() != 1:
@@ -166,3 +180,55 @@ def gat_self_loops(graph: Graph) -> Graph:
         lambda: add_self_loops(remove_self_loops(graph.with_edge_weight(None))),
         structural=True,
     )
+
+
+def _fused_norm_unavailable(graph: Graph, edge_weight: Tensor | None, dtype: torch.dtype | None) -> str | None:
+    """Why the fused normalisation kernels cannot run on these inputs (``None``: they can)."""
+    from fusegnn.kernels._edge_utils import fused_can_run
+
+    weight = edge_weight if edge_weight is not None else graph.edge_weight
+    if weight is not None and weight.dim() != 1:
+        return f"edge_weight must be [E], got shape {tuple(weight.shape)}"
+    if weight is not None and weight.requires_grad and torch.is_grad_enabled():
+        return "edge_weight requires grad (the kernels are not differentiable)"
+    out_dtype = dtype or (weight.dtype if weight is not None else torch.float32)
+    if not out_dtype.is_floating_point:
+        return f"dtype must be floating, got {out_dtype}"
+    probe = [graph.src] + ([weight] if weight is not None else [])
+    probe.append(torch.empty(0, dtype=out_dtype, device=graph.device))
+    if not fused_can_run(*probe):
+        return (
+            f"Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 on the CPU) of dtype "
+            f"fp16/bf16/fp32/fp64 and Triton installed; got {graph.device} and {out_dtype}"
+        )
+    return None
+
+
+def _loop_source_edges(graph: Graph) -> tuple[Graph, Tensor]:
+    """The graph of :func:`add_remaining_self_loops` and, for each of its edges, the input
+    edge it comes from (``-1`` for an added loop); cached on ``graph`` (structural)."""
+    structure = self_loop_structure(graph)
+
+    def build() -> Tensor:
+        n = graph.num_nodes
+        loops = torch.full((n,), -1, dtype=torch.int64, device=graph.device)
+        loops = loops.index_put((structure.loop_node,), structure.loop_edge)
+        return torch.cat([structure.keep, loops])
+
+    return structure.graph, graph.cached("fusegnn.gcn_norm.source_edge", build, structural=True)
+
+
+def _fused_gcn_norm(graph: Graph, edge_weight: Tensor | None, improved: bool, add_self_loops: bool,
+                    dtype: torch.dtype | None) -> Graph:
+    from fusegnn.kernels.gcn_norm import fused_gcn_norm_weights
+
+    weight = edge_weight if edge_weight is not None else graph.edge_weight
+    if weight is not None:
+        weight = weight.detach()
+    out_dtype = dtype or (weight.dtype if weight is not None else torch.float32)
+    if add_self_loops:
+        result, source = _loop_source_edges(graph)
+    else:
+        result, source = graph, None
+    norm = fused_gcn_norm_weights(result, weight, source, 2.0 if improved else 1.0, out_dtype)
+    return result.with_edge_weight(norm)
