@@ -9,6 +9,10 @@ Suite ``paper`` (a training step of the 2-layer model):
 ``fusegnn-reference``  fusegnn layers on the pure-PyTorch reference ops (gather / scatter)
 ``pyg``                PyG's ``GCNConv(cached=True)`` / ``GATConv`` with ``edge_index``
 ``pyg-uncached``       PyG's ``GCNConv(cached=False)`` (opt-in: renormalises every step)
+``fusegnn-graphed``    ``fusegnn``'s model and step captured by :func:`fusegnn.graphed_step`
+                       into a CUDA graph, timed per replay (small graphs only, CUDA only)
+``pyg-graphed``        ``pyg``'s model and step through the same :func:`fusegnn.graphed_step`
+                       (a capture that fails is recorded with its reason)
 =====================  ========================================================================
 
 Suite ``agg`` (``out = A @ x`` with the GCN-normalised adjacency, and its backward
@@ -52,8 +56,10 @@ __all__ = [
     "ORACLE_ORDER",
     "registry",
     "select_backends",
+    "cuda_graph_unavailable",
     "fusegnn_unavailable",
     "pyg_unavailable",
+    "small_graph",
 ]
 
 ModelBuilder = Callable[[Case, int, int], nn.Module]
@@ -83,6 +89,8 @@ class PaperBackend:
         unavailable: ``device -> None`` if it can run there, else the reason.
         applies: whether the backend makes sense for a case (others skip it silently).
         default: run when ``--backends`` is not given.
+        graphed: time the step captured into a CUDA graph by :func:`fusegnn.graphed_step`
+            (replays), after checking that replays train like eager steps.
     """
 
     name: str
@@ -92,6 +100,7 @@ class PaperBackend:
     unavailable: Callable[[torch.device], str | None] = _always
     applies: Callable[[Case], bool] = field(default=lambda case: True)
     default: bool = True
+    graphed: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,23 @@ def fusegnn_unavailable(aggregation: str) -> Callable[[torch.device], str | None
         return None
 
     return check
+
+
+def cuda_graph_unavailable(also: Callable[[torch.device], str | None]) -> Callable[[torch.device], str | None]:
+    """``also``'s verdict, after requiring a CUDA device (CUDA graphs capture CUDA work only)."""
+
+    def check(device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return f"CUDA graphs need a CUDA device (running on {device})"
+        return also(device)
+
+    return check
+
+
+def small_graph(case: Case) -> bool:
+    """The cases a CUDA-graph backend runs: every graph but Reddit-like, whose step is
+    bound by its sparse kernels rather than by kernel launches."""
+    return case.dataset != "reddit"
 
 
 def pyg_unavailable(device: torch.device) -> str | None:
@@ -181,6 +207,14 @@ def _paper_backends() -> dict[str, PaperBackend]:
     backends["pyg-uncached"] = PaperBackend(
         "pyg-uncached", "pyg", _pyg_builder(False), unavailable=pyg_unavailable,
         applies=lambda case: case.model == "gcn", default=False,
+    )
+    backends["fusegnn-graphed"] = PaperBackend(
+        "fusegnn-graphed", "fusegnn", _fusegnn_builder("auto"), "auto",
+        cuda_graph_unavailable(fusegnn_unavailable("auto")), applies=small_graph, graphed=True,
+    )
+    backends["pyg-graphed"] = PaperBackend(
+        "pyg-graphed", "pyg", _pyg_builder(True), unavailable=cuda_graph_unavailable(pyg_unavailable),
+        applies=small_graph, graphed=True,
     )
     return backends
 

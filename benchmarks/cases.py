@@ -9,7 +9,10 @@ Figure 5.11), one training step of a 2-layer model per case, named
 * GAT with one head of width 16, 64, 512 and 128 on every data set
   (``gat-cora-1x16`` ...), plus the published recipe of 8 heads x 8 on the small graphs
   (``gat-cora-8x8``, ``gat-pubmed-8x8``) and 8 heads x 16 on Reddit-like
-  (``gat-reddit-8x16``).
+  (``gat-reddit-8x16``);
+* on CiteSeer the two published recipes only, ``gcn-citeseer-h16`` and
+  ``gat-citeseer-8x8`` (the third small graph of the CUDA-graph comparison: on graphs
+  this size a step is bound by kernel launches, not by the sparse kernels).
 
 Suite ``agg``: the aggregation alone, ``out = A @ x`` with the GCN-normalised Reddit-like
 adjacency (self-loops included), forward and backward, at ``F`` in 16, 64, 128, 256:
@@ -42,7 +45,8 @@ class Case:
         name: the case name used in results (``gcn-cora-h16``, ``gat-reddit-8x16``,
             ``agg-reddit-f64``).
         suite: ``"paper"`` or ``"agg"``.
-        dataset: ``"cora"``, ``"pubmed"`` or ``"reddit"`` (Reddit-like, generated).
+        dataset: ``"cora"``, ``"citeseer"``, ``"pubmed"`` or ``"reddit"`` (Reddit-like,
+            generated).
         model: ``"gcn"``, ``"gat"``, or ``"spmm"`` for the ``agg`` suite.
         width: hidden width per head (``paper``) or feature width ``F`` (``agg``).
         heads: attention heads of the first GAT layer (1 otherwise).
@@ -87,6 +91,9 @@ def _paper_cases() -> list[Case]:
             cases.append(Case(f"gat-{dataset}-1x{hidden}", "paper", dataset, "gat", hidden, 1, quick, note))
         if not small:
             cases.append(Case("gat-reddit-8x16", "paper", dataset, "gat", 16, 8, True, "8 heads on Reddit"))
+        if dataset == "cora":  # CiteSeer: the published recipes, beside the other small graphs
+            cases.append(Case("gcn-citeseer-h16", "paper", "citeseer", "gcn", 16, 1, True, "GCN recipe"))
+            cases.append(Case("gat-citeseer-8x8", "paper", "citeseer", "gat", 8, 8, True, "GAT recipe (8 heads x 8)"))
     return cases
 
 

@@ -1,6 +1,6 @@
 """The data sets the cases run on, loaded once per run and kept on the device.
 
-* ``cora``: :func:`fusegnn.datasets.planetoid.Planetoid` from the raw files.
+* ``cora``, ``citeseer``: :func:`fusegnn.datasets.planetoid.Planetoid` from the raw files.
 * ``pubmed``: the same loader; where ``ind.pubmed.allx`` is missing (the offline copy
   this project ships lacks it) the graph, labels and public split are read from the
   files that are there and the features are **random** of the real width 500
@@ -65,7 +65,7 @@ def load_benchmark_dataset(name: str, config: DataConfig) -> tuple[NodeDataset, 
         degree = "Reddit's average degree" if config.avg_degree is None else f"avg degree {config.avg_degree:g}"
         source = f"synthetic Reddit-like (generate_reddit_like, scale {config.scale:g}, {degree}, seed {config.seed})"
     else:
-        raise ValueError(f"unknown benchmark data set {name!r}; known: cora, pubmed, reddit")
+        raise ValueError(f"unknown benchmark data set {name!r}; known: cora, citeseer, pubmed, reddit")
     return data.to(config.device), source
 
 

@@ -16,8 +16,8 @@ two (forward, backward). :func:`measure` runs
    are in that baseline; activations, gradients' temporaries and workspaces are the
    extra). ``None`` on a CPU;
 4. kernel launches per phase: one more step under :mod:`torch.profiler`, counting the
-   GPU kernels it ran (memcpy / memset excluded), one profiled phase at a time.
-   ``None`` on a CPU.
+   GPU kernels it ran (memcpy / memset excluded; the kernels inside a replayed CUDA
+   graph count too), one profiled phase at a time. ``None`` on a CPU.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ _LAUNCH_APIS = (
     "cuLaunchKernel",
     "cuLaunchKernelEx",
     "cudaLaunchCooperativeKernel",
+    "cudaGraphLaunch",  # a replayed CUDA graph: one launch from the host
 )
 
 

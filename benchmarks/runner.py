@@ -16,6 +16,18 @@ Per case:
    training step (``zero_grad``, forward, cross-entropy on the training nodes,
    backward, Adam step) or, for ``agg``, the phases forward and backward.
 
+**CUDA-graph backends** (``*-graphed``): the same step wrapped by
+:func:`fusegnn.graphed_step` (Adam with ``capturable=True``). Before anything is timed,
+the replays must train like eager steps: from the same weights, with dropout off (eval
+mode), ``GRAPH_WARMUP + VERIFY_CALLS`` graphed calls (eager warm-up, capture, replays) and
+as many eager steps must give the same losses and the same output afterwards (within
+``rtol``; ``replay_rel_err``), and the eager steps must have moved the output by far more
+than that (so a replay that does nothing cannot pass). Then a fresh model in training
+mode is warmed up and captured, and its replays are timed like any step; ``peak_mem_mib``
+is what the capture allocated (the graph's private memory, held for its lifetime: the
+replays themselves allocate nothing). A capture that fails is recorded with its reason
+(``capture failed: host sync at <file>:<line> in <function>()``).
+
 An out-of-memory anywhere is recorded (``ok: false, error: "OOM"``), memory is freed
 and the run goes on; so does any other error (its message is recorded).
 """
@@ -42,7 +54,14 @@ __all__ = ["RunConfig", "new_record", "run_case", "relative_error", "RECORD_FIEL
 RECORD_FIELDS = (
     "case", "backend", "ok", "error", "ms", "bwd_ms", "peak_mem_mib", "launches", "bwd_launches",
     "convert_ms", "norm_ms", "aggregation", "rel_err", "checked_against", "steps", "warmup_steps",
+    "replay_rel_err",
 )
+
+#: Eager calls of a graphed step before its capture.
+GRAPH_WARMUP = 2
+#: Graphed calls after the warm-up compared with eager steps: the capture call (which
+#: replays once) and replays.
+VERIFY_CALLS = 4
 
 Emit = Callable[[dict], None]
 
@@ -90,6 +109,11 @@ def _describe(error: BaseException) -> str:
 def _fail(record: dict, error: BaseException, device: torch.device) -> None:
     record["ok"] = False
     record["error"] = _describe(error)
+    summary = getattr(error, "summary", None)  # fusegnn.CaptureError: say where, first
+    if summary is not None and record["error"] != "OOM":
+        text = f"capture failed: {summary} | {error}".strip()
+        record["error"] = text if len(text) <= 1500 else text[:1497] + "..."
+        return
     if record["error"] != "OOM":  # where it happened, innermost first
         record["error"] += " | at " + " <- ".join(
             f"{f.name}:{f.lineno}" for f in reversed(traceback.extract_tb(error.__traceback__)[-3:])
@@ -221,18 +245,100 @@ def _paper_model(backend: PaperBackend, shared: _PaperCase, case: Case, device: 
     return model, graph_arg
 
 
-def _training_step(model, optimizer, graph_arg, shared: _PaperCase) -> Callable[[], None]:
+def _training_step(model, optimizer, graph_arg, shared: _PaperCase) -> Callable[[], Tensor]:
     """One full-graph training step: forward, cross-entropy on the training nodes,
-    backward, optimizer step."""
+    backward, optimizer step; returns the loss (not read: no sync)."""
 
-    def step() -> None:
+    def step() -> Tensor:
         optimizer.zero_grad(set_to_none=True)
         logits = model(shared.x, graph_arg)
         loss = F.cross_entropy(logits.index_select(0, shared.train_index), shared.y_train)
         loss.backward()
         optimizer.step()
+        return loss
 
     return step
+
+
+def _adam(model, config: RunConfig, capturable: bool = False) -> torch.optim.Optimizer:
+    return torch.optim.Adam(
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, capturable=capturable
+    )
+
+
+def _graphed(backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig, *, train: bool):
+    """``(model, graph_arg, graphed step)`` of a fresh model from the case's weights."""
+    from fusegnn.capture import graphed_step
+
+    model, graph_arg = _paper_model(backend, shared, case, config.device)
+    model.train(train)
+    optimizer = _adam(model, config, capturable=True)
+    step = graphed_step(_training_step(model, optimizer, graph_arg, shared), optimizer, warmup=GRAPH_WARMUP)
+    return model, graph_arg, step
+
+
+def _verify_replay(backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig) -> float:
+    """Relative error between ``GRAPH_WARMUP + VERIFY_CALLS`` graphed calls and as many
+    eager steps (standard Adam) from the same weights, dropout off: the larger of the
+    losses' and the final outputs' max-norm relative errors. Raises if the eager steps
+    barely moved the output (the comparison would then prove nothing)."""
+    calls = GRAPH_WARMUP + VERIFY_CALLS
+    model, graph_arg = _paper_model(backend, shared, case, config.device)
+    model.eval()  # dropout off: both runs compute the same function
+    with torch.no_grad():
+        start = model(shared.x, graph_arg).float()
+    step = _training_step(model, _adam(model, config), graph_arg, shared)
+    eager_losses = torch.stack([step().detach() for _ in range(calls)])
+    with torch.no_grad():
+        eager_out = model(shared.x, graph_arg).float()
+    del model, step
+
+    model, graph_arg, graphed = _graphed(backend, shared, case, config, train=False)
+    graphed_losses = torch.stack([graphed().clone() for _ in range(calls)])
+    if not graphed.captured:
+        raise RuntimeError(f"the step was not captured after {calls} calls")
+    with torch.no_grad():
+        graphed_out = model(shared.x, graph_arg).float()
+    del model, graphed
+
+    err = max(relative_error(graphed_out, eager_out), relative_error(graphed_losses, eager_losses))
+    moved = relative_error(eager_out, start)
+    if not moved > 10 * max(err, config.rtol):
+        raise RuntimeError(
+            f"replay check inconclusive: {calls} eager steps moved the output by {moved:.2e} "
+            f"(replay error {err:.2e})"
+        )
+    return err
+
+
+def _time_graphed(record: dict, backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig) -> None:
+    """Check the replays against eager steps, then time them (see the module docstring)."""
+    device = config.device
+    err = _verify_replay(backend, shared, case, config)
+    record["replay_rel_err"] = err
+    if not err <= config.rtol:
+        record.update(ok=False, error=f"replay mismatch: rel err {err:.2e} > rtol {config.rtol:g} vs eager steps")
+        return
+    free_memory(device)
+    model, graph_arg, step = _graphed(backend, shared, case, config, train=True)
+    for _ in range(GRAPH_WARMUP):
+        step()
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    baseline = torch.cuda.memory_allocated(device)
+    step()  # the capture, and one replay
+    torch.cuda.synchronize(device)
+    capture_mib = (torch.cuda.max_memory_allocated(device) - baseline) / 2**20
+    if not step.captured:
+        raise RuntimeError(f"the step was not captured after {GRAPH_WARMUP + 1} calls")
+    found = measure(
+        [step], device, steps=config.steps, warmup=config.warmup,
+        warmup_s=config.warmup_s, launches=config.launches,
+    )
+    record.update(
+        ms=found.ms[0], peak_mem_mib=capture_mib, launches=found.launches[0],
+        steps=found.steps, warmup_steps=GRAPH_WARMUP + 1 + found.warmup_steps,
+    )
 
 
 def _run_paper_case(case, backends, data, config, emit, tick) -> None:
@@ -277,18 +383,21 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
             continue
         model = optimizer = step = None
         try:
-            model, graph_arg = _paper_model(backend, shared, case, device)
-            model.train()
-            optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-            step = _training_step(model, optimizer, graph_arg, shared)
-            found = measure(
-                [step], device, steps=config.steps, warmup=config.warmup,
-                warmup_s=config.warmup_s, launches=config.launches,
-            )
-            record.update(
-                ms=found.ms[0], peak_mem_mib=found.peak_mem_mib, launches=found.launches[0],
-                steps=found.steps, warmup_steps=found.warmup_steps,
-            )
+            if backend.graphed:
+                _time_graphed(record, backend, shared, case, config)
+            else:
+                model, graph_arg = _paper_model(backend, shared, case, device)
+                model.train()
+                optimizer = _adam(model, config)
+                step = _training_step(model, optimizer, graph_arg, shared)
+                found = measure(
+                    [step], device, steps=config.steps, warmup=config.warmup,
+                    warmup_s=config.warmup_s, launches=config.launches,
+                )
+                record.update(
+                    ms=found.ms[0], peak_mem_mib=found.peak_mem_mib, launches=found.launches[0],
+                    steps=found.steps, warmup_steps=found.warmup_steps,
+                )
         except Exception as err:  # noqa: BLE001
             _fail(record, err, device)
         finally:

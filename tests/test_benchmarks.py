@@ -100,14 +100,15 @@ def test_paper_suite_on_cora(tmp_path, monkeypatch, one_thread):
     backends = "fusegnn-reference,fusegnn,pyg,wrong,oom"
     if importlib.util.find_spec("torch_geometric") is None:
         backends = backends.replace(",pyg", "")
-    code = main(["--suite", "paper", "--cases", "gcn-cora-h16", "--backends", backends,
+    code = main(["--suite", "paper", "--cases", "gcn-cora-h16", "--backends", backends + ",fusegnn-graphed",
                  "--data-root", root, "--out", str(tmp_path), *FAST])
     assert code == 0
     doc = _load(tmp_path / "paper" / "cpu.json")
     assert doc["suite"] == "paper" and doc["device"].startswith("CPU")
     assert list(doc["cases"]) == ["gcn-cora-h16"]
     rows = _by_backend(doc, "gcn-cora-h16")
-    assert set(rows) == set(backends.split(","))
+    assert set(rows) == set(backends.split(","))  # the CUDA-graph row cannot run on a CPU...
+    assert doc["unavailable"]["fusegnn-graphed"].startswith("CUDA graphs need a CUDA device")  # ...and says so
 
     oracle = rows["fusegnn-reference"]
     assert oracle["ok"] and oracle["checked_against"] is None and oracle["error"] is None
@@ -132,6 +133,7 @@ def test_paper_suite_on_cora(tmp_path, monkeypatch, one_thread):
 
     table = (tmp_path / "paper" / "cpu.md").read_text()
     assert "`gcn-cora-h16`" in table and "OOM" in table and "mismatch" in table
+    assert "backend `fusegnn-graphed` not run: CUDA graphs need a CUDA device" in table
     if "pyg" in rows:
         assert "1.00x" in table  # the anchor row's ratio to itself
     if HAS_MATPLOTLIB:
@@ -192,13 +194,49 @@ def test_time_limit_and_append(tmp_path, one_thread):
 def test_case_grid_names():
     paper = [c.name for c in suite_cases("paper")]
     for name in ("gcn-cora-h16", "gat-cora-8x8", "gcn-pubmed-h64", "gcn-reddit-h16",
-                 "gat-reddit-1x16", "gat-reddit-8x16", "gcn-reddit-h512", "gcn-reddit-h128"):
+                 "gat-reddit-1x16", "gat-reddit-8x16", "gcn-reddit-h512", "gcn-reddit-h128",
+                 "gcn-citeseer-h16", "gat-citeseer-8x8"):
         assert name in paper
     assert len(paper) == len(set(paper))
     assert [c.name for c in suite_cases("agg")] == [f"agg-reddit-f{f}" for f in (16, 64, 128, 256)]
-    assert [c.name for c in select_cases("paper", ["gat-*-8x*"])] == ["gat-cora-8x8", "gat-pubmed-8x8", "gat-reddit-8x16"]
+    assert [c.name for c in select_cases("paper", ["gat-*-8x*"])] == [
+        "gat-cora-8x8", "gat-citeseer-8x8", "gat-pubmed-8x8", "gat-reddit-8x16",
+    ]
+    assert [c.name for c in select_cases("paper", ["*-citeseer-*"])] == ["gcn-citeseer-h16", "gat-citeseer-8x8"]
     quick = {c.name for c in select_cases("paper", quick=True)}
     assert "gcn-cora-h512" in quick and "gcn-reddit-h512" not in quick and "gcn-reddit-h16" in quick
+
+
+def test_cuda_graph_backends_are_registered():
+    """``fusegnn-graphed`` and ``pyg-graphed``: default paper backends of the small graphs
+    (Cora, CiteSeer, PubMed; not Reddit-like), CUDA only, rows after their eager twins."""
+    table = bench_backends.registry("paper")
+    for name, library, twin in (("fusegnn-graphed", "fusegnn", "fusegnn"), ("pyg-graphed", "pyg", "pyg")):
+        backend = table[name]
+        assert backend.graphed and backend.library == library and backend.default
+        assert not table[twin].graphed
+        assert {c.dataset for c in suite_cases("paper") if backend.applies(c)} == {"cora", "citeseer", "pubmed"}
+        assert backend.unavailable(torch.device("cpu")).startswith("CUDA graphs need a CUDA device")
+        assert report.DISPLAY_ORDER.index(name) > report.DISPLAY_ORDER.index(twin)
+    assert table["fusegnn-graphed"].aggregation == "auto"
+    runnable, unavailable = bench_backends.select_backends("paper", torch.device("cpu"), ["*-graphed"])
+    assert runnable == [] and set(unavailable) == {"fusegnn-graphed", "pyg-graphed"}
+    assert "replay_rel_err" in RECORD_FIELDS
+
+
+def test_failed_capture_is_recorded_with_its_place():
+    from benchmarks.cases import Case
+    from benchmarks.runner import _fail, new_record
+    from fusegnn import CaptureError
+
+    record = new_record(Case("gat-cora-8x8", "paper", "cora", "gat", 8, 8), "pyg-graphed")
+    error = CaptureError("graphed_step(step): the step synchronises ...", filename="/x/torch_geometric/utils/loop.py",
+                         lineno=97, function="remove_self_loops", reason="RuntimeError: called a synchronizing CUDA operation",
+                         synchronised=True)
+    _fail(record, error, torch.device("cpu"))
+    assert not record["ok"]
+    assert record["error"].startswith("capture failed: host sync in remove_self_loops() (loop.py:97) | graphed_step(step)")
+    assert report._status(record).startswith("capture failed: host sync in remove_self_loops() (loop.py:97)")
 
 
 def test_unknown_backend_pattern_is_an_error():
