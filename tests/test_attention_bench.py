@@ -153,10 +153,11 @@ def test_fit_recovers_a_known_model():
     assert m["element_overhead_ms"] is None and fit["fwd"]["dense_overhead_ms"] is None
 
 
-def test_calibration_run_on_cpu(tmp_path, monkeypatch):
-    """The whole calibration (both passes, recommendation, JSON + log) on tiny CPU sizes,
-    the block kernel through Triton's interpreter."""
+def test_calibration_run_on_tiny_sizes(tmp_path, monkeypatch):
+    """The whole calibration (both passes, recommendation) on tiny sizes: on the GPU when
+    there is one, else on the CPU with the block kernel through Triton's interpreter."""
     pytest.importorskip("triton")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     from benchmarks import attention_calibrate as cal
 
     monkeypatch.setattr(cal, "GPU_SIZES", bench.CPU_SIZES)
@@ -166,7 +167,7 @@ def test_calibration_run_on_cpu(tmp_path, monkeypatch):
     args = cal.parse_args(["--masks", "causal,window", "--lengths", "48,64", "--steps", "1", "--warmup", "1",
                            "--time-limit", "600"])
     lines = []
-    records = cal.calibrate(args, torch.device("cpu"), lines.append)
+    records = cal.calibrate(args, device, lines.append)
     kinds = {(r["case"], r["kind"]) for r in records if r.get("ms")}
     assert ("causal-L64-fwdbwd", "sdpa-causal") in kinds and ("window-L64-fwdbwd", "sdpa-causal") not in kinds
     for r in records:

@@ -235,11 +235,26 @@ def test_default_block_size():
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device (none here)")
 def test_auto_on_cuda():
-    q = torch.zeros(1, 2, 512, 64, device="cuda", dtype=torch.float16)
-    assert explain_attention(q, M.sliding_window(512, 64)).name == "block"
-    sparse_graph = M.from_graph(torch.stack([torch.arange(512), torch.arange(512).flip(0)]), 512)
-    assert explain_attention(q, sparse_graph).name == "element"
-    assert explain_attention(q.double(), M.causal(512)).name == "element"  # kernel takes no fp64
+    """On CUDA, auto is the cost-model rule (tests/test_attention_dense.py tests the rule
+    itself): short sequences go dense, long windows to the block kernel, very irregular
+    long masks to the element path; float64 (which the block kernel does not take) to the
+    element path."""
+    from fusegnn.sparse.sparse_attention import auto_attention_rule
+
+    gen = torch.Generator().manual_seed(0)
+    short = torch.zeros(1, 2, 512, 64, device="cuda", dtype=torch.float16)
+    graph512 = M.from_graph(torch.stack([torch.arange(512), torch.arange(512).flip(0)]), 512)
+    for mask in (M.sliding_window(512, 64), graph512, M.causal(512)):
+        expected = auto_attention_rule(mask, batch=1, heads=2, head_dim=64, backward=False)
+        assert explain_attention(short, mask).label == expected.label
+    assert explain_attention(short, M.causal(512)).label == "dense sdpa (causal)"
+    L = 8192
+    long = torch.zeros(4, 12, L, 64, device="cuda", dtype=torch.float16)
+    assert explain_attention(long, M.sliding_window(L, 64)).label == "block 64x64"
+    keys = torch.randint(0, L, (4 * L,), generator=gen)
+    graph = M.from_graph(torch.stack([keys, torch.arange(L).repeat_interleave(4)]), L)
+    assert explain_attention(long, graph).name == "element"
+    assert explain_attention(long.double(), M.causal(L)).name == "element"  # kernel takes no fp64
 
 
 # ----------------------------------------------------------------------------- bad input
