@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                 records.append(record)
                 if "error" in record:
                     print(f"{case.name} {library}: {record['error']}\n{record['traceback']}", file=sys.stderr)
-    print(f"| case | library | replay vs eager | fresh dropout | eager ms | graphed ms | speedup | status |\n"
-          f"|---|---|---:|---|---:|---:|---:|---|")
+    print("| case | library | replay vs eager | fresh dropout | eager ms | graphed ms | speedup | status |\n"
+          "|---|---|---:|---|---:|---:|---:|---|")
     for r in records:
         def num(key, fmt):
             return format(r[key], fmt) if key in r else "—"

@@ -7,8 +7,9 @@ what the GPU work costs. :func:`graphed_step` wraps a step function the way a tr
 loop writes it::
 
     import fusegnn
+    from fusegnn.models import GCN
 
-    model = fusegnn.models.GCN(dataset.num_features, 16, dataset.num_classes).cuda()
+    model = GCN(dataset.num_features, 16, dataset.num_classes).cuda()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
     graph = dataset.graph                               # one Graph, built once
     train_index = dataset.train_mask.nonzero().view(-1)  # indices, not a boolean mask
@@ -73,9 +74,11 @@ every step: ``loss.item()`` inside the step, boolean-mask indexing (``out[mask]`
 size of the result is data-dependent), a :class:`~fusegnn.sparse.Graph` built inside the
 step (its ids are validated), graph processing that is redone on every call instead of
 cached on the graph (PyG's ``GATConv`` removes and re-adds self-loops with boolean
-masks in every call), an optimizer without a capturable mode. While capturing, synchronising CUDA operations are made
-errors (:func:`torch.cuda.set_sync_debug_mode`), so the capture stops at the offending
-line and :class:`CaptureError` names it.
+masks in every call). While capturing, synchronising CUDA operations are made errors
+(:func:`torch.cuda.set_sync_debug_mode`), so the capture stops at the offending line and
+:class:`CaptureError` names it. An optimizer that keeps state on the host for CUDA
+parameters (Adagrad's step counter) is refused before the capture: a replay could
+never update it.
 """
 
 from __future__ import annotations
@@ -374,29 +377,35 @@ class _CallSpec:
         return args, kwargs
 
     def load(self, args: tuple, kwargs: dict) -> None:
-        """Check a call's arguments against the captured ones and copy its tensors into
-        the static buffers (skipping the tensor of the last call if unchanged since)."""
+        """Check a call's arguments against the captured ones, then copy its tensors into
+        the static buffers (skipping the tensor of the last call if unchanged since).
+        Nothing is copied when an argument is refused."""
         if len(args) != self.num_args or set(kwargs) != set(self.keys):
             raise TypeError(
                 f"graphed_step({self.fn_name}): called with {len(args)} positional arguments and "
                 f"keywords {sorted(kwargs)}, but captured with {self.num_args} and {sorted(self.keys)}"
             )
         values = (*args, *(kwargs[key] for key in self.keys)) if self.keys else args
+        copies = []
         for k, new in enumerate(values):
             old = self.values[k]
             if isinstance(old, Tensor):
-                self._load_tensor(k, old, new)
+                source = self.sources[k]
+                if source is not None and source[0]() is new and new._version == source[1]:
+                    continue  # the tensor of the last call, unchanged: already in the buffer
+                self._check_tensor(k, old, new)
+                copies.append(k)
             elif new is not old and not _equal(new, old):
                 raise ValueError(
                     f"graphed_step({self.fn_name}): argument {self.names[k]} is not the object the step "
                     f"was captured with ({_short(new)} vs {_short(old)}); only tensor arguments can "
                     "change between replays. Build another graphed_step for another graph or setting"
                 )
+        for k in copies:
+            self.values[k].copy_(values[k])
+            self.sources[k] = (weakref.ref(values[k]), values[k]._version)
 
-    def _load_tensor(self, k: int, static: Tensor, new: Any) -> None:
-        source = self.sources[k]
-        if source is not None and source[0]() is new and new._version == source[1]:
-            return  # the tensor of the last call, unchanged: already in the buffer
+    def _check_tensor(self, k: int, static: Tensor, new: Any) -> None:
         if not isinstance(new, Tensor):
             raise TypeError(
                 f"graphed_step({self.fn_name}): argument {self.names[k]} was a tensor when the step was "
@@ -410,8 +419,6 @@ class _CallSpec:
             )
         if new.requires_grad:
             raise ValueError(_requires_grad_message(self.fn_name, self.names[k]))
-        static.copy_(new)
-        self.sources[k] = (weakref.ref(new), new._version)
 
 
 def _check_call(args: tuple, kwargs: dict, names: list[str], device: torch.device | None,
