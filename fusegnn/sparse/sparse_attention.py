@@ -12,7 +12,7 @@ and :math:`\mathrm{out}_i = 0` when :math:`N(i)` is empty (never NaN). ``scale``
 defaults to :math:`1/\sqrt{D}`. Tensors follow SDPA's layout: ``q`` ``[B, H, L_q, D]``,
 ``k`` ``[B, H, L_k, D]``, ``v`` ``[B, H, L_k, D_v]``.
 
-Four implementations (``aggregation=``):
+Four implementations and the automatic choice (``aggregation=``):
 
 * ``"reference"`` -- dense masked softmax in PyTorch over the ``L_q x L_k`` boolean
   mask (the oracle; any device and dtype; memory ``O(B H L_q L_k)``);
