@@ -26,7 +26,7 @@ than that (so a replay that does nothing cannot pass). Then a fresh model in tra
 mode is warmed up and captured, and its replays are timed like any step; ``peak_mem_mib``
 is what the capture allocated (the graph's private memory, held for its lifetime: the
 replays themselves allocate nothing). A capture that fails is recorded with its reason
-(``capture failed: host sync at <file>:<line> in <function>()``).
+(``capture failed: host sync in <function>() (<file>:<line>)``).
 
 An out-of-memory anywhere is recorded (``ok: false, error: "OOM"``), memory is freed
 and the run goes on; so does any other error (its message is recorded).
