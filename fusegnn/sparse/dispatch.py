@@ -25,6 +25,11 @@ reason) for given inputs without running anything; :func:`last_decision` /
 part of its work to another path (``reduce="max"`` runs the reference) records that with
 :func:`note_path`.
 
+Under ``torch.compile`` nothing here is traced: the public ops hand their arguments to
+the ``torch.library`` custom ops of :mod:`fusegnn.sparse.library`, which call
+:func:`resolve_aggregation` when they run, so :func:`last_decision` is recorded at run
+time, from inside the op, as eagerly.
+
 **Determinism.** :func:`deterministic` (a context manager; :func:`set_deterministic` for
 the global switch) or ``torch.use_deterministic_algorithms(True)`` route ``"auto"`` to GAR,
 whose results are bitwise identical from run to run. An explicit ``aggregation="gas"`` in

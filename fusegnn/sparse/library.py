@@ -33,9 +33,10 @@ gets an unbacked size). The common leading arguments of every op are::
   normalise explicitly (weights that require grad): those are normalised on every call.
 
 Dynamo reads ``graph.uid`` like any integer attribute: the first compilation specialises
-on it (a guard), a call with another graph recompiles once, and from then on the handle
-is a symbolic integer, so further graphs reuse the compiled code. The traced part never
-looks a handle up. Nothing here uses ``torch._library.opaque_object`` (private and
+on it (a guard), a call with another graph recompiles once with the handle symbolic (the
+schemas declare ``SymInt``: a plain ``int`` would be specialised at every call), a graph
+of other sizes once more with the sizes symbolic, and from then on every graph reuses
+the compiled code. The traced part never looks a handle up. Nothing here uses ``torch._library.opaque_object`` (private and
 unstable): plain integers work on every torch with ``torch.library.custom_op``.
 
 **Autograd.** Each op registers a backward (``register_autograd``) that calls a second
@@ -43,17 +44,20 @@ custom op, ``fusegnn::<op>_backward``, so the backward graph is opaque too. On t
 paths those run the kernels' own backward code (factored out of the
 ``torch.autograd.Function`` classes: :func:`fusegnn.kernels.spmm.spmm_backward`,
 :func:`fusegnn.kernels.sddmm.sddmm_backward`,
-:func:`fusegnn.kernels.edge_softmax.edge_softmax_backward` and the fused GAT backward);
-on the reference path, closed-form gradients for ``spmm`` (sum / mean) and
-``edge_softmax``. **Recomputation** happens only where the eager path relies on autograd
-through intermediates that a custom op cannot keep: the reference ``sddmm``, ``spmm``
-with ``reduce="max"`` and the reference GAT composition rerun their forward under
-autograd in the backward, and a GCN normalisation of weights that require grad is
-recomputed in the backward to carry the gradient back to the raw weights. Gradients
-flow to everything they flow to eagerly: node features, edge weights (raw or per-head),
-SDDMM operands, edge scores, GAT's ``h``, ``score_src`` and ``score_dst`` (and through
-the returned coefficients). The backward ops are not differentiable (double backward
-raises), as on the fused eager path.
+:func:`fusegnn.kernels.edge_softmax.edge_softmax_backward` and the fused GAT backward,
+on the forward's saved output and log-sum-exp); on the reference path, closed-form
+gradients written with the reference's own gathers and scatters. All backward code is
+plain tensor code (no autograd inside an op: a custom op's implementation runs below
+the autograd dispatch keys). **Recomputation**, where the eager path keeps intermediates
+that a custom op cannot hand to its backward: ``spmm`` with ``reduce="max"`` recomputes
+its messages and maxima; the reference GAT recomputes its scores and softmax
+(E-sized; the fused GAT recomputes nothing: its kernels regenerate coefficients from
+the log-sum-exp, as eagerly); a GCN normalisation of weights that require grad is
+recomputed to carry the gradient back to the raw weights. Gradients flow to everything
+they flow to eagerly: node features, edge weights (raw or per-head), SDDMM operands,
+edge scores, GAT's ``h``, ``score_src`` and ``score_dst`` (and through the returned
+coefficients). The backward ops are not differentiable (double backward raises), as on
+the fused eager path.
 
 **Dropout in GAT.** The traced part draws a one-element int64 seed with
 ``torch.randint`` and passes it to the op; the fused kernels regenerate the keep mask
@@ -67,7 +71,7 @@ microseconds per call, which matters on small, launch-bound graphs).
 """
 
 import math
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -76,7 +80,7 @@ from torch import Tensor
 from fusegnn.sparse import reference
 from fusegnn.sparse.dispatch import explain, resolve_aggregation
 from fusegnn.sparse.graph import Graph, graph_by_uid
-from fusegnn.sparse.processing import gat_self_loops, gcn_norm
+from fusegnn.sparse.processing import gat_self_loops, gcn_norm, self_loop_structure
 
 __all__ = [
     "GraphRef",
@@ -204,10 +208,7 @@ def _processed(graph: Graph, transform: str, weight: Optional[Tensor] = None) ->
             raise ValueError("the gat_self_loops transform takes no edge weights")
         return gat_self_loops(graph), None
     if transform.startswith(_GCN_PREFIX):
-        parts = transform[len(_GCN_PREFIX):].split(":")
-        if len(parts) != 3 or parts[2] not in _DTYPE_NAMES.values():
-            raise ValueError(f"malformed gcn_norm transform {transform!r}")
-        kwargs = dict(improved=parts[0] == "1", add_self_loops=parts[1] == "1", dtype=getattr(torch, parts[2]))
+        kwargs = _gcn_params(transform)
         stored = graph.edge_weight
         if weight is None and (stored is None or not stored.requires_grad):
             normed = graph.cached("fusegnn." + transform, lambda: gcn_norm(graph, **kwargs))
@@ -240,38 +241,64 @@ def _reversed(graph: Graph) -> Graph:
     )
 
 
-def _vjp_grads(
-    fn: Callable[..., "Tensor | tuple[Tensor, ...]"],
-    inputs: Sequence[Optional[Tensor]],
-    needs: Sequence[bool],
-    grads: Sequence[Optional[Tensor]],
-) -> list[Optional[Tensor]]:
-    """Gradients of ``fn(*inputs)`` with respect to the inputs flagged in ``needs``, by
-    recomputing ``fn`` under :func:`torch.func.vjp` (the reference paths, whose eager
-    backward is autograd through intermediates). ``grads`` holds one cotangent per
-    output (``None``: zeros).
+def _per_edge(weight: Tensor, like: Tensor) -> Tensor:
+    """``[E]`` / ``[E, H]`` weights viewed to broadcast against ``[E, (H,) F]``."""
+    return weight.reshape(weight.shape + (1,) * (like.dim() - weight.dim()))
 
-    ``torch.func`` rather than ``torch.autograd``: a custom op's implementation runs
-    with the autograd dispatch keys excluded, so plain autograd records nothing there,
-    while functorch's transforms carry their own autograd level.
+
+def _gcn_params(transform: str) -> dict:
+    parts = transform[len(_GCN_PREFIX):].split(":")
+    if len(parts) != 3 or parts[2] not in _DTYPE_NAMES.values():
+        raise ValueError(f"malformed gcn_norm transform {transform!r}")
+    return dict(improved=parts[0] == "1", add_self_loops=parts[1] == "1", dtype=getattr(torch, parts[2]))
+
+
+def _gcn_norm_weight_grad(graph: Graph, weight: Tensor, grad_norm: Tensor, transform: str) -> Tensor:
+    r"""Gradient of the raw weights ``weight`` (``[E]``) from that of the weights
+    :func:`~fusegnn.sparse.processing.gcn_norm` makes of them, in closed form (the
+    normalisation is recomputed: E-sized tensor ops, the edge structure is cached).
+
+    With :math:`w'` the weights after adding the remaining self-loops,
+    :math:`d_n = \sum_{e \to n} w'_e`, :math:`r_n = d_n^{-1/2}` (0 where :math:`d_n = 0`)
+    and :math:`\hat w_e = r_{s_e} w'_e r_{t_e}`:
+
+    .. math::
+        \frac{\partial L}{\partial w'_k} = G_k r_{s_k} r_{t_k}
+        - \tfrac12 r_{t_k}^3 A_{t_k}, \qquad
+        A_n = \sum_{s_e = n} G_e w'_e r_{t_e} + \sum_{t_e = n} G_e w'_e r_{s_e}
+
+    then scattered back through the self-loop step (kept edges by position, the weight
+    a new self-loop took from its node's last self-loop).
     """
-    wanted = [k for k, n in enumerate(needs) if n]
-    result: list[Optional[Tensor]] = [None] * len(inputs)
-    if not wanted:
-        return result
-
-    def partial(*args: Tensor):
-        full = list(inputs)
-        for k, t in zip(wanted, args):
-            full[k] = t
-        out = fn(*full)
-        return out if isinstance(out, tuple) else (out,)
-
-    outs, pullback = torch.func.vjp(partial, *[inputs[k] for k in wanted])
-    cotangents = tuple(g if g is not None else torch.zeros_like(o) for o, g in zip(outs, grads))
-    for k, g in zip(wanted, pullback(cotangents)):
-        result[k] = g
-    return result
+    params = _gcn_params(transform)
+    w = weight.to(params["dtype"])
+    if params["add_self_loops"]:
+        structure = self_loop_structure(graph)
+        edges = structure.graph
+        fill = 2.0 if params["improved"] else 1.0
+        loop_w = w.new_full((graph.num_nodes,), fill).index_put(
+            (structure.loop_node,), w.index_select(0, structure.loop_edge)
+        )
+        w_loops = torch.cat([w.index_select(0, structure.keep), loop_w])
+    else:
+        edges, w_loops = graph, w
+    src, dst = edges.src.long(), edges.dst.long()
+    deg = w_loops.new_zeros(edges.num_dst_nodes).index_add(0, dst, w_loops)
+    r = deg.pow(-0.5)
+    r = torch.where(torch.isinf(r), torch.zeros_like(r), r)
+    g = grad_norm.to(w_loops.dtype)
+    r_src, r_dst = r.index_select(0, src), r.index_select(0, dst)
+    gw = g * w_loops
+    a = w_loops.new_zeros(edges.num_dst_nodes).index_add(0, src, gw * r_dst).index_add(0, dst, gw * r_src)
+    d_deg = -0.5 * r.pow(3) * a
+    g_loops = g * r_src * r_dst + d_deg.index_select(0, dst)
+    if params["add_self_loops"]:
+        kept = structure.keep.numel()
+        grad_w = torch.zeros_like(w).index_add(0, structure.keep, g_loops[:kept])
+        grad_w = grad_w.index_add(0, structure.loop_edge, g_loops[kept:].index_select(0, structure.loop_node))
+    else:
+        grad_w = g_loops
+    return grad_w.to(weight.dtype)
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -285,7 +312,9 @@ def _unknown_edges() -> "int | torch.SymInt":
 
 
 # ----------------------------------------------------------------------------- spmm
-_GRAPH_ARGS = "int graph, Tensor? edge_index, int num_src, int num_dst, int num_edges, str transform"
+# SymInt, not int: an ``int`` in an explicit schema makes Dynamo specialise the value
+# (a recompile for every graph); SymInt lets the handle and the sizes go symbolic.
+_GRAPH_ARGS = "SymInt graph, Tensor? edge_index, SymInt num_src, SymInt num_dst, SymInt num_edges, str transform"
 
 
 @torch.library.custom_op(
@@ -315,25 +344,10 @@ def _(graph, edge_index, num_src, num_dst, num_edges, transform, x, weight, redu
 def _spmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, grad, x, weight,
                       need_x, need_w, reduce, aggregation):
     base = _base_graph(graph, edge_index, num_src, num_dst, validate=False)
-    pullback = None
-    if need_w and transform != "":
-        # A GCN normalisation of given weights is recomputed here (E-sized tensor ops,
-        # the new edge structure is cached) to carry the gradient of the normalised
-        # weights back to the raw ones.
-        found: list[Graph] = []
-
-        def normalise(w_raw: Tensor) -> Tensor:
-            g_w, w_norm = _processed(base, transform, w_raw)
-            found.append(g_w.with_edge_weight(None))  # the edges, without traced weights
-            return w_norm
-
-        w_used, pullback = torch.func.vjp(normalise, weight)
-        g = found[0]
-    else:
-        g, w_used = _processed(base, transform, weight)
+    g, w = _processed(base, transform, weight)
     path = "reference" if reduce == "max" else _path(aggregation, g, grad)
     if path == "reference":
-        gx, gw = _reference_spmm_backward(g, grad, x, w_used, reduce, need_x, need_w)
+        gx, gw = _reference_spmm_backward(g, grad, x, w, reduce, need_x, need_w)
     else:
         from fusegnn.kernels.spmm import spmm_backward
 
@@ -341,9 +355,9 @@ def _spmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform,
         if reduce == "mean":
             count = g.in_degree.clamp(min=1).to(grad.dtype)
             g_sum = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
-        gx, gw = spmm_backward(path, g, g_sum, x, w_used, need_x, need_w, memoise_weight=True)
-    if pullback is not None:
-        (gw,) = pullback(gw)
+        gx, gw = spmm_backward(path, g, g_sum, x, w, need_x, need_w, memoise_weight=True)
+    if need_w and transform != "":  # back through the normalisation of the given weights
+        gw = _gcn_norm_weight_grad(base, weight, gw, transform)
     gx = gx.contiguous() if gx is not None else _empty(grad)
     gw = gw.contiguous() if gw is not None else _empty(grad)
     return gx, gw
@@ -358,12 +372,30 @@ def _(graph, edge_index, num_src, num_dst, num_edges, transform, grad, x, weight
 
 def _reference_spmm_backward(graph: Graph, grad: Tensor, x: Optional[Tensor], w: Optional[Tensor],
                              reduce: str, need_x: bool, need_w: bool):
-    """``(grad_x, grad_w)`` of :func:`fusegnn.sparse.reference.spmm`: closed form for
-    ``"sum"`` / ``"mean"``; ``"max"`` (whose gradient goes to the arg-max) is recomputed."""
+    """``(grad_x, grad_w)`` of :func:`fusegnn.sparse.reference.spmm` in closed form.
+
+    ``"max"`` recomputes the messages and the maxima (the forward; nothing of size ``E``
+    is kept) and shares each target's gradient equally among the messages that attain
+    its maximum. (Eager ``scatter_reduce(..., include_self=False)`` also counts the
+    excluded zero initial value as a tie when a maximum is exactly 0, which halves such
+    gradients; the rule here counts only the reduced messages.)
+    """
+    src, dst = graph.src.long(), graph.dst.long()
     if reduce == "max":
-        gx, gw = _vjp_grads(
-            lambda xx, ww: reference.spmm(graph, xx, ww, "max"), (x, w), (need_x, need_w), (grad,)
-        )
+        messages = x.index_select(0, src)
+        if w is not None:
+            messages = messages * _per_edge(w.to(x.dtype), messages)
+        out = reference.spmm(graph, x, w, "max")
+        is_max = (messages == out.index_select(0, dst)).to(grad.dtype)
+        ties = torch.zeros_like(out, dtype=grad.dtype).index_add(0, dst, is_max)
+        g_msg = is_max * (grad / ties.clamp(min=1)).index_select(0, dst)  # d L / d message
+        gx = gw = None
+        if need_x:
+            weighted = g_msg * _per_edge(w.to(g_msg.dtype), g_msg) if w is not None else g_msg
+            gx = torch.zeros_like(x, dtype=grad.dtype).index_add(0, src, weighted)
+        if need_w:
+            prod = g_msg * x.index_select(0, src)
+            gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
         return gx, gw
     if reduce == "mean":
         count = graph.in_degree.clamp(min=1).to(grad.dtype)
@@ -372,7 +404,7 @@ def _reference_spmm_backward(graph: Graph, grad: Tensor, x: Optional[Tensor], w:
     if need_x:
         gx = reference.spmm(_reversed(graph), grad, w, "sum")
     if need_w:
-        prod = x.index_select(0, graph.src.long()) * grad.index_select(0, graph.dst.long())
+        prod = x.index_select(0, src) * grad.index_select(0, dst)
         gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
     return gx, gw
 
@@ -432,15 +464,32 @@ def _sddmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform
     g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
     path = _path(aggregation, g, a, b)
     if path == "reference":
-        ga, gb = _vjp_grads(
-            lambda aa, bb: reference.sddmm(g, aa, bb, op), (a, b), (need_a, need_b), (grad,)
-        )
+        ga, gb = _reference_sddmm_backward(g, a, b, grad, op, need_a, need_b)
     else:
         from fusegnn.kernels.sddmm import sddmm_backward
 
         ga, gb = sddmm_backward(g, a.contiguous(), b.contiguous(), grad, op, path, need_a, need_b)
     ga = ga.contiguous() if ga is not None else _empty(grad)
     gb = gb.contiguous() if gb is not None else _empty(grad)
+    return ga, gb
+
+
+def _reference_sddmm_backward(graph: Graph, a: Tensor, b: Tensor, grad: Tensor, op: str,
+                              need_a: bool, need_b: bool):
+    """``(grad_a, grad_b)`` of :func:`fusegnn.sparse.reference.sddmm` in closed form:
+    per-edge gradients (times the other operand for ``dot`` / ``mul``) summed into the
+    source rows of ``a`` and the target rows of ``b``."""
+    src, dst = graph.src.long(), graph.dst.long()
+    g = grad.unsqueeze(-1) if op == "dot" else grad
+    ga = gb = None
+    if need_a:
+        per_edge = g * b.index_select(0, dst) if op in ("dot", "mul") else g.expand((g.size(0),) + tuple(a.shape[1:]))
+        ga = torch.zeros_like(a).index_add(0, src, per_edge.to(a.dtype))
+    if need_b:
+        per_edge = g * a.index_select(0, src) if op in ("dot", "mul") else g.expand((g.size(0),) + tuple(b.shape[1:]))
+        if op == "sub":
+            per_edge = -per_edge
+        gb = torch.zeros_like(b).index_add(0, dst, per_edge.to(b.dtype))
     return ga, gb
 
 
@@ -549,6 +598,42 @@ def _reference_gat(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negati
     return reference.spmm(graph, h, alpha), alpha
 
 
+def _reference_gat_backward(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float,
+                            p: float, seed: Optional[Tensor], grad_out: Tensor, grad_alpha: Optional[Tensor]):
+    r"""``(grad_h, grad_score_src, grad_score_dst)`` of :func:`_reference_gat` in closed form.
+
+    The coefficients are recomputed (the forward's scores and softmax, E-sized, and the
+    same dropout mask from ``seed``); then, with :math:`g` the output gradient,
+    :math:`w = \alpha M / (1-p)` and :math:`\bar w` the gradient of the returned
+    coefficients: :math:`\partial h_j = \sum_i w_{ji} g_i`,
+    :math:`dW = g_i \cdot h_j + \bar w`, :math:`dA = dW\, M/(1-p)`,
+    :math:`dE = \alpha (dA - \sum_k \alpha_{ki} dA_{ki})`,
+    :math:`dZ = dE \cdot (1 \text{ if } z > 0 \text{ else slope})`, summed into sources
+    and targets for the two score gradients.
+    """
+    src, dst = graph.src.long(), graph.dst.long()
+    z = reference.sddmm(graph, s_src, s_dst, "add")
+    alpha = reference.edge_softmax(graph, F.leaky_relu(z, negative_slope))
+    scale = torch.ones_like(alpha)
+    if p > 0.0:
+        gen = torch.Generator(device=alpha.device)
+        gen.manual_seed(int(seed.item()))
+        keep = torch.rand(alpha.shape, generator=gen, device=alpha.device) >= p
+        scale = keep.to(alpha.dtype) * (1.0 / (1.0 - p))
+    w = alpha * scale
+    grad_h = reference.spmm(_reversed(graph), grad_out, w, "sum")
+    d_w = (grad_out.index_select(0, dst) * h.index_select(0, src)).sum(-1).to(alpha.dtype)
+    if grad_alpha is not None:
+        d_w = d_w + grad_alpha.to(alpha.dtype)
+    d_a = d_w * scale
+    row = alpha.new_zeros((graph.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, alpha * d_a)
+    d_e = alpha * (d_a - row.index_select(0, dst))
+    d_z = torch.where(z > 0, d_e, d_e * negative_slope)
+    grad_src = torch.zeros_like(s_src).index_add(0, src, d_z.to(s_src.dtype))
+    grad_dst = torch.zeros_like(s_dst).index_add(0, dst, d_z.to(s_dst.dtype))
+    return grad_h.to(h.dtype), grad_src, grad_dst
+
+
 def _fused_gat_setup(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float,
                      p: float, seed: Optional[Tensor], variant: str):
     """``(gat_fused module, config, h padded as the kernels run it, channels)``."""
@@ -624,10 +709,9 @@ def _gat_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, 
                      seed, out, lse, alpha, grad_out, grad_alpha, negative_slope, p, aggregation):
     g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
     path = _path(aggregation, g, h, score_src, score_dst)
-    if path == "reference":  # recomputes the composition (its eager backward is autograd)
-        gh, gs, gt = _vjp_grads(
-            lambda hh, ss, tt: _reference_gat(g, hh, ss, tt, negative_slope, p, seed),
-            (h, score_src, score_dst), (True, True, True), (grad_out, grad_alpha),
+    if path == "reference":
+        gh, gs, gt = _reference_gat_backward(
+            g, h, score_src, score_dst, negative_slope, p, seed, grad_out, grad_alpha
         )
     elif g.num_edges == 0 or g.num_dst_nodes == 0:
         gh, gs, gt = torch.zeros_like(h), torch.zeros_like(score_src), torch.zeros_like(score_dst)
