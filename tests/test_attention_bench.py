@@ -117,16 +117,20 @@ def test_cost_model_constants_come_from_the_fit():
     from pathlib import Path
 
     from benchmarks.attention_calibrate import fit_cost_models, load_observations, observations
-    from fusegnn.sparse.sparse_attention import COST_MODELS
+    from fusegnn.sparse.sparse_attention import COST_MODELS, DENSE_CAUSAL_FACTOR, DENSE_MASK_FACTOR
 
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "attention"
-    obs = observations(load_observations([results / "nvidia-h200.json", results / "calibration-nvidia-h200.json"]))
-    assert len(obs) == 144
+    obs = observations(load_observations([
+        results / "nvidia-h200.json", results / "calibration-nvidia-h200.json",
+        results / "calibration-dense-nvidia-h200.json",
+    ]))
+    assert len(obs) == 270
     fit = fit_cost_models(obs)
     for mode, model in COST_MODELS.items():
         for name, value in vars(model).items():
             assert fit[mode][name] == pytest.approx(value, rel=6e-3), (mode, name)
-    assert fit["DENSE_CAUSAL_FACTOR"] is None and fit["DENSE_MASK_FACTOR"] is None  # not measured there
+    assert fit["DENSE_CAUSAL_FACTOR"] == pytest.approx(DENSE_CAUSAL_FACTOR, rel=6e-3)
+    assert fit["DENSE_MASK_FACTOR"] == pytest.approx(DENSE_MASK_FACTOR, rel=6e-3)
 
 
 def test_fit_recovers_a_known_model():

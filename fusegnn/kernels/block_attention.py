@@ -405,10 +405,26 @@ class LaunchConfig:
     bwd_stages: int
 
 
+# Best (fwd warps, fwd stages, bwd warps, bwd stages) at head dim <= 64 from the H200
+# sweep of benchmarks/attention_calibrate.py (bf16, B=4, H=12; geometric mean over 5
+# masks x 3 lengths; benchmarks/results/attention/calibration-dense-nvidia-h200.log).
+# The formula below had cost 1.36x (128x64 backward), 1.70x / 1.20x (64x128) and
+# 1.15x / 1.07x (128x128) of these.
+_MEASURED_D64: dict[tuple[int, int], LaunchConfig] = {
+    (64, 64): LaunchConfig(4, 3, 4, 2),
+    (128, 64): LaunchConfig(8, 2, 4, 2),
+    (64, 128): LaunchConfig(4, 2, 4, 2),
+    (128, 128): LaunchConfig(4, 3, 8, 1),
+}
+
+
 def launch_config(BM: int, BN: int, head_dim: int) -> LaunchConfig:
-    """A small table: 4 warps per 64-row tile (8 for 128-row tiles, 2 for 16-row tiles),
-    3 pipeline stages for D <= 64, 2 above (shared memory), the backward one step leaner
-    (it holds more tiles: k, v, dk, dv and the streamed q, dO)."""
+    """The launch table: measured on an H200 for head dims <= 64 at 64x64, 128x64,
+    64x128 and 128x128; otherwise 4 warps per 64-row tile (8 for 128-row tiles, 2 for
+    16-row tiles), 3 pipeline stages for D <= 64, 2 above (shared memory), the backward
+    one step leaner (it holds more tiles: k, v, dk, dv and the streamed q, dO)."""
+    if head_dim <= 64 and (BM, BN) in _MEASURED_D64:
+        return _MEASURED_D64[(BM, BN)]
     rows = max(BM, BN)
     warps = 8 if rows >= 128 else (4 if rows >= 32 else 2)
     if BM * BN <= 32 * 32:
