@@ -291,6 +291,24 @@ def test_other_graphs_recompile_once_then_reuse(kind):
     assert frames == [1, 2, 3, 3, 3, 3]
 
 
+def test_backward_after_the_graph_is_gone():
+    """``model(x, Graph(...))`` with nobody keeping the graph: the backward ops rebuild it
+    from the edge list autograd kept (eagerly, the autograd nodes keep the graph)."""
+    spec = _graph()
+    ei, n = spec.edge_index, spec.num_nodes
+    w = torch.rand(spec.num_edges, dtype=F64, generator=torch.Generator().manual_seed(2)) + 0.1
+    for kind, weighted in (("gcn", False), ("gcn", True), ("gat", False)):
+        model = _model(kind, "auto", cached=False).eval()
+        compiled = _compiled(model)
+        x = _rand(n, 6, seed=0)
+        out = compiled(x, Graph(ei, n, w if weighted else None))
+        gc.collect()
+        expected = model(x, Graph(ei, n, w if weighted else None))
+        params = [x] + list(model.parameters())
+        _assert_same(out, expected, params)
+        torch._dynamo.reset()
+
+
 # ------------------------------------------------------------------------------ ops
 @pytest.mark.parametrize("aggregation", ["reference", pytest.param("gas", marks=needs_triton),
                                          pytest.param("gar", marks=needs_triton)])

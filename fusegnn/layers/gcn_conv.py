@@ -106,7 +106,8 @@ class GCNConv(nn.Module):
         self, x: Tensor, edge_index_or_graph, edge_weight: Tensor | None
     ) -> tuple[library.GraphRef, Tensor | None]:
         """Under ``torch.compile``: the graph reference and the weights to pass to the op
-        (``None``: the processed graph's own, cached normalised weights)."""
+        (given to ``forward``, else the graph's own; always explicit, so their gradient
+        flows and no op depends on weights it cannot see)."""
         if self.cached and self._cached_graph is not None:
             return library.graph_ref(self._cached_graph), self._cached_graph.edge_weight
         layer = type(self).__name__
@@ -123,8 +124,8 @@ class GCNConv(nn.Module):
             weight = edge_index_or_graph.edge_weight if isinstance(edge_index_or_graph, Graph) else None
         if not self.normalize:
             return ref, weight
-        if edge_weight is None and (weight is None or not weight.requires_grad):
-            weight = None  # the op normalises the graph's own weights once and caches them
+        # the op caches the normalisation of the graph's own weights (when they do not
+        # require grad) on the graph; other weights it normalises on every call
         transform = library.gcn_transform(self.improved, self.add_self_loops, x.dtype)
         return library.with_transform(ref, transform), weight
 
