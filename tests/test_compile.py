@@ -52,7 +52,12 @@ try:
 except ImportError:  # pragma: no cover - triton is a test dependency
     HAVE_TRITON = False
 
-needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="the fused backends need Triton")
+# CPU tensors run the fused kernels only through Triton's interpreter, i.e. without CUDA;
+# with a GPU the inductor tests at the end run them on CUDA instead
+needs_triton = pytest.mark.skipif(
+    not HAVE_TRITON or CUDA,
+    reason="fused kernels on CPU tensors need Triton's interpreter (no CUDA); the GPU tests cover CUDA",
+)
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -537,7 +542,8 @@ def test_models_inductor_gpu(kind, aggregation):
 
 
 @gpu
-def test_ops_inductor_gpu():
+@pytest.mark.parametrize("aggregation", ["auto", "gas", "gar"])
+def test_ops_inductor_gpu(aggregation):
     graph = _gpu_graph()
     n, e = graph.num_nodes, graph.num_edges
     x = torch.randn(n, 4, 16, device="cuda", requires_grad=True)
@@ -545,10 +551,15 @@ def test_ops_inductor_gpu():
     s = torch.randn(n, 4, device="cuda", requires_grad=True)
     t = torch.randn(n, 4, device="cuda", requires_grad=True)
 
+    agg = dict(aggregation=aggregation)
+
     def fn(x, w, s, t, graph):
-        scores = edge_softmax(graph, sddmm(graph, x, x, "dot"))
-        out, alpha = gat_attention(graph, x, s, t, return_alpha=True)
-        return spmm(graph, x, w), spmm(graph, x, scores), out, alpha
+        scores = edge_softmax(graph, sddmm(graph, x, x, "dot", **agg), **agg)
+        out, alpha = gat_attention(graph, x, s, t, return_alpha=True, **agg)
+        return (
+            spmm(graph, x, w, **agg), spmm(graph, x, scores, reduce="mean", **agg), out, alpha,
+            sddmm(graph, s, t, "add", **agg),
+        )
 
     compiled = torch.compile(fn, fullgraph=True)
     outs_c, outs_e = compiled(x, w, s, t, graph), fn(x, w, s, t, graph)
@@ -556,3 +567,4 @@ def test_ops_inductor_gpu():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     for a, b in zip(_grads(outs_c, [x, w, s, t]), _grads(outs_e, [x, w, s, t])):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert last_backend() in (("gas", "gar") if aggregation == "auto" else (aggregation,))
