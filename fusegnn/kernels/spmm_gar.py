@@ -75,11 +75,6 @@ class GarConfig(NamedTuple):
     prefetch: bool = False
 
 
-#: Rows wider than this many bytes are gathered in strips of ``STRIP_BYTES``.
-WIDE_ROW_BYTES = 256
-STRIP_BYTES = 128
-
-
 def gar_config(
     feat: int,
     elem_size: int,
@@ -92,26 +87,23 @@ def gar_config(
 
     Tuned on an H200 (``benchmarks/NOTES-spmm.md``): a feature block spans at most
     ``max_row_bytes`` of a row, so with ``col_major`` the gathered column strip of a
-    Reddit-sized graph stays in L2; rows wider than ``WIDE_ROW_BYTES`` are cut into
-    ``STRIP_BYTES`` strips (one 128-byte cache line per gathered row: at 128 and 256
-    fp32 features 6.64 -> 6.29 ms and 13.3 -> 12.6 ms against 64-feature strips of
-    2048-element tiles, ``benchmarks/results/gpu-checks/tiles-nvidia-h200.log``); the
-    tile holds 1024 elements (2048 for the fused weight gradient, whose block must span
-    the whole head, and for 65-128 half-precision features). When the
+    Reddit-sized graph stays in L2; the tile holds 1024 elements (2048 for wider heads
+    and for the fused weight gradient, whose block must span the whole head). (128-byte
+    strips of 1024-element tiles were 5% faster at 128 / 256 fp32 features *without*
+    edge weights, but 3% slower with GCN's weights, which every strip re-reads:
+    ``benchmarks/results/gpu-checks/tiles-nvidia-h200.log`` and the agg suite of the same
+    session, ``benchmarks/NOTES-spmm.md``.) When the
     graph's ``avg_degree`` is low, short rows would leave most of a tall tile masked:
     the tile is then as tall as the average row and as wide as the whole head.
     """
     full = triton.next_power_of_2(max(feat, 1))
-    wide = full * elem_size > WIDE_ROW_BYTES
     if dot:
         block_f = full
     elif avg_degree is not None and avg_degree < LOW_DEGREE:
         block_f = min(full, max(1024 // elem_size, 1))
-    elif wide:
-        block_f = max(STRIP_BYTES // elem_size, 1)
     else:
         block_f = min(full, max(max_row_bytes // elem_size, 1))
-    tile = 2048 if (dot or (full > 64 and not wide)) else 1024
+    tile = 2048 if (dot or full > 64) else 1024
     block_e = max(tile // block_f, 1)
     if avg_degree is not None and avg_degree < LOW_DEGREE:
         block_e = min(block_e, max(triton.next_power_of_2(math.ceil(avg_degree)), 2))
