@@ -31,6 +31,7 @@ from fusegnn.sparse.sparse_attention import (  # noqa: E402
     explain_attention,
     sparse_attention,
 )
+from tests.attention_cases import mask_cases, qkv, with_empty_rows  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 
@@ -47,38 +48,6 @@ def oracle(q, k, v, allowed, scale):
     empty = ~allowed.any(-1, keepdim=True)  # all keys masked: softmax gives NaN
     p = torch.where(empty, torch.zeros_like(p), p)
     return p @ v
-
-
-def qkv(B, H, L_q, L_k, D, D_v=None, seed=0, dtype=torch.float64):
-    gen = torch.Generator().manual_seed(seed)
-    shapes = [(B, H, L_q, D), (B, H, L_k, D), (B, H, L_k, D_v or D)]
-    return [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype).requires_grad_() for s in shapes]
-
-
-def with_empty_rows(L_q, L_k, seed):
-    gen = torch.Generator().manual_seed(seed)
-    dense = torch.rand(L_q, L_k, generator=gen) < 0.3
-    dense[::4] = False  # every 4th query attends to nothing
-    return M.from_dense(dense)
-
-
-def mask_cases(L):
-    gen = torch.Generator().manual_seed(L)
-    isolated = torch.randint(0, L, (2, 2 * L), generator=gen)
-    isolated = isolated[:, isolated[1] % 3 != 0]  # queries 0, 3, 6, ... have no key
-    return {
-        "causal": M.causal(L),
-        "window": M.sliding_window(L, 2),
-        "dilated": M.dilated(L, 2, 3),
-        "global": M.global_tokens(L, 2),
-        "random": M.random_blocks(L, 4, 0.3, 1),
-        "longformer": M.longformer(L, 1, 2),
-        "bigbird": M.bigbird(L, 1, 1, 4, 0.2, 0),
-        "dense_empty_rows": with_empty_rows(L, L, L),
-        "graph_isolated": M.from_graph(isolated, L),
-        "intersection_empty": M.causal(L) & M.from_dense(torch.zeros(L, L, dtype=torch.bool)),
-        "per_head": M.stack_heads([M.causal(L), M.sliding_window(L, 1), with_empty_rows(L, L, 1)]),
-    }
 
 
 def _check_against_oracle(mask, L_q, L_k, aggregation, *, H=3, D=5, D_v=4, seed=0, **kw):
