@@ -134,7 +134,7 @@ class CostModel:
 # Fitted on an NVIDIA H200 (torch 2.11, Triton 3.6; B=4, H=12, D=64, bf16) to 270
 # measurements in benchmarks/results/attention/: nvidia-h200.json (the attention suite:
 # sdpa without a mask and fusegnn's block path at 64 x 64, 5 masks x L in 1024, 4096,
-# 16384), calibration-nvidia-h200.json (block 64 x 64 and element timings, 7 masks) and
+# 16384, with the dense path in auto), calibration-nvidia-h200.json (block 64 x 64 and element timings, 7 masks) and
 # calibration-dense-nvidia-h200.json (sdpa without a mask, with is_causal and with a
 # boolean mask, block 64 x 64, 5 masks x 3 L), by least squares on the relative error
 # (fit_cost_models in benchmarks/attention_calibrate.py; reproduce with
@@ -142,32 +142,33 @@ class CostModel:
 #       benchmarks/results/attention/calibration-nvidia-h200.json \
 #       benchmarks/results/attention/calibration-dense-nvidia-h200.json
 # ). "fwd": forward only; "fwdbwd": forward + backward. predicted / measured of the fit:
-# sdpa 0.68-1.11 (fwd) and 0.40-1.22 (fwd+bwd; the low end is one noisy L = 1024 run);
-# block 0.69-1.29 and 0.55-1.45 (at L = 1024 the block path's time is mostly its fixed
+# sdpa 0.81-1.10 (fwd) and 0.40-1.21 (fwd+bwd; the low end is one noisy L = 1024 run);
+# block 0.53-1.25 and 0.58-1.39 (at L = 1024 the block path's time is mostly its fixed
 # per-call overhead, which varies between runs); element 0.34-1.41 (only its order of
 # magnitude matters: it is compared with dense only where its fill rule already chose it).
 COST_MODELS: dict[str, CostModel] = {
     "fwd": CostModel(
-        dense_overhead_ms=0.0279, dense_ms_per_element=5.41e-10,
-        block_overhead_ms=0.0876, block_ms_per_block=4.09e-6,
+        dense_overhead_ms=0.0276, dense_ms_per_element=5.41e-10,
+        block_overhead_ms=0.0839, block_ms_per_block=4.17e-6,
         element_overhead_ms=0.425, element_ms_per_edge=6.14e-8,
     ),
     "fwdbwd": CostModel(
-        dense_overhead_ms=0.124, dense_ms_per_element=1.93e-9,
-        block_overhead_ms=0.46, block_ms_per_block=1.49e-5,
+        dense_overhead_ms=0.122, dense_ms_per_element=1.94e-9,
+        block_overhead_ms=0.435, block_ms_per_block=1.52e-5,
         element_overhead_ms=1.17, element_ms_per_edge=2.15e-7,
     ),
 }
 
 # Per-element cost of SDPA with is_causal=True relative to no mask, fitted to the
-# sdpa-causal timings of the same files (0.83-1.09 predicted / measured): FlashAttention
+# sdpa-causal timings of the same files (0.35-1.13 predicted / measured: the suite's
+# fusegnn rows at L = 1024 carry the wrapper's per-call host time): FlashAttention
 # skips the blocks above the diagonal, a bit more than half of the work remains.
-DENSE_CAUSAL_FACTOR = 0.554
+DENSE_CAUSAL_FACTOR = 0.574
 
 # Per-element cost of SDPA with a boolean attn_mask relative to no mask, fitted to the
-# sdpa-mask timings (0.79-1.16): a mask rules out the flash kernel; the memory-efficient
-# kernel that takes it costs 1.8x per element.
-DENSE_MASK_FACTOR = 1.81
+# sdpa-mask timings (0.40-1.19): a mask rules out the flash kernel; the memory-efficient
+# kernel that takes it costs 1.9x per element.
+DENSE_MASK_FACTOR = 1.9
 
 # auto considers SDPA with a boolean mask only up to this many mask elements
 # (L_q * L_k * mask heads; 2**26 = an 8192 x 8192 mask): the mask is materialised and
