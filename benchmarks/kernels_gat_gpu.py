@@ -293,7 +293,7 @@ def stage_sweep(graphs: dict, smoke: bool) -> dict:
                 torch.autograd.grad(o, (h, s, t), grad)
 
             cfg = gat_fused._Config(graph, h, s.dtype, SLOPE, DROPOUT, 0, "gar", gat_fused.DEFAULT_CHUNK)
-            default = dict(block_e=cfg.block_e, num_warps=cfg.num_warps, chunk=gat_fused.DEFAULT_CHUNK)
+            default = dict(fwd=tuple(cfg.fwd), row=tuple(cfg.row), col=tuple(cfg.col), chunk=gat_fused.DEFAULT_CHUNK)
             results = [dict(default, ms=bench(step), default=True)]
             block_es = (16, 64) if smoke else (16, 32, 64, 128)
             warps = (4,) if smoke else (4, 8)

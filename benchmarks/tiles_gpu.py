@@ -1,25 +1,26 @@
-"""Launch-shape sweep on a Reddit-sized graph (GPU only), the record behind the tiles of
-:func:`fusegnn.kernels.gat_fused._block_sizes` and of wide rows in
+"""Profile and GAR strip sweep on a Reddit-sized graph (GPU only): the record of the GAT
+step profile and of the wide-row experiment noted in
 :func:`fusegnn.kernels.spmm_gar.gar_config`.
 
 1. a profile of one GAT (1 head x 16, dropout 0.6) training step, kernel by kernel;
-2. the fused GAT op, forward and forward + backward, over ``block_e`` x ``num_warps``
-   (shared by the three kernels) then ``chunk``, at 1 x 16, 1 x 48 and 8 x 8;
-3. GAR SpMM forward at 128 and 256 fp32 features over strip width x tile x warps x
+2. GAR SpMM forward at 128 and 256 fp32 features over strip width x tile x warps x
    segment length, against ``torch.sparse.mm`` (cuSPARSE) in the same run.
+
+The committed log (``benchmarks/results/gpu-checks/tiles-nvidia-h200.log``) also holds a
+sweep of the fused GAT op over ``block_e`` x ``num_warps`` shared by its three kernels,
+run by the first version of this script (commit cfa0d04); the per-kernel sweep of
+``benchmarks/tiles_gpu_kernels.py`` replaced it.
 
 Run from the repository root: ``PYTHONUNBUFFERED=1 python3 benchmarks/tiles_gpu.py``;
 writes ``$OUT/sweep1.json`` (log on stdout).
 """
-import os, sys, time, json, statistics
+import os, sys, json
 sys.path.insert(0, os.getcwd())
 import torch, torch.nn.functional as F
 from triton.testing import do_bench
 from fusegnn.datasets.synthetic import generate_reddit_like
 from fusegnn.sparse import Graph
 from fusegnn.sparse.processing import remove_self_loops, add_self_loops
-from fusegnn.kernels import gat_fused
-from fusegnn.kernels.gat_fused import fused_gat_attention
 OUT = os.environ.get("OUT", ".")
 R = {}
 def log(*a):
@@ -52,46 +53,9 @@ with profile(activities=[ProfilerActivity.CUDA]) as prof:
     step(); torch.cuda.synchronize()
 tab = prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70)
 log(tab)
-# ---- GAT op sweep per width
-SL, P = 0.2, 0.6
-sweep = {}
-for H, C in ((1, 16), (1, 48), (8, 8)):
-    h = torch.randn(N, H, C, device="cuda", requires_grad=True)
-    s = torch.randn(N, H, device="cuda", requires_grad=True)
-    t = torch.randn(N, H, device="cuda", requires_grad=True)
-    grad = torch.randn(N, H, C, device="cuda")
-    def fb():
-        o = fused_gat_attention(graph, h, s, t, SL, P, variant="gar")[0]
-        torch.autograd.grad(o, (h, s, t), grad)
-    def fw():
-        with torch.no_grad():
-            fused_gat_attention(graph, h, s, t, SL, P, variant="gar")
-    cfg = gat_fused._Config(graph, h.detach(), s.dtype, SL, P, None, "gar", gat_fused.DEFAULT_CHUNK)
-    res = [dict(block_e=cfg.block_e, num_warps=cfg.num_warps, chunk=gat_fused.DEFAULT_CHUNK, default=True, fwd=bench(fw), fb=bench(fb))]
-    log(f"H{H} C{C} default", res[0])
-    for be in (4, 8, 16, 32, 64, 128):
-        if be * max(H, 1) * 16 * max(C // 16, 1) > 8192: continue
-        for nw in (1, 2, 4, 8):
-            if be * H * C // (nw * 32) < 1 and nw > 1: continue
-            with gat_fused.tuning(block_e=be, num_warps=nw):
-                try:
-                    r = dict(block_e=be, num_warps=nw, chunk=gat_fused.DEFAULT_CHUNK, fwd=bench(fw, 80), fb=bench(fb, 80))
-                except Exception as e:
-                    log("fail", be, nw, type(e).__name__); continue
-            res.append(r); log(f"H{H} C{C}", r)
-    best = min(res, key=lambda r: r["fb"])
-    for ch in (512, 1024, 4096, 8192):
-        with gat_fused.tuning(block_e=best["block_e"], num_warps=best["num_warps"], chunk=ch):
-            r = dict(block_e=best["block_e"], num_warps=best["num_warps"], chunk=ch, fwd=bench(fw, 80), fb=bench(fb, 80))
-        res.append(r); log(f"H{H} C{C}", r)
-    best = min(res, key=lambda r: r["fb"])
-    log(f"== H{H} C{C} default fb {res[0]['fb']:.3f} best {best}")
-    sweep[f"H{H}C{C}"] = res
-    del h, s, t, grad; torch.cuda.empty_cache()
-R["gat_sweep"] = sweep
 # ---- GAR wide-F
 from fusegnn.kernels.partition import plan_for
-from fusegnn.kernels.spmm_gar import GarConfig, gar_config, gar_reduce
+from fusegnn.kernels.spmm_gar import gar_config, gar_reduce
 g = g0
 A = torch.sparse_csr_tensor(g.csr.ptr, g.csr.index, torch.ones(g.num_edges, device="cuda"), (N, N))
 gar = {}

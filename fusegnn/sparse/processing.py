@@ -184,7 +184,7 @@ def gat_self_loops(graph: Graph) -> Graph:
 
 def _fused_norm_unavailable(graph: Graph, edge_weight: Tensor | None, dtype: torch.dtype | None) -> str | None:
     """Why the fused normalisation kernels cannot run on these inputs (``None``: they can)."""
-    from fusegnn.kernels._edge_utils import fused_can_run
+    from fusegnn.kernels._edge_utils import FLOAT_DTYPES, fused_can_run
 
     weight = edge_weight if edge_weight is not None else graph.edge_weight
     if weight is not None and weight.dim() != 1:
@@ -195,8 +195,7 @@ def _fused_norm_unavailable(graph: Graph, edge_weight: Tensor | None, dtype: tor
     if not out_dtype.is_floating_point:
         return f"dtype must be floating, got {out_dtype}"
     probe = [graph.src] + ([weight] if weight is not None else [])
-    probe.append(torch.empty(0, dtype=out_dtype, device=graph.device))
-    if not fused_can_run(*probe):
+    if out_dtype not in FLOAT_DTYPES or not fused_can_run(*probe):
         return (
             f"Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 on the CPU) of dtype "
             f"fp16/bf16/fp32/fp64 and Triton installed; got {graph.device} and {out_dtype}"
