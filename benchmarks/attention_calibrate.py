@@ -58,6 +58,7 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -223,7 +224,7 @@ def _crossover(prep: Prepared, name: str, L: int, mode: str, args, device, clock
 
 def _sweep(prep: Prepared, name: str, L: int, mode: str, args, device, clock: Clock) -> list[dict]:
     """Pass 2: launch configurations of the block kernel at each block size."""
-    from fusegnn.kernels.block_attention import LaunchConfig, block_sparse_attention, launch_config
+    from fusegnn.kernels.block_attention import block_sparse_attention, launch_config
 
     D = GPU_SIZES.head_dim
     rows = []
@@ -232,10 +233,11 @@ def _sweep(prep: Prepared, name: str, L: int, mode: str, args, device, clock: Cl
         table = launch_config(bm, bn, D)
         sweep = FWD_SWEEP if mode == "fwd" else BWD_SWEEP
         for warps, stages in sweep:
+            # the table's other settings (dq launch, sub-tiles, register caps) are kept
             if mode == "fwd":
-                cfg = LaunchConfig(warps, stages, table.bwd_warps, table.bwd_stages)
+                cfg = replace(table, fwd_warps=warps, fwd_stages=stages)
             else:
-                cfg = LaunchConfig(table.fwd_warps, table.fwd_stages, warps, stages)
+                cfg = replace(table, bwd_warps=warps, bwd_stages=stages)
             label = f"block {bm}x{bn} {'fwd' if mode == 'fwd' else 'bwd'} w{warps} s{stages}"
             rec = _record(prep, name, L, mode, "block", label, fwd_warps=cfg.fwd_warps, fwd_stages=cfg.fwd_stages,
                           bwd_warps=cfg.bwd_warps, bwd_stages=cfg.bwd_stages, default_launch=cfg == table, **info)

@@ -27,6 +27,7 @@ pytest.importorskip("triton")
 from fusegnn.kernels.block_attention import (  # noqa: E402
     block_sparse_attention,
     block_sparse_attention_lse,
+    LaunchConfig,
     launch_config,
 )
 from fusegnn.sparse.block_layout import BlockLayout  # noqa: E402
@@ -108,9 +109,9 @@ def _inputs(B, H, L_q, L_k, D, seed, dtype=torch.float32):
     return [t.to(DEVICE, dtype) for t in (q, k, v)], g.to(DEVICE, dtype)
 
 
-def _check(q, k, v, g, mask, layout, *, scale=None, atol=2e-5, grads=True):
+def _check(q, k, v, g, mask, layout, *, scale=None, atol=2e-5, grads=True, launch=None):
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    out = block_sparse_attention(q, k, v, layout, scale)
+    out = block_sparse_attention(q, k, v, layout, scale, launch=launch)
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = reference(qd, kd, vd, mask, scale)
     assert out.dtype == q.dtype and out.shape == q.shape
@@ -198,6 +199,40 @@ def test_custom_scale_and_strided_inputs():
     _check(q, k, v, g, mask, layout, scale=0.3)
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.7, 2.5])
+def test_zero_negative_and_large_scale(scale):
+    """scale > 0 takes the row maximum of the unscaled products; scale <= 0 must not.
+    float32 rounding of q.k is amplified by |scale|: the tolerance grows with it."""
+    mask, layout = make("bigbird", 48, 48)
+    (q, k, v), g = _inputs(1, 2, 48, 48, 32, seed=11)
+    _check(q, k, v, g, mask, layout, scale=scale, atol=2e-5 * max(1.0, abs(scale) * math.sqrt(32)))
+
+
+@pytest.mark.parametrize("name", ["window", "bigbird", "empty_rows", "graph"])
+@pytest.mark.parametrize("sub_m", [16, 32])
+def test_backward_sub_tiles_and_separate_dq_launch(name, sub_m):
+    """_bwd_dkdv over each 32-row block in sub-tiles of 16 / 32 rows, _bwd_dq over each
+    32-key block in sub-tiles of 16 / 32 keys, launched with its own warps / stages."""
+    L_k = 24 if name == "graph" else 40
+    mask, layout = make(name, 40, L_k, 32, 32)
+    (q, k, v), g = _inputs(1, 2, 40, L_k, 32, seed=12)
+    launch = LaunchConfig(4, 2, 4, 1, dq_warps=2, dq_stages=2, dkdv_sub_m=sub_m, dq_sub_n=sub_m,
+                          fwd_maxnreg=96, dq_maxnreg=96, dkdv_maxnreg=128)
+    _check(q, k, v, g, mask, layout, launch=launch)
+
+
+def test_only_query_requires_grad():
+    """dq alone (no dK / dV launch); Delta computed inside the dq kernel."""
+    mask, layout = make("bigbird", 40, 40)
+    (q, k, v), g = _inputs(1, 1, 40, 40, 32, seed=13)
+    q = q.requires_grad_()
+    block_sparse_attention(q, k, v, layout).backward(g)
+    qd = q.detach().double().requires_grad_()
+    reference(qd, k.double(), v.double(), mask).backward(g.double())
+    torch.testing.assert_close(q.grad.double(), qd.grad, atol=2e-5, rtol=2e-5)
+    assert k.grad is None and v.grad is None
+
+
 def test_backward_is_deterministic_and_inputs_untouched():
     mask, layout = make("bigbird", 48, 48)
     (q, k, v), g = _inputs(1, 1, 48, 48, 32, seed=7)
@@ -260,6 +295,23 @@ def test_launch_config_table():
     assert launch_config(128, 64, 64).fwd_warps == 8
     assert launch_config(16, 16, 32).fwd_warps == 2
     assert launch_config(128, 128, 128).fwd_stages == 2
+    tuned = launch_config(64, 64, 64, torch.bfloat16)
+    assert tuned.dkdv_maxnreg is not None and tuned.sub_m(64) == 32 and tuned.sub_n(64) == 32
+    fp32 = launch_config(64, 64, 64, torch.float32)  # register caps were measured on bf16
+    assert (fp32.fwd_maxnreg, fp32.dq_maxnreg, fp32.dkdv_maxnreg) == (None, None, None)
+    assert fp32.sub_m(64) == 32 and fp32.dq == tuned.dq
+
+
+@pytest.mark.parametrize("bad", [
+    dict(dq_warps=3), dict(dq_stages=0), dict(dkdv_sub_m=24), dict(dq_sub_n=8), dict(dkdv_maxnreg=300),
+    dict(fwd_maxnreg=16), dict(dq_maxnreg=96.0),
+])
+def test_launch_config_bad_values_name_the_field(bad):
+    mask, layout = make("causal", 20, 20)
+    (q, k, v), _ = _inputs(1, 1, 20, 20, 32, seed=3)
+    field = next(iter(bad))
+    with pytest.raises(ValueError, match=f"launch.{field}"):
+        block_sparse_attention(q, k, v, layout, launch=LaunchConfig(4, 2, 4, 2, **bad))
 
 
 # ------------------------------------------------------------------------------ GPU

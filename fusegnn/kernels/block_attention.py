@@ -15,7 +15,9 @@ and :math:`\mathrm{out}_i = 0` for a row with no allowed key (never NaN).
 non-empty key blocks of its row from the block-CSR index (``row_ptr``/``col_idx``) and
 keeps FlashAttention's running maximum :math:`m`, normaliser :math:`l` and accumulator
 :math:`a` in float32, rescaling them by :math:`2^{m_{old} - m_{new}}` when the maximum
-grows (logits are kept in base 2: :math:`S \log_2 e`). As in FlexAttention, each row's
+grows (logits are kept in base 2: :math:`S \log_2 e`; for ``scale > 0`` the running maximum
+is taken over the unscaled products and scaled once per row, so each score costs one fused
+multiply-add before :math:`2^x`). As in FlexAttention, each row's
 blocks are visited in two loops: first its partial blocks, which load their element
 pattern (stored once per distinct pattern in ``patterns``), then its full blocks
 (``pattern_id == -1``), which use no element mask at all (the kernels' copy of the index
@@ -35,12 +37,17 @@ stored log-sum-exp, :math:`P_{ij} = M_{ij} 2^{S_{ij}\log_2 e - \mathrm{lse}_i}`:
     dQ_i = s \sum_j dS_{ij} k_j, \quad
     dK_j = s \sum_i dS_{ij} q_i.
 
-Three kernels: ``_bwd_preprocess`` (:math:`\Delta`), ``_bwd_dkdv`` (one program per key
-block column, walking the query blocks of the transposed index ``col_ptr``/``row_idx``
-with ``t_block`` pointing back to each block's forward id, hence its pattern) and
-``_bwd_dq`` (one program per query block row over the forward index). Masked elements
-and empty rows (:math:`\mathrm{lse} = +\infty`) give :math:`P = 0`, so they contribute no
-gradient.
+Two kernels, launched in this order: ``_bwd_dq`` (one program per query block row over
+the forward index; it first computes :math:`\Delta` of its rows from ``dO`` and ``out``
+and stores it) and ``_bwd_dkdv`` (one program per key block column, walking the query
+blocks of the transposed index ``col_ptr``/``row_idx`` with ``t_block`` pointing back to
+each block's forward id, hence its pattern; it reads :math:`\Delta`, and takes each
+``BM``-row block in sub-tiles of ``SUB_M`` rows, :attr:`LaunchConfig.dkdv_sub_m`;
+``_bwd_dq`` likewise takes each ``BN``-key block in sub-tiles of ``SUB_N`` keys,
+:attr:`LaunchConfig.dq_sub_n`). When
+only ``k`` / ``v`` need a gradient, ``_bwd_preprocess`` computes :math:`\Delta` instead of
+``_bwd_dq``. Masked elements and empty rows (:math:`\mathrm{lse} = +\infty`) give
+:math:`P = 0`, so they contribute no gradient.
 
 **Scheduling.** A row whose block count exceeds twice the mean (a global token's row in
 BigBird / Longformer masks, which visits every key block) would otherwise start late in
@@ -59,7 +66,7 @@ and 128 are the tuned ones). The layout's ``BM``/``BN`` are the kernel's tile si
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -102,6 +109,7 @@ def _fwd_kernel(
     H, NHL, L_q, L_k, NRB, BH, D,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    SCALE_POSITIVE: tl.constexpr,
 ):
     # flat program id -> (bh, block row): heavy rows of every bh first (see module doc)
     pid_flat = tl.program_id(0)
@@ -159,7 +167,9 @@ def _fwd_kernel(
             if UPCAST:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            if not SCALE_POSITIVE:  # scale <= 0: scale first (the row maximum is of scaled scores)
+                s = s * sm_scale_log2
             if phase == 0:  # partial block: its element pattern (and the key bound)
                 pid = tl.load(pattern_id + idx)
                 pat = tl.load(patterns + pid * (BM * BN) + pat_offs)
@@ -167,10 +177,17 @@ def _fwd_kernel(
             else:  # full block: only the key bound of a ragged last column
                 if not EVEN_K:
                     s = tl.where(n_valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
+            if SCALE_POSITIVE:
+                # max(scale * s) = scale * max(s): one fused multiply-add per score below
+                m_new = tl.maximum(m_i, tl.max(s, 1) * sm_scale_log2)
+            else:
+                m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: no NaN
             alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
+            if SCALE_POSITIVE:
+                p = tl.exp2(s * sm_scale_log2 - m_safe[:, None])
+            else:
+                p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
@@ -216,7 +233,7 @@ def _bwd_dkdv_kernel(
     stride_dvb, stride_dvh, stride_dvn,
     H, NHL, L_q, L_k, NCB, BH, D,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
-    EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SUB_M: tl.constexpr,
 ):
     # flat program id -> (bh, block column): heavy columns of every bh first
     pid_flat = tl.program_id(0)
@@ -235,7 +252,7 @@ def _bwd_dkdv_kernel(
     end = tl.load(col_ptr + h_l * (NCB + 1) + pid_n + 1)
 
     offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_bm = tl.arange(0, BM)
+    offs_bm = tl.arange(0, SUB_M)
     offs_d = tl.arange(0, BD)
     n_valid = offs_n < L_k
     d_valid = offs_d < D
@@ -249,7 +266,7 @@ def _bwd_dkdv_kernel(
     q_base = Q + b * stride_qb + h * stride_qh + offs_d[None, :]
     do_base = DO + b * stride_db + h * stride_dh + offs_d[None, :]
     stat_base = bh.to(tl.int64) * L_q
-    # element (i, j) of a [BM, BN] pattern, read transposed as [BN, BM]
+    # element (i, j) of a [BM, BN] pattern, read transposed as [BN, SUB_M] per sub-tile
     patT_offs = offs_bm[None, :] * BN + tl.arange(0, BN)[:, None]
 
     dk = tl.zeros([BN, BD], dtype=tl.float32)
@@ -264,30 +281,33 @@ def _bwd_dkdv_kernel(
             hi = end
         for t in range(lo, hi):
             rb = tl.load(row_idx + t)
-            offs_m = rb * BM + offs_bm
-            m_valid = offs_m < L_q
-            rows = offs_m[:, None].to(tl.int64)
-            qd_mask = m_valid[:, None] & d_valid[None, :]
-            q = tl.load(q_base + rows * stride_qm, mask=qd_mask, other=0.0)
-            do = tl.load(do_base + rows * stride_dm, mask=qd_mask, other=0.0)
-            if UPCAST:
-                q = q.to(tl.float32)
-                do = do.to(tl.float32)
-            # rows >= L_q and empty rows have lse = +inf: P = 0, no gradient
-            lse = tl.load(Lse + stat_base + offs_m, mask=m_valid, other=float("inf"))
-            delta = tl.load(Delta + stat_base + offs_m, mask=m_valid, other=0.0)
-            pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale_log2 - lse[None, :])
             if phase == 0:
                 pid = tl.load(t_pattern + t)
-                patT = tl.load(patterns + pid * (BM * BN) + patT_offs)
-                pT = tl.where((patT != 0) & n_valid[:, None], pT, 0.0)
-            else:
-                if not EVEN_K:
-                    pT = tl.where(n_valid[:, None], pT, 0.0)
-            dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
-            dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-            dsT = pT * (dpT - delta[None, :])
-            dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
+            # the block's BM query rows in sub-tiles of SUB_M (smaller live tiles)
+            for sub in tl.static_range(BM // SUB_M):
+                offs_m = rb * BM + sub * SUB_M + offs_bm
+                m_valid = offs_m < L_q
+                rows = offs_m[:, None].to(tl.int64)
+                qd_mask = m_valid[:, None] & d_valid[None, :]
+                q = tl.load(q_base + rows * stride_qm, mask=qd_mask, other=0.0)
+                do = tl.load(do_base + rows * stride_dm, mask=qd_mask, other=0.0)
+                if UPCAST:
+                    q = q.to(tl.float32)
+                    do = do.to(tl.float32)
+                # rows >= L_q and empty rows have lse = +inf: P = 0, no gradient
+                lse = tl.load(Lse + stat_base + offs_m, mask=m_valid, other=float("inf"))
+                delta = tl.load(Delta + stat_base + offs_m, mask=m_valid, other=0.0)
+                pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale_log2 - lse[None, :])
+                if phase == 0:
+                    patT = tl.load(patterns + pid * (BM * BN) + sub * (SUB_M * BN) + patT_offs)
+                    pT = tl.where((patT != 0) & n_valid[:, None], pT, 0.0)
+                else:
+                    if not EVEN_K:
+                        pT = tl.where(n_valid[:, None], pT, 0.0)
+                dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
+                dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+                dsT = pT * (dpT - delta[None, :])
+                dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
 
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + h * stride_dkh + cols * stride_dkn + offs_d[None, :],
@@ -297,17 +317,19 @@ def _bwd_dkdv_kernel(
 
 
 def _bwd_dq_kernel(
-    Q, K, V, DO, Lse, Delta, DQ,
+    Q, K, V, DO, Out, Lse, Delta, DQ,
     row_ptr, row_split, col_idx, pattern_id, patterns, sched,
     sm_scale, sm_scale_log2,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_db, stride_dh, stride_dm,
+    stride_ob, stride_oh, stride_om,
     stride_dqb, stride_dqh, stride_dqm,
     H, NHL, L_q, L_k, NRB, BH, D,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    SUB_N: tl.constexpr,
 ):
     pid_flat = tl.program_id(0)
     n_heavy = tl.load(sched)
@@ -325,7 +347,7 @@ def _bwd_dq_kernel(
     end = tl.load(row_ptr + h_l * (NRB + 1) + pid_m + 1)
 
     offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_bn = tl.arange(0, BN)
+    offs_bn = tl.arange(0, SUB_N)
     offs_d = tl.arange(0, BD)
     m_valid = offs_m < L_q
     d_valid = offs_d < D
@@ -338,7 +360,10 @@ def _bwd_dq_kernel(
         do = do.to(tl.float32)
     stat_base = bh.to(tl.int64) * L_q
     lse = tl.load(Lse + stat_base + offs_m, mask=m_valid, other=float("inf"))
-    delta = tl.load(Delta + stat_base + offs_m, mask=m_valid, other=0.0)
+    # Delta_i = dO_i . out_i of this program's rows, stored for _bwd_dkdv (launched next)
+    o = tl.load(Out + b * stride_ob + h * stride_oh + rows * stride_om + offs_d[None, :], mask=qd_mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + stat_base + offs_m, delta, mask=m_valid)
     k_base = K + b * stride_kb + h * stride_kh + offs_d[None, :]
     v_base = V + b * stride_vb + h * stride_vh + offs_d[None, :]
     pat_offs = tl.arange(0, BM)[:, None] * BN + offs_bn[None, :]
@@ -354,30 +379,33 @@ def _bwd_dq_kernel(
             hi = end
         for idx in range(lo, hi):
             cb = tl.load(col_idx + idx)
-            offs_n = cb * BN + offs_bn
-            n_valid = offs_n < L_k
-            cols = offs_n[:, None].to(tl.int64)
-            if EVEN_K and EVEN_D:
-                k = tl.load(k_base + cols * stride_kn)
-                v = tl.load(v_base + cols * stride_vn)
-            else:
-                kv_mask = n_valid[:, None] & d_valid[None, :]
-                k = tl.load(k_base + cols * stride_kn, mask=kv_mask, other=0.0)
-                v = tl.load(v_base + cols * stride_vn, mask=kv_mask, other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2 - lse[:, None])
             if phase == 0:
                 pid = tl.load(pattern_id + idx)
-                pat = tl.load(patterns + pid * (BM * BN) + pat_offs)
-                p = tl.where((pat != 0) & n_valid[None, :], p, 0.0)
-            else:
-                if not EVEN_K:
-                    p = tl.where(n_valid[None, :], p, 0.0)
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            ds = p * (dp - delta[:, None])
-            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+            # the block's BN keys in sub-tiles of SUB_N (smaller live tiles)
+            for sub in tl.static_range(BN // SUB_N):
+                offs_n = cb * BN + sub * SUB_N + offs_bn
+                n_valid = offs_n < L_k
+                cols = offs_n[:, None].to(tl.int64)
+                if EVEN_K and EVEN_D:
+                    k = tl.load(k_base + cols * stride_kn)
+                    v = tl.load(v_base + cols * stride_vn)
+                else:
+                    kv_mask = n_valid[:, None] & d_valid[None, :]
+                    k = tl.load(k_base + cols * stride_kn, mask=kv_mask, other=0.0)
+                    v = tl.load(v_base + cols * stride_vn, mask=kv_mask, other=0.0)
+                if UPCAST:
+                    k = k.to(tl.float32)
+                    v = v.to(tl.float32)
+                p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2 - lse[:, None])
+                if phase == 0:
+                    pat = tl.load(patterns + pid * (BM * BN) + sub * SUB_N + pat_offs)
+                    p = tl.where((pat != 0) & n_valid[None, :], p, 0.0)
+                else:
+                    if not EVEN_K:
+                        p = tl.where(n_valid[None, :], p, 0.0)
+                dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+                ds = p * (dp - delta[:, None])
+                dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
 
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqm + offs_d[None, :],
@@ -397,12 +425,40 @@ _bwd_dq = LazyKernel(_bwd_dq_kernel)
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """``num_warps`` / ``num_stages`` of the forward and the two backward kernels."""
+    """``num_warps`` / ``num_stages`` of the forward and the two backward kernels.
+
+    ``bwd_warps`` / ``bwd_stages`` launch ``_bwd_dkdv``, and ``_bwd_dq`` too unless
+    ``dq_warps`` / ``dq_stages`` are given; ``dkdv_sub_m`` is the number of query rows
+    ``_bwd_dkdv`` processes at a time within a ``BM``-row block, ``dq_sub_n`` the number
+    of keys ``_bwd_dq`` processes at a time within a ``BN``-column block (powers of two
+    >= 16; ``None``: the whole block). ``*_maxnreg`` cap a kernel's registers per thread
+    (Triton's ``maxnreg``: more programs per multiprocessor, at the price of spills;
+    ``None``: no cap; ignored by the interpreter)."""
 
     fwd_warps: int
     fwd_stages: int
     bwd_warps: int
     bwd_stages: int
+    dq_warps: int | None = None
+    dq_stages: int | None = None
+    dkdv_sub_m: int | None = None
+    dq_sub_n: int | None = None
+    fwd_maxnreg: int | None = None
+    dq_maxnreg: int | None = None
+    dkdv_maxnreg: int | None = None
+
+    @property
+    def dq(self) -> tuple[int, int]:
+        """``(num_warps, num_stages)`` of ``_bwd_dq``."""
+        return (self.dq_warps or self.bwd_warps, self.dq_stages or self.bwd_stages)
+
+    def sub_m(self, BM: int) -> int:
+        """Query rows per ``_bwd_dkdv`` step for ``BM``-row blocks."""
+        return BM if self.dkdv_sub_m is None else min(BM, self.dkdv_sub_m)
+
+    def sub_n(self, BN: int) -> int:
+        """Keys per ``_bwd_dq`` step for ``BN``-column blocks."""
+        return BN if self.dq_sub_n is None else min(BN, self.dq_sub_n)
 
 
 # Best (fwd warps, fwd stages, bwd warps, bwd stages) at head dim <= 64 from the H200
@@ -410,21 +466,37 @@ class LaunchConfig:
 # masks x 3 lengths; benchmarks/results/attention/calibration-dense-nvidia-h200.log).
 # The formula below had cost 1.36x (128x64 backward), 1.70x / 1.20x (64x128) and
 # 1.15x / 1.07x (128x128) of these.
+# 64 x 64 (the default block size) was then tuned per kernel on an H200
+# (benchmarks/attention_kernels_gpu.py, bf16 B=4 H=12 D=64, window / dilated / Longformer /
+# BigBird at L=16384 and window at 4096; logs kernels-sweep{1,2,3}-nvidia-h200.log in
+# benchmarks/results/attention/): dK/dV over 32-row sub-tiles with 4 stages and at most
+# 128 registers (three programs per multiprocessor instead of two; 6 spilled registers):
+# 0.71 ms against 0.97 ms for the former (4 warps, 2 stages, whole 64-row blocks) on the
+# window at 16384; dq over 32-key sub-tiles, 4 stages, <= 96 registers: 0.51 vs 0.51 ms
+# (window) and 0.59 vs 0.67 (dilated); forward with <= 96 registers: 1% faster. The
+# register caps are for 16-bit inputs only (launch_config drops them for float32).
 _MEASURED_D64: dict[tuple[int, int], LaunchConfig] = {
-    (64, 64): LaunchConfig(4, 3, 4, 2),
+    (64, 64): LaunchConfig(
+        4, 2, 4, 4, dq_warps=4, dq_stages=4, dkdv_sub_m=32, dq_sub_n=32,
+        fwd_maxnreg=96, dq_maxnreg=96, dkdv_maxnreg=128,
+    ),
     (128, 64): LaunchConfig(8, 2, 4, 2),
     (64, 128): LaunchConfig(4, 2, 4, 2),
     (128, 128): LaunchConfig(4, 3, 8, 1),
 }
 
 
-def launch_config(BM: int, BN: int, head_dim: int) -> LaunchConfig:
+def launch_config(BM: int, BN: int, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> LaunchConfig:
     """The launch table: measured on an H200 for head dims <= 64 at 64x64, 128x64,
-    64x128 and 128x128; otherwise 4 warps per 64-row tile (8 for 128-row tiles, 2 for
+    64x128 and 128x128 (for float32 inputs without the register caps, which were
+    measured on bfloat16); otherwise 4 warps per 64-row tile (8 for 128-row tiles, 2 for
     16-row tiles), 3 pipeline stages for D <= 64, 2 above (shared memory), the backward
     one step leaner (it holds more tiles: k, v, dk, dv and the streamed q, dO)."""
     if head_dim <= 64 and (BM, BN) in _MEASURED_D64:
-        return _MEASURED_D64[(BM, BN)]
+        cfg = _MEASURED_D64[(BM, BN)]
+        if dtype == torch.float32:
+            cfg = replace(cfg, fwd_maxnreg=None, dq_maxnreg=None, dkdv_maxnreg=None)
+        return cfg
     rows = max(BM, BN)
     warps = 8 if rows >= 128 else (4 if rows >= 32 else 2)
     if BM * BN <= 32 * 32:
@@ -605,14 +677,26 @@ def _check_launch(launch) -> None:
     if launch is not None and not isinstance(launch, LaunchConfig):
         raise TypeError(f"launch must be a LaunchConfig or None, got {type(launch).__name__}")
     if launch is not None:
-        for name in ("fwd_warps", "bwd_warps"):
+        for name in ("fwd_warps", "bwd_warps", "dq_warps"):
             w = getattr(launch, name)
+            if name == "dq_warps" and w is None:
+                continue
             if not isinstance(w, int) or w < 1 or w & (w - 1):
                 raise ValueError(f"launch.{name} must be a power of two >= 1, got {w!r}")
-        for name in ("fwd_stages", "bwd_stages"):
+        for name in ("fwd_stages", "bwd_stages", "dq_stages"):
             st = getattr(launch, name)
+            if name == "dq_stages" and st is None:
+                continue
             if not isinstance(st, int) or st < 1:
                 raise ValueError(f"launch.{name} must be an int >= 1, got {st!r}")
+        for name in ("fwd_maxnreg", "dq_maxnreg", "dkdv_maxnreg"):
+            cap = getattr(launch, name)
+            if cap is not None and (not isinstance(cap, int) or not 24 <= cap <= 255):
+                raise ValueError(f"launch.{name} must be an int in [24, 255] or None, got {cap!r}")
+        for name in ("dkdv_sub_m", "dq_sub_n"):
+            sub = getattr(launch, name)
+            if sub is not None and (not isinstance(sub, int) or sub < 16 or sub & (sub - 1)):
+                raise ValueError(f"launch.{name} must be a power of two >= 16 or None, got {sub!r}")
 
 
 # (kernel, constexprs, dtype, num_warps, num_stages of the table) -> the fewer stages that
@@ -620,19 +704,20 @@ def _check_launch(launch) -> None:
 _STAGES_THAT_FIT: dict[tuple, int] = {}
 
 
-def _launch(kernel, grid, args: tuple, meta: dict, warps: int, stages: int, *, fallback: bool, dtype) -> None:
+def _launch(kernel, grid, args: tuple, meta: dict, warps: int, stages: int, *, fallback: bool, dtype):
     """``kernel[grid](*args, **meta, num_warps=warps, num_stages=stages)``. With
     ``fallback`` (a configuration of :func:`launch_config`'s table, not one asked for),
     a kernel that does not fit in shared memory at ``stages`` (Triton's
     ``OutOfResources``, e.g. float32 tiles at head dim 128) is retried with one stage
-    fewer, down to 1, and the stages that fitted are remembered for that specialisation."""
+    fewer, down to 1, and the stages that fitted are remembered for that specialisation.
+    Returns what the launch returned (Triton's compiled kernel)."""
     key = None
     if fallback and _STAGES_THAT_FIT:
         key = (kernel.__name__, tuple(sorted(meta.items())), dtype, warps, stages)
     run_stages = _STAGES_THAT_FIT.get(key, stages) if key is not None else stages
     while True:
         try:
-            kernel[grid](*args, **meta, num_warps=warps, num_stages=run_stages)
+            compiled = kernel[grid](*args, **meta, num_warps=warps, num_stages=run_stages)
             break
         except Exception as exc:  # noqa: BLE001 - only Triton's OutOfResources is retried
             if not fallback or run_stages <= 1 or type(exc).__name__ != "OutOfResources":
@@ -640,6 +725,11 @@ def _launch(kernel, grid, args: tuple, meta: dict, warps: int, stages: int, *, f
             run_stages -= 1
     if run_stages != stages:
         _STAGES_THAT_FIT[(kernel.__name__, tuple(sorted(meta.items())), dtype, warps, stages)] = run_stages
+    return compiled  # Triton's compiled kernel (register / spill counts for the sweeps)
+
+
+def _with_cap(meta: dict, maxnreg: int | None) -> dict:
+    return meta if maxnreg is None else dict(meta, maxnreg=maxnreg)
 
 
 def _last_contiguous(t: Tensor) -> Tensor:
@@ -664,7 +754,7 @@ def _forward(
         return out, lse
     BM, BN = int(layout.BM), int(layout.BN)
     BD = max(16, next_pow2(D))
-    cfg = launch if launch is not None else launch_config(BM, BN, D)
+    cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype)
     grid = (layout.nrb * B * H,)
     _launch(
         _fwd, grid,
@@ -673,7 +763,8 @@ def _forward(
          scale * _LOG2E,
          *_strides(q), *_strides(k), *_strides(v), *_strides(out),
          H, int(layout.num_heads), L_q, L_k, int(layout.nrb), B * H, D),
-        dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, EVEN_D=BD == D, PRECISION=precision, UPCAST=_upcast(q.dtype)),
+        _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, EVEN_D=BD == D, PRECISION=precision,
+                       UPCAST=_upcast(q.dtype), SCALE_POSITIVE=scale > 0), cfg.fwd_maxnreg),
         cfg.fwd_warps, cfg.fwd_stages, fallback=launch is None, dtype=q.dtype,
     )
     return out, lse
@@ -696,13 +787,29 @@ def _backward(
     do = _last_contiguous(do)
     BM, BN = int(layout.BM), int(layout.BN)
     BD = max(16, next_pow2(D))
-    cfg = launch if launch is not None else launch_config(BM, BN, D)
+    cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype)
     delta = torch.empty(B, H, L_q, dtype=torch.float32, device=q.device)
-    _bwd_preprocess[(triton.cdiv(L_q, 64), B * H)](
-        out, do, delta, *_strides(out), *_strides(do), H, L_q, D, BM=64, BD=BD, num_warps=4,
-    )
     scale_log2 = scale * _LOG2E
     nhl = int(layout.num_heads)
+    even_k = L_k % BN == 0
+    upcast = _upcast(q.dtype)
+    if need_dq:  # also computes delta = rowsum(dO * out), which _bwd_dkdv reads
+        dq_warps, dq_stages = cfg.dq
+        _launch(
+            _bwd_dq, (layout.nrb * B * H,),
+            (q, k, v, do, out, lse, delta, dq,
+             prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
+             scale, scale_log2,
+             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(out), *_strides(dq),
+             H, nhl, L_q, L_k, int(layout.nrb), B * H, D),
+            _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, EVEN_D=BD == D, PRECISION=precision,
+                           UPCAST=upcast, SUB_N=cfg.sub_n(BN)), cfg.dq_maxnreg),
+            dq_warps, dq_stages, fallback=launch is None, dtype=q.dtype,
+        )
+    elif need_dkdv:
+        _bwd_preprocess[((L_q + 63) // 64, B * H)](
+            out, do, delta, *_strides(out), *_strides(do), H, L_q, D, BM=64, BD=BD, num_warps=4,
+        )
     if need_dkdv:
         _launch(
             _bwd_dkdv, (layout.ncb * B * H,),
@@ -711,19 +818,8 @@ def _backward(
              scale, scale_log2,
              *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
              H, nhl, L_q, L_k, int(layout.ncb), B * H, D),
-            dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, PRECISION=precision, UPCAST=_upcast(q.dtype)),
-            cfg.bwd_warps, cfg.bwd_stages, fallback=launch is None, dtype=q.dtype,
-        )
-    if need_dq:
-        _launch(
-            _bwd_dq, (layout.nrb * B * H,),
-            (q, k, v, do, lse, delta, dq,
-             prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
-             scale, scale_log2,
-             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-             H, nhl, L_q, L_k, int(layout.nrb), B * H, D),
-            dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, EVEN_D=BD == D, PRECISION=precision,
-                 UPCAST=_upcast(q.dtype)),
+            _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, PRECISION=precision, UPCAST=upcast,
+                           SUB_M=cfg.sub_m(BM)), cfg.dkdv_maxnreg),
             cfg.bwd_warps, cfg.bwd_stages, fallback=launch is None, dtype=q.dtype,
         )
     return dq, dk, dv
@@ -744,14 +840,16 @@ class BlockSparseAttentionFunction(torch.autograd.Function):
         ctx.precision = precision
         ctx.launch = launch
         ctx.mark_non_differentiable(lse)
+        # lse never has a gradient: do not let autograd build a zero tensor for it
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):  # type: ignore[override]
+        if grad_out is None:  # out was not used by the loss
+            return None, None, None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
         need_dq, need_dk, need_dv = ctx.needs_input_grad[:3]
-        if grad_out is None:
-            grad_out = torch.zeros_like(out)
         dq, dk, dv = _backward(
             grad_out, q, k, v, out, lse, ctx.layout, ctx.scale, ctx.precision,
             need_dq, need_dk or need_dv, ctx.launch,

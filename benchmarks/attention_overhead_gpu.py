@@ -1,0 +1,177 @@
+"""Where the attention paths' time goes on a GPU: host overhead per call against GPU time.
+
+    python -m benchmarks.attention_overhead_gpu --out $OUT      # ~2 min on an H200
+
+For a few suite cases (B4 H12 D64 bf16; masks of :mod:`benchmarks.attention`) and modes
+``fwd`` / ``fwdbwd``, per backend (``sdpa`` without a mask, ``sdpa-mask`` with the boolean
+mask, ``flex`` compiled FlexAttention, ``auto`` = ``sparse_attention``, ``block`` =
+``sparse_attention(aggregation="block")``, ``direct`` = ``block_sparse_attention`` on a
+prebuilt layout):
+
+* ``ms``: the suite's timing (:func:`benchmarks.measure.measure`: device synchronised
+  before each step, CUDA events around it, median);
+* ``host_us``: host microseconds per call in a loop that never waits for the GPU
+  (launch-bound code shows ``host_us`` close to ``ms``);
+* ``loop_us``: the same loop's microseconds per call including the final synchronise
+  (the throughput a training loop would see).
+
+Then a torch.profiler table of one ``fwdbwd`` step of ``direct`` and ``flex`` per case
+(GPU kernel time per kernel) and host timings of the block kernel's pieces (``_forward``,
+``_backward`` without autograd). Every backend's output is checked against the dense
+masked reference first (bf16 tolerance). Writes ``overhead.json`` and ``overhead.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.attention import GPU_SIZES, _compiled_flex, build_mask
+from benchmarks.measure import measure
+
+CASES = (("window", 1024), ("dilated", 1024), ("bigbird", 1024), ("window", 4096), ("window", 16384))
+
+
+def _inputs(L: int):
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    shape = (GPU_SIZES.batch, GPU_SIZES.heads, L, GPU_SIZES.head_dim)
+    return [torch.randn(shape, generator=gen).to("cuda", GPU_SIZES.dtype) for _ in range(4)]
+
+
+def _phases(fn, q, k, v, grad, mode):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    if mode == "fwd":
+        return lambda: fn(q, k, v)
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        fn(q, k, v).backward(grad)
+
+    return step
+
+
+def _host_us(step, n: int) -> tuple[float, float]:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        step()
+    host = (time.perf_counter() - start) / n * 1e6
+    torch.cuda.synchronize()
+    return host, (time.perf_counter() - start) / n * 1e6
+
+
+def _backends(mask, L):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from fusegnn.kernels.block_attention import block_sparse_attention
+    from fusegnn.sparse.sparse_attention import _layout_of, sparse_attention
+
+    dense = mask.dense("cuda")
+    layout = _layout_of(mask, None, torch.device("cuda"))
+    block_mask = create_block_mask(mask.mask_mod, None, None, L, L, device="cuda")
+    flex = _compiled_flex()
+    return {
+        "sdpa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v)),
+        "sdpa-mask": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)),
+        "flex": (lambda q, k, v: flex(q, k, v, block_mask=block_mask)),
+        "auto": (lambda q, k, v: sparse_attention(q, k, v, mask)),
+        "block": (lambda q, k, v: sparse_attention(q, k, v, mask, aggregation="block")),
+        "direct": (lambda q, k, v: block_sparse_attention(q, k, v, layout)),
+    }, dense, layout
+
+
+def _check(fn, q, k, v, dense) -> float:
+    ref = F.scaled_dot_product_attention(q[:1, :2].float(), k[:1, :2].float(), v[:1, :2].float(), attn_mask=dense)
+    out = fn(q, k, v)[:1, :2].float()
+    return ((out - ref).abs().max() / ref.abs().max()).item()
+
+
+def _profile_table(step, label: str, emit) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    emit(f"--- profiler, 3 steps: {label}")
+    emit(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
+
+
+def _pieces(q, k, v, grad, layout, emit) -> dict:
+    """Host microseconds of the block kernel's forward and backward launches alone."""
+    from fusegnn.kernels import block_attention as ba
+
+    scale = q.shape[-1] ** -0.5
+    out, lse = ba._forward(q, k, v, layout, scale, "tf32")
+    ba._backward(grad, q, k, v, out, lse, layout, scale, "tf32", True, True)
+    res = {}
+    res["_forward"] = _host_us(lambda: ba._forward(q, k, v, layout, scale, "tf32"), 200)
+    res["_backward"] = _host_us(
+        lambda: ba._backward(grad, q, k, v, out, lse, layout, scale, "tf32", True, True), 200
+    )
+    delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+
+    def pre():
+        ba._bwd_preprocess[(16, 48)](out, grad, delta, *ba._strides(out), *ba._strides(grad), 12, q.shape[2], 64,
+                                     BM=64, BD=64, num_warps=4)
+
+    res["one launch (_bwd_preprocess)"] = _host_us(pre, 200)
+    res["torch.empty_like x3"] = _host_us(lambda: [torch.empty_like(q) for _ in range(3)], 200)
+    for name, (h, t) in res.items():
+        emit(f"  {name:32s} host {h:8.1f} us   loop {t:8.1f} us")
+    return res
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    lines: list[str] = []
+
+    def emit(s: str = "") -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    emit(f"device {torch.cuda.get_device_name()} torch {torch.__version__}")
+    import triton
+
+    emit(f"triton {triton.__version__}")
+    records = []
+    for name, L in CASES:
+        mask = build_mask(name, L)
+        q, k, v, grad = _inputs(L)
+        fns, dense, layout = _backends(mask, L)
+        for backend, fn in fns.items():
+            err = None if backend == "sdpa" else _check(fn, q, k, v, dense)
+            for mode in ("fwd", "fwdbwd"):
+                step = _phases(fn, q, k, v, grad, mode)
+                ms = measure([step], torch.device("cuda"), steps=args.steps, warmup=5, launches=False).ms[0]
+                host, loop = _host_us(step, 50)
+                rec = dict(case=f"{name}-L{L}-{mode}", backend=backend, ms=ms, host_us=host, loop_us=loop, rel_err=err)
+                records.append(rec)
+                emit(f"{rec['case']:22s} {backend:10s} ms {ms:8.3f}  host_us {host:8.1f}  loop_us {loop:8.1f}"
+                     + (f"  err {err:.1e}" if err is not None else ""))
+        if L in (1024, 16384) and name == "window":
+            for backend in ("direct", "flex", "sdpa-mask"):
+                _profile_table(_phases(fns[backend], q, k, v, grad, "fwdbwd"), f"{name}-L{L} fwdbwd {backend}", emit)
+            emit(f"--- block kernel pieces, {name}-L{L} (no autograd)")
+            records.append(dict(case=f"{name}-L{L}", pieces=_pieces(q, k, v, grad, layout, emit)))
+        del fns
+        torch.cuda.empty_cache()
+    (args.out / "overhead.json").write_text(json.dumps(records, indent=1))
+    (args.out / "overhead.log").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
