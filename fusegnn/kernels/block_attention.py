@@ -78,6 +78,7 @@ __all__ = [
     "LaunchConfig",
     "block_sparse_attention",
     "block_sparse_attention_lse",
+    "block_sparse_attention_prechecked",
     "launch_config",
     "SUPPORTED_DTYPES",
 ]
@@ -914,4 +915,14 @@ def block_sparse_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     out, _ = BlockSparseAttentionFunction.apply(q, k, v, layout, float(scale), _precision(q.dtype, allow_tf32), launch)
+    return out
+
+
+def block_sparse_attention_prechecked(q: Tensor, k: Tensor, v: Tensor, layout, scale: float) -> Tensor:
+    """:func:`block_sparse_attention` without its input checks, for callers that have
+    already validated ``q``, ``k``, ``v`` (a supported dtype, one device, matching
+    shapes), the layout (on ``q``'s device, for ``L_q x L_k`` and ``H`` or 1 heads) and
+    the float ``scale`` -- :func:`fusegnn.sparse.sparse_attention.sparse_attention`'s
+    automatic path, where the checks are a measurable part of a short call."""
+    out, _ = BlockSparseAttentionFunction.apply(q, k, v, layout, scale, _precision(q.dtype, None), None)
     return out

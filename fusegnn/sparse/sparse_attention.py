@@ -68,7 +68,9 @@ decision, its reason and the predicted times.
 The mask is a :class:`~fusegnn.sparse.masks.Mask` or a prebuilt
 :class:`~fusegnn.sparse.block_layout.BlockLayout`. Layouts built from a mask are cached
 on the mask per (block size, device), graphs per device, so a mask reused across calls
-is processed once.
+is processed once; so is :func:`sparse_attention`'s path decision, per (aggregation,
+block size, shape, dtype, device, whether a gradient is needed) -- the cost model's
+constants are read when a mask first meets a configuration.
 """
 
 from __future__ import annotations
@@ -601,9 +603,13 @@ def sparse_attention(
     scale = _check_scale(scale, q.size(-1))
     if element_aggregation not in _ELEMENT_AGGREGATIONS:
         raise ValueError(f"element_aggregation must be one of {_ELEMENT_AGGREGATIONS}, got {element_aggregation!r}")
-    decision = explain_attention(
-        q, mask, aggregation=aggregation, block_size=block_size, backward=_needs_backward(q, k, v)
-    )
+    backward = _needs_backward(q, k, v)
+    if isinstance(mask, Mask):  # the rule is a pure function of these: decide once per mask
+        key = ("decision", aggregation, _as_block_size(block_size), tuple(q.shape), q.dtype, q.device, backward)
+        decision = mask.cached(key, lambda: explain_attention(
+            q, mask, aggregation=aggregation, block_size=block_size, backward=backward))
+    else:
+        decision = explain_attention(q, mask, aggregation=aggregation, block_size=block_size, backward=backward)
     if decision.name == "reference":
         return _reference_path(q, k, v, _mask_of(mask), scale)
     if decision.name == "element":
@@ -613,4 +619,8 @@ def sparse_attention(
     kernel, _ = _block_kernel()
     assert kernel is not None  # explain_attention checked it
     layout = _layout_of(mask, _as_block_size(block_size), q.device)
+    if aggregation == "auto":  # the rule checked the dtype; q, k, v, mask and layout are checked above
+        from fusegnn.kernels.block_attention import block_sparse_attention_prechecked
+
+        return block_sparse_attention_prechecked(q, k, v, layout, scale)
     return kernel(q, k, v, layout, scale)
