@@ -46,8 +46,12 @@ rows and the ``fusegnn`` rows by the path they took), or the earlier calibration
 (records with ``config`` ``"block BMxBN"`` / ``"element"``, sizes of the suite); the
 constants in ``sparse_attention.py`` came from
 
-    python -m benchmarks.attention_calibrate --fit benchmarks/results/attention/nvidia-h200.json \\
-        benchmarks/results/attention/calibration-nvidia-h200.json
+    python -m benchmarks.attention_calibrate --fit \\
+        benchmarks/results/attention/calibration-crossover-nvidia-h200.json \\
+        benchmarks/results/attention/calibration-element-nvidia-h200.json
+
+(the first written by ``--no-sweep --out``; the suite's own file is left out so that
+re-running the suite does not move them).
 """
 
 from __future__ import annotations

@@ -121,10 +121,9 @@ def test_cost_model_constants_come_from_the_fit():
 
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "attention"
     obs = observations(load_observations([
-        results / "nvidia-h200.json", results / "calibration-nvidia-h200.json",
-        results / "calibration-dense-nvidia-h200.json",
+        results / "calibration-crossover-nvidia-h200.json", results / "calibration-element-nvidia-h200.json",
     ]))
-    assert len(obs) == 270
+    assert len(obs) == 138
     fit = fit_cost_models(obs)
     for mode, model in COST_MODELS.items():
         for name, value in vars(model).items():
