@@ -29,9 +29,22 @@ CUDA both run under bf16 autocast.
 
 Per step it logs the training loss of both models and their step times (CUDA-event /
 ``perf_counter``, the first ``--warmup`` steps excluded from the mean); at the end it
-evaluates both on held-out batches. (Measured on a CPU with ``--seq-len 1024 --steps 500
---models dense``: training loss below 0.2 after about 175 steps, held-out accuracy 1.0.) ``--json`` prints a JSON summary (curves included)
+evaluates both on held-out batches. ``--json`` prints a JSON summary (curves included)
 as the last line; ``--plot PATH`` draws the loss curves and step times (matplotlib).
+
+**Measured** (NVIDIA H200, torch 2.11, Triton 3.6; defaults otherwise; results in
+``benchmarks/results/examples/``):
+
+* ``--seq-len 4096 --steps 3000``: both models learn the task -- training loss first below
+  0.1 at step 412 (dense) and 555 (sparse), held-out accuracy 1.0 for both, same curve
+  shape (a plateau at chance, then a drop within about 100 steps). Step time 7.84 ms
+  dense, 7.17 ms sparse (1.09x: at this model size the attention is a small part of the
+  step). The sparse model's path is the block kernel at 64 x 64.
+* ``--seq-len 16384 --steps 1500``: 44.8 ms dense, 17.0 ms sparse per step (2.63x);
+  neither model has left the plateau after 1500 steps (held-out accuracy 0.21, chance
+  0.125) -- the longer sequence needs a longer run.
+* A CPU run with ``--seq-len 1024 --steps 500 --models dense``: training loss below 0.2
+  after about 175 steps, held-out accuracy 1.0.
 """
 
 from __future__ import annotations
