@@ -70,6 +70,7 @@ import torch
 
 from benchmarks.attention import CHECK_HEADS, GPU_SIZES, MASKS, Prepared, _check, _phases, _reference, build_mask
 from benchmarks.measure import free_memory, is_oom, measure
+from benchmarks.tee import Tee
 
 BLOCK_CONFIGS = [(64, 64), (128, 64), (64, 128), (128, 128)]
 DEFAULT_BLOCK = (64, 64)
@@ -649,18 +650,6 @@ def build_recommendation(records: list[dict], lengths: list[int]) -> dict:
 
 
 # ----------------------------------------------------------------------------- entry
-class _Tee:
-    def __init__(self, path: Path | None) -> None:
-        self.lines: list[str] = []
-        self.path = path
-
-    def __call__(self, line: str) -> None:
-        print(line, flush=True)
-        self.lines.append(line)
-        if self.path is not None:
-            self.path.write_text("\n".join(self.lines) + "\n")
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.fit:
@@ -678,7 +667,7 @@ def main(argv=None) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         stem = args.out / f"attention-calibration-{gpu_slug(device)}"
-    emit = _Tee(stem.with_suffix(".log") if stem else None)
+    emit = Tee(stem.with_suffix(".log") if stem else None)
     emit(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}; B={GPU_SIZES.batch} H={GPU_SIZES.heads} "
          f"D={GPU_SIZES.head_dim} bf16; check heads 0..{CHECK_HEADS - 1}; time limit {args.time_limit:g} s")
     records = calibrate(args, device, emit)

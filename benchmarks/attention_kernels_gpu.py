@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.attention import GPU_SIZES, build_mask
+from benchmarks.tee import Tee
 
 CASES = (("window", 16384), ("dilated", 16384), ("longformer", 16384), ("bigbird", 16384), ("window", 4096))
 # fwd (num_warps, num_stages, maxnreg); dq and dkdv (num_warps, num_stages, sub-tile,
@@ -60,11 +61,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rtol", type=float, default=0.03)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    lines: list[str] = []
-
-    def emit(s: str = "") -> None:
-        print(s, flush=True)
-        lines.append(s)
+    emit = Tee(args.out / "kernels.log")
 
     compiled: list = []
     original_launch = ba._launch
@@ -159,7 +156,6 @@ def main(argv=None) -> int:
         summary[kernel] = [[list(p), s] for p, s in ranked]
         emit(f"{kernel}: " + ", ".join(f"{p} {s:.3f}" for p, s in ranked[:5]))
     (args.out / "kernels.json").write_text(json.dumps({"records": records, "summary": summary}, indent=1))
-    (args.out / "kernels.log").write_text("\n".join(lines) + "\n")
     ba._launch = original_launch
     return 0
 

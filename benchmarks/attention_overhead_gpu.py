@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from benchmarks.attention import GPU_SIZES, _compiled_flex, build_mask
 from benchmarks.measure import measure
+from benchmarks.tee import Tee
 
 CASES = (("window", 1024), ("dilated", 1024), ("bigbird", 1024), ("window", 4096), ("window", 16384))
 
@@ -136,11 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    lines: list[str] = []
-
-    def emit(s: str = "") -> None:
-        print(s, flush=True)
-        lines.append(s)
+    emit = Tee(args.out / "overhead.log")
 
     emit(f"device {torch.cuda.get_device_name()} torch {torch.__version__}")
     import triton
@@ -169,7 +166,6 @@ def main(argv=None) -> int:
         del fns
         torch.cuda.empty_cache()
     (args.out / "overhead.json").write_text(json.dumps(records, indent=1))
-    (args.out / "overhead.log").write_text("\n".join(lines) + "\n")
     return 0
 
 

@@ -86,8 +86,32 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# module name -> helper name -> plain function, for kernel_helper / LazyKernel
+_HELPERS: dict[str, dict[str, Callable]] = {}
+
+
+def kernel_helper(fn: Callable) -> Callable:
+    """Mark ``fn`` as a device function (``@triton.jit`` helper) of the kernels in its
+    module. Like the kernels, it stays a plain function until the first launch of a
+    :class:`LazyKernel` of that module, which jits it (with the interpreter when
+    ``TRITON_INTERPRET=1``) and binds the jitted version to its name in the module, where
+    the kernels' calls find it."""
+    _HELPERS.setdefault(fn.__module__, {})[fn.__name__] = fn
+    return fn
+
+
+def _jit_helpers(kernel_fn: Callable) -> None:
+    import triton
+
+    namespace = kernel_fn.__globals__
+    for name, helper in _HELPERS.get(kernel_fn.__module__, {}).items():
+        if namespace.get(name) is helper:
+            namespace[name] = triton.jit(helper)
+
+
 class LazyKernel:
-    """A Triton kernel jitted at its first launch: ``kernel[grid](*args, **meta)``."""
+    """A Triton kernel jitted at its first launch: ``kernel[grid](*args, **meta)``
+    (together with the :func:`kernel_helper` functions of its module)."""
 
     def __init__(self, fn: Callable) -> None:
         self.fn = fn
@@ -101,6 +125,7 @@ class LazyKernel:
 
             if interpreter_enabled():
                 _check_interpreter_usable()
+            _jit_helpers(self.fn)
             self._kernel = triton.jit(self.fn)
         return self._kernel[grid]
 

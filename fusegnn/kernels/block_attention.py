@@ -71,7 +71,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from fusegnn.kernels._edge_utils import LazyKernel, interpreter_enabled, next_pow2
+from fusegnn.kernels._edge_utils import LazyKernel, interpreter_enabled, kernel_helper, next_pow2
 
 __all__ = [
     "BlockSparseAttentionFunction",
@@ -95,6 +95,55 @@ except ImportError:  # pragma: no cover - exercised only without triton
 
 
 # --------------------------------------------------------------------------------------
+# Device helpers (jitted with the kernels, see kernel_helper)
+# --------------------------------------------------------------------------------------
+
+
+@kernel_helper
+def _scheduled_block(sched, BH, NB):
+    """``(bh, block)`` of this program: the ``n_heavy = sched[0]`` heavy blocks (rows or
+    columns) of every ``(b, h)`` first, ``bh`` fastest; then the other blocks,
+    ``bh``-major, in the order ``sched[1 + n_heavy:]`` (module doc, *Scheduling*)."""
+    pid_flat = tl.program_id(0)
+    n_heavy = tl.load(sched)
+    heavy_work = n_heavy * BH
+    is_heavy = pid_flat < heavy_work
+    n_light = tl.maximum(NB - n_heavy, 1)
+    rest = tl.maximum(pid_flat - heavy_work, 0)
+    bh = tl.where(is_heavy, pid_flat % BH, rest // n_light)
+    block = tl.load(sched + 1 + tl.where(is_heavy, pid_flat // BH, n_heavy + rest % n_light))
+    return bh, block
+
+
+@kernel_helper
+def _block_span(ptr, split_ptr, h_l, NB, block):
+    """``(start, split, end)`` of a block row (column) of layout head ``h_l``: its partial
+    blocks are ``start:split``, its full blocks ``split:end``."""
+    start = tl.load(ptr + h_l * (NB + 1) + block)
+    split = tl.load(split_ptr + h_l * NB + block)
+    end = tl.load(ptr + h_l * (NB + 1) + block + 1)
+    return start, split, end
+
+
+@kernel_helper
+def _load_kv(k_base, v_base, cols, stride_kn, stride_vn, n_valid, d_valid,
+             EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, UPCAST: tl.constexpr):
+    """The key and value rows ``cols`` (``[N, 1]``); rows ``>= L_k`` (``~n_valid``) and
+    padded head-dim columns (``~d_valid``) read as zeros."""
+    if EVEN_K and EVEN_D:
+        k = tl.load(k_base + cols * stride_kn)
+        v = tl.load(v_base + cols * stride_vn)
+    else:
+        kv_mask = n_valid[:, None] & d_valid[None, :]
+        k = tl.load(k_base + cols * stride_kn, mask=kv_mask, other=0.0)
+        v = tl.load(v_base + cols * stride_vn, mask=kv_mask, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v
+
+
+# --------------------------------------------------------------------------------------
 # Kernels (jitted at first launch, see LazyKernel)
 # --------------------------------------------------------------------------------------
 
@@ -112,21 +161,11 @@ def _fwd_kernel(
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     SCALE_POSITIVE: tl.constexpr,
 ):
-    # flat program id -> (bh, block row): heavy rows of every bh first (see module doc)
-    pid_flat = tl.program_id(0)
-    n_heavy = tl.load(sched)
-    heavy_work = n_heavy * BH
-    is_heavy = pid_flat < heavy_work
-    n_light = tl.maximum(NRB - n_heavy, 1)
-    rest = tl.maximum(pid_flat - heavy_work, 0)
-    bh = tl.where(is_heavy, pid_flat % BH, rest // n_light)
-    pid_m = tl.load(sched + 1 + tl.where(is_heavy, pid_flat // BH, n_heavy + rest % n_light))
+    bh, pid_m = _scheduled_block(sched, BH, NRB)  # heavy rows of every bh first
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     h_l = bh % H % NHL  # the layout's head: h, or 0 for a shared layout
-    start = tl.load(row_ptr + h_l * (NRB + 1) + pid_m)
-    split = tl.load(row_split + h_l * NRB + pid_m)  # the row's partial blocks come first
-    end = tl.load(row_ptr + h_l * (NRB + 1) + pid_m + 1)
+    start, split, end = _block_span(row_ptr, row_split, h_l, NRB, pid_m)  # partial blocks first
 
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_bn = tl.arange(0, BN)
@@ -158,16 +197,7 @@ def _fwd_kernel(
             offs_n = cb * BN + offs_bn
             n_valid = offs_n < L_k
             cols = offs_n[:, None].to(tl.int64)
-            if EVEN_K and EVEN_D:
-                k = tl.load(k_base + cols * stride_kn)
-                v = tl.load(v_base + cols * stride_vn)
-            else:
-                kv_mask = n_valid[:, None] & d_valid[None, :]
-                k = tl.load(k_base + cols * stride_kn, mask=kv_mask, other=0.0)
-                v = tl.load(v_base + cols * stride_vn, mask=kv_mask, other=0.0)
-            if UPCAST:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
+            k, v = _load_kv(k_base, v_base, cols, stride_kn, stride_vn, n_valid, d_valid, EVEN_K, EVEN_D, UPCAST)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             if not SCALE_POSITIVE:  # scale <= 0: scale first (the row maximum is of scaled scores)
                 s = s * sm_scale_log2
@@ -236,21 +266,11 @@ def _bwd_dkdv_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SUB_M: tl.constexpr,
 ):
-    # flat program id -> (bh, block column): heavy columns of every bh first
-    pid_flat = tl.program_id(0)
-    n_heavy = tl.load(sched)
-    heavy_work = n_heavy * BH
-    is_heavy = pid_flat < heavy_work
-    n_light = tl.maximum(NCB - n_heavy, 1)
-    rest = tl.maximum(pid_flat - heavy_work, 0)
-    bh = tl.where(is_heavy, pid_flat % BH, rest // n_light)
-    pid_n = tl.load(sched + 1 + tl.where(is_heavy, pid_flat // BH, n_heavy + rest % n_light))
+    bh, pid_n = _scheduled_block(sched, BH, NCB)  # heavy columns of every bh first
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     h_l = bh % H % NHL
-    start = tl.load(col_ptr + h_l * (NCB + 1) + pid_n)
-    split = tl.load(col_split + h_l * NCB + pid_n)  # the column's partial blocks come first
-    end = tl.load(col_ptr + h_l * (NCB + 1) + pid_n + 1)
+    start, split, end = _block_span(col_ptr, col_split, h_l, NCB, pid_n)  # partial blocks first
 
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_bm = tl.arange(0, SUB_M)
@@ -259,11 +279,9 @@ def _bwd_dkdv_kernel(
     d_valid = offs_d < D
     kv_mask = n_valid[:, None] & d_valid[None, :]
     cols = offs_n[:, None].to(tl.int64)
-    k = tl.load(K + b * stride_kb + h * stride_kh + cols * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + b * stride_vb + h * stride_vh + cols * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    k_base = K + b * stride_kb + h * stride_kh + offs_d[None, :]
+    v_base = V + b * stride_vb + h * stride_vh + offs_d[None, :]
+    k, v = _load_kv(k_base, v_base, cols, stride_kn, stride_vn, n_valid, d_valid, False, False, UPCAST)
     q_base = Q + b * stride_qb + h * stride_qh + offs_d[None, :]
     do_base = DO + b * stride_db + h * stride_dh + offs_d[None, :]
     stat_base = bh.to(tl.int64) * L_q
@@ -332,20 +350,11 @@ def _bwd_dq_kernel(
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     SUB_N: tl.constexpr,
 ):
-    pid_flat = tl.program_id(0)
-    n_heavy = tl.load(sched)
-    heavy_work = n_heavy * BH
-    is_heavy = pid_flat < heavy_work
-    n_light = tl.maximum(NRB - n_heavy, 1)
-    rest = tl.maximum(pid_flat - heavy_work, 0)
-    bh = tl.where(is_heavy, pid_flat % BH, rest // n_light)
-    pid_m = tl.load(sched + 1 + tl.where(is_heavy, pid_flat // BH, n_heavy + rest % n_light))
+    bh, pid_m = _scheduled_block(sched, BH, NRB)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     h_l = bh % H % NHL
-    start = tl.load(row_ptr + h_l * (NRB + 1) + pid_m)
-    split = tl.load(row_split + h_l * NRB + pid_m)  # the row's partial blocks come first
-    end = tl.load(row_ptr + h_l * (NRB + 1) + pid_m + 1)
+    start, split, end = _block_span(row_ptr, row_split, h_l, NRB, pid_m)  # partial blocks first
 
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_bn = tl.arange(0, SUB_N)
@@ -387,16 +396,8 @@ def _bwd_dq_kernel(
                 offs_n = cb * BN + sub * SUB_N + offs_bn
                 n_valid = offs_n < L_k
                 cols = offs_n[:, None].to(tl.int64)
-                if EVEN_K and EVEN_D:
-                    k = tl.load(k_base + cols * stride_kn)
-                    v = tl.load(v_base + cols * stride_vn)
-                else:
-                    kv_mask = n_valid[:, None] & d_valid[None, :]
-                    k = tl.load(k_base + cols * stride_kn, mask=kv_mask, other=0.0)
-                    v = tl.load(v_base + cols * stride_vn, mask=kv_mask, other=0.0)
-                if UPCAST:
-                    k = k.to(tl.float32)
-                    v = v.to(tl.float32)
+                k, v = _load_kv(k_base, v_base, cols, stride_kn, stride_vn, n_valid, d_valid,
+                                EVEN_K, EVEN_D, UPCAST)
                 p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2 - lse[:, None])
                 if phase == 0:
                     pat = tl.load(patterns + pid * (BM * BN) + sub * SUB_N + pat_offs)
