@@ -32,34 +32,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fusegnn.kernels._edge_utils import LazyKernel, acc_dtype, kernel_helper
+from fusegnn.kernels._edge_utils import LazyKernel, acc_dtype
 from fusegnn.sparse.graph import Graph
 
 __all__ = ["fused_gcn_norm_weights"]
 
 _TL = {torch.float32: tl.float32, torch.float64: tl.float64}
-
-
-@kernel_helper
-def _edge_weight(e, mask, w_ptr, source_ptr, fill,
-                 HAS_W: tl.constexpr, HAS_SOURCE: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr):
-    """Weights ``[BLOCK]`` of the result edges ``e``: read through ``source_ptr`` (the
-    input edge of each result edge, ``-1`` for an added loop, which weighs ``fill``) when
-    ``HAS_SOURCE``, else directly; 1 where there are no input weights."""
-    if HAS_SOURCE:
-        src_edge = tl.load(source_ptr + e, mask=mask, other=-1).to(tl.int64)
-        present = mask & (src_edge >= 0)
-        if HAS_W:
-            w = tl.load(w_ptr + src_edge, mask=present, other=0).to(ACC)
-        else:
-            w = tl.full([BLOCK], 1.0, ACC)
-        w = tl.where(present, w, tl.full([BLOCK], fill, ACC))
-    else:
-        if HAS_W:
-            w = tl.load(w_ptr + e, mask=mask, other=0).to(ACC)
-        else:
-            w = tl.full([BLOCK], 1.0, ACC)
-    return w
 
 
 def _inv_sqrt_degree_kernel(
@@ -74,7 +52,21 @@ def _inv_sqrt_degree_kernel(
         offs = k + tl.arange(0, BLOCK_E)
         mask = offs < end
         e = tl.load(perm + offs, mask=mask, other=0).to(tl.int64)
-        w = _edge_weight(e, mask, w_ptr, source_ptr, fill, HAS_W, HAS_SOURCE, BLOCK_E, ACC)
+        # (the weight lookup is written out in both kernels: kernels here are plain
+        # functions jitted at launch by LazyKernel, so no shared @triton.jit helper)
+        if HAS_SOURCE:  # input edge of each result edge, -1 for an added loop (weight fill)
+            src_edge = tl.load(source_ptr + e, mask=mask, other=-1).to(tl.int64)
+            present = mask & (src_edge >= 0)
+            if HAS_W:
+                w = tl.load(w_ptr + src_edge, mask=present, other=0).to(ACC)
+            else:
+                w = tl.full([BLOCK_E], 1.0, ACC)
+            w = tl.where(present, w, tl.full([BLOCK_E], fill, ACC))
+        else:
+            if HAS_W:
+                w = tl.load(w_ptr + e, mask=mask, other=0).to(ACC)
+            else:
+                w = tl.full([BLOCK_E], 1.0, ACC)
         acc += tl.where(mask, w, 0.0)
     deg = tl.sum(acc, axis=0)
     # deg ** -0.5 with 0 where deg == 0 (a negative degree gives NaN, like the pow)
@@ -88,7 +80,19 @@ def _normalise_kernel(
 ):
     e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = e < num_edges
-    w = _edge_weight(e, mask, w_ptr, source_ptr, fill, HAS_W, HAS_SOURCE, BLOCK, ACC)
+    if HAS_SOURCE:
+        src_edge = tl.load(source_ptr + e, mask=mask, other=-1).to(tl.int64)
+        present = mask & (src_edge >= 0)
+        if HAS_W:
+            w = tl.load(w_ptr + src_edge, mask=present, other=0).to(ACC)
+        else:
+            w = tl.full([BLOCK], 1.0, ACC)
+        w = tl.where(present, w, tl.full([BLOCK], fill, ACC))
+    else:
+        if HAS_W:
+            w = tl.load(w_ptr + e, mask=mask, other=0).to(ACC)
+        else:
+            w = tl.full([BLOCK], 1.0, ACC)
     j = tl.load(src_ptr + e, mask=mask, other=0).to(tl.int64)
     i = tl.load(dst_ptr + e, mask=mask, other=0).to(tl.int64)
     dj = tl.load(dis_ptr + j, mask=mask, other=0.0)
