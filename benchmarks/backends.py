@@ -192,14 +192,18 @@ def _pyg_builder(cached: bool) -> ModelBuilder:
     return build
 
 
+# (backend name, aggregation=) of the fusegnn rows of the paper and agg suites
+_FUSEGNN_BACKENDS = (
+    ("fusegnn", "auto"),
+    ("fusegnn-gas", "gas"),
+    ("fusegnn-gar", "gar"),
+    ("fusegnn-reference", "reference"),
+)
+
+
 def _paper_backends() -> dict[str, PaperBackend]:
     backends = {}
-    for name, aggregation in (
-        ("fusegnn", "auto"),
-        ("fusegnn-gas", "gas"),
-        ("fusegnn-gar", "gar"),
-        ("fusegnn-reference", "reference"),
-    ):
+    for name, aggregation in _FUSEGNN_BACKENDS:
         backends[name] = PaperBackend(
             name, "fusegnn", _fusegnn_builder(aggregation), aggregation, fusegnn_unavailable(aggregation)
         )
@@ -291,12 +295,7 @@ def _gather_scatter(graph) -> SpmmOp:
 
 def _agg_backends() -> dict[str, AggBackend]:
     backends = {}
-    for name, aggregation in (
-        ("fusegnn", "auto"),
-        ("fusegnn-gas", "gas"),
-        ("fusegnn-gar", "gar"),
-        ("fusegnn-reference", "reference"),
-    ):
+    for name, aggregation in _FUSEGNN_BACKENDS:
         backends[name] = AggBackend(
             name, _fusegnn_spmm(aggregation), aggregation,
             build_csr_formats if aggregation == "gar" else None, fusegnn_unavailable(aggregation),

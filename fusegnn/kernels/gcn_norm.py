@@ -52,8 +52,8 @@ def _inv_sqrt_degree_kernel(
         offs = k + tl.arange(0, BLOCK_E)
         mask = offs < end
         e = tl.load(perm + offs, mask=mask, other=0).to(tl.int64)
-        # (the weight lookup is written out in both kernels: kernels here are plain
-        # functions jitted at launch by LazyKernel, so no shared @triton.jit helper)
+        # (the weight lookup is written out in both kernels; _edge_utils.kernel_helper
+        # could now share it, not done yet: the change needs a GPU check)
         if HAS_SOURCE:  # input edge of each result edge, -1 for an added loop (weight fill)
             src_edge = tl.load(source_ptr + e, mask=mask, other=-1).to(tl.int64)
             present = mask & (src_edge >= 0)
