@@ -472,7 +472,7 @@ class LaunchConfig:
 # (benchmarks/attention_kernels_gpu.py, bf16 B=4 H=12 D=64, window / dilated / Longformer /
 # BigBird at L=16384 and window at 4096; logs kernels-sweep{1,2,3}-nvidia-h200.log in
 # benchmarks/results/attention/): dK/dV over 32-row sub-tiles with 4 stages and at most
-# 128 registers (three programs per multiprocessor instead of two; 6 spilled registers):
+# 128 registers (four programs per multiprocessor instead of two; 6 spilled registers):
 # 0.71 ms against 0.97 ms for the former (4 warps, 2 stages, whole 64-row blocks) on the
 # window at 16384; dq over 32-key sub-tiles, 4 stages, <= 96 registers: 0.51 vs 0.51 ms
 # (window) and 0.59 vs 0.67 (dilated); forward with <= 96 registers: 1% faster. The
