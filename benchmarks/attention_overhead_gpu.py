@@ -6,7 +6,8 @@ For a few suite cases (B4 H12 D64 bf16; masks of :mod:`benchmarks.attention`) an
 ``fwd`` / ``fwdbwd``, per backend (``sdpa`` without a mask, ``sdpa-mask`` with the boolean
 mask, ``flex`` compiled FlexAttention, ``auto`` = ``sparse_attention``, ``block`` =
 ``sparse_attention(aggregation="block")``, ``direct`` = ``block_sparse_attention`` on a
-prebuilt layout):
+prebuilt layout; ``direct-slow`` the same with ``FUSEGNN_FAST_LAUNCH=0``, every launch
+through Triton's binder, see :mod:`fusegnn.kernels._launch`):
 
 * ``ms``: the suite's timing (:func:`benchmarks.measure.measure`: device synchronised
   before each step, CUDA events around it, median);
@@ -17,7 +18,8 @@ prebuilt layout):
 
 Then a torch.profiler table of one ``fwdbwd`` step of ``direct`` and ``flex`` per case
 (GPU kernel time per kernel) and host timings of the block kernel's pieces (``_forward``,
-``_backward`` without autograd). Every backend's output is checked against the dense
+``_backward`` without autograd; one forward launch through Triton's binder and through the
+cached relaunch). Every backend's output is checked against the dense
 masked reference first (bf16 tolerance). Writes ``overhead.json`` and ``overhead.log``.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,7 +39,7 @@ from benchmarks.attention import GPU_SIZES, _compiled_flex, build_mask
 from benchmarks.measure import measure
 from benchmarks.tee import Tee
 
-CASES = (("window", 1024), ("dilated", 1024), ("bigbird", 1024), ("window", 4096), ("window", 16384))
+CASES = (("window", 1024), ("dilated", 1024), ("bigbird", 1024), ("window", 4096), ("dilated", 4096), ("window", 16384))
 
 
 def _inputs(L: int):
@@ -84,7 +87,29 @@ def _backends(mask, L):
         "auto": (lambda q, k, v: sparse_attention(q, k, v, mask)),
         "block": (lambda q, k, v: sparse_attention(q, k, v, mask, aggregation="block")),
         "direct": (lambda q, k, v: block_sparse_attention(q, k, v, layout)),
+        "direct-slow": (lambda q, k, v: block_sparse_attention(q, k, v, layout)),
     }, dense, layout
+
+
+#: environment of a backend's timing (restored afterwards)
+_ENV = {"direct-slow": {"FUSEGNN_FAST_LAUNCH": "0"}}
+
+
+class _Env:
+    def __init__(self, values: dict) -> None:
+        self.values, self.saved = values, {}
+
+    def __enter__(self):
+        for name, value in self.values.items():
+            self.saved[name] = os.environ.get(name)
+            os.environ[name] = value
+
+    def __exit__(self, *exc):
+        for name, value in self.saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _check(fn, q, k, v, dense) -> float:
@@ -106,28 +131,61 @@ def _profile_table(step, label: str, emit) -> None:
     emit(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
 
 
+def _timeline(step, label: str, emit) -> None:
+    """When each launch left the host and when each kernel ran, in microseconds from the
+    start of one synchronised step (as the suite times it): gaps where the GPU waits for
+    the host show as a kernel starting right after its launch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.name.startswith(("cuLaunch", "cudaLaunch")) or e.device_type.name == "CUDA"]
+    if not events:
+        return
+    t0 = min(e.time_range.start for e in prof.events())
+    emit(f"--- timeline, one step: {label} (us from the step's first host event)")
+    for e in sorted(events, key=lambda e: e.time_range.start):
+        where = "gpu " if e.device_type.name == "CUDA" else "host"
+        emit(f"  {where} {e.time_range.start - t0:8.1f} .. {e.time_range.end - t0:8.1f}  {e.name[:70]}")
+
+
 def _pieces(q, k, v, grad, layout, emit) -> dict:
-    """Host microseconds of the block kernel's forward and backward launches alone."""
+    """Host microseconds of the block kernel's forward and backward launches alone, and
+    of one forward launch with and without Triton's binder."""
+    from fusegnn.kernels import _launch as fl
     from fusegnn.kernels import block_attention as ba
 
     scale = q.shape[-1] ** -0.5
     out, lse = ba._forward(q, k, v, layout, scale, "tf32")
     ba._backward(grad, q, k, v, out, lse, layout, scale, "tf32", True, True)
     res = {}
-    res["_forward"] = _host_us(lambda: ba._forward(q, k, v, layout, scale, "tf32"), 200)
-    res["_backward"] = _host_us(
-        lambda: ba._backward(grad, q, k, v, out, lse, layout, scale, "tf32", True, True), 200
-    )
-    delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    for env in ("1", "0"):
+        with _Env({"FUSEGNN_FAST_LAUNCH": env}):
+            tag = "" if env == "1" else " (binder)"
+            res["_forward" + tag] = _host_us(lambda: ba._forward(q, k, v, layout, scale, "tf32"), 200)
+            res["_backward" + tag] = _host_us(
+                lambda: ba._backward(grad, q, k, v, out, lse, layout, scale, "tf32", True, True), 200
+            )
+    prep = ba._prepare(layout, q.device)
+    (spec, *_), plan = next((key, p) for key, p in prep.plans.items() if key[0][0] == "fwd")
+    args = (q, k, v, out, lse, *plan.args)
 
-    def pre():
-        ba._bwd_preprocess[(16, 48)](out, grad, delta, *ba._strides(out), *ba._strides(grad), 12, q.shape[2], 64,
-                                     BM=64, BD=64, num_warps=4)
+    def binder():
+        ba._fwd[plan.grid](*args, **plan.meta, num_warps=plan.warps, num_stages=plan.stages)
 
-    res["one launch (_bwd_preprocess)"] = _host_us(pre, 200)
+    def cached():
+        fl.launch(ba._fwd, plan.grid, args, plan.meta, plan.warps, plan.stages, spec, q.device)
+
+    res["one fwd launch, Triton's binder"] = _host_us(binder, 200)
+    res["one fwd launch, cached relaunch"] = _host_us(cached, 200)
     res["torch.empty_like x3"] = _host_us(lambda: [torch.empty_like(q) for _ in range(3)], 200)
     for name, (h, t) in res.items():
-        emit(f"  {name:32s} host {h:8.1f} us   loop {t:8.1f} us")
+        emit(f"  {name:36s} host {h:8.1f} us   loop {t:8.1f} us")
+    emit(f"  fast launch enabled: {fl.fast_launch_enabled()}, cached kernels: {len(fl._CACHE)}")
     return res
 
 
@@ -152,12 +210,16 @@ def main(argv=None) -> int:
             err = None if backend == "sdpa" else _check(fn, q, k, v, dense)
             for mode in ("fwd", "fwdbwd"):
                 step = _phases(fn, q, k, v, grad, mode)
-                ms = measure([step], torch.device("cuda"), steps=args.steps, warmup=5, launches=False).ms[0]
-                host, loop = _host_us(step, 50)
+                with _Env(_ENV.get(backend, {})):
+                    ms = measure([step], torch.device("cuda"), steps=args.steps, warmup=5, launches=False).ms[0]
+                    host, loop = _host_us(step, 50)
                 rec = dict(case=f"{name}-L{L}-{mode}", backend=backend, ms=ms, host_us=host, loop_us=loop, rel_err=err)
                 records.append(rec)
                 emit(f"{rec['case']:22s} {backend:10s} ms {ms:8.3f}  host_us {host:8.1f}  loop_us {loop:8.1f}"
                      + (f"  err {err:.1e}" if err is not None else ""))
+        if L == 4096:
+            for backend in ("direct", "flex"):
+                _timeline(_phases(fns[backend], q, k, v, grad, "fwdbwd"), f"{name}-L{L} fwdbwd {backend}", emit)
         if L in (1024, 16384) and name == "window":
             for backend in ("direct", "flex", "sdpa-mask"):
                 _profile_table(_phases(fns[backend], q, k, v, grad, "fwdbwd"), f"{name}-L{L} fwdbwd {backend}", emit)

@@ -66,12 +66,15 @@ and 128 are the tuned ones). The layout's ``BM``/``BN`` are the kernel's tile si
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+import functools
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from fusegnn.kernels._edge_utils import LazyKernel, interpreter_enabled, kernel_helper, next_pow2
+from fusegnn.kernels._launch import launch as fast_launch
 
 __all__ = [
     "BlockSparseAttentionFunction",
@@ -488,6 +491,7 @@ _MEASURED_D64: dict[tuple[int, int], LaunchConfig] = {
 }
 
 
+@functools.lru_cache(maxsize=256)
 def launch_config(BM: int, BN: int, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> LaunchConfig:
     """The launch table: measured on an H200 for head dims <= 64 at 64x64, 128x64,
     64x128 and 128x128 (for float32 inputs without the register caps, which were
@@ -580,6 +584,10 @@ class _Prepared:
     row_sched: Tensor
     col_sched: Tensor
     nnzb: int
+    #: every array above starts on a 16-byte boundary (set by _prepare)
+    aligned: bool = True
+    #: launch plans of the calls seen so far (see _forward_plan)
+    plans: dict = field(default_factory=dict)
 
 
 def _int32(t: Tensor) -> Tensor:
@@ -615,6 +623,7 @@ def _prepare(layout, device: torch.device) -> _Prepared:
         col_sched=_heavy_first_order(layout.col_ptr, layout.ncb),
         nnzb=int(layout.col_idx.numel()),
     )
+    prepared.aligned = _layout_aligned(prepared)
     try:
         object.__setattr__(layout, "_kernel_cache", prepared)
     except (AttributeError, TypeError):  # slotted / frozen layout: recompute per call
@@ -706,20 +715,27 @@ def _check_launch(launch) -> None:
 _STAGES_THAT_FIT: dict[tuple, int] = {}
 
 
-def _launch(kernel, grid, args: tuple, meta: dict, warps: int, stages: int, *, fallback: bool, dtype):
+def _launch(
+    kernel, grid, args: tuple, meta: dict, warps: int, stages: int, *, fallback: bool, dtype,
+    spec_key=None, device: torch.device | None = None,
+):
     """``kernel[grid](*args, **meta, num_warps=warps, num_stages=stages)``. With
     ``fallback`` (a configuration of :func:`launch_config`'s table, not one asked for),
     a kernel that does not fit in shared memory at ``stages`` (Triton's
     ``OutOfResources``, e.g. float32 tiles at head dim 128) is retried with one stage
     fewer, down to 1, and the stages that fitted are remembered for that specialisation.
-    Returns what the launch returned (Triton's compiled kernel)."""
+    With ``spec_key`` (see :mod:`fusegnn.kernels._launch`), a repeated call relaunches the
+    compiled kernel without Triton's binder. Returns Triton's compiled kernel."""
     key = None
     if fallback and _STAGES_THAT_FIT:
         key = (kernel.__name__, tuple(sorted(meta.items())), dtype, warps, stages)
     run_stages = _STAGES_THAT_FIT.get(key, stages) if key is not None else stages
     while True:
         try:
-            compiled = kernel[grid](*args, **meta, num_warps=warps, num_stages=run_stages)
+            if spec_key is not None and device is not None:
+                compiled = fast_launch(kernel, grid, args, meta, warps, run_stages, spec_key, device)
+            else:
+                compiled = kernel[grid](*args, **meta, num_warps=warps, num_stages=run_stages)
             break
         except Exception as exc:  # noqa: BLE001 - only Triton's OutOfResources is retried
             if not fallback or run_stages <= 1 or type(exc).__name__ != "OutOfResources":
@@ -742,11 +758,71 @@ def _strides(t: Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def _alignment(*tensors: Tensor) -> tuple[int, ...]:
+    """Each tensor's address modulo 16 (Triton specialises pointers on 16-byte alignment)."""
+    return tuple(t.data_ptr() & 15 for t in tensors)
+
+
+def _layout_aligned(prep: _Prepared) -> bool:
+    return all(
+        t.data_ptr() % 16 == 0
+        for t in (prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.col_ptr,
+                  prep.col_split, prep.row_idx, prep.t_pattern, prep.row_sched, prep.col_sched)
+    )
+
+
+_MAX_PLANS = 64
+
+
+def _bound(plans: dict) -> None:
+    """Keep a layout's plan cache small (a caller varying ``scale`` per call, say)."""
+    if len(plans) >= _MAX_PLANS:
+        plans.clear()
+
+
+class _Launch(NamedTuple):
+    """One kernel launch of a plan: everything but the call's own tensors, which
+    ``args`` follow (``kernel[grid](*tensors, *args, **meta)``)."""
+
+    grid: tuple[int, ...]
+    args: tuple
+    meta: dict
+    warps: int
+    stages: int
+
+
+# A plan is the launches of one call, computed once per (layout, shapes, strides, dtype,
+# alignment, scale, precision, launch configuration) and cached on the layout's kernel
+# arrays (_Prepared.plans): a repeated call only allocates its outputs and launches. Its
+# key is also the kernels' specialisation key for fusegnn.kernels._launch: it determines
+# every integer argument and every tensor's dtype and alignment (the outputs are fresh
+# allocations, aligned; the layout's arrays are checked once, _layout_aligned).
+
+
+def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: _Prepared, scale: float, precision: str,
+                  launch: LaunchConfig | None) -> _Launch:
+    B, H, L_q, D = q.shape
+    L_k = k.shape[2]
+    BM, BN = int(layout.BM), int(layout.BN)
+    BD = max(16, next_pow2(D))
+    cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype)
+    out_strides = (H * L_q * D, L_q * D, D)  # out is allocated contiguous
+    return _Launch(
+        (layout.nrb * B * H,),
+        (prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
+         scale * _LOG2E,
+         *_strides(q), *_strides(k), *_strides(v), *out_strides,
+         H, int(layout.num_heads), L_q, L_k, int(layout.nrb), B * H, D),
+        _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, EVEN_D=BD == D, PRECISION=precision,
+                       UPCAST=_upcast(q.dtype), SCALE_POSITIVE=scale > 0), cfg.fwd_maxnreg),
+        cfg.fwd_warps, cfg.fwd_stages,
+    )
+
+
 def _forward(
     q: Tensor, k: Tensor, v: Tensor, layout, scale: float, precision: str, launch: LaunchConfig | None = None
 ) -> tuple[Tensor, Tensor]:
     B, H, L_q, D = q.shape
-    L_k = k.shape[2]
     out = torch.empty(B, H, L_q, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, L_q, dtype=torch.float32, device=q.device)
     prep = _prepare(layout, q.device)
@@ -754,22 +830,62 @@ def _forward(
         out.zero_()
         lse.fill_(float("inf"))
         return out, lse
+    spec = ("fwd", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, _alignment(q, k, v),
+            prep.aligned, int(layout.num_heads))
+    key = (spec, scale, precision, launch)
+    plan = prep.plans.get(key)
+    if plan is None:
+        _bound(prep.plans)
+        plan = prep.plans[key] = _forward_plan(q, k, v, layout, prep, scale, precision, launch)
+    _launch(_fwd, plan.grid, (q, k, v, out, lse, *plan.args), plan.meta, plan.warps, plan.stages,
+            fallback=launch is None, dtype=q.dtype, spec_key=spec, device=q.device)
+    return out, lse
+
+
+def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, layout, prep: _Prepared,
+                   scale: float, precision: str, need_dq: bool, need_dkdv: bool,
+                   launch: LaunchConfig | None) -> tuple[_Launch | None, _Launch | None, _Launch | None]:
+    """``(dq launch, preprocess launch, dK/dV launch)``, ``None`` for those not run."""
+    B, H, L_q, D = q.shape
+    L_k = k.shape[2]
     BM, BN = int(layout.BM), int(layout.BN)
     BD = max(16, next_pow2(D))
     cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype)
-    grid = (layout.nrb * B * H,)
-    _launch(
-        _fwd, grid,
-        (q, k, v, out, lse,
-         prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
-         scale * _LOG2E,
-         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-         H, int(layout.num_heads), L_q, L_k, int(layout.nrb), B * H, D),
-        _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, EVEN_D=BD == D, PRECISION=precision,
-                       UPCAST=_upcast(q.dtype), SCALE_POSITIVE=scale > 0), cfg.fwd_maxnreg),
-        cfg.fwd_warps, cfg.fwd_stages, fallback=launch is None, dtype=q.dtype,
-    )
-    return out, lse
+    scale_log2 = scale * _LOG2E
+    nhl = int(layout.num_heads)
+    even_k = L_k % BN == 0
+    upcast = _upcast(q.dtype)
+    q_contig = (H * L_q * D, L_q * D, D)  # dq, dk, dv are allocated contiguous
+    k_contig = (H * L_k * D, L_k * D, D)
+    dq_launch = pre_launch = dkdv_launch = None
+    if need_dq:  # also computes delta = rowsum(dO * out), which _bwd_dkdv reads
+        dq_warps, dq_stages = cfg.dq
+        dq_launch = _Launch(
+            (layout.nrb * B * H,),
+            (prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
+             scale, scale_log2,
+             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(out), *q_contig,
+             H, nhl, L_q, L_k, int(layout.nrb), B * H, D),
+            _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, EVEN_D=BD == D, PRECISION=precision,
+                           UPCAST=upcast, SUB_N=cfg.sub_n(BN)), cfg.dq_maxnreg),
+            dq_warps, dq_stages,
+        )
+    elif need_dkdv:
+        pre_launch = _Launch(
+            ((L_q + 63) // 64, B * H), (*_strides(out), *_strides(do), H, L_q, D), dict(BM=64, BD=BD), 4, 1,
+        )
+    if need_dkdv:
+        dkdv_launch = _Launch(
+            (layout.ncb * B * H,),
+            (prep.col_ptr, prep.col_split, prep.row_idx, prep.t_pattern, prep.patterns, prep.col_sched,
+             scale, scale_log2,
+             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *k_contig, *k_contig,
+             H, nhl, L_q, L_k, int(layout.ncb), B * H, D),
+            _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, PRECISION=precision, UPCAST=upcast,
+                           SUB_M=cfg.sub_m(BM)), cfg.dkdv_maxnreg),
+            cfg.bwd_warps, cfg.bwd_stages,
+        )
+    return dq_launch, pre_launch, dkdv_launch
 
 
 def _backward(
@@ -782,48 +898,32 @@ def _backward(
     if prep.nnzb == 0 or B * H == 0 or L_q == 0 or L_k == 0:
         zeros = lambda t, need: torch.zeros_like(t, memory_format=torch.contiguous_format) if need else None  # noqa: E731
         return zeros(q, need_dq), zeros(k, need_dkdv), zeros(v, need_dkdv)
-    # every element is written by the kernels (blocks with no work store zeros): no memset
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format) if need_dq else None
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format) if need_dkdv else None
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format) if need_dkdv else None
     do = _last_contiguous(do)
-    BM, BN = int(layout.BM), int(layout.BN)
-    BD = max(16, next_pow2(D))
-    cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype)
+    spec = ("bwd", q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.stride(), q.dtype,
+            _alignment(q, k, v, do, out), prep.aligned, int(layout.num_heads))
+    key = (spec, scale, precision, need_dq, need_dkdv, launch)
+    plan = prep.plans.get(key)
+    if plan is None:
+        _bound(prep.plans)
+        plan = prep.plans[key] = _backward_plan(
+            do, q, k, v, out, layout, prep, scale, precision, need_dq, need_dkdv, launch)
+    dq_launch, pre_launch, dkdv_launch = plan
+    # every element is written by the kernels (blocks with no work store zeros): no memset
+    dq = torch.empty(B, H, L_q, D, dtype=q.dtype, device=q.device) if need_dq else None
+    dk = torch.empty(B, H, L_k, D, dtype=k.dtype, device=k.device) if need_dkdv else None
+    dv = torch.empty(B, H, L_k, D, dtype=v.dtype, device=v.device) if need_dkdv else None
     delta = torch.empty(B, H, L_q, dtype=torch.float32, device=q.device)
-    scale_log2 = scale * _LOG2E
-    nhl = int(layout.num_heads)
-    even_k = L_k % BN == 0
-    upcast = _upcast(q.dtype)
-    if need_dq:  # also computes delta = rowsum(dO * out), which _bwd_dkdv reads
-        dq_warps, dq_stages = cfg.dq
-        _launch(
-            _bwd_dq, (layout.nrb * B * H,),
-            (q, k, v, do, out, lse, delta, dq,
-             prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
-             scale, scale_log2,
-             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(out), *_strides(dq),
-             H, nhl, L_q, L_k, int(layout.nrb), B * H, D),
-            _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, EVEN_D=BD == D, PRECISION=precision,
-                           UPCAST=upcast, SUB_N=cfg.sub_n(BN)), cfg.dq_maxnreg),
-            dq_warps, dq_stages, fallback=launch is None, dtype=q.dtype,
-        )
-    elif need_dkdv:
-        _bwd_preprocess[((L_q + 63) // 64, B * H)](
-            out, do, delta, *_strides(out), *_strides(do), H, L_q, D, BM=64, BD=BD, num_warps=4,
-        )
-    if need_dkdv:
-        _launch(
-            _bwd_dkdv, (layout.ncb * B * H,),
-            (q, k, v, do, lse, delta, dk, dv,
-             prep.col_ptr, prep.col_split, prep.row_idx, prep.t_pattern, prep.patterns, prep.col_sched,
-             scale, scale_log2,
-             *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
-             H, nhl, L_q, L_k, int(layout.ncb), B * H, D),
-            _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, PRECISION=precision, UPCAST=upcast,
-                           SUB_M=cfg.sub_m(BM)), cfg.dkdv_maxnreg),
-            cfg.bwd_warps, cfg.bwd_stages, fallback=launch is None, dtype=q.dtype,
-        )
+    fallback = launch is None
+    if dq_launch is not None:
+        _launch(_bwd_dq, dq_launch.grid, (q, k, v, do, out, lse, delta, dq, *dq_launch.args), dq_launch.meta,
+                dq_launch.warps, dq_launch.stages, fallback=fallback, dtype=q.dtype, spec_key=spec, device=q.device)
+    if pre_launch is not None:
+        _launch(_bwd_preprocess, pre_launch.grid, (out, do, delta, *pre_launch.args), pre_launch.meta,
+                pre_launch.warps, pre_launch.stages, fallback=False, dtype=q.dtype, spec_key=spec, device=q.device)
+    if dkdv_launch is not None:
+        _launch(_bwd_dkdv, dkdv_launch.grid, (q, k, v, do, lse, delta, dk, dv, *dkdv_launch.args),
+                dkdv_launch.meta, dkdv_launch.warps, dkdv_launch.stages, fallback=fallback, dtype=q.dtype,
+                spec_key=spec, device=q.device)
     return dq, dk, dv
 
 

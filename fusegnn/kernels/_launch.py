@@ -1,0 +1,136 @@
+"""Relaunching a compiled Triton kernel with less host work per call.
+
+``kernel[grid](*args, **meta)`` costs Triton's binder on every call: it classifies each
+argument (a tensor's dtype and 16-byte alignment, an integer's ``== 1`` and divisibility
+by 16, ...) into a specialisation key, hashes it, looks the compiled kernel up, checks the
+kernel's globals and only then calls the launcher. For a short attention call on a GPU
+that is a visible part of the call (the block-sparse kernels take about 40 arguments).
+
+:func:`launch` keeps the compiled kernel of each **specialisation key the caller
+supplies** and relaunches it through Triton's own launcher (``CompiledKernel.run``, the
+call ``JITFunction.run`` ends with), skipping the binder. The caller's key must determine
+everything Triton specialises on: the value of every integer argument, the dtype and
+16-byte alignment of every tensor argument, and the constexpr / launch options (``meta``,
+warps, stages, which the key always includes). Floats are not specialised.
+
+It falls back to the ordinary launch, and stays correct, when:
+
+* the key is new (the ordinary launch compiles, or finds, the kernel and it is cached);
+* not on CUDA (the interpreter), a launch hook is installed (e.g. a profiler such as
+  Proton), or the CUDA device is not the one the kernel was cached for (part of the key);
+* this Triton's compiled kernel does not expose the launcher this module was written
+  against (``run``, ``function``, ``packed_metadata``), or the launcher refuses the
+  arguments (``TypeError``): the fast path is then switched off for the process.
+
+``FUSEGNN_FAST_LAUNCH=0`` switches it off too (for comparisons).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["launch", "fast_launch_enabled", "clear_cache"]
+
+#: (kernel name, spec key, meta items, warps, stages, device) -> _Entry
+_CACHE: dict[tuple, "_Entry"] = {}
+_STATE = {"broken": False}
+
+
+def fast_launch_enabled() -> bool:
+    """Whether relaunches may skip Triton's binder (not switched off by
+    ``FUSEGNN_FAST_LAUNCH=0`` nor disabled by an incompatible Triton)."""
+    return not _STATE["broken"] and os.environ.get("FUSEGNN_FAST_LAUNCH", "1") != "0"
+
+
+def clear_cache() -> None:
+    """Forget every cached compiled kernel (the next launch of each key is ordinary)."""
+    _CACHE.clear()
+
+
+def _hooks_installed() -> bool:
+    try:
+        from triton import knobs
+    except ImportError:  # an older Triton keeps the hooks on CompiledKernel
+        from triton.compiler import CompiledKernel
+
+        return (getattr(CompiledKernel, "launch_enter_hook", None) is not None
+                or getattr(CompiledKernel, "launch_exit_hook", None) is not None)
+    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+
+
+def _constexpr_names(fn) -> tuple[str, ...] | None:
+    """The kernel's ``tl.constexpr`` parameters, when they all follow the runtime ones
+    (the only order :func:`launch` rebuilds); ``None`` otherwise."""
+    params = list(inspect.signature(fn).parameters.values())
+    is_const = ["constexpr" in str(p.annotation) for p in params]
+    first = is_const.index(True) if True in is_const else len(params)
+    if not all(is_const[first:]):
+        return None
+    return tuple(p.name for p in params[first:])
+
+
+class _Entry:
+    __slots__ = ("run", "function", "packed", "constexprs", "compiled", "n_args")
+
+    def __init__(self, compiled, constexprs: tuple, n_args: int) -> None:
+        self.compiled = compiled
+        self.run = compiled.run
+        self.function = compiled.function
+        self.packed = compiled.packed_metadata
+        self.constexprs = constexprs
+        self.n_args = n_args
+
+
+def _entry_for(kernel, compiled, args: Sequence, meta: dict) -> _Entry | None:
+    if compiled is None or not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
+        return None
+    fn = getattr(kernel, "fn", None)
+    names = _constexpr_names(fn) if fn is not None else None
+    if names is None or any(n not in meta for n in names):
+        return None
+    if len(args) + len(names) != len(inspect.signature(fn).parameters):
+        return None
+    return _Entry(compiled, tuple(meta[n] for n in names), len(args))
+
+
+def launch(
+    kernel,
+    grid: tuple[int, ...],
+    args: Sequence[Any],
+    meta: dict[str, Any],
+    warps: int,
+    stages: int,
+    spec_key: Hashable | None,
+    device: torch.device,
+):
+    """``kernel[grid](*args, **meta, num_warps=warps, num_stages=stages)``, relaunched
+    without Triton's binder when ``spec_key`` (see the module docstring) was seen before.
+    ``kernel`` is a :class:`~fusegnn.kernels._edge_utils.LazyKernel`; ``meta`` holds its
+    constexprs and Triton options (e.g. ``maxnreg``). Returns Triton's compiled kernel."""
+    fast = spec_key is not None and device.type == "cuda" and fast_launch_enabled()
+    if fast:
+        dev = torch.cuda.current_device()
+        key = (kernel.__name__, spec_key, tuple(meta.items()), warps, stages, dev)
+        entry = _CACHE.get(key)
+        if entry is not None and len(args) == entry.n_args and not _hooks_installed():
+            g1 = grid[1] if len(grid) > 1 else 1
+            g2 = grid[2] if len(grid) > 2 else 1
+            stream = torch._C._cuda_getCurrentRawStream(dev)
+            try:
+                entry.run(grid[0], g1, g2, stream, entry.function, entry.packed, None, None, None,
+                          *args, *entry.constexprs)
+                return entry.compiled
+            except TypeError:  # this Triton's launcher takes other arguments: never again
+                _STATE["broken"] = True
+                _CACHE.clear()
+    compiled = kernel[grid](*args, **meta, num_warps=warps, num_stages=stages)
+    if fast and not _STATE["broken"]:
+        entry = _entry_for(kernel, compiled, args, meta)
+        if entry is not None:
+            _CACHE[key] = entry
+    return compiled
