@@ -131,28 +131,6 @@ def _profile_table(step, label: str, emit) -> None:
     emit(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
 
 
-def _timeline(step, label: str, emit) -> None:
-    """When each launch left the host and when each kernel ran, in microseconds from the
-    start of one synchronised step (as the suite times it): gaps where the GPU waits for
-    the host show as a kernel starting right after its launch."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        torch.cuda.synchronize()
-        step()
-        torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.name.startswith(("cuLaunch", "cudaLaunch")) or e.device_type.name == "CUDA"]
-    if not events:
-        return
-    t0 = min(e.time_range.start for e in prof.events())
-    emit(f"--- timeline, one step: {label} (us from the step's first host event)")
-    for e in sorted(events, key=lambda e: e.time_range.start):
-        where = "gpu " if e.device_type.name == "CUDA" else "host"
-        emit(f"  {where} {e.time_range.start - t0:8.1f} .. {e.time_range.end - t0:8.1f}  {e.name[:70]}")
-
-
 def _pieces(q, k, v, grad, layout, emit) -> dict:
     """Host microseconds of the block kernel's forward and backward launches alone, and
     of one forward launch with and without Triton's binder."""
@@ -217,9 +195,6 @@ def main(argv=None) -> int:
                 records.append(rec)
                 emit(f"{rec['case']:22s} {backend:10s} ms {ms:8.3f}  host_us {host:8.1f}  loop_us {loop:8.1f}"
                      + (f"  err {err:.1e}" if err is not None else ""))
-        if L == 4096:
-            for backend in ("direct", "flex"):
-                _timeline(_phases(fns[backend], q, k, v, grad, "fwdbwd"), f"{name}-L{L} fwdbwd {backend}", emit)
         if L in (1024, 16384) and name == "window":
             for backend in ("direct", "flex", "sdpa-mask"):
                 _profile_table(_phases(fns[backend], q, k, v, grad, "fwdbwd"), f"{name}-L{L} fwdbwd {backend}", emit)

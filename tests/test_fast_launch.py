@@ -58,7 +58,7 @@ def fake_cuda(monkeypatch):
 
 
 def test_constexpr_names_follow_the_signature():
-    assert fl._constexpr_names(fake_kernel_fn) == ("BLOCK", "FLAG")
+    assert fl._constexpr_names(fake_kernel_fn) == (("BLOCK", "FLAG"), 5)
 
     def interleaved(X, BLOCK: "tl.constexpr", n):  # noqa: F821, N803
         pass
@@ -156,3 +156,15 @@ def test_block_attention_is_bitwise_the_same_through_both_paths(monkeypatch):
     fast = run()
     for a, b in zip(slow, fast):
         assert torch.equal(a, b)
+
+
+def test_empty_hook_chains_are_not_hooks():
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+
+    assert not fl._active(None)
+    assert not fl._active(Chain([]))
+    assert fl._active(Chain([print]))
+    assert fl._active(print)
+    assert not fl._hooks_installed()  # a fresh Triton has no launch hook

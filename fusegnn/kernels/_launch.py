@@ -52,26 +52,50 @@ def clear_cache() -> None:
     _CACHE.clear()
 
 
-def _hooks_installed() -> bool:
-    try:
-        from triton import knobs
-    except ImportError:  # an older Triton keeps the hooks on CompiledKernel
-        from triton.compiler import CompiledKernel
+def _active(hook) -> bool:
+    """A launch hook that would run: set, and not an empty ``HookChain`` (newer Tritons
+    always hold a chain, empty unless a profiler added itself)."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if isinstance(calls, list) else True
 
-        return (getattr(CompiledKernel, "launch_enter_hook", None) is not None
-                or getattr(CompiledKernel, "launch_exit_hook", None) is not None)
-    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+
+_HOOK_OWNER: list = []  # where this Triton keeps its launch hooks (found at first use)
+
+
+def _hooks_installed() -> bool:
+    if not _HOOK_OWNER:
+        try:
+            from triton import knobs
+
+            _HOOK_OWNER.append(knobs.runtime)
+        except ImportError:  # an older Triton keeps the hooks on CompiledKernel
+            from triton.compiler import CompiledKernel
+
+            _HOOK_OWNER.append(CompiledKernel)
+    owner = _HOOK_OWNER[0]
+    return _active(getattr(owner, "launch_enter_hook", None)) or _active(getattr(owner, "launch_exit_hook", None))
+
+
+_SIGNATURES: dict = {}
 
 
 def _constexpr_names(fn) -> tuple[str, ...] | None:
     """The kernel's ``tl.constexpr`` parameters, when they all follow the runtime ones
     (the only order :func:`launch` rebuilds); ``None`` otherwise."""
+    if fn not in _SIGNATURES:
+        _SIGNATURES[fn] = _read_constexpr_names(fn)
+    return _SIGNATURES[fn]
+
+
+def _read_constexpr_names(fn) -> tuple[tuple[str, ...], int] | None:
     params = list(inspect.signature(fn).parameters.values())
     is_const = ["constexpr" in str(p.annotation) for p in params]
     first = is_const.index(True) if True in is_const else len(params)
     if not all(is_const[first:]):
         return None
-    return tuple(p.name for p in params[first:])
+    return tuple(p.name for p in params[first:]), len(params)
 
 
 class _Entry:
@@ -90,10 +114,11 @@ def _entry_for(kernel, compiled, args: Sequence, meta: dict) -> _Entry | None:
     if compiled is None or not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
         return None
     fn = getattr(kernel, "fn", None)
-    names = _constexpr_names(fn) if fn is not None else None
-    if names is None or any(n not in meta for n in names):
+    found = _constexpr_names(fn) if fn is not None else None
+    if found is None:
         return None
-    if len(args) + len(names) != len(inspect.signature(fn).parameters):
+    names, n_params = found
+    if any(n not in meta for n in names) or len(args) + len(names) != n_params:
         return None
     return _Entry(compiled, tuple(meta[n] for n in names), len(args))
 
