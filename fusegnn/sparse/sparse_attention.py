@@ -346,6 +346,23 @@ def _block_kernel() -> tuple[Callable[..., Tensor] | None, str]:
     return block_sparse_attention, ""
 
 
+def _block_prechecked() -> Callable[..., Tensor]:
+    from fusegnn.kernels.block_attention import block_sparse_attention_prechecked
+
+    return block_sparse_attention_prechecked
+
+
+def _decide(
+    q: Tensor, mask: Mask | BlockLayout, aggregation: str, block_size: Any, backward: bool
+) -> tuple[AttentionDecision, BlockLayout | None]:
+    """The path decision and, for the block path, its layout (built and cached on the
+    mask on ``q``'s device)."""
+    decision = explain_attention(q, mask, aggregation=aggregation, block_size=block_size, backward=backward)
+    if decision.name != "block":
+        return decision, None
+    return decision, _layout_of(mask, _as_block_size(block_size), q.device)
+
+
 def _block_kernel_dtypes() -> tuple[torch.dtype, ...]:
     from fusegnn.kernels import block_attention
 
@@ -607,21 +624,17 @@ def sparse_attention(
     backward = _needs_backward(q, k, v)
     if isinstance(mask, Mask):  # the rule is a pure function of these: decide once per mask
         key = ("decision", aggregation, _as_block_size(block_size), tuple(q.shape), q.dtype, q.device, backward)
-        decision = mask.cached(key, lambda: explain_attention(
-            q, mask, aggregation=aggregation, block_size=block_size, backward=backward))
+        decision, layout = mask.cached(key, lambda: _decide(q, mask, aggregation, block_size, backward))
     else:
-        decision = explain_attention(q, mask, aggregation=aggregation, block_size=block_size, backward=backward)
+        decision, layout = _decide(q, mask, aggregation, block_size, backward)
     if decision.name == "reference":
         return _reference_path(q, k, v, _mask_of(mask), scale)
     if decision.name == "element":
         return _element_path(q, k, v, _mask_of(mask), scale, element_aggregation)
     if decision.name == "dense":
         return _dense_path(q, k, v, mask, scale, decision.dense_variant)
+    if aggregation == "auto":  # the rule checked the dtype; q, k, v, mask and layout are checked above
+        return _block_prechecked()(q, k, v, layout, scale)
     kernel, _ = _block_kernel()
     assert kernel is not None  # explain_attention checked it
-    layout = _layout_of(mask, _as_block_size(block_size), q.device)
-    if aggregation == "auto":  # the rule checked the dtype; q, k, v, mask and layout are checked above
-        from fusegnn.kernels.block_attention import block_sparse_attention_prechecked
-
-        return block_sparse_attention_prechecked(q, k, v, layout, scale)
     return kernel(q, k, v, layout, scale)
