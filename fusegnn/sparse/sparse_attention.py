@@ -135,43 +135,46 @@ class CostModel:
 
 # Fitted on an NVIDIA H200 (torch 2.11, Triton 3.6; B=4, H=12, D=64, bf16) to 138
 # measurements in benchmarks/results/attention/: calibration-crossover-nvidia-h200.json
-# (session 3, after the block kernels' per-kernel tuning: sdpa without a mask, with
+# (session 4, after the block path's host overhead was cut -- cached launch plans and
+# relaunches without Triton's binder, fusegnn.kernels._launch: sdpa without a mask, with
 # is_causal and with a boolean mask, and the block path at 64 x 64 and its launch table,
-# 5 masks x L in 1024, 4096, 16384, fwd and fwd+bwd; benchmarks.attention_calibrate
-# --no-sweep) and calibration-element-nvidia-h200.json (the element path, 7 masks, from
-# session 2: its kernels have not changed), by least squares on the relative error
-# (fit_cost_models in benchmarks/attention_calibrate.py; reproduce with
+# 5 masks x L in 1024, 4096, 16384, fwd and fwd+bwd, medians of 30 steps;
+# benchmarks.attention_calibrate --no-sweep --steps 30) and
+# calibration-element-nvidia-h200.json (the element path, 7 masks, from session 2: its
+# kernels have not changed), by least squares on the relative error (fit_cost_models in
+# benchmarks/attention_calibrate.py; reproduce with
 #   python -m benchmarks.attention_calibrate --fit \
 #       benchmarks/results/attention/calibration-crossover-nvidia-h200.json \
 #       benchmarks/results/attention/calibration-element-nvidia-h200.json
 # ). The attention suite's own result file is not among the inputs, so re-running the
 # suite does not move the constants. "fwd": forward only; "fwdbwd": forward + backward.
-# predicted / measured of the fit: sdpa 0.93-1.06 (fwd) and 0.87-1.09 (fwd+bwd); block
-# 0.80-1.15 and 0.59-1.23 (at L = 1024 the block path's time is mostly its per-call host
-# overhead, which varies between runs); element 0.34-1.41 (only its order of magnitude
-# matters: it is compared with dense only where its fill rule already chose it).
+# predicted / measured of the fit: sdpa 0.98-1.02 (fwd) and 0.98-1.03 (fwd+bwd); block
+# 0.79-1.12 and 0.80-1.15 (at L = 1024 the block path's time is mostly its per-call host
+# overhead); element 0.34-1.41 (only its order of magnitude matters: it is compared with
+# dense only where its fill rule already chose it). The block path's fixed cost per
+# forward + backward call fell from 0.344 ms (session 3) to 0.19 ms.
 COST_MODELS: dict[str, CostModel] = {
     "fwd": CostModel(
-        dense_overhead_ms=0.0268, dense_ms_per_element=5.32e-10,
-        block_overhead_ms=0.086, block_ms_per_block=3.96e-6,
+        dense_overhead_ms=0.0228, dense_ms_per_element=5.54e-10,
+        block_overhead_ms=0.0622, block_ms_per_block=3.96e-6,
         element_overhead_ms=0.425, element_ms_per_edge=6.14e-8,
     ),
     "fwdbwd": CostModel(
-        dense_overhead_ms=0.0944, dense_ms_per_element=1.93e-9,
-        block_overhead_ms=0.344, block_ms_per_block=1.3e-5,
+        dense_overhead_ms=0.0731, dense_ms_per_element=1.97e-9,
+        block_overhead_ms=0.19, block_ms_per_block=1.4e-5,
         element_overhead_ms=1.17, element_ms_per_edge=2.15e-7,
     ),
 }
 
 # Per-element cost of SDPA with is_causal=True relative to no mask, fitted to the
-# sdpa-causal timings of the same files (0.84-1.10 predicted / measured): FlashAttention
+# sdpa-causal timings of the same files (0.81-1.10 predicted / measured): FlashAttention
 # skips the blocks above the diagonal, a bit more than half of the work remains.
-DENSE_CAUSAL_FACTOR = 0.56
+DENSE_CAUSAL_FACTOR = 0.565
 
 # Per-element cost of SDPA with a boolean attn_mask relative to no mask, fitted to the
-# sdpa-mask timings (0.70-1.07): a mask rules out the flash kernel; the kernel that takes
-# it (cuDNN's on this build) costs 1.87x per element.
-DENSE_MASK_FACTOR = 1.87
+# sdpa-mask timings (0.79-1.07): a mask rules out the flash kernel; the kernel that takes
+# it (cuDNN's on this build) costs 1.85x per element.
+DENSE_MASK_FACTOR = 1.85
 
 # auto considers SDPA with a boolean mask only up to this many mask elements
 # (L_q * L_k * mask heads; 2**26 = an 8192 x 8192 mask): the mask is materialised and
