@@ -168,3 +168,26 @@ def test_empty_hook_chains_are_not_hooks():
     assert fl._active(Chain([print]))
     assert fl._active(print)
     assert not fl._hooks_installed()  # a fresh Triton has no launch hook
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_block_attention_on_a_device_that_is_not_the_current_one():
+    """Triton launches on the current device: inputs on another GPU must still work."""
+    from fusegnn.kernels.block_attention import block_sparse_attention
+    from fusegnn.sparse import masks
+    from fusegnn.sparse.block_layout import BlockLayout
+
+    L = 200
+    mask = masks.sliding_window(L, 30)
+    gen = torch.Generator().manual_seed(1)
+    host = [torch.randn(1, 2, L, 32, generator=gen) for _ in range(4)]
+    results = []
+    for dev in ("cuda:0", "cuda:1"):
+        layout = BlockLayout.from_mask(mask, 64, 64, dev)
+        q, k, v = (t.to(dev, torch.float16).requires_grad_() for t in host[:3])
+        with torch.cuda.device(0):
+            out = block_sparse_attention(q, k, v, layout)
+            out.backward(host[3].to(dev, torch.float16))
+        results.append([t.cpu() for t in (out, q.grad, k.grad, v.grad)])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)

@@ -827,9 +827,17 @@ def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: _Prepared, scal
     )
 
 
+def _off_current_device(t: Tensor) -> bool:
+    """``t`` is on a CUDA device other than the current one, where Triton launches."""
+    return t.is_cuda and t.device.index != torch.cuda.current_device()
+
+
 def _forward(
     q: Tensor, k: Tensor, v: Tensor, layout, scale: float, precision: str, launch: LaunchConfig | None = None
 ) -> tuple[Tensor, Tensor]:
+    if _off_current_device(q):  # Triton launches on the current device: make it q's
+        with torch.cuda.device(q.device):
+            return _forward(q, k, v, layout, scale, precision, launch)
     B, H, L_q, D = q.shape
     out = torch.empty(B, H, L_q, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, L_q, dtype=torch.float32, device=q.device)
@@ -900,6 +908,9 @@ def _backward(
     do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, layout, scale: float,
     precision: str, need_dq: bool, need_dkdv: bool, launch: LaunchConfig | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    if _off_current_device(q):
+        with torch.cuda.device(q.device):
+            return _backward(do, q, k, v, out, lse, layout, scale, precision, need_dq, need_dkdv, launch)
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
     prep = _prepare(layout, q.device)
