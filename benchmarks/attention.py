@@ -45,7 +45,10 @@ must be below ``max(--rtol, 3e-2)`` (bfloat16 inputs), else the row is ``mismatc
 not timed.
 
 **Columns.** ``ms`` (median of ``--steps`` CUDA-event timed steps, see
-:mod:`benchmarks.measure`), ``vs_flex`` = flex ms / ms, ``vs_sdpa`` = sdpa ms / ms (above
+:mod:`benchmarks.measure`; after every backend of a case has been checked, warmed up and
+measured for memory and launches on its own, the steps are taken again **interleaved**:
+5 rounds that run the backends in turn, so that the host's speed, which bounds the short
+cases, drifts over all backends alike -- :func:`benchmarks.measure.interleaved_ms`), ``vs_flex`` = flex ms / ms, ``vs_sdpa`` = sdpa ms / ms (above
 1: faster), ``density`` (allowed elements / ``L^2``), ``block_density`` (non-empty blocks
 of the row's layout: fusegnn's BM x BN, flex's 128 x 128), ``ideal_ms`` = sdpa ms x
 density, ``peak_mem_mib``.
@@ -68,7 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from benchmarks.measure import free_memory, is_oom, measure
+from benchmarks.measure import free_memory, interleaved_ms, is_oom, measure
 from benchmarks.report import ResultFile, clean_number, environment, gpu_slug, update_readme
 
 __all__ = [
@@ -392,7 +395,7 @@ def new_record(case: AttnCase, backend: str) -> dict:
         "case": case.name, "backend": backend, "ok": False, "error": None, "ms": None, "peak_mem_mib": None,
         "launches": None, "aggregation": None, "block_size": None, "density": None, "block_density": None,
         "ideal_ms": None, "vs_flex": None, "vs_sdpa": None, "layout_ms": None, "rel_err": None,
-        "checked_against": None, "steps": None, "warmup_steps": None,
+        "checked_against": None, "steps": None, "warmup_steps": None, "ms_alone": None,
     }
 
 
@@ -407,6 +410,7 @@ def run_case(case, backends, prep: Prepared, sizes, args, device, emit) -> None:
     rtol = max(args.rtol, MIN_RTOL)
     ref = None
     records = []
+    timed = []  # (record, fn) of the backends timed, for the interleaved pass
     for backend in backends:
         record = new_record(case, backend.name)
         record["density"] = density
@@ -428,10 +432,20 @@ def run_case(case, backends, prep: Prepared, sizes, args, device, emit) -> None:
             )
             record.update(ok=True, ms=m.ms[0], peak_mem_mib=m.peak_mem_mib, launches=m.launches[0],
                           steps=m.steps, warmup_steps=m.warmup_steps)
+            timed.append((record, fn))
         except Exception as err:  # noqa: BLE001 - one backend's failure is a result
             record["error"] = "OOM" if is_oom(err) else _describe(err)
             free_memory(device)
         records.append(record)
+    if len(timed) > 1 and device.type == "cuda":  # the same steps again, backends in turn
+        try:
+            medians = interleaved_ms([_phases(fn, prep, case.mode) for _, fn in timed], device, steps=args.steps)
+            for (record, _), ms in zip(timed, medians):
+                record["ms_alone"], record["ms"] = record["ms"], ms
+        except Exception as err:  # noqa: BLE001 - keep the separate timings
+            free_memory(device)
+            for record, _ in timed:
+                record["interleave_error"] = _describe(err)
     by_name = {r["backend"]: r for r in records}
     sdpa_ms = by_name.get("sdpa", {}).get("ms")
     flex_ms = by_name.get("flex", {}).get("ms")

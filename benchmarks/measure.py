@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Measurement", "measure", "timed_ms", "is_oom", "free_memory", "count_kernels"]
+__all__ = ["Measurement", "measure", "interleaved_ms", "timed_ms", "is_oom", "free_memory", "count_kernels"]
 
 Phase = Callable[[], object]
 
@@ -125,6 +125,25 @@ def measure(
             counts = [None] * len(phases)
             free_memory(device)
     return Measurement(medians, peak, counts, steps, done)
+
+
+def interleaved_ms(workloads: Sequence[Sequence[Phase]], device: torch.device, *, steps: int = 10,
+                   rounds: int = 5) -> list[float]:
+    """Median milliseconds of one step of each workload (all its phases), timed in
+    ``rounds`` rounds that take the workloads in turn, ``ceil(steps / rounds)`` steps of
+    each per round (each step as :func:`measure` times it: device synchronised, CUDA
+    events). Comparing backends whose step is bound by host time, a drift of the host's
+    speed during the run then falls on all of them alike instead of on whichever ran in
+    the slow stretch. The workloads must be warmed up already."""
+    if steps < 1 or rounds < 1:
+        raise ValueError(f"steps and rounds must be >= 1, got {steps}, {rounds}")
+    per_round = -(-steps // rounds)
+    samples: list[list[float]] = [[] for _ in workloads]
+    for _ in range(rounds):
+        for k, phases in enumerate(workloads):
+            for _ in range(per_round):
+                samples[k].append(sum(_timed_step(phases, device)))
+    return [statistics.median(s) for s in samples]
 
 
 def count_kernels(phases: Sequence[Phase], index: int, device: torch.device) -> int:

@@ -194,3 +194,20 @@ def test_calibration_time_limit_records_what_did_not_run():
     args = cal.parse_args(["--masks", "causal", "--lengths", "64", "--time-limit", "0"])
     records = cal.calibrate(args, torch.device("cpu"), lambda line: None)
     assert records and all(r["ms"] is None and r["error"].startswith("not run: --time-limit") for r in records)
+
+
+def test_interleaved_timing_takes_the_workloads_in_turn(monkeypatch):
+    """interleaved_ms runs rounds of each workload in turn and reports per-workload medians."""
+    from benchmarks import measure as M
+
+    order = []
+    monkeypatch.setattr(M, "_timed_step", lambda phases, device: [phases[0]()])
+
+    def workload(name, ms):
+        return [lambda: order.append(name) or ms]
+
+    out = M.interleaved_ms([workload("a", 1.0), workload("b", 3.0)], torch.device("cpu"), steps=4, rounds=2)
+    assert out == [1.0, 3.0]
+    assert order == ["a", "a", "b", "b", "a", "a", "b", "b"]
+    with pytest.raises(ValueError):
+        M.interleaved_ms([workload("a", 1.0)], torch.device("cpu"), steps=0)
