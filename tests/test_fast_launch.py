@@ -191,3 +191,11 @@ def test_block_attention_on_a_device_that_is_not_the_current_one():
         results.append([t.cpu() for t in (out, q.grad, k.grad, v.grad)])
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+def test_the_cache_is_bounded(fake_cuda, monkeypatch):
+    monkeypatch.setattr(fl, "_MAX_ENTRIES", 3)
+    kernel = FakeKernel()
+    for n in range(5):
+        fl.launch(kernel, (1,), ("x", "y", n), dict(BLOCK=64, FLAG=True), 4, 2, ("k", n), fake_cuda)
+    assert 1 <= len(fl._CACHE) <= 3

@@ -36,8 +36,11 @@ import torch
 
 __all__ = ["launch", "fast_launch_enabled", "clear_cache"]
 
-#: (kernel name, spec key, meta items, warps, stages, device) -> _Entry
+#: (kernel name, spec key, meta items, warps, stages, device) -> _Entry. Keys carry exact
+#: sizes (a new sequence length is a new key, sharing Triton's compiled kernel), so the
+#: cache is emptied when it reaches _MAX_ENTRIES (callers with ever-new shapes).
 _CACHE: dict[tuple, "_Entry"] = {}
+_MAX_ENTRIES = 4096
 _STATE = {"broken": False}
 
 
@@ -157,5 +160,7 @@ def launch(
     if fast and not _STATE["broken"]:
         entry = _entry_for(kernel, compiled, args, meta)
         if entry is not None:
+            if len(_CACHE) >= _MAX_ENTRIES:
+                _CACHE.clear()
             _CACHE[key] = entry
     return compiled
