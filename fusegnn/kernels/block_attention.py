@@ -137,6 +137,34 @@ def _block_span(ptr, split_ptr, h_l, NB, block):
 
 
 @kernel_helper
+def _phase_blocks(PHASE: tl.constexpr, start, split, end):
+    """``(lo, hi)``: the block positions of phase 0 (partial blocks, ``start:split``) or
+    phase 1 (full blocks, ``split:end``) of a block row (column)."""
+    if PHASE == 0:
+        lo = start
+        hi = split
+    else:
+        lo = split
+        hi = end
+    return lo, hi
+
+
+@kernel_helper
+def _mask_block(x, pattern_ptrs, key_valid, fill: tl.constexpr, PARTIAL: tl.constexpr, EVEN_K: tl.constexpr):
+    """``x`` (scores or probabilities of one block or sub-tile) where the block allows it,
+    else ``fill``: for a partial block its element pattern (read at ``pattern_ptrs``, the
+    same shape as ``x``) and the key bound ``key_valid``; for a full block only the key
+    bound, and only for a ragged last block column (``not EVEN_K``)."""
+    if PARTIAL:
+        pat = tl.load(pattern_ptrs)
+        x = tl.where((pat != 0) & key_valid, x, fill)
+    else:
+        if not EVEN_K:
+            x = tl.where(key_valid, x, fill)
+    return x
+
+
+@kernel_helper
 def _load_kv(k_base, v_base, cols, stride_kn, stride_vn, n_valid, d_valid,
              EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, UPCAST: tl.constexpr):
     """The key and value rows ``cols`` (``[N, 1]``); rows ``>= L_k`` (``~n_valid``) and
@@ -197,12 +225,7 @@ def _fwd_kernel(
     acc = tl.zeros([BM, BD], dtype=tl.float32)
     # phase 0: partial blocks (element pattern), phase 1: full blocks (no element mask)
     for phase in tl.static_range(2):
-        if phase == 0:
-            lo = start
-            hi = split
-        else:
-            lo = split
-            hi = end
+        lo, hi = _phase_blocks(phase, start, split, end)
         for idx in range(lo, hi):
             cb = tl.load(col_idx + idx)
             offs_n = cb * BN + offs_bn
@@ -212,13 +235,11 @@ def _fwd_kernel(
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             if not SCALE_POSITIVE:  # scale <= 0: scale first (the row maximum is of scaled scores)
                 s = s * sm_scale_log2
-            if phase == 0:  # partial block: its element pattern (and the key bound)
+            pid = 0  # the partial block's element pattern (phase 0 only)
+            if phase == 0:
                 pid = tl.load(pattern_id + idx)
-                pat = tl.load(patterns + pid * (BM * BN) + pat_offs)
-                s = tl.where((pat != 0) & n_valid[None, :], s, float("-inf"))
-            else:  # full block: only the key bound of a ragged last column
-                if not EVEN_K:
-                    s = tl.where(n_valid[None, :], s, float("-inf"))
+            s = _mask_block(s, patterns + pid * (BM * BN) + pat_offs, n_valid[None, :], float("-inf"),
+                            phase == 0, EVEN_K)
             if SCALE_POSITIVE:
                 # max(scale * s) = scale * max(s): one fused multiply-add per score below
                 m_new = tl.maximum(m_i, tl.max(s, 1) * sm_scale_log2)
@@ -303,14 +324,10 @@ def _bwd_dkdv_kernel(
     dv = tl.zeros([BN, BD], dtype=tl.float32)
     # phase 0: partial blocks (element pattern), phase 1: full blocks (no element mask)
     for phase in tl.static_range(2):
-        if phase == 0:
-            lo = start
-            hi = split
-        else:
-            lo = split
-            hi = end
+        lo, hi = _phase_blocks(phase, start, split, end)
         for t in range(lo, hi):
             rb = tl.load(row_idx + t)
+            pid = 0  # the partial block's element pattern (phase 0 only)
             if phase == 0:
                 pid = tl.load(t_pattern + t)
             # the block's BM query rows in sub-tiles of SUB_M (smaller live tiles)
@@ -328,12 +345,8 @@ def _bwd_dkdv_kernel(
                 lse = tl.load(Lse + stat_base + offs_m, mask=m_valid, other=float("inf"))
                 delta = tl.load(Delta + stat_base + offs_m, mask=m_valid, other=0.0)
                 pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale_log2 - lse[None, :])
-                if phase == 0:
-                    patT = tl.load(patterns + pid * (BM * BN) + sub * (SUB_M * BN) + patT_offs)
-                    pT = tl.where((patT != 0) & n_valid[:, None], pT, 0.0)
-                else:
-                    if not EVEN_K:
-                        pT = tl.where(n_valid[:, None], pT, 0.0)
+                pT = _mask_block(pT, patterns + pid * (BM * BN) + sub * (SUB_M * BN) + patT_offs,
+                                 n_valid[:, None], 0.0, phase == 0, EVEN_K)
                 dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
                 dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
                 dsT = pT * (dpT - delta[None, :])
@@ -392,14 +405,10 @@ def _bwd_dq_kernel(
     dq = tl.zeros([BM, BD], dtype=tl.float32)
     # phase 0: partial blocks (element pattern), phase 1: full blocks (no element mask)
     for phase in tl.static_range(2):
-        if phase == 0:
-            lo = start
-            hi = split
-        else:
-            lo = split
-            hi = end
+        lo, hi = _phase_blocks(phase, start, split, end)
         for idx in range(lo, hi):
             cb = tl.load(col_idx + idx)
+            pid = 0  # the partial block's element pattern (phase 0 only)
             if phase == 0:
                 pid = tl.load(pattern_id + idx)
             # the block's BN keys in sub-tiles of SUB_N (smaller live tiles)
@@ -410,12 +419,8 @@ def _bwd_dq_kernel(
                 k, v = _load_kv(k_base, v_base, cols, stride_kn, stride_vn, n_valid, d_valid,
                                 EVEN_K, EVEN_D, UPCAST)
                 p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2 - lse[:, None])
-                if phase == 0:
-                    pat = tl.load(patterns + pid * (BM * BN) + sub * SUB_N + pat_offs)
-                    p = tl.where((pat != 0) & n_valid[None, :], p, 0.0)
-                else:
-                    if not EVEN_K:
-                        p = tl.where(n_valid[None, :], p, 0.0)
+                p = _mask_block(p, patterns + pid * (BM * BN) + sub * SUB_N + pat_offs, n_valid[None, :], 0.0,
+                                phase == 0, EVEN_K)
                 dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
                 ds = p * (dp - delta[:, None])
                 dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)

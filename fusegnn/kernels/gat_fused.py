@@ -78,6 +78,7 @@ from fusegnn.kernels._edge_utils import (
     LazyKernel,
     acc_dtype,
     chunk_schedule,
+    kernel_helper,
     next_pow2,
 )
 from fusegnn.kernels.sddmm import edge_to_node_sum
@@ -95,6 +96,52 @@ _VARIANTS = ("gar", "gas")
 
 
 # ---------------------------------------------------------------------------- kernels
+@kernel_helper
+def _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS: tl.constexpr):
+    """``(group, start, end, slot)`` of program ``pid``: a whole CSR row / CSC column
+    ``ptr[group]:ptr[group + 1]`` (``slot = -1``: its result is written directly), or,
+    with ``HAS_ITEMS``, one chunk of at most ``CHUNK`` edges of a long one, whose partial
+    result goes to ``slot`` (see :class:`~fusegnn.kernels._edge_utils.ChunkSchedule`)."""
+    if HAS_ITEMS:
+        group = tl.load(item_row + pid)
+        start = tl.load(item_start + pid)
+        slot = tl.load(item_slot + pid)
+        end = tl.minimum(start + CHUNK, tl.load(ptr + group + 1))
+    else:
+        group = pid.to(tl.int64)
+        start = tl.load(ptr + group)
+        end = tl.load(ptr + group + 1)
+        slot = -1
+    return group, start, end, slot
+
+
+@kernel_helper
+def _dropout_keep(seed, edge_id, offs_h, H, p_drop, RNG64: tl.constexpr):
+    """``[E, H]`` whether each (edge, head) survives dropout: one uniform draw per
+    ``edge_id * H + head`` (the edge's id in the input order), so the forward, both
+    backward passes and :func:`dropout_keep_mask` regenerate the same mask."""
+    rng = edge_id[:, None] * H + offs_h[None, :]
+    if not RNG64:
+        rng = rng.to(tl.int32)
+    return tl.rand(seed, rng) >= p_drop
+
+
+@kernel_helper
+def _score_grads(alpha, dp, d, z, meh, slope, keep, scale, DROPOUT: tl.constexpr):
+    """Back through dropout, the softmax and the LeakyReLU for a block of edges:
+    ``w`` (the coefficient applied to the messages: alpha, or alpha * keep / (1 - p)) and
+    ``dZ = LeakyReLU'(z) * alpha * (dp - D)``, zero outside ``meh``. ``dp`` is
+    ``dL/d(applied coefficient)``, ``d`` the row's ``D``; ``keep`` is read only with
+    ``DROPOUT``."""
+    w = alpha
+    if DROPOUT:
+        dp = tl.where(keep, dp * scale, 0.0)
+        w = tl.where(keep, alpha * scale, 0.0)
+    ds = alpha * (dp - d)
+    dz = tl.where(meh, tl.where(z > 0, ds, ds * slope), 0.0)
+    return w, dz
+
+
 def _gat_fwd_kernel(
     ptr, idx, perm,
     item_row, item_start, item_slot,
@@ -113,16 +160,7 @@ def _gat_fwd_kernel(
     scale = tl.full([], drop_scale, ACC)
     if DROPOUT:  # one int64 on the device: a CUDA graph replays a fresh draw
         seed = tl.load(seed_ptr)
-    if HAS_ITEMS:
-        row = tl.load(item_row + pid)
-        start = tl.load(item_start + pid)
-        slot = tl.load(item_slot + pid)
-        end = tl.minimum(start + CHUNK, tl.load(ptr + row + 1))
-    else:
-        row = pid.to(tl.int64)
-        start = tl.load(ptr + row)
-        end = tl.load(ptr + row + 1)
-        slot = -1
+    row, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h = tl.arange(0, BLOCK_H)
     offs_c = tl.arange(0, BLOCK_C)
@@ -149,10 +187,7 @@ def _gat_fwd_kernel(
         l = l * rescale + tl.sum(pexp, axis=0)
         if DROPOUT:
             cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-            rng = cid[:, None] * H + offs_h[None, :]
-            if not RNG64:
-                rng = rng.to(tl.int32)
-            keep = tl.rand(seed, rng) >= p_drop
+            keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
             pexp = tl.where(keep, pexp * scale, 0.0)
         hj = tl.load(
             h + j[:, None, None] * (H * C) + hc[None, :, :],
@@ -230,16 +265,7 @@ def _gat_bwd_row_kernel(
     scale = tl.full([], drop_scale, ACC)
     if DROPOUT:  # one int64 on the device: a CUDA graph replays a fresh draw
         seed = tl.load(seed_ptr)
-    if HAS_ITEMS:
-        row = tl.load(item_row + pid)
-        start = tl.load(item_start + pid)
-        slot = tl.load(item_slot + pid)
-        end = tl.minimum(start + CHUNK, tl.load(ptr + row + 1))
-    else:
-        row = pid.to(tl.int64)
-        start = tl.load(ptr + row)
-        end = tl.load(ptr + row + 1)
-        slot = -1
+    row, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h = tl.arange(0, BLOCK_H)
     offs_c = tl.arange(0, BLOCK_C)
@@ -273,16 +299,10 @@ def _gat_bwd_row_kernel(
             cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         if HAS_GALPHA:
             dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        w = alpha
+        keep = meh  # read only with DROPOUT
         if DROPOUT:
-            rng = cid[:, None] * H + offs_h[None, :]
-            if not RNG64:
-                rng = rng.to(tl.int32)
-            keep = tl.rand(seed, rng) >= p_drop
-            dp = tl.where(keep, dp * scale, 0.0)
-            w = tl.where(keep, alpha * scale, 0.0)
-        ds = alpha * (dp - d[None, :])
-        dz = tl.where(meh, tl.where(z > 0, ds, ds * slope), 0.0)
+            keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
+        w, dz = _score_grads(alpha, dp, d[None, :], z, meh, slope, keep, scale, DROPOUT)
         dt += tl.sum(dz, axis=0)
         if SCATTER_SRC:
             tl.atomic_add(grad_src + j[:, None] * H + offs_h[None, :], dz, mask=meh)
@@ -320,16 +340,7 @@ def _gat_bwd_col_kernel(
     scale = tl.full([], drop_scale, ACC)
     if DROPOUT:  # one int64 on the device: a CUDA graph replays a fresh draw
         seed = tl.load(seed_ptr)
-    if HAS_ITEMS:
-        col = tl.load(item_row + pid)
-        start = tl.load(item_start + pid)
-        slot = tl.load(item_slot + pid)
-        end = tl.minimum(start + CHUNK, tl.load(ptr + col + 1))
-    else:
-        col = pid.to(tl.int64)
-        start = tl.load(ptr + col)
-        end = tl.load(ptr + col + 1)
-        slot = -1
+    col, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
     offs_e = tl.arange(0, BLOCK_E)
     offs_h = tl.arange(0, BLOCK_H)
     offs_c = tl.arange(0, BLOCK_C)
@@ -362,16 +373,10 @@ def _gat_bwd_col_kernel(
             cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         if HAS_GALPHA:
             dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        w = alpha
+        keep = meh  # read only with DROPOUT
         if DROPOUT:
-            rng = cid[:, None] * H + offs_h[None, :]
-            if not RNG64:
-                rng = rng.to(tl.int32)
-            keep = tl.rand(seed, rng) >= p_drop
-            dp = tl.where(keep, dp * scale, 0.0)
-            w = tl.where(keep, alpha * scale, 0.0)
-        ds = alpha * (dp - d)
-        dz = tl.where(meh, tl.where(z > 0, ds, ds * slope), 0.0)
+            keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
+        w, dz = _score_grads(alpha, dp, d, z, meh, slope, keep, scale, DROPOUT)
         acc_s += tl.sum(dz, axis=0)
         acc_h += tl.sum(w[:, :, None] * gi, axis=0)
     if slot < 0:
@@ -435,11 +440,7 @@ def _gat_alpha_kernel(
     e = tl.where(z > 0, z, z * slope)
     a = tl.exp(e - lse_i)
     if DROPOUT:
-        rng = eid[:, None] * H + offs_h[None, :]
-        if not RNG64:
-            rng = rng.to(tl.int32)
-        keep = tl.rand(seed, rng) >= p_drop
-        a = tl.where(keep, a * scale, 0.0)
+        a = tl.where(_dropout_keep(seed, eid, offs_h, H, p_drop, RNG64), a * scale, 0.0)
     tl.store(alpha + eid[:, None] * H + offs_h[None, :], a.to(alpha.dtype.element_ty), mask=meh)
 
 
