@@ -133,14 +133,15 @@ def launch(
     meta: dict[str, Any],
     warps: int,
     stages: int,
-    spec_key: Hashable | None,
-    device: torch.device,
+    spec_key: Hashable | None = None,
+    device: torch.device | None = None,
 ):
     """``kernel[grid](*args, **meta, num_warps=warps, num_stages=stages)``, relaunched
     without Triton's binder when ``spec_key`` (see the module docstring) was seen before.
     ``kernel`` is a :class:`~fusegnn.kernels._edge_utils.LazyKernel`; ``meta`` holds its
-    constexprs and Triton options (e.g. ``maxnreg``). Returns Triton's compiled kernel."""
-    fast = spec_key is not None and device.type == "cuda" and fast_launch_enabled()
+    constexprs and Triton options (e.g. ``maxnreg``). Without ``spec_key`` (or a CUDA
+    ``device``) it is the ordinary launch. Returns Triton's compiled kernel."""
+    fast = spec_key is not None and device is not None and device.type == "cuda" and fast_launch_enabled()
     if fast:
         dev = torch.cuda.current_device()
         key = (kernel.__name__, spec_key, tuple(meta.items()), warps, stages, dev)

@@ -745,10 +745,7 @@ def _launch(
     run_stages = _STAGES_THAT_FIT.get(key, stages) if key is not None else stages
     while True:
         try:
-            if spec_key is not None and device is not None:
-                compiled = fast_launch(kernel, grid, args, meta, warps, run_stages, spec_key, device)
-            else:
-                compiled = kernel[grid](*args, **meta, num_warps=warps, num_stages=run_stages)
+            compiled = fast_launch(kernel, grid, args, meta, warps, run_stages, spec_key, device)
             break
         except Exception as exc:  # noqa: BLE001 - only Triton's OutOfResources is retried
             if not fallback or run_stages <= 1 or type(exc).__name__ != "OutOfResources":
@@ -983,6 +980,16 @@ class BlockSparseAttentionFunction(torch.autograd.Function):
         return dq, (dk if need_dk else None), (dv if need_dv else None), None, None, None, None
 
 
+def _checked_apply(q, k, v, layout, scale, allow_tf32, launch) -> tuple[Tensor, Tensor]:
+    """Validate the public entry points' arguments, then run the autograd function:
+    ``(out, base-2 lse)``."""
+    _check_inputs(q, k, v, layout)
+    _check_launch(launch)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    return BlockSparseAttentionFunction.apply(q, k, v, layout, float(scale), _precision(q.dtype, allow_tf32), launch)
+
+
 def block_sparse_attention_lse(
     q: Tensor,
     k: Tensor,
@@ -996,13 +1003,7 @@ def block_sparse_attention_lse(
     """Like :func:`block_sparse_attention`, also returning the natural-log log-sum-exp
     ``[B, H, L_q]`` float32 of each row's allowed scores (``+inf`` for empty rows; not
     differentiable)."""
-    _check_inputs(q, k, v, layout)
-    _check_launch(launch)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    out, lse2 = BlockSparseAttentionFunction.apply(
-        q, k, v, layout, float(scale), _precision(q.dtype, allow_tf32), launch
-    )
+    out, lse2 = _checked_apply(q, k, v, layout, scale, allow_tf32, launch)
     return out, lse2 / _LOG2E
 
 
@@ -1035,11 +1036,7 @@ def block_sparse_attention(
         ``[B, H, L_q, D]`` in ``q``'s dtype; rows with no allowed key are zero.
         Differentiable in ``q``, ``k``, ``v`` (deterministic backward, no atomics).
     """
-    _check_inputs(q, k, v, layout)
-    _check_launch(launch)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    out, _ = BlockSparseAttentionFunction.apply(q, k, v, layout, float(scale), _precision(q.dtype, allow_tf32), launch)
+    out, _ = _checked_apply(q, k, v, layout, scale, allow_tf32, launch)
     return out
 
 
