@@ -200,21 +200,21 @@ def _always(device: torch.device) -> str | None:
 
 def _fusegnn(aggregation: str):
     def prepare(prep: Prepared, device: torch.device):
-        from fusegnn.sparse.sparse_attention import _layout_of, explain_attention, sparse_attention
+        from fusegnn.sparse.sparse_attention import _block_layout, explain_attention, sparse_attention
 
         info: dict = {}
         # the timed calls have inputs that require grad (both modes): decide as they will
         decision = explain_attention(prep.q, prep.mask, aggregation=aggregation, backward=True)
         info["aggregation"] = decision.name if decision.name == "block" else decision.label
         if aggregation == "auto" and device.type == "cuda":  # the rule built (and cached) the layout
-            layout = _layout_of(prep.mask, None, device)
+            layout = _block_layout(prep.mask, None, device)[0]  # a dilated mask: its sub-sequences' layout
             info["block_density"] = layout.block_density
         if decision.name == "block":
             key = ("layout_ms", aggregation)
             if key not in prep.extras:  # build outside timing (cached on the mask), time it once
                 mask = prep.mask
                 start = time.perf_counter()
-                layout = _layout_of(mask, None, device)
+                layout = _block_layout(mask, None, device)[0]
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 prep.extras[key] = (time.perf_counter() - start) * 1e3

@@ -131,6 +131,37 @@ def _profile_table(step, label: str, emit) -> None:
     emit(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
 
 
+class _Bare(torch.autograd.Function):
+    """The block path's autograd shape with no kernels: the forward allocates ``out`` and
+    ``lse`` and saves five tensors, the backward allocates ``dq``, ``dk``, ``dv`` and
+    ``delta`` -- the floor of a Python autograd.Function step."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _bare_function_step(q, k, v, grad):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def step():
+        q.grad = k.grad = v.grad = None
+        _Bare.apply(q, k, v)[0].backward(grad)
+
+    return step
+
+
 def _pieces(q, k, v, grad, layout, emit) -> dict:
     """Host microseconds of the block kernel's forward and backward launches alone, and
     of one forward launch with and without Triton's binder."""
@@ -161,6 +192,7 @@ def _pieces(q, k, v, grad, layout, emit) -> dict:
     res["one fwd launch, Triton's binder"] = _host_us(binder, 200)
     res["one fwd launch, cached relaunch"] = _host_us(cached, 200)
     res["torch.empty_like x3"] = _host_us(lambda: [torch.empty_like(q) for _ in range(3)], 200)
+    res["autograd.Function fwd+bwd, no kernels"] = _host_us(_bare_function_step(q, k, v, grad), 200)
     for name, (h, t) in res.items():
         emit(f"  {name:36s} host {h:8.1f} us   loop {t:8.1f} us")
     emit(f"  fast launch enabled: {fl.fast_launch_enabled()}, cached kernels: {len(fl._CACHE)}")
@@ -171,6 +203,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--cases", nargs="*", default=None,
+                        help="mask-L names to run (e.g. window-1024 dilated-4096); default: all")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     emit = Tee(args.out / "overhead.log")
@@ -181,6 +215,8 @@ def main(argv=None) -> int:
     emit(f"triton {triton.__version__}")
     records = []
     for name, L in CASES:
+        if args.cases and f"{name}-{L}" not in args.cases:
+            continue
         mask = build_mask(name, L)
         q, k, v, grad = _inputs(L)
         fns, dense, layout = _backends(mask, L)

@@ -247,12 +247,14 @@ def test_bool_mask_is_cached_on_the_mask():
 def expected_decision(mask, B, H, D, backward, block_size=None):
     """The auto rule re-derived from its definition (module docstring of
     sparse_attention) and the layout's statistics."""
-    bs = block_size or SA.default_block_size(mask.L_q, mask.L_k)
-    layout = BlockLayout.from_mask(mask, *bs)
+    split = mask.dilation_split()
+    dilation, inner = split if split is not None else (1, mask)  # a split mask: its base, d times
+    bs = block_size or SA.default_block_size(inner.L_q, inner.L_k)
+    layout = BlockLayout.from_mask(inner, *bs)
     model = COST_MODELS["fwdbwd" if backward else "fwd"]
-    pairs_per_head = B * H // layout.num_heads
+    pairs_per_head = B * H // layout.num_heads * dilation
     d = D / 64
-    allowed = layout.density * layout.num_heads * mask.L_q * mask.L_k
+    allowed = layout.density * layout.num_heads * inner.L_q * inner.L_k
     fill = allowed / (layout.nnzb * bs[0] * bs[1]) if layout.nnzb else 1.0
     if fill < ELEMENT_MAX_FILL:
         sparse, sparse_ms = "element", model.element_overhead_ms + model.element_ms_per_edge * d * allowed * pairs_per_head
@@ -283,6 +285,8 @@ RULE_MASKS = {
     "bigbird": lambda L: M.bigbird(L, L // 16, 16, 64, 0.05, 0),
     "full": lambda L: M.global_tokens(L, L),
     "causal_window": lambda L: M.causal(L) & M.sliding_window(L, L // 4),
+    "dilated": lambda L: M.dilated(L, L // 16, 2),  # split: its window's layout, twice
+    "causal_dilated": lambda L: M.dilated(L, L // 8, 4) & M.causal(L),
     "per_head": lambda L: M.stack_heads([M.causal(L), M.sliding_window(L, 16)]),
     "graph": lambda L: M.from_graph(torch.stack([torch.arange(L).roll(7), torch.arange(L)]), L),  # fill < 0.01
 }
@@ -313,9 +317,10 @@ def test_auto_rule_is_the_cost_model(L, B, H, D, backward):
 def test_calibrated_decisions_for_the_benchmark_cases():
     """What the calibrated constants predict for the attention suite (B=4, H=12, D=64,
     training): every causal case dense with is_causal; at L=1024 the sparse kernels'
-    fixed cost dominates and dense SDPA with the boolean mask wins; at L=4096 and 16384
-    the block kernel wins on the windowed masks. Each expectation is re-derived from the
-    cost model (expected_decision) and must agree with the rule."""
+    fixed cost dominates and dense SDPA with the boolean mask wins, except on the dilated
+    window, which runs as a plain window over its two sub-sequences (half the blocks); at
+    L=4096 and 16384 the block kernel wins on the windowed masks. Each expectation is
+    re-derived from the cost model (expected_decision) and must agree with the rule."""
     from benchmarks.attention import GPU_SIZES, build_mask
 
     for L in (1024, 4096):
@@ -325,6 +330,8 @@ def test_calibrated_decisions_for_the_benchmark_cases():
             assert got.name == expected_decision(mask, 4, 12, 64, True)[0], (name, L, got.reason)
             if name == "causal":
                 assert got.label == "dense sdpa (causal)"
+            elif name == "dilated":
+                assert got.label == "block 64x64 dilation 2", got.reason
             elif L == 1024:
                 assert got.label == "dense sdpa (bool mask)", got.reason
             else:

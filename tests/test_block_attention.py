@@ -160,6 +160,90 @@ def test_matches_dense_reference(case):
     assert (out[:, empty] == 0).all()
 
 
+def _dilated_dense(d, base_dense, L_q, L_k):
+    """``[H?, L_q, L_k]``: token ``i`` may attend to ``j`` iff ``i = j (mod d)`` and the
+    base mask allows ``(i // d, j // d)``."""
+    q = torch.arange(L_q).view(-1, 1)
+    k = torch.arange(L_k).view(1, -1)
+    return (q % d == k % d) & base_dense[..., q // d, k // d]
+
+
+# (base mask name, L_q, L_k, dilation, B, H, D, BM, BN): the base mask is built for
+# ceil(L_q / d) x ceil(L_k / d); lengths that are not multiples of d (sub-sequences of
+# two lengths), ragged and even last block columns (L_k = d * BN * n: no key mask),
+# per-head base layouts, empty rows, L_q != L_k
+DILATED_CASES = [
+    ("window", 37, 37, 3, 1, 1, 32, 16, 16),
+    ("window", 64, 64, 2, 2, 1, 32, 16, 16),  # 64 = 2 * 16 * 2: EVEN_K
+    ("causal", 50, 50, 4, 1, 2, 24, 16, 16),
+    ("bigbird", 96, 96, 2, 1, 1, 32, 16, 16),
+    ("empty_rows", 70, 70, 2, 1, 1, 32, 16, 16),
+    ("per_head_stack", 45, 45, 2, 1, 2, 32, 16, 16),
+    ("random", 33, 50, 3, 1, 1, 32, 16, 32),
+]
+
+
+@pytest.mark.parametrize("case", DILATED_CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}-d{c[3]}")
+def test_dilation_matches_dense_reference(case):
+    name, L_q, L_k, d, B, H, D, BM, BN = case
+    sub_q, sub_k = -(-L_q // d), -(-L_k // d)
+    base = MASKS[name](sub_q, sub_k)
+    layout = BlockLayout.from_mask(base, BM, BN, DEVICE)
+    mask = _dilated_dense(d, base.dense(), L_q, L_k)
+    (q, k, v), g = _inputs(B, H, L_q, L_k, D, seed=sum(map(ord, str(case))))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out, lse = block_sparse_attention_lse(q, k, v, layout, dilation=d)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = reference(qd, kd, vd, mask)
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
+    scores = (qd @ kd.transpose(-1, -2)).detach() / math.sqrt(D)
+    ref_lse = scores.masked_fill(~mask.to(DEVICE), float("-inf")).logsumexp(-1)
+    ref_lse = torch.where(torch.isfinite(ref_lse), ref_lse, torch.full_like(ref_lse, float("inf")))
+    torch.testing.assert_close(lse.double(), ref_lse, atol=2e-5, rtol=2e-5)
+    out.backward(g)
+    ref.backward(g.double())
+    for label, a, b in (("dq", q, qd), ("dk", k, kd), ("dv", v, vd)):
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=2e-5, rtol=2e-5, msg=label)
+
+
+def test_dilation_bad_inputs():
+    layout = BlockLayout.from_mask(sliding_window(20, 3), 16, 16, DEVICE)
+    (q, k, v), _ = _inputs(1, 1, 40, 40, 32, seed=0)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="dilation must be an int >= 1"):
+            block_sparse_attention(q, k, v, layout, dilation=bad)
+    with pytest.raises(ValueError, match=r"with dilation=3 the layout must be for the sub-sequences.*14 x 14"):
+        block_sparse_attention(q, k, v, layout, dilation=3)
+    with pytest.raises(ValueError, match="layout is for"):
+        block_sparse_attention(q, k, v, layout)  # a 20 x 20 layout without dilation
+    out = block_sparse_attention(q, k, v, layout, dilation=2)  # ceil(40 / 2) = 20
+    torch.testing.assert_close(
+        out.double(), reference(q, k, v, _dilated_dense(2, sliding_window(20, 3).dense(), 40, 40)),
+        atol=2e-5, rtol=2e-5)
+
+
+def test_sparse_attention_runs_dilated_masks_as_sub_sequences():
+    """sparse_attention's block path splits a dilated mask (and its intersection with a
+    causal one) into sub-sequences: the decision says so, the result is the mask's."""
+    from fusegnn.sparse.sparse_attention import explain_attention, sparse_attention
+
+    L = 45
+    for mask in (dilated(L, 4, 3), dilated(L, 5, 2) & causal(L)):
+        (q, k, v), g = _inputs(1, 2, L, L, 32, seed=5)
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        decision = explain_attention(q, mask, aggregation="block", block_size=16)
+        d = mask.dilation_split()[0]
+        assert decision.dilation == d and decision.label == f"block 16x16 dilation {d}"
+        out = sparse_attention(q, k, v, mask, aggregation="block", block_size=16)
+        qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+        ref = reference(qd, kd, vd, mask.dense())
+        torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
+        out.backward(g)
+        ref.backward(g.double())
+        for a, b in ((q, qd), (k, kd), (v, vd)):
+            torch.testing.assert_close(a.grad.double(), b.grad, atol=2e-5, rtol=2e-5)
+
+
 def test_fully_empty_layout_gives_zeros_and_zero_grads():
     layout = BlockLayout.from_mask(from_dense(torch.zeros(20, 20, dtype=torch.bool)), 16, 16, DEVICE)
     assert layout.col_idx.numel() == 0
@@ -393,3 +477,28 @@ def test_table_launch_falls_back_to_fewer_stages():
     with pytest.raises(ValueError, match="not a resource problem"):
         BA._launch(Broken(), (1,), (), meta, 4, 3, fallback=True, dtype=torch.float32)
     BA._STAGES_THAT_FIT.clear()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("L,dtype", [(1000, torch.bfloat16), (2048, torch.float16)])
+def test_gpu_dilated_sub_sequences_vs_sdpa(L, dtype):
+    """A dilated window and a causal dilated window through sparse_attention's block
+    path (two sub-sequences; L = 2048 = 2 * 64 * 16 takes the unmasked-key loads), against
+    SDPA given the dense mask."""
+    import torch.nn.functional as F
+
+    from fusegnn.sparse.sparse_attention import sparse_attention
+
+    for mask in (dilated(L, 128, 2), dilated(L, 100, 2) & causal(L)):
+        dense = mask.dense(DEVICE)
+        (q, k, v), g = _inputs(2, 3, L, L, 64, seed=2, dtype=dtype)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out = sparse_attention(q, k, v, mask, aggregation="block")
+        out.backward(g)
+        q2, k2, v2 = (t.detach().float().requires_grad_() for t in (q, k, v))
+        ref = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=dense)
+        ref.backward(g.float())
+        tol = 6e-2 if dtype == torch.bfloat16 else 2e-2
+        torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+        for a, b in ((q, q2), (k, k2), (v, v2)):
+            torch.testing.assert_close(a.grad.float(), b.grad, atol=tol * 4, rtol=tol * 4)

@@ -181,6 +181,49 @@ def test_dilated_one_is_sliding_window():
         assert torch.equal(M.dilated(L, w, 1).block_map(16, 16), M.sliding_window(L, w).block_map(16, 16))
 
 
+def _split_dense(d, base, L_q, L_k):
+    """The mask a ``dilation_split`` ``(d, base)`` stands for, materialised."""
+    q = torch.arange(L_q).view(-1, 1)
+    k = torch.arange(L_k).view(1, -1)
+    return (q % d == k % d) & base.dense()[q // d, k // d]
+
+
+@given(
+    L=st.integers(1, 70),
+    window=st.integers(0, 12),
+    dilation=st.integers(1, 5),
+    other=st.sampled_from(["none", "causal", "window", "dilated", "union", "global"]),
+)
+def test_dilation_split_property(L, window, dilation, other):
+    """A dilated window (alone, or intersected with masks that depend on q - k only)
+    splits into ``dilation`` sub-sequences carrying one base mask: exactly the same
+    predicate. Unions and global tokens do not split."""
+    mask = M.dilated(L, window, dilation)
+    if other == "causal":
+        mask = mask & M.causal(L)
+    elif other == "window":
+        mask = M.sliding_window(L, 7) & mask
+    elif other == "dilated":
+        mask = mask & M.dilated(L, 3, 2)
+    elif other == "union":
+        mask = mask | M.causal(L)
+    elif other == "global":
+        mask = mask & M.global_tokens(L, 4)
+    split = mask.dilation_split()
+    if dilation == 1 or other in ("union", "global") or (other == "dilated" and dilation % 2):
+        assert split is None
+        return
+    d, base = split
+    assert d == dilation and base.shape == (-(-L // d), -(-L // d))
+    assert torch.equal(_split_dense(d, base, L, L), mask.dense())
+    assert mask.dilation_split() is split  # cached
+
+
+def test_dilation_split_of_masks_that_do_not_split():
+    for mask in (M.causal(20), M.sliding_window(20, 3), M.bigbird(20, 2, 2, 4, 0.3, 0), M.dilated(20, 3, 1)):
+        assert mask.dilation_split() is None
+
+
 def test_dilated_block_of_one_element_can_be_full():
     # L = 17, 16 x 16 blocks: block (1, 1) is the single element (16, 16), q - k = 0
     assert M.dilated(17, 2, 3).block_map(16, 16)[1, 1] == M.FULL

@@ -49,6 +49,13 @@ only ``k`` / ``v`` need a gradient, ``_bwd_preprocess`` computes :math:`\Delta` 
 ``_bwd_dq``. Masked elements and empty rows (:math:`\mathrm{lse} = +\infty`) give
 :math:`P = 0`, so they contribute no gradient.
 
+**Dilation** (``dilation=d > 1``): the sequences are ``d`` interleaved sub-sequences
+(token ``t`` is position ``t // d`` of sub-sequence ``r = t % d``), each attending within
+itself by the layout (then over ``ceil(L / d)`` positions). Every kernel row is one
+``(b, h, r)``; its tiles are read and written at token addresses ``r + d * position``
+(strided rows: nothing is copied), its statistics stored per token. With ``d = 1`` the
+compiler folds all of this away.
+
 **Scheduling.** A row whose block count exceeds twice the mean (a global token's row in
 BigBird / Longformer masks, which visits every key block) would otherwise start late in
 the grid and finish alone. Programs are numbered so that the heavy rows of every
@@ -127,6 +134,29 @@ def _scheduled_block(sched, BH, NB):
 
 
 @kernel_helper
+def _program_heads(bh, H, NHL, R: tl.constexpr):
+    """``(bhh, b, h, h_l, r)`` of kernel row ``bh = (b * H + h) * R + r``: the
+    ``(b, h)`` pair ``bhh``, its batch and head (int64), the layout's head ``h_l`` (``h``,
+    or 0 for a shared layout) and the residue ``r`` of a dilated call (0 when ``R == 1``:
+    the compiler folds it away)."""
+    r = bh % R
+    bhh = bh // R
+    b = (bhh // H).to(tl.int64)
+    h = (bhh % H).to(tl.int64)
+    h_l = bhh % H % NHL
+    return bhh, b, h, h_l, r
+
+
+@kernel_helper
+def _residue_tokens(offs, r, L, R: tl.constexpr):
+    """``(tokens, valid)``: the positions ``offs`` of residue ``r``'s sub-sequence as
+    token indices ``r + R * offs`` (int32), and whether they lie in it (``< ceil((L - r) / R)``,
+    i.e. the token ``< L``)."""
+    tokens = r + offs * R
+    return tokens, tokens < L
+
+
+@kernel_helper
 def _block_span(ptr, split_ptr, h_l, NB, block):
     """``(start, split, end)`` of a block row (column) of layout head ``h_l``: its partial
     blocks are ``start:split``, its full blocks ``split:end``."""
@@ -198,20 +228,17 @@ def _fwd_kernel(
     H, NHL, L_q, L_k, NRB, BH, D,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    SCALE_POSITIVE: tl.constexpr,
+    SCALE_POSITIVE: tl.constexpr, DILATION: tl.constexpr,
 ):
     bh, pid_m = _scheduled_block(sched, BH, NRB)  # heavy rows of every bh first
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    h_l = bh % H % NHL  # the layout's head: h, or 0 for a shared layout
+    bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
     start, split, end = _block_span(row_ptr, row_split, h_l, NRB, pid_m)  # partial blocks first
 
-    offs_m = pid_m * BM + tl.arange(0, BM)
+    tok_m, m_valid = _residue_tokens(pid_m * BM + tl.arange(0, BM), r, L_q, DILATION)
     offs_bn = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
-    m_valid = offs_m < L_q
     d_valid = offs_d < D
-    rows = offs_m[:, None].to(tl.int64)
+    rows = tok_m[:, None].to(tl.int64)
     q = tl.load(Q + b * stride_qb + h * stride_qh + rows * stride_qm + offs_d[None, :],
                 mask=m_valid[:, None] & d_valid[None, :], other=0.0)
     if UPCAST:
@@ -228,9 +255,8 @@ def _fwd_kernel(
         lo, hi = _phase_blocks(phase, start, split, end)
         for idx in range(lo, hi):
             cb = tl.load(col_idx + idx)
-            offs_n = cb * BN + offs_bn
-            n_valid = offs_n < L_k
-            cols = offs_n[:, None].to(tl.int64)
+            tok_n, n_valid = _residue_tokens(cb * BN + offs_bn, r, L_k, DILATION)
+            cols = tok_n[:, None].to(tl.int64)
             k, v = _load_kv(k_base, v_base, cols, stride_kn, stride_vn, n_valid, d_valid, EVEN_K, EVEN_D, UPCAST)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             if not SCALE_POSITIVE:  # scale <= 0: scale first (the row maximum is of scaled scores)
@@ -258,7 +284,7 @@ def _fwd_kernel(
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-    tl.store(Lse + bh.to(tl.int64) * L_q + offs_m, lse, mask=m_valid)
+    tl.store(Lse + bhh.to(tl.int64) * L_q + tok_m, lse, mask=m_valid)
     tl.store(Out + b * stride_ob + h * stride_oh + rows * stride_om + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
 
@@ -297,26 +323,24 @@ def _bwd_dkdv_kernel(
     H, NHL, L_q, L_k, NCB, BH, D,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SUB_M: tl.constexpr,
+    DILATION: tl.constexpr,
 ):
     bh, pid_n = _scheduled_block(sched, BH, NCB)  # heavy columns of every bh first
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    h_l = bh % H % NHL
+    bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
     start, split, end = _block_span(col_ptr, col_split, h_l, NCB, pid_n)  # partial blocks first
 
-    offs_n = pid_n * BN + tl.arange(0, BN)
+    tok_n, n_valid = _residue_tokens(pid_n * BN + tl.arange(0, BN), r, L_k, DILATION)
     offs_bm = tl.arange(0, SUB_M)
     offs_d = tl.arange(0, BD)
-    n_valid = offs_n < L_k
     d_valid = offs_d < D
     kv_mask = n_valid[:, None] & d_valid[None, :]
-    cols = offs_n[:, None].to(tl.int64)
+    cols = tok_n[:, None].to(tl.int64)
     k_base = K + b * stride_kb + h * stride_kh + offs_d[None, :]
     v_base = V + b * stride_vb + h * stride_vh + offs_d[None, :]
     k, v = _load_kv(k_base, v_base, cols, stride_kn, stride_vn, n_valid, d_valid, False, False, UPCAST)
     q_base = Q + b * stride_qb + h * stride_qh + offs_d[None, :]
     do_base = DO + b * stride_db + h * stride_dh + offs_d[None, :]
-    stat_base = bh.to(tl.int64) * L_q
+    stat_base = bhh.to(tl.int64) * L_q
     # element (i, j) of a [BM, BN] pattern, read transposed as [BN, SUB_M] per sub-tile
     patT_offs = offs_bm[None, :] * BN + tl.arange(0, BN)[:, None]
 
@@ -332,9 +356,8 @@ def _bwd_dkdv_kernel(
                 pid = tl.load(t_pattern + t)
             # the block's BM query rows in sub-tiles of SUB_M (smaller live tiles)
             for sub in tl.static_range(BM // SUB_M):
-                offs_m = rb * BM + sub * SUB_M + offs_bm
-                m_valid = offs_m < L_q
-                rows = offs_m[:, None].to(tl.int64)
+                tok_m, m_valid = _residue_tokens(rb * BM + sub * SUB_M + offs_bm, r, L_q, DILATION)
+                rows = tok_m[:, None].to(tl.int64)
                 qd_mask = m_valid[:, None] & d_valid[None, :]
                 q = tl.load(q_base + rows * stride_qm, mask=qd_mask, other=0.0)
                 do = tl.load(do_base + rows * stride_dm, mask=qd_mask, other=0.0)
@@ -342,8 +365,8 @@ def _bwd_dkdv_kernel(
                     q = q.to(tl.float32)
                     do = do.to(tl.float32)
                 # rows >= L_q and empty rows have lse = +inf: P = 0, no gradient
-                lse = tl.load(Lse + stat_base + offs_m, mask=m_valid, other=float("inf"))
-                delta = tl.load(Delta + stat_base + offs_m, mask=m_valid, other=0.0)
+                lse = tl.load(Lse + stat_base + tok_m, mask=m_valid, other=float("inf"))
+                delta = tl.load(Delta + stat_base + tok_m, mask=m_valid, other=0.0)
                 pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale_log2 - lse[None, :])
                 pT = _mask_block(pT, patterns + pid * (BM * BN) + sub * (SUB_M * BN) + patT_offs,
                                  n_valid[:, None], 0.0, phase == 0, EVEN_K)
@@ -372,32 +395,29 @@ def _bwd_dq_kernel(
     H, NHL, L_q, L_k, NRB, BH, D,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    SUB_N: tl.constexpr,
+    SUB_N: tl.constexpr, DILATION: tl.constexpr,
 ):
     bh, pid_m = _scheduled_block(sched, BH, NRB)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    h_l = bh % H % NHL
+    bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
     start, split, end = _block_span(row_ptr, row_split, h_l, NRB, pid_m)  # partial blocks first
 
-    offs_m = pid_m * BM + tl.arange(0, BM)
+    tok_m, m_valid = _residue_tokens(pid_m * BM + tl.arange(0, BM), r, L_q, DILATION)
     offs_bn = tl.arange(0, SUB_N)
     offs_d = tl.arange(0, BD)
-    m_valid = offs_m < L_q
     d_valid = offs_d < D
     qd_mask = m_valid[:, None] & d_valid[None, :]
-    rows = offs_m[:, None].to(tl.int64)
+    rows = tok_m[:, None].to(tl.int64)
     q = tl.load(Q + b * stride_qb + h * stride_qh + rows * stride_qm + offs_d[None, :], mask=qd_mask, other=0.0)
     do = tl.load(DO + b * stride_db + h * stride_dh + rows * stride_dm + offs_d[None, :], mask=qd_mask, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    stat_base = bh.to(tl.int64) * L_q
-    lse = tl.load(Lse + stat_base + offs_m, mask=m_valid, other=float("inf"))
+    stat_base = bhh.to(tl.int64) * L_q
+    lse = tl.load(Lse + stat_base + tok_m, mask=m_valid, other=float("inf"))
     # Delta_i = dO_i . out_i of this program's rows, stored for _bwd_dkdv (launched next)
     o = tl.load(Out + b * stride_ob + h * stride_oh + rows * stride_om + offs_d[None, :], mask=qd_mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(Delta + stat_base + offs_m, delta, mask=m_valid)
+    tl.store(Delta + stat_base + tok_m, delta, mask=m_valid)
     k_base = K + b * stride_kb + h * stride_kh + offs_d[None, :]
     v_base = V + b * stride_vb + h * stride_vh + offs_d[None, :]
     pat_offs = tl.arange(0, BM)[:, None] * BN + offs_bn[None, :]
@@ -413,9 +433,8 @@ def _bwd_dq_kernel(
                 pid = tl.load(pattern_id + idx)
             # the block's BN keys in sub-tiles of SUB_N (smaller live tiles)
             for sub in tl.static_range(BN // SUB_N):
-                offs_n = cb * BN + sub * SUB_N + offs_bn
-                n_valid = offs_n < L_k
-                cols = offs_n[:, None].to(tl.int64)
+                tok_n, n_valid = _residue_tokens(cb * BN + sub * SUB_N + offs_bn, r, L_k, DILATION)
+                cols = tok_n[:, None].to(tl.int64)
                 k, v = _load_kv(k_base, v_base, cols, stride_kn, stride_vn, n_valid, d_valid,
                                 EVEN_K, EVEN_D, UPCAST)
                 p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2 - lse[:, None])
@@ -654,7 +673,13 @@ _LAYOUT_FIELDS = (
 )
 
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, layout) -> None:
+def _check_dilation(dilation: object) -> int:
+    if isinstance(dilation, bool) or not isinstance(dilation, int) or dilation < 1:
+        raise ValueError(f"dilation must be an int >= 1, got {dilation!r}")
+    return dilation
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, layout, dilation: int = 1) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
@@ -676,9 +701,15 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, layout) -> None:
     missing = [f for f in _LAYOUT_FIELDS if not hasattr(layout, f)]
     if missing:
         raise TypeError(f"layout must be a BlockLayout, got {type(layout).__name__} (missing {missing})")
-    if (layout.L_q, layout.L_k) != (L_q, k.shape[2]):
+    if dilation == 1 and (layout.L_q, layout.L_k) != (L_q, k.shape[2]):
         raise ValueError(
             f"layout is for L_q x L_k = {layout.L_q} x {layout.L_k}, but q, k have {L_q} and {k.shape[2]}"
+        )
+    sub = (-(-L_q // dilation), -(-k.shape[2] // dilation))
+    if dilation > 1 and (layout.L_q, layout.L_k) != sub:
+        raise ValueError(
+            f"with dilation={dilation} the layout must be for the sub-sequences, ceil(L / {dilation}): "
+            f"{sub[0]} x {sub[1]} for q, k of {L_q} and {k.shape[2]}; got {layout.L_q} x {layout.L_k}"
         )
     if layout.num_heads not in (1, H):
         raise ValueError(f"layout has {layout.num_heads} heads; need 1 (shared) or H = {H}")
@@ -810,21 +841,23 @@ class _Launch(NamedTuple):
 
 
 def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: _Prepared, scale: float, precision: str,
-                  launch: LaunchConfig | None) -> _Launch:
+                  launch: LaunchConfig | None, dilation: int) -> _Launch:
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
     BM, BN = int(layout.BM), int(layout.BN)
     BD = max(16, next_pow2(D))
     cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype)
     out_strides = (H * L_q * D, L_q * D, D)  # out is allocated contiguous
+    rows = B * H * dilation  # kernel rows: one per (b, h) and residue
     return _Launch(
-        (layout.nrb * B * H,),
+        (layout.nrb * rows,),
         (prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
          scale * _LOG2E,
          *_strides(q), *_strides(k), *_strides(v), *out_strides,
-         H, int(layout.num_heads), L_q, L_k, int(layout.nrb), B * H, D),
-        _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % BN == 0, EVEN_D=BD == D, PRECISION=precision,
-                       UPCAST=_upcast(q.dtype), SCALE_POSITIVE=scale > 0), cfg.fwd_maxnreg),
+         H, int(layout.num_heads), L_q, L_k, int(layout.nrb), rows, D),
+        _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % (BN * dilation) == 0, EVEN_D=BD == D,
+                       PRECISION=precision, UPCAST=_upcast(q.dtype), SCALE_POSITIVE=scale > 0,
+                       DILATION=dilation), cfg.fwd_maxnreg),
         cfg.fwd_warps, cfg.fwd_stages,
     )
 
@@ -835,11 +868,12 @@ def _off_current_device(t: Tensor) -> bool:
 
 
 def _forward(
-    q: Tensor, k: Tensor, v: Tensor, layout, scale: float, precision: str, launch: LaunchConfig | None = None
+    q: Tensor, k: Tensor, v: Tensor, layout, scale: float, precision: str, launch: LaunchConfig | None = None,
+    dilation: int = 1,
 ) -> tuple[Tensor, Tensor]:
     if _off_current_device(q):  # Triton launches on the current device: make it q's
         with torch.cuda.device(q.device):
-            return _forward(q, k, v, layout, scale, precision, launch)
+            return _forward(q, k, v, layout, scale, precision, launch, dilation)
     B, H, L_q, D = q.shape
     out = torch.empty(B, H, L_q, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, L_q, dtype=torch.float32, device=q.device)
@@ -849,12 +883,12 @@ def _forward(
         lse.fill_(float("inf"))
         return out, lse
     spec = ("fwd", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, _alignment(q, k, v),
-            prep.aligned, int(layout.num_heads))
+            prep.aligned, int(layout.num_heads), dilation)
     key = (spec, scale, precision, launch)
     plan = prep.plans.get(key)
     if plan is None:
         _bound(prep.plans)
-        plan = prep.plans[key] = _forward_plan(q, k, v, layout, prep, scale, precision, launch)
+        plan = prep.plans[key] = _forward_plan(q, k, v, layout, prep, scale, precision, launch, dilation)
     _launch(_fwd, plan.grid, (q, k, v, out, lse, *plan.args), plan.meta, plan.warps, plan.stages,
             fallback=launch is None, dtype=q.dtype, spec_key=spec, device=q.device)
     return out, lse
@@ -862,7 +896,7 @@ def _forward(
 
 def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, layout, prep: _Prepared,
                    scale: float, precision: str, need_dq: bool, need_dkdv: bool,
-                   launch: LaunchConfig | None) -> tuple[_Launch | None, _Launch | None, _Launch | None]:
+                   launch: LaunchConfig | None, dilation: int) -> tuple[_Launch | None, _Launch | None, _Launch | None]:
     """``(dq launch, preprocess launch, dK/dV launch)``, ``None`` for those not run."""
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
@@ -871,21 +905,22 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
     cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype)
     scale_log2 = scale * _LOG2E
     nhl = int(layout.num_heads)
-    even_k = L_k % BN == 0
+    even_k = L_k % (BN * dilation) == 0
     upcast = _upcast(q.dtype)
+    rows = B * H * dilation  # kernel rows: one per (b, h) and residue
     q_contig = (H * L_q * D, L_q * D, D)  # dq, dk, dv are allocated contiguous
     k_contig = (H * L_k * D, L_k * D, D)
     dq_launch = pre_launch = dkdv_launch = None
     if need_dq:  # also computes delta = rowsum(dO * out), which _bwd_dkdv reads
         dq_warps, dq_stages = cfg.dq
         dq_launch = _Launch(
-            (layout.nrb * B * H,),
+            (layout.nrb * rows,),
             (prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
              scale, scale_log2,
              *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(out), *q_contig,
-             H, nhl, L_q, L_k, int(layout.nrb), B * H, D),
+             H, nhl, L_q, L_k, int(layout.nrb), rows, D),
             _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, EVEN_D=BD == D, PRECISION=precision,
-                           UPCAST=upcast, SUB_N=cfg.sub_n(BN)), cfg.dq_maxnreg),
+                           UPCAST=upcast, SUB_N=cfg.sub_n(BN), DILATION=dilation), cfg.dq_maxnreg),
             dq_warps, dq_stages,
         )
     elif need_dkdv:
@@ -894,13 +929,13 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
         )
     if need_dkdv:
         dkdv_launch = _Launch(
-            (layout.ncb * B * H,),
+            (layout.ncb * rows,),
             (prep.col_ptr, prep.col_split, prep.row_idx, prep.t_pattern, prep.patterns, prep.col_sched,
              scale, scale_log2,
              *_strides(q), *_strides(k), *_strides(v), *_strides(do), *k_contig, *k_contig,
-             H, nhl, L_q, L_k, int(layout.ncb), B * H, D),
+             H, nhl, L_q, L_k, int(layout.ncb), rows, D),
             _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, PRECISION=precision, UPCAST=upcast,
-                           SUB_M=cfg.sub_m(BM)), cfg.dkdv_maxnreg),
+                           SUB_M=cfg.sub_m(BM), DILATION=dilation), cfg.dkdv_maxnreg),
             cfg.bwd_warps, cfg.bwd_stages,
         )
     return dq_launch, pre_launch, dkdv_launch
@@ -908,11 +943,11 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
 
 def _backward(
     do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, layout, scale: float,
-    precision: str, need_dq: bool, need_dkdv: bool, launch: LaunchConfig | None = None,
+    precision: str, need_dq: bool, need_dkdv: bool, launch: LaunchConfig | None = None, dilation: int = 1,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     if _off_current_device(q):
         with torch.cuda.device(q.device):
-            return _backward(do, q, k, v, out, lse, layout, scale, precision, need_dq, need_dkdv, launch)
+            return _backward(do, q, k, v, out, lse, layout, scale, precision, need_dq, need_dkdv, launch, dilation)
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
     prep = _prepare(layout, q.device)
@@ -921,13 +956,13 @@ def _backward(
         return zeros(q, need_dq), zeros(k, need_dkdv), zeros(v, need_dkdv)
     do = _last_contiguous(do)
     spec = ("bwd", q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.stride(), q.dtype,
-            _alignment(q, k, v, do, out), prep.aligned, int(layout.num_heads))
+            _alignment(q, k, v, do, out), prep.aligned, int(layout.num_heads), dilation)
     key = (spec, scale, precision, need_dq, need_dkdv, launch)
     plan = prep.plans.get(key)
     if plan is None:
         _bound(prep.plans)
         plan = prep.plans[key] = _backward_plan(
-            do, q, k, v, out, layout, prep, scale, precision, need_dq, need_dkdv, launch)
+            do, q, k, v, out, layout, prep, scale, precision, need_dq, need_dkdv, launch, dilation)
     dq_launch, pre_launch, dkdv_launch = plan
     # every element is written by the kernels (blocks with no work store zeros): no memset
     dq = torch.empty(B, H, L_q, D, dtype=q.dtype, device=q.device) if need_dq else None
@@ -949,19 +984,20 @@ def _backward(
 
 
 class BlockSparseAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper: ``apply(q, k, v, layout, scale, precision, launch) -> (out, lse)``
-    (``lse`` base 2, not differentiable; ``launch`` a :class:`LaunchConfig` or ``None``
-    for :func:`launch_config`)."""
+    """Autograd wrapper: ``apply(q, k, v, layout, scale, precision, launch, dilation) ->
+    (out, lse)`` (``lse`` base 2, not differentiable; ``launch`` a :class:`LaunchConfig`
+    or ``None`` for :func:`launch_config`; ``dilation`` see :func:`block_sparse_attention`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, layout, scale, precision, launch=None):  # type: ignore[override]
+    def forward(ctx, q, k, v, layout, scale, precision, launch=None, dilation=1):  # type: ignore[override]
         q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
-        out, lse = _forward(q, k, v, layout, scale, precision, launch)
+        out, lse = _forward(q, k, v, layout, scale, precision, launch, dilation)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout = layout
         ctx.scale = scale
         ctx.precision = precision
         ctx.launch = launch
+        ctx.dilation = dilation
         ctx.mark_non_differentiable(lse)
         # lse never has a gradient: do not let autograd build a zero tensor for it
         ctx.set_materialize_grads(False)
@@ -970,24 +1006,26 @@ class BlockSparseAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):  # type: ignore[override]
         if grad_out is None:  # out was not used by the loss
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
         need_dq, need_dk, need_dv = ctx.needs_input_grad[:3]
         dq, dk, dv = _backward(
             grad_out, q, k, v, out, lse, ctx.layout, ctx.scale, ctx.precision,
-            need_dq, need_dk or need_dv, ctx.launch,
+            need_dq, need_dk or need_dv, ctx.launch, ctx.dilation,
         )
-        return dq, (dk if need_dk else None), (dv if need_dv else None), None, None, None, None
+        return dq, (dk if need_dk else None), (dv if need_dv else None), None, None, None, None, None
 
 
-def _checked_apply(q, k, v, layout, scale, allow_tf32, launch) -> tuple[Tensor, Tensor]:
+def _checked_apply(q, k, v, layout, scale, allow_tf32, launch, dilation) -> tuple[Tensor, Tensor]:
     """Validate the public entry points' arguments, then run the autograd function:
     ``(out, base-2 lse)``."""
-    _check_inputs(q, k, v, layout)
+    dilation = _check_dilation(dilation)
+    _check_inputs(q, k, v, layout, dilation)
     _check_launch(launch)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    return BlockSparseAttentionFunction.apply(q, k, v, layout, float(scale), _precision(q.dtype, allow_tf32), launch)
+    return BlockSparseAttentionFunction.apply(
+        q, k, v, layout, float(scale), _precision(q.dtype, allow_tf32), launch, dilation)
 
 
 def block_sparse_attention_lse(
@@ -999,11 +1037,12 @@ def block_sparse_attention_lse(
     *,
     allow_tf32: bool | None = None,
     launch: LaunchConfig | None = None,
+    dilation: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """Like :func:`block_sparse_attention`, also returning the natural-log log-sum-exp
     ``[B, H, L_q]`` float32 of each row's allowed scores (``+inf`` for empty rows; not
     differentiable)."""
-    out, lse2 = _checked_apply(q, k, v, layout, scale, allow_tf32, launch)
+    out, lse2 = _checked_apply(q, k, v, layout, scale, allow_tf32, launch, dilation)
     return out, lse2 / _LOG2E
 
 
@@ -1016,6 +1055,7 @@ def block_sparse_attention(
     *,
     allow_tf32: bool | None = None,
     launch: LaunchConfig | None = None,
+    dilation: int = 1,
 ) -> Tensor:
     r"""Masked softmax attention over the non-empty blocks of ``layout``, fused.
 
@@ -1031,20 +1071,34 @@ def block_sparse_attention(
             ``torch.get_float32_matmul_precision() != "highest"``).
         launch: ``num_warps`` / ``num_stages`` of the forward and backward kernels
             (``None``: :func:`launch_config`'s table; for tuning sweeps).
+        dilation: ``d >= 1``. With ``d > 1`` the sequences are taken as ``d``
+            interleaved sub-sequences -- token ``t`` is position ``t // d`` of
+            sub-sequence ``t % d`` -- and each sub-sequence attends only within itself
+            by ``layout``, which is then for ``ceil(L_q / d) x ceil(L_k / d)`` (the
+            shorter sub-sequences ``r`` use its first ``ceil((L - r) / d)`` positions):
+
+            .. math:: M_{ij} = [\, i \equiv j \pmod d \,] \cdot
+                M^{\mathrm{layout}}_{\lfloor i/d \rfloor,\, \lfloor j/d \rfloor}
+
+            A dilated window (:func:`~fusegnn.sparse.masks.dilated`) is then a plain
+            sliding window over each sub-sequence: mostly full blocks instead of every
+            block partial and half empty. No data moves: the kernels read the
+            sub-sequences through strided addresses.
 
     Returns:
         ``[B, H, L_q, D]`` in ``q``'s dtype; rows with no allowed key are zero.
         Differentiable in ``q``, ``k``, ``v`` (deterministic backward, no atomics).
     """
-    out, _ = _checked_apply(q, k, v, layout, scale, allow_tf32, launch)
+    out, _ = _checked_apply(q, k, v, layout, scale, allow_tf32, launch, dilation)
     return out
 
 
-def block_sparse_attention_prechecked(q: Tensor, k: Tensor, v: Tensor, layout, scale: float) -> Tensor:
+def block_sparse_attention_prechecked(q: Tensor, k: Tensor, v: Tensor, layout, scale: float,
+                                      dilation: int = 1) -> Tensor:
     """:func:`block_sparse_attention` without its input checks, for callers that have
     already validated ``q``, ``k``, ``v`` (a supported dtype, one device, matching
     shapes), the layout (on ``q``'s device, for ``L_q x L_k`` and ``H`` or 1 heads) and
     the float ``scale`` -- :func:`fusegnn.sparse.sparse_attention.sparse_attention`'s
     automatic path, where the checks are a measurable part of a short call."""
-    out, _ = BlockSparseAttentionFunction.apply(q, k, v, layout, scale, _precision(q.dtype, None), None)
+    out, _ = BlockSparseAttentionFunction.apply(q, k, v, layout, scale, _precision(q.dtype, None), None, dilation)
     return out

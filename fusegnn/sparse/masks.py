@@ -189,6 +189,12 @@ class Mask:
     def _params(self) -> str:
         return ""
 
+    def _on_residues(self, d: int) -> "Mask | None":
+        """The mask restricted to pairs with ``q = k (mod d)``, on sub-sequence positions
+        ``(q // d, k // d)``, when it is the same on every residue (see
+        :meth:`dilation_split`); ``None`` when it is not or is not known."""
+        return None
+
     # ------------------------------------------------------------------ public API
     @property
     def shape(self) -> tuple[int, int]:
@@ -297,6 +303,27 @@ class Mask:
         if key not in self._cache:
             self._cache[key] = self._build_graph(head, device)
         return self._cache[key]
+
+    def dilation_split(self) -> "tuple[int, Mask] | None":
+        r"""``(d, base)`` with ``d >= 2`` when the mask only connects tokens a multiple
+        of ``d`` apart and is the same mask ``base`` on each of the ``d`` interleaved
+        sub-sequences (token ``t`` is position ``t // d`` of sub-sequence ``t % d``):
+
+        .. math:: \mathrm{allowed}(q, k) = [\, q \equiv k \pmod d \,] \wedge
+            \mathrm{base.allowed}(\lfloor q/d \rfloor, \lfloor k/d \rfloor)
+
+        with ``base`` over ``ceil(L_q / d) x ceil(L_k / d)`` (a shorter sub-sequence uses
+        its first positions). :func:`dilated` masks split so (``base`` is the sliding
+        window), and so do their intersections with :func:`causal` and
+        :func:`sliding_window` masks. The block path of
+        :func:`~fusegnn.sparse.sparse_attention.sparse_attention` then runs ``base``'s
+        layout over the sub-sequences (``block_sparse_attention(..., dilation=d)``):
+        mostly full blocks instead of every block partial. ``None`` when the mask does
+        not split. Cached."""
+        return self.cached(("dilation_split",), self._dilation_split)
+
+    def _dilation_split(self) -> "tuple[int, Mask] | None":
+        return None
 
     def cached(self, key: Any, compute: Callable[[], Any]) -> Any:
         """``compute()`` cached on this (immutable) mask under ``key``."""
@@ -585,6 +612,9 @@ class Causal(_ShiftInvariant):
     def _allowed(self, q, k, h):
         return k <= q
 
+    def _on_residues(self, d):  # k <= q  <=>  k // d <= q // d  when q = k (mod d)
+        return Causal(-(-self.L // d))
+
     def _block_map(self, BM, BN, device):
         a, b, c, d = self._bounds(BM, BN, device)
         return _codes(empty=c > b, full=d <= a).unsqueeze(0)
@@ -605,6 +635,9 @@ class SlidingWindow(_ShiftInvariant):
 
     def _allowed(self, q, k, h):
         return (q - k).abs() <= self.window
+
+    def _on_residues(self, d):  # |q - k| = d |q // d - k // d| when q = k (mod d)
+        return SlidingWindow(-(-self.L // d), self.window // d)
 
     def _block_map(self, BM, BN, device):
         a, b, c, d = self._bounds(BM, BN, device)
@@ -628,6 +661,16 @@ class Dilated(_ShiftInvariant):
     def _allowed(self, q, k, h):
         diff = q - k
         return (diff.abs() <= self.window * self.dilation) & (diff % self.dilation == 0)
+
+    def _on_residues(self, d):  # q - k is a multiple of d, so of the dilation when it divides d
+        if d % self.dilation:
+            return None
+        return SlidingWindow(-(-self.L // d), self.window * self.dilation // d)
+
+    def _dilation_split(self):
+        if self.dilation == 1:
+            return None
+        return self.dilation, self._on_residues(self.dilation)
 
     def _block_map(self, BM, BN, device):
         a, b, c, d = self._bounds(BM, BN, device)
@@ -924,6 +967,24 @@ class CombinedMask(Mask):
         for r in results[1:]:
             out = (out | r) if self.op == "union" else (out & r)
         return out
+
+    def _on_residues(self, d):
+        parts = [p._on_residues(d) for p in self.parts]
+        if any(p is None for p in parts):
+            return None
+        return CombinedMask(self.op, parts)
+
+    def _dilation_split(self):
+        # an intersection with a part that splits by d splits when every other part is
+        # the same on each residue of d (a dilated window & causal: causal on each)
+        if self.op != "intersection":
+            return None
+        for part in self.parts:
+            split = part.dilation_split()
+            if split is not None:
+                base = self._on_residues(split[0])
+                return None if base is None else (split[0], base)
+        return None
 
     def _elements(self, h, rb, cb, BM, BN, device):
         out = None

@@ -26,7 +26,13 @@ Four implementations and the automatic choice (``aggregation=``):
   ``"reference"``), so the same fused kernels serve GAT and attention. Memory and work
   ``O(B H nnz)``; for masks too irregular for blocks;
 * ``"block"`` -- the fused block-sparse FlashAttention-style Triton kernel of
-  :mod:`fusegnn.kernels.block_attention` over a :class:`BlockLayout`;
+  :mod:`fusegnn.kernels.block_attention` over a :class:`BlockLayout`. A mask that only
+  connects tokens ``d`` apart and is one mask on each of the ``d`` interleaved
+  sub-sequences (:meth:`~fusegnn.sparse.masks.Mask.dilation_split`: a dilated window, also
+  intersected with a causal mask) runs that mask's layout over the sub-sequences
+  (``dilation=d``): a dilated window's blocks, all partial and half empty in token order,
+  become a plain window's, mostly full; the cost model counts ``d`` times the base
+  layout's blocks;
 * ``"dense"`` -- PyTorch's dense ``torch.nn.functional.scaled_dot_product_attention``
   (its flash / memory-efficient kernels), in the variant the mask allows
   (:meth:`~fusegnn.sparse.masks.Mask.structure`, decided from the mask's definition):
@@ -193,20 +199,25 @@ class AttentionDecision(Decision):
     Attributes:
         dense_variant: for ``name == "dense"``, one of :data:`DENSE_VARIANTS`.
         block_size: ``(BM, BN)`` of the block path (``None`` otherwise).
+        dilation: the block path's sub-sequence split (1: none; see
+            :meth:`~fusegnn.sparse.masks.Mask.dilation_split`).
         predicted_ms: ``(label, ms)`` pairs of the cost model when the auto rule used it.
     """
 
     dense_variant: str | None = None
     block_size: tuple[int, int] | None = None
     predicted_ms: tuple[tuple[str, float], ...] = ()
+    dilation: int = 1
 
     @property
     def label(self) -> str:
-        """``"dense sdpa (causal)"``, ``"block 64x64"``, ``"element"``, ``"reference"``."""
+        """``"dense sdpa (causal)"``, ``"block 64x64"``, ``"block 64x64 dilation 2"``,
+        ``"element"``, ``"reference"``."""
         if self.name == "dense":
             return f"dense sdpa ({self.dense_variant})"
         if self.name == "block" and self.block_size is not None:
-            return f"block {self.block_size[0]}x{self.block_size[1]}"
+            dilated = f" dilation {self.dilation}" if self.dilation > 1 else ""
+            return f"block {self.block_size[0]}x{self.block_size[1]}{dilated}"
         return self.name
 
 
@@ -341,6 +352,21 @@ def _layout_of(
     return mask.cached(("layout", BM, BN, device), lambda: BlockLayout.from_mask(mask, BM, BN, device))
 
 
+def _block_layout(
+    mask: Mask | BlockLayout, block_size: tuple[int, int] | None, device: torch.device
+) -> tuple[BlockLayout, int]:
+    """``(layout, dilation)`` the block kernel runs for ``mask``: a mask that splits into
+    interleaved sub-sequences (:meth:`Mask.dilation_split`) runs its base mask's layout
+    with ``dilation = d``; anything else its own layout with ``dilation = 1``.
+    ``block_size`` is the layout's (the base mask's for a split one)."""
+    if isinstance(mask, Mask):
+        split = mask.dilation_split()
+        if split is not None:
+            d, base = split
+            return _layout_of(base, block_size, device), d
+    return _layout_of(mask, block_size, device), 1
+
+
 def _block_kernel() -> tuple[Callable[..., Tensor] | None, str]:
     try:
         from fusegnn.kernels.block_attention import block_sparse_attention
@@ -357,13 +383,14 @@ def _block_prechecked() -> Callable[..., Tensor]:
 
 def _decide(
     q: Tensor, mask: Mask | BlockLayout, aggregation: str, block_size: Any, backward: bool
-) -> tuple[AttentionDecision, BlockLayout | None]:
+) -> tuple[AttentionDecision, BlockLayout | None, int]:
     """The path decision and, for the block path, its layout (built and cached on the
-    mask on ``q``'s device)."""
+    mask on ``q``'s device) and dilation (see :func:`_block_layout`)."""
     decision = explain_attention(q, mask, aggregation=aggregation, block_size=block_size, backward=backward)
     if decision.name != "block":
-        return decision, None
-    return decision, _layout_of(mask, _as_block_size(block_size), q.device)
+        return decision, None, 1
+    layout, dilation = _block_layout(mask, _as_block_size(block_size), q.device)
+    return decision, layout, dilation
 
 
 def _block_kernel_dtypes() -> tuple[torch.dtype, ...]:
@@ -493,12 +520,13 @@ def auto_attention_rule(
     """
     bs = _as_block_size(block_size)
     device = torch.device(device)
-    layout = _layout_of(mask, bs, device)
+    layout, dilation = _block_layout(mask, bs, device)
     BM, BN = layout.BM, layout.BN
     pairs = batch * heads
     per_layout_head = pairs // layout.num_heads  # pairs that share each layout head
-    blocks = layout.nnzb * per_layout_head
-    allowed = layout.density * layout.num_heads * layout.L_q * layout.L_k * per_layout_head
+    # a split mask runs its layout once per sub-sequence (dilation of them)
+    blocks = layout.nnzb * per_layout_head * dilation
+    allowed = layout.density * layout.num_heads * layout.L_q * layout.L_k * per_layout_head * dilation
     computed = layout.nnzb * BM * BN
     fill = layout.density * layout.num_heads * layout.L_q * layout.L_k / computed if computed else 1.0
     mode = "fwd+bwd" if backward else "fwd"
@@ -509,28 +537,30 @@ def auto_attention_rule(
         sparse_ms = predict("element", allowed)
         why_sparse = f"allowed elements fill {fill:.3f} < {ELEMENT_MAX_FILL} of the non-empty blocks"
     else:
-        sparse = AttentionDecision("block", "", block_size=(BM, BN))
+        sparse = AttentionDecision("block", "", block_size=(BM, BN), dilation=dilation)
         sparse_ms = predict("block", blocks, block_size=(BM, BN))
         why_sparse = f"allowed elements fill {fill:.3f} >= {ELEMENT_MAX_FILL} of the non-empty blocks"
     predicted = [(sparse.label, sparse_ms)]
 
     variant = _dense_variant(mask, bs, device)
-    mask_elements = layout.num_heads * layout.L_q * layout.L_k
+    mask_elements = layout.num_heads * _mask_of(mask).L_q * _mask_of(mask).L_k
     if variant == "bool mask" and mask_elements > DENSE_MASK_MAX_ELEMENTS:
         reason = (
             f"{sparse.label}: {why_sparse}; dense sdpa (bool mask) not considered: the mask has "
             f"{mask_elements} elements > DENSE_MASK_MAX_ELEMENTS = {DENSE_MASK_MAX_ELEMENTS}"
         )
-        return AttentionDecision(sparse.name, reason, block_size=sparse.block_size, predicted_ms=tuple(predicted))
+        return AttentionDecision(sparse.name, reason, block_size=sparse.block_size, predicted_ms=tuple(predicted),
+                                 dilation=sparse.dilation)
     dense = AttentionDecision("dense", "", dense_variant=variant)
-    dense_ms = predict("dense", pairs * layout.L_q * layout.L_k, dense_variant=variant)
+    dense_ms = predict("dense", pairs * _mask_of(mask).L_q * _mask_of(mask).L_k, dense_variant=variant)
     predicted.insert(0, (dense.label, dense_ms))
     costs = f"predicted {mode}: {dense.label} {dense_ms:.3g} ms, {sparse.label} {sparse_ms:.3g} ms"
     if dense_ms < sparse_ms:
         reason = f"{dense.label} is predicted faster ({costs}; {why_sparse}; mask structure: {variant})"
         return AttentionDecision("dense", reason, dense_variant=variant, predicted_ms=tuple(predicted))
     reason = f"{sparse.label} is predicted faster ({costs}; {why_sparse})"
-    return AttentionDecision(sparse.name, reason, block_size=sparse.block_size, predicted_ms=tuple(predicted))
+    return AttentionDecision(sparse.name, reason, block_size=sparse.block_size, predicted_ms=tuple(predicted),
+                             dilation=sparse.dilation)
 
 
 def _needs_backward(*tensors: Tensor) -> bool:
@@ -567,8 +597,10 @@ def explain_attention(
                     "fusegnn.kernels.block_attention.block_sparse_attention, which is not "
                     f"available in this build ({why}); use 'element', 'dense' or 'reference'"
                 )
-            BM, BN = (mask.BM, mask.BN) if isinstance(mask, BlockLayout) else (bs or default_block_size(mask.L_q, mask.L_k))
-            return AttentionDecision("block", reason, block_size=(BM, BN))
+            split = mask.dilation_split() if isinstance(mask, Mask) else None
+            dilation, inner = split if split is not None else (1, mask)
+            BM, BN = (mask.BM, mask.BN) if isinstance(mask, BlockLayout) else (bs or default_block_size(inner.L_q, inner.L_k))
+            return AttentionDecision("block", reason, block_size=(BM, BN), dilation=dilation)
         if aggregation == "dense":
             variant = _dense_variant(mask, bs, q.device)
             return AttentionDecision("dense", f"{reason}; mask structure: {variant}", dense_variant=variant)
@@ -627,9 +659,9 @@ def sparse_attention(
     backward = _needs_backward(q, k, v)
     if isinstance(mask, Mask):  # the rule is a pure function of these: decide once per mask
         key = ("decision", aggregation, _as_block_size(block_size), tuple(q.shape), q.dtype, q.device, backward)
-        decision, layout = mask.cached(key, lambda: _decide(q, mask, aggregation, block_size, backward))
+        decision, layout, dilation = mask.cached(key, lambda: _decide(q, mask, aggregation, block_size, backward))
     else:
-        decision, layout = _decide(q, mask, aggregation, block_size, backward)
+        decision, layout, dilation = _decide(q, mask, aggregation, block_size, backward)
     if decision.name == "reference":
         return _reference_path(q, k, v, _mask_of(mask), scale)
     if decision.name == "element":
@@ -637,7 +669,7 @@ def sparse_attention(
     if decision.name == "dense":
         return _dense_path(q, k, v, mask, scale, decision.dense_variant)
     if aggregation == "auto":  # the rule checked the dtype; q, k, v, mask and layout are checked above
-        return _block_prechecked()(q, k, v, layout, scale)
+        return _block_prechecked()(q, k, v, layout, scale, dilation)
     kernel, _ = _block_kernel()
     assert kernel is not None  # explain_attention checked it
-    return kernel(q, k, v, layout, scale)
+    return kernel(q, k, v, layout, scale, dilation=dilation)
