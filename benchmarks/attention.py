@@ -220,7 +220,8 @@ def _fusegnn(aggregation: str):
                 prep.extras[key] = (time.perf_counter() - start) * 1e3
                 prep.extras["layout"] = layout
             layout = prep.extras["layout"]
-            info.update(layout_ms=prep.extras[key], block_size=f"{layout.BM}x{layout.BN}",
+            dilated = f" dilation {decision.dilation}" if decision.dilation > 1 else ""
+            info.update(layout_ms=prep.extras[key], block_size=f"{layout.BM}x{layout.BN}{dilated}",
                         block_density=layout.block_density)
         elif decision.name == "element":
             prep.mask.to_graph(device=device)  # build (cached) outside timing

@@ -14,7 +14,10 @@ repeats, GPU-bound sizes):
 
 each with Triton's ``maxnreg`` register cap (:class:`LaunchConfig` ``*_maxnreg``).
 
-Every configuration's outputs are checked against float32 SDPA with the dense mask on
+``--table-only`` times only the launch table's configuration; ``--bands both`` times each
+kernel with the diagonal-band masking of partial blocks and with loaded element patterns
+(``FUSEGNN_BAND_PATTERNS``, see :mod:`fusegnn.kernels.block_attention`; ``on`` / ``off``:
+one of them). Every configuration's outputs are checked against float32 SDPA with the dense mask on
 batch 0, heads 0-1 first (``rel_err``; a failed check is reported and not timed). The
 compiled kernel's registers and spills are printed. Writes ``kernels.json`` and
 ``kernels.log``; the last lines are the best configuration per kernel (geometric mean of
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -53,12 +57,15 @@ def main(argv=None) -> int:
     import triton.testing
 
     from fusegnn.kernels import block_attention as ba
-    from fusegnn.sparse.sparse_attention import _layout_of
+    from fusegnn.sparse.block_layout import BlockLayout
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--cases", default=",".join(f"{m}-{L}" for m, L in CASES))
     parser.add_argument("--rtol", type=float, default=0.03)
+    parser.add_argument("--table-only", action="store_true", help="time the launch table's configuration only")
+    parser.add_argument("--bands", choices=("on", "off", "both"), default="on",
+                        help="band masking of partial blocks (FUSEGNN_BAND_PATTERNS)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     emit = Tee(args.out / "kernels.log")
@@ -77,11 +84,15 @@ def main(argv=None) -> int:
     emit(f"table (64x64, D64): {base}")
     records = []
     dev = torch.device("cuda")
-    for spec in args.cases.split(","):
+    flags = {"on": ["1"], "off": ["0"], "both": ["1", "0"]}[args.bands]
+    for spec, flag in ((spec, flag) for spec in args.cases.split(",") for flag in flags):
         name, L = spec.rsplit("-", 1)
         L = int(L)
         mask = build_mask(name, L)
-        layout = _layout_of(mask, (64, 64), dev)
+        os.environ["FUSEGNN_BAND_PATTERNS"] = flag
+        layout = BlockLayout.from_mask(mask, 64, 64, dev)  # fresh: its kernel arrays follow the flag
+        bands = ba._prepare(layout, dev).all_bands
+        emit(f"{spec}: band masking {'on' if bands else 'off'} (FUSEGNN_BAND_PATTERNS={flag})")
         gen = torch.Generator(device="cpu").manual_seed(0)
         shape = (GPU_SIZES.batch, GPU_SIZES.heads, L, GPU_SIZES.head_dim)
         q, k, v, g = (torch.randn(shape, generator=gen).to(dev, GPU_SIZES.dtype) for _ in range(4))
@@ -121,7 +132,7 @@ def main(argv=None) -> int:
             return max(_rel(dk[:1, :2], ref_grads[1]), _rel(dv[:1, :2], ref_grads[2]))
 
         for kernel, space in (("fwd", FWD), ("dq", DQ), ("dkdv", DKDV)):
-            for point in space:
+            for point in ([None] if args.table_only else space):
                 c = cfg(**{kernel: point})
                 compiled.clear()
                 try:
@@ -132,14 +143,21 @@ def main(argv=None) -> int:
                 regs = [(getattr(x, "n_regs", None), getattr(x, "n_spills", None)) for x in compiled]
                 if not err < args.rtol:
                     emit(f"{spec:18s} {kernel:5s} {point} WRONG rel_err {err:.2e}")
-                    records.append(dict(case=spec, kernel=kernel, config=list(point), ms=None, rel_err=err))
+                    records.append(dict(case=spec, kernel=kernel, config=point and list(point), ms=None, rel_err=err,
+                                        bands=bands))
                     continue
                 ms = triton.testing.do_bench(run(kernel, c), warmup=25, rep=100, return_mode="median")
-                records.append(dict(case=spec, kernel=kernel, config=list(point), ms=ms, rel_err=err, regs=regs))
-                emit(f"{spec:18s} {kernel:5s} {str(point):14s} {ms:8.4f} ms  err {err:.1e}  regs/spills {regs}")
+                records.append(dict(case=spec, kernel=kernel, config=point and list(point), ms=ms, rel_err=err,
+                                    regs=regs, bands=bands))
+                emit(f"{spec:18s} {kernel:5s} {str(point or 'table'):14s} {ms:8.4f} ms  err {err:.1e}  "
+                     f"regs/spills {regs}  bands {bands}")
         del q, k, v, g, out, lse
         torch.cuda.empty_cache()
 
+    if args.table_only:
+        (args.out / "kernels.json").write_text(json.dumps({"records": records}, indent=1))
+        ba._launch = original_launch
+        return 0
     emit("--- best per kernel (geometric mean of ms / case best)")
     summary = {}
     for kernel in ("fwd", "dq", "dkdv"):

@@ -206,6 +206,39 @@ def test_dilation_matches_dense_reference(case):
         torch.testing.assert_close(a.grad.double(), b.grad, atol=2e-5, rtol=2e-5, msg=label)
 
 
+def test_band_patterns_replace_loaded_patterns(monkeypatch):
+    """Layouts whose partial blocks are all diagonal bands (windows, causal, Longformer at
+    a length the blocks divide) mask by ``lo <= i - j <= hi``; the others (a dilated
+    window, a ragged last block, a dense random mask) load their patterns. Both give the
+    same result, and FUSEGNN_BAND_PATTERNS=0 turns the bands off."""
+    from fusegnn.kernels import block_attention as BA
+
+    # the test masks' 2-4 global tokens cut Longformer / BigBird blocks: not bands there;
+    # 16 global tokens fill whole 16 x 16 blocks, which are then full
+    expect = {"window": True, "causal": True, "longformer": False, "bigbird": False, "dilated": False,
+              "random": False, "longformer16": True}
+    for name, banded in expect.items():
+        if name == "longformer16":
+            layout = BlockLayout.from_mask(longformer(64, 5, 16), 16, 16, DEVICE)
+        else:
+            _, layout = make(name, 64, 64)
+        prep = BA._prepare(layout, DEVICE)
+        assert prep.all_bands is banded, name
+        lo, hi = prep.bands[:, 0].tolist(), prep.bands[:, 1].tolist()
+        assert all(a <= b for a, b in zip(lo, hi)), name
+    assert BA._prepare(make("window", 40, 40)[1], DEVICE).all_bands is False  # ragged: cut patterns
+    (q, k, v), g = _inputs(1, 2, 64, 64, 32, seed=21)
+    outs = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("FUSEGNN_BAND_PATTERNS", flag)
+        mask = longformer(64, 5, 16)
+        layout = BlockLayout.from_mask(mask, 16, 16, DEVICE)
+        mask = mask.dense()
+        assert BA._prepare(layout, DEVICE).all_bands is (flag == "1")
+        outs.append(_check(q, k, v, g, mask, layout))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-6, rtol=1e-6)
+
+
 def test_dilation_bad_inputs():
     layout = BlockLayout.from_mask(sliding_window(20, 3), 16, 16, DEVICE)
     (q, k, v), _ = _inputs(1, 1, 40, 40, 32, seed=0)
@@ -483,13 +516,14 @@ def test_table_launch_falls_back_to_fewer_stages():
 @pytest.mark.parametrize("L,dtype", [(1000, torch.bfloat16), (2048, torch.float16)])
 def test_gpu_dilated_sub_sequences_vs_sdpa(L, dtype):
     """A dilated window and a causal dilated window through sparse_attention's block
-    path (two sub-sequences; L = 2048 = 2 * 64 * 16 takes the unmasked-key loads), against
-    SDPA given the dense mask."""
+    path (two sub-sequences; L = 2048 = 2 * 64 * 16 takes the unmasked-key loads and band
+    patterns), and a Longformer mask (band patterns at L = 2048), against SDPA given the
+    dense mask."""
     import torch.nn.functional as F
 
     from fusegnn.sparse.sparse_attention import sparse_attention
 
-    for mask in (dilated(L, 128, 2), dilated(L, 100, 2) & causal(L)):
+    for mask in (dilated(L, 128, 2), dilated(L, 100, 2) & causal(L), longformer(L, 100, 64)):
         dense = mask.dense(DEVICE)
         (q, k, v), g = _inputs(2, 3, L, L, 64, seed=2, dtype=dtype)
         q, k, v = (t.requires_grad_() for t in (q, k, v))

@@ -19,7 +19,10 @@ grows (logits are kept in base 2: :math:`S \log_2 e`; for ``scale > 0`` the runn
 is taken over the unscaled products and scaled once per row, so each score costs one fused
 multiply-add before :math:`2^x`). As in FlexAttention, each row's
 blocks are visited in two loops: first its partial blocks, which load their element
-pattern (stored once per distinct pattern in ``patterns``), then its full blocks
+pattern (stored once per distinct pattern in ``patterns``; when every pattern of the
+layout is a diagonal band ``lo <= i - j <= hi`` -- windows, causal, Longformer and BigBird
+-- the kernels test ``i - j`` against the pattern's ``(lo, hi)`` instead of loading it),
+then its full blocks
 (``pattern_id == -1``), which use no element mask at all (the kernels' copy of the index
 lists each row's partial blocks first and records where its full blocks start). Keys ``>= L_k`` are always masked (last
 block column of a length that is not a multiple of ``BN``); rows ``>= L_q`` are computed
@@ -80,8 +83,9 @@ and 128 are the tuned ones). The layout's ``BM``/``BN`` are the kernel's tile si
 
 from __future__ import annotations
 
-import math
 import functools
+import math
+import os
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -180,14 +184,23 @@ def _phase_blocks(PHASE: tl.constexpr, start, split, end):
 
 
 @kernel_helper
-def _mask_block(x, pattern_ptrs, key_valid, fill: tl.constexpr, PARTIAL: tl.constexpr, EVEN_K: tl.constexpr):
+def _mask_block(x, pattern_ptrs, band_ptr, diff, key_valid, fill: tl.constexpr, PARTIAL: tl.constexpr,
+                EVEN_K: tl.constexpr, BANDS: tl.constexpr):
     """``x`` (scores or probabilities of one block or sub-tile) where the block allows it,
-    else ``fill``: for a partial block its element pattern (read at ``pattern_ptrs``, the
-    same shape as ``x``) and the key bound ``key_valid``; for a full block only the key
-    bound, and only for a ragged last block column (``not EVEN_K``)."""
+    else ``fill``: for a partial block its element pattern and the key bound
+    ``key_valid``; for a full block only the key bound, and only for a ragged last block
+    column (``not EVEN_K``). The pattern is read at ``pattern_ptrs`` (the shape of ``x``),
+    or, when every pattern of the layout is a diagonal band (``BANDS``), it is
+    ``lo <= i - j <= hi`` with ``(lo, hi)`` at ``band_ptr`` and ``diff`` the tile's
+    ``i - j`` (no element load)."""
     if PARTIAL:
-        pat = tl.load(pattern_ptrs)
-        x = tl.where((pat != 0) & key_valid, x, fill)
+        if BANDS:
+            lo = tl.load(band_ptr)
+            hi = tl.load(band_ptr + 1)
+            keep = (diff >= lo) & (diff <= hi)
+        else:
+            keep = tl.load(pattern_ptrs) != 0
+        x = tl.where(keep & key_valid, x, fill)
     else:
         if not EVEN_K:
             x = tl.where(key_valid, x, fill)
@@ -219,7 +232,7 @@ def _load_kv(k_base, v_base, cols, stride_kn, stride_vn, n_valid, d_valid,
 
 def _fwd_kernel(
     Q, K, V, Out, Lse,
-    row_ptr, row_split, col_idx, pattern_id, patterns, sched,
+    row_ptr, row_split, col_idx, pattern_id, patterns, bands, sched,
     sm_scale_log2,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -228,7 +241,7 @@ def _fwd_kernel(
     H, NHL, L_q, L_k, NRB, BH, D,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    SCALE_POSITIVE: tl.constexpr, DILATION: tl.constexpr,
+    SCALE_POSITIVE: tl.constexpr, DILATION: tl.constexpr, BANDS: tl.constexpr,
 ):
     bh, pid_m = _scheduled_block(sched, BH, NRB)  # heavy rows of every bh first
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
@@ -246,6 +259,7 @@ def _fwd_kernel(
     k_base = K + b * stride_kb + h * stride_kh + offs_d[None, :]
     v_base = V + b * stride_vb + h * stride_vh + offs_d[None, :]
     pat_offs = tl.arange(0, BM)[:, None] * BN + offs_bn[None, :]
+    diff = tl.arange(0, BM)[:, None] - offs_bn[None, :]  # i - j within a block
 
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
@@ -264,8 +278,8 @@ def _fwd_kernel(
             pid = 0  # the partial block's element pattern (phase 0 only)
             if phase == 0:
                 pid = tl.load(pattern_id + idx)
-            s = _mask_block(s, patterns + pid * (BM * BN) + pat_offs, n_valid[None, :], float("-inf"),
-                            phase == 0, EVEN_K)
+            s = _mask_block(s, patterns + pid * (BM * BN) + pat_offs, bands + 2 * pid, diff, n_valid[None, :],
+                            float("-inf"), phase == 0, EVEN_K, BANDS)
             if SCALE_POSITIVE:
                 # max(scale * s) = scale * max(s): one fused multiply-add per score below
                 m_new = tl.maximum(m_i, tl.max(s, 1) * sm_scale_log2)
@@ -312,7 +326,7 @@ def _bwd_preprocess_kernel(
 
 def _bwd_dkdv_kernel(
     Q, K, V, DO, Lse, Delta, DK, DV,
-    col_ptr, col_split, row_idx, t_pattern, patterns, sched,
+    col_ptr, col_split, row_idx, t_pattern, patterns, bands, sched,
     sm_scale, sm_scale_log2,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -323,7 +337,7 @@ def _bwd_dkdv_kernel(
     H, NHL, L_q, L_k, NCB, BH, D,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SUB_M: tl.constexpr,
-    DILATION: tl.constexpr,
+    DILATION: tl.constexpr, BANDS: tl.constexpr,
 ):
     bh, pid_n = _scheduled_block(sched, BH, NCB)  # heavy columns of every bh first
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
@@ -343,6 +357,7 @@ def _bwd_dkdv_kernel(
     stat_base = bhh.to(tl.int64) * L_q
     # element (i, j) of a [BM, BN] pattern, read transposed as [BN, SUB_M] per sub-tile
     patT_offs = offs_bm[None, :] * BN + tl.arange(0, BN)[:, None]
+    diffT = offs_bm[None, :] - tl.arange(0, BN)[:, None]  # i - j, transposed, of sub-tile 0
 
     dk = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BD], dtype=tl.float32)
@@ -368,8 +383,8 @@ def _bwd_dkdv_kernel(
                 lse = tl.load(Lse + stat_base + tok_m, mask=m_valid, other=float("inf"))
                 delta = tl.load(Delta + stat_base + tok_m, mask=m_valid, other=0.0)
                 pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale_log2 - lse[None, :])
-                pT = _mask_block(pT, patterns + pid * (BM * BN) + sub * (SUB_M * BN) + patT_offs,
-                                 n_valid[:, None], 0.0, phase == 0, EVEN_K)
+                pT = _mask_block(pT, patterns + pid * (BM * BN) + sub * (SUB_M * BN) + patT_offs, bands + 2 * pid,
+                                 diffT + sub * SUB_M, n_valid[:, None], 0.0, phase == 0, EVEN_K, BANDS)
                 dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
                 dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
                 dsT = pT * (dpT - delta[None, :])
@@ -384,7 +399,7 @@ def _bwd_dkdv_kernel(
 
 def _bwd_dq_kernel(
     Q, K, V, DO, Out, Lse, Delta, DQ,
-    row_ptr, row_split, col_idx, pattern_id, patterns, sched,
+    row_ptr, row_split, col_idx, pattern_id, patterns, bands, sched,
     sm_scale, sm_scale_log2,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -395,7 +410,7 @@ def _bwd_dq_kernel(
     H, NHL, L_q, L_k, NRB, BH, D,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    SUB_N: tl.constexpr, DILATION: tl.constexpr,
+    SUB_N: tl.constexpr, DILATION: tl.constexpr, BANDS: tl.constexpr,
 ):
     bh, pid_m = _scheduled_block(sched, BH, NRB)
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
@@ -421,6 +436,7 @@ def _bwd_dq_kernel(
     k_base = K + b * stride_kb + h * stride_kh + offs_d[None, :]
     v_base = V + b * stride_vb + h * stride_vh + offs_d[None, :]
     pat_offs = tl.arange(0, BM)[:, None] * BN + offs_bn[None, :]
+    diff = tl.arange(0, BM)[:, None] - offs_bn[None, :]  # i - j of sub-tile 0
 
     dq = tl.zeros([BM, BD], dtype=tl.float32)
     # phase 0: partial blocks (element pattern), phase 1: full blocks (no element mask)
@@ -438,8 +454,8 @@ def _bwd_dq_kernel(
                 k, v = _load_kv(k_base, v_base, cols, stride_kn, stride_vn, n_valid, d_valid,
                                 EVEN_K, EVEN_D, UPCAST)
                 p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2 - lse[:, None])
-                p = _mask_block(p, patterns + pid * (BM * BN) + sub * SUB_N + pat_offs, n_valid[None, :], 0.0,
-                                phase == 0, EVEN_K)
+                p = _mask_block(p, patterns + pid * (BM * BN) + sub * SUB_N + pat_offs, bands + 2 * pid,
+                                diff - sub * SUB_N, n_valid[None, :], 0.0, phase == 0, EVEN_K, BANDS)
                 dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
                 ds = p * (dp - delta[:, None])
                 dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
@@ -599,6 +615,30 @@ def _partial_first(ptr: Tensor, is_partial: Tensor, *arrays: Tensor) -> tuple[Te
     return (split, *(_int32(a[order]) for a in arrays))
 
 
+def _band_table(patterns: Tensor) -> tuple[Tensor, bool]:
+    """``(bands, all_bands)``: ``bands [max(P, 1), 2]`` int32 the ``(lo, hi)`` range of
+    ``i - j`` over each ``[P, BM, BN]`` pattern's allowed elements, and whether every
+    pattern is exactly its band ``lo <= i - j <= hi`` -- true of sliding-window, causal
+    and Longformer / BigBird window blocks, false of a dilated window's or a dense mask's.
+    One host synchronisation (once per layout)."""
+    P, BM, BN = patterns.shape
+    if P == 0:
+        return torch.zeros(1, 2, dtype=torch.int32, device=patterns.device), False
+    diff = (torch.arange(BM, device=patterns.device).view(-1, 1)
+            - torch.arange(BN, device=patterns.device).view(1, -1))
+    far = BM + BN
+    lo = torch.where(patterns, diff, far).amin(dim=(1, 2))
+    hi = torch.where(patterns, diff, -far).amax(dim=(1, 2))
+    band = (diff >= lo.view(-1, 1, 1)) & (diff <= hi.view(-1, 1, 1))
+    return torch.stack([lo, hi], 1).to(torch.int32).contiguous(), bool((band == patterns).all())
+
+
+def _bands_enabled() -> bool:
+    """``FUSEGNN_BAND_PATTERNS=0`` makes the kernels always load element patterns (for
+    comparing the two on a GPU)."""
+    return os.environ.get("FUSEGNN_BAND_PATTERNS", "1") != "0"
+
+
 @dataclass
 class _Prepared:
     """The kernels' view of a layout: each block row (column) lists its partial blocks
@@ -615,6 +655,10 @@ class _Prepared:
     t_pattern: Tensor
     row_sched: Tensor
     col_sched: Tensor
+    #: (lo, hi) of each pattern's diagonal band, and whether the kernels use them instead
+    #: of the patterns (every pattern is its band, see _band_table)
+    bands: Tensor
+    all_bands: bool
     nnzb: int
     #: every array above starts on a 16-byte boundary (set by _prepare)
     aligned: bool = True
@@ -627,12 +671,13 @@ def _int32(t: Tensor) -> Tensor:
 
 
 def _prepare(layout, device: torch.device) -> _Prepared:
-    """Kernel-ready int32 / uint8 arrays of ``layout``, computed on its device without a
-    host synchronisation and cached on the layout object."""
+    """Kernel-ready int32 / uint8 arrays of ``layout``, computed on its device and cached
+    on the layout object (one host synchronisation: whether its patterns are bands)."""
     cache = getattr(layout, "_kernel_cache", None)
     if isinstance(cache, _Prepared) and cache.row_ptr.device == device:
         return cache
     patterns = layout.patterns
+    bands, all_bands = _band_table(patterns.to(device=device, dtype=torch.bool))
     if patterns.numel() == 0:  # no partial block: a 1-element dummy the kernels never read
         patterns = torch.zeros(1, dtype=torch.uint8, device=device)
     else:
@@ -653,6 +698,8 @@ def _prepare(layout, device: torch.device) -> _Prepared:
         t_pattern=t_pattern_r,
         row_sched=_heavy_first_order(layout.row_ptr, layout.nrb),
         col_sched=_heavy_first_order(layout.col_ptr, layout.ncb),
+        bands=bands,
+        all_bands=all_bands and _bands_enabled(),
         nnzb=int(layout.col_idx.numel()),
     )
     prepared.aligned = _layout_aligned(prepared)
@@ -808,7 +855,7 @@ def _layout_aligned(prep: _Prepared) -> bool:
     return all(
         t.data_ptr() % 16 == 0
         for t in (prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.col_ptr,
-                  prep.col_split, prep.row_idx, prep.t_pattern, prep.row_sched, prep.col_sched)
+                  prep.col_split, prep.row_idx, prep.t_pattern, prep.row_sched, prep.col_sched, prep.bands)
     )
 
 
@@ -851,13 +898,13 @@ def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: _Prepared, scal
     rows = B * H * dilation  # kernel rows: one per (b, h) and residue
     return _Launch(
         (layout.nrb * rows,),
-        (prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
+        (prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.bands, prep.row_sched,
          scale * _LOG2E,
          *_strides(q), *_strides(k), *_strides(v), *out_strides,
          H, int(layout.num_heads), L_q, L_k, int(layout.nrb), rows, D),
         _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % (BN * dilation) == 0, EVEN_D=BD == D,
                        PRECISION=precision, UPCAST=_upcast(q.dtype), SCALE_POSITIVE=scale > 0,
-                       DILATION=dilation), cfg.fwd_maxnreg),
+                       DILATION=dilation, BANDS=prep.all_bands), cfg.fwd_maxnreg),
         cfg.fwd_warps, cfg.fwd_stages,
     )
 
@@ -915,12 +962,13 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
         dq_warps, dq_stages = cfg.dq
         dq_launch = _Launch(
             (layout.nrb * rows,),
-            (prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.row_sched,
+            (prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.bands, prep.row_sched,
              scale, scale_log2,
              *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(out), *q_contig,
              H, nhl, L_q, L_k, int(layout.nrb), rows, D),
             _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, EVEN_D=BD == D, PRECISION=precision,
-                           UPCAST=upcast, SUB_N=cfg.sub_n(BN), DILATION=dilation), cfg.dq_maxnreg),
+                           UPCAST=upcast, SUB_N=cfg.sub_n(BN), DILATION=dilation, BANDS=prep.all_bands),
+                      cfg.dq_maxnreg),
             dq_warps, dq_stages,
         )
     elif need_dkdv:
@@ -930,12 +978,12 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
     if need_dkdv:
         dkdv_launch = _Launch(
             (layout.ncb * rows,),
-            (prep.col_ptr, prep.col_split, prep.row_idx, prep.t_pattern, prep.patterns, prep.col_sched,
+            (prep.col_ptr, prep.col_split, prep.row_idx, prep.t_pattern, prep.patterns, prep.bands, prep.col_sched,
              scale, scale_log2,
              *_strides(q), *_strides(k), *_strides(v), *_strides(do), *k_contig, *k_contig,
              H, nhl, L_q, L_k, int(layout.ncb), rows, D),
             _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, PRECISION=precision, UPCAST=upcast,
-                           SUB_M=cfg.sub_m(BM), DILATION=dilation), cfg.dkdv_maxnreg),
+                           SUB_M=cfg.sub_m(BM), DILATION=dilation, BANDS=prep.all_bands), cfg.dkdv_maxnreg),
             cfg.bwd_warps, cfg.bwd_stages,
         )
     return dq_launch, pre_launch, dkdv_launch
