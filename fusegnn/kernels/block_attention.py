@@ -184,20 +184,22 @@ def _phase_blocks(PHASE: tl.constexpr, start, split, end):
 
 
 @kernel_helper
-def _mask_block(x, pattern_ptrs, band_ptr, diff, key_valid, fill: tl.constexpr, PARTIAL: tl.constexpr,
+def _mask_block(x, pattern_ptrs, band_ptr, rows, cols, key_valid, fill: tl.constexpr, PARTIAL: tl.constexpr,
                 EVEN_K: tl.constexpr, BANDS: tl.constexpr):
     """``x`` (scores or probabilities of one block or sub-tile) where the block allows it,
     else ``fill``: for a partial block its element pattern and the key bound
     ``key_valid``; for a full block only the key bound, and only for a ragged last block
     column (``not EVEN_K``). The pattern is read at ``pattern_ptrs`` (the shape of ``x``),
     or, when every pattern of the layout is a diagonal band (``BANDS``), it is
-    ``lo <= i - j <= hi`` with ``(lo, hi)`` at ``band_ptr`` and ``diff`` the tile's
-    ``i - j`` (no element load)."""
+    ``lo <= i - j <= hi`` with ``(lo, hi)`` at ``band_ptr``, tested as
+    ``i - hi <= j <= i - lo`` on the tile's in-block rows ``i`` and columns ``j``
+    (broadcastable vectors ``rows``, ``cols``: no element load, and no tile-sized
+    index kept live across the loop)."""
     if PARTIAL:
         if BANDS:
             lo = tl.load(band_ptr)
             hi = tl.load(band_ptr + 1)
-            keep = (diff >= lo) & (diff <= hi)
+            keep = (cols >= rows - hi) & (cols <= rows - lo)
         else:
             keep = tl.load(pattern_ptrs) != 0
         x = tl.where(keep & key_valid, x, fill)
@@ -259,7 +261,6 @@ def _fwd_kernel(
     k_base = K + b * stride_kb + h * stride_kh + offs_d[None, :]
     v_base = V + b * stride_vb + h * stride_vh + offs_d[None, :]
     pat_offs = tl.arange(0, BM)[:, None] * BN + offs_bn[None, :]
-    diff = tl.arange(0, BM)[:, None] - offs_bn[None, :]  # i - j within a block
 
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
@@ -278,8 +279,8 @@ def _fwd_kernel(
             pid = 0  # the partial block's element pattern (phase 0 only)
             if phase == 0:
                 pid = tl.load(pattern_id + idx)
-            s = _mask_block(s, patterns + pid * (BM * BN) + pat_offs, bands + 2 * pid, diff, n_valid[None, :],
-                            float("-inf"), phase == 0, EVEN_K, BANDS)
+            s = _mask_block(s, patterns + pid * (BM * BN) + pat_offs, bands + 2 * pid, tl.arange(0, BM)[:, None],
+                            offs_bn[None, :], n_valid[None, :], float("-inf"), phase == 0, EVEN_K, BANDS)
             if SCALE_POSITIVE:
                 # max(scale * s) = scale * max(s): one fused multiply-add per score below
                 m_new = tl.maximum(m_i, tl.max(s, 1) * sm_scale_log2)
@@ -357,7 +358,6 @@ def _bwd_dkdv_kernel(
     stat_base = bhh.to(tl.int64) * L_q
     # element (i, j) of a [BM, BN] pattern, read transposed as [BN, SUB_M] per sub-tile
     patT_offs = offs_bm[None, :] * BN + tl.arange(0, BN)[:, None]
-    diffT = offs_bm[None, :] - tl.arange(0, BN)[:, None]  # i - j, transposed, of sub-tile 0
 
     dk = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BD], dtype=tl.float32)
@@ -384,7 +384,8 @@ def _bwd_dkdv_kernel(
                 delta = tl.load(Delta + stat_base + tok_m, mask=m_valid, other=0.0)
                 pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale_log2 - lse[None, :])
                 pT = _mask_block(pT, patterns + pid * (BM * BN) + sub * (SUB_M * BN) + patT_offs, bands + 2 * pid,
-                                 diffT + sub * SUB_M, n_valid[:, None], 0.0, phase == 0, EVEN_K, BANDS)
+                                 (sub * SUB_M + offs_bm)[None, :], tl.arange(0, BN)[:, None], n_valid[:, None], 0.0,
+                                 phase == 0, EVEN_K, BANDS)
                 dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
                 dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
                 dsT = pT * (dpT - delta[None, :])
@@ -436,7 +437,6 @@ def _bwd_dq_kernel(
     k_base = K + b * stride_kb + h * stride_kh + offs_d[None, :]
     v_base = V + b * stride_vb + h * stride_vh + offs_d[None, :]
     pat_offs = tl.arange(0, BM)[:, None] * BN + offs_bn[None, :]
-    diff = tl.arange(0, BM)[:, None] - offs_bn[None, :]  # i - j of sub-tile 0
 
     dq = tl.zeros([BM, BD], dtype=tl.float32)
     # phase 0: partial blocks (element pattern), phase 1: full blocks (no element mask)
@@ -455,7 +455,8 @@ def _bwd_dq_kernel(
                                 EVEN_K, EVEN_D, UPCAST)
                 p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2 - lse[:, None])
                 p = _mask_block(p, patterns + pid * (BM * BN) + sub * SUB_N + pat_offs, bands + 2 * pid,
-                                diff - sub * SUB_N, n_valid[None, :], 0.0, phase == 0, EVEN_K, BANDS)
+                                tl.arange(0, BM)[:, None], (sub * SUB_N + offs_bn)[None, :], n_valid[None, :], 0.0,
+                                phase == 0, EVEN_K, BANDS)
                 dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
                 ds = p * (dp - delta[:, None])
                 dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
