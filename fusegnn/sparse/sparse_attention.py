@@ -642,7 +642,9 @@ def sparse_attention(
             ``"dense"`` (PyTorch's SDPA: no mask, ``is_causal=True`` or a boolean mask, as
             the mask allows).
         block_size: ``BM`` (square) or ``(BM, BN)``, powers of two >= 16, for the block
-            layout built from a ``Mask`` (``None``: :func:`default_block_size`).
+            layout built from a ``Mask`` -- for a mask that splits into sub-sequences
+            (:meth:`~fusegnn.sparse.masks.Mask.dilation_split`), its base mask's layout
+            (``None``: :func:`default_block_size` of the layout's length).
         element_aggregation: backend of the element path's inner ``sddmm`` /
             ``edge_softmax`` / ``spmm`` (``"auto"``, ``"gas"``, ``"gar"``,
             ``"reference"``).
