@@ -543,7 +543,8 @@ def auto_attention_rule(
     predicted = [(sparse.label, sparse_ms)]
 
     variant = _dense_variant(mask, bs, device)
-    mask_elements = layout.num_heads * _mask_of(mask).L_q * _mask_of(mask).L_k
+    L_q, L_k = _mask_of(mask).shape  # the mask's own lengths (a split mask's layout is shorter)
+    mask_elements = layout.num_heads * L_q * L_k
     if variant == "bool mask" and mask_elements > DENSE_MASK_MAX_ELEMENTS:
         reason = (
             f"{sparse.label}: {why_sparse}; dense sdpa (bool mask) not considered: the mask has "
@@ -552,7 +553,7 @@ def auto_attention_rule(
         return AttentionDecision(sparse.name, reason, block_size=sparse.block_size, predicted_ms=tuple(predicted),
                                  dilation=sparse.dilation)
     dense = AttentionDecision("dense", "", dense_variant=variant)
-    dense_ms = predict("dense", pairs * _mask_of(mask).L_q * _mask_of(mask).L_k, dense_variant=variant)
+    dense_ms = predict("dense", pairs * L_q * L_k, dense_variant=variant)
     predicted.insert(0, (dense.label, dense_ms))
     costs = f"predicted {mode}: {dense.label} {dense_ms:.3g} ms, {sparse.label} {sparse_ms:.3g} ms"
     if dense_ms < sparse_ms:
