@@ -20,6 +20,8 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
+from fusegnn.kernels._launch import _Bound
+
 __all__ = [
     "LazyKernel",
     "ChunkSchedule",
@@ -119,7 +121,8 @@ class LazyKernel:
         self.__doc__ = fn.__doc__
         self._kernel = None
 
-    def __getitem__(self, grid):
+    def triton_launcher(self, grid):
+        """Triton's own launch of the jitted kernel (its binder on every call)."""
         if self._kernel is None:
             import triton
 
@@ -128,6 +131,11 @@ class LazyKernel:
             _jit_helpers(self.fn)
             self._kernel = triton.jit(self.fn)
         return self._kernel[grid]
+
+    def __getitem__(self, grid):
+        """``kernel[grid](*args, **options)``, relaunched without Triton's binder once
+        compiled (:func:`fusegnn.kernels._launch.launch_kernel`)."""
+        return _Bound(self, grid)
 
 
 def _check_interpreter_usable() -> None:

@@ -23,6 +23,15 @@ It falls back to the ordinary launch, and stays correct, when:
   arguments (``TypeError``): the fast path is then switched off for the process.
 
 ``FUSEGNN_FAST_LAUNCH=0`` switches it off too (for comparisons).
+
+**Every kernel launches through here.** ``kernel[grid](*args, **options)`` on a
+:class:`~fusegnn.kernels._edge_utils.LazyKernel` (or a :class:`FastKernel` around a plain
+``@triton.jit`` kernel) calls :func:`launch_kernel`, which builds the specialisation key
+itself (:func:`spec_key`: every tensor's dtype and 16-byte alignment, every integer's
+``== 1``, divisibility by 16 and width class, the kind of every other argument). That key
+distinguishes at least every case Triton's binder does, so a relaunch never runs a kernel
+compiled for another specialisation. Callers with a cheaper key of their own (the
+block-attention plans) call :func:`launch` with it directly.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["launch", "fast_launch_enabled", "clear_cache"]
+__all__ = ["launch", "launch_kernel", "spec_key", "FastKernel", "fast_launch_enabled", "clear_cache"]
 
 #: (kernel name, spec key, meta items, warps, stages, device) -> _Entry. Keys carry exact
 #: sizes (a new sequence length is a new key, sharing Triton's compiled kernel), so the
@@ -141,10 +150,11 @@ def launch(
     ``kernel`` is a :class:`~fusegnn.kernels._edge_utils.LazyKernel`; ``meta`` holds its
     constexprs and Triton options (e.g. ``maxnreg``). Without ``spec_key`` (or a CUDA
     ``device``) it is the ordinary launch. Returns Triton's compiled kernel."""
-    fast = spec_key is not None and device is not None and device.type == "cuda" and fast_launch_enabled()
+    fast = (spec_key is not None and device is not None and device.type == "cuda" and fast_launch_enabled()
+            and type(grid) is tuple)
     if fast:
         dev = torch.cuda.current_device()
-        key = (kernel.__name__, spec_key, tuple(meta.items()), warps, stages, dev)
+        key = (kernel, spec_key, tuple(meta.items()), warps, stages, dev)
         entry = _CACHE.get(key)
         if entry is not None and len(args) == entry.n_args and not _hooks_installed():
             g1 = grid[1] if len(grid) > 1 else 1
@@ -157,7 +167,12 @@ def launch(
             except TypeError:  # this Triton's launcher takes other arguments: never again
                 _STATE["broken"] = True
                 _CACHE.clear()
-    compiled = kernel[grid](*args, **meta, num_warps=warps, num_stages=stages)
+    ordinary = getattr(kernel, "triton_launcher", None)
+    launcher = ordinary(grid) if ordinary is not None else kernel[grid]
+    if stages is None:
+        compiled = launcher(*args, **meta, num_warps=warps)
+    else:
+        compiled = launcher(*args, **meta, num_warps=warps, num_stages=stages)
     if fast and not _STATE["broken"]:
         entry = _entry_for(kernel, compiled, args, meta)
         if entry is not None:
@@ -165,3 +180,69 @@ def launch(
                 _CACHE.clear()
             _CACHE[key] = entry
     return compiled
+
+
+_INT32 = (-(2**31), 2**31)
+
+
+def _arg_key(arg: Any) -> Hashable:
+    """What Triton's binder may specialise on for one runtime argument (a superset)."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() & 15 == 0
+    if isinstance(arg, bool):
+        return bool, arg
+    if isinstance(arg, int):
+        return int, arg == 1, arg % 16 == 0, _INT32[0] <= arg < _INT32[1], arg >= 2**63
+    if isinstance(arg, float):
+        return float
+    return arg  # None, a dtype, a string: its value (unhashable values fail loudly)
+
+
+def spec_key(args: Sequence[Any]) -> tuple:
+    """The specialisation key of ``args`` (see the module docstring)."""
+    return tuple(_arg_key(a) for a in args)
+
+
+def launch_kernel(kernel, grid, args: Sequence[Any], options: dict[str, Any]):
+    """``kernel[grid](*args, **options)`` through :func:`launch`, keyed by
+    :func:`spec_key` (``options`` holds the constexprs and Triton's launch options:
+    ``num_warps`` (default 4), ``num_stages``, ``maxnreg``, ...)."""
+    warps = options.pop("num_warps", 4)
+    stages = options.pop("num_stages", None)
+    device = None
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            device = a.device
+            break
+    key = spec_key(args) if device is not None and device.type == "cuda" else None
+    return launch(kernel, grid, args, options, warps, stages, key, device)
+
+
+class FastKernel:
+    """A plain ``@triton.jit`` kernel whose ``kernel[grid](*args, **options)`` goes
+    through :func:`launch_kernel` (``triton_launcher(grid)`` is Triton's own launch)."""
+
+    __slots__ = ("kernel", "fn", "__name__")
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.fn = getattr(kernel, "fn", None)
+        self.__name__ = getattr(self.fn, "__name__", repr(kernel))
+
+    def triton_launcher(self, grid):
+        return self.kernel[grid]
+
+    def __getitem__(self, grid):
+        return _Bound(self, grid)
+
+
+class _Bound:
+    """``kernel[grid]``, waiting for its arguments."""
+
+    __slots__ = ("kernel", "grid")
+
+    def __init__(self, kernel, grid) -> None:
+        self.kernel, self.grid = kernel, grid
+
+    def __call__(self, *args: Any, **options: Any):
+        return launch_kernel(self.kernel, self.grid, args, options)

@@ -37,6 +37,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from fusegnn.kernels._launch import FastKernel
+
 from fusegnn.kernels.partition import SegmentPlan
 
 # whether the kernels below were compiled for Triton's CPU interpreter
@@ -245,6 +247,11 @@ def _gar_combine_kernel(
     tl.store(out_ptr + (row * row_stride + c), acc.to(out_ptr.dtype.element_ty), mask=cmask)
 
 
+# every launch relaunches the compiled kernel without Triton's binder (fusegnn.kernels._launch)
+_gar = FastKernel(_gar_kernel)
+_gar_combine = FastKernel(_gar_combine_kernel)
+
+
 def gar_reduce(
     plan: SegmentPlan,
     a: Tensor,
@@ -298,7 +305,7 @@ def gar_reduce(
     part = torch.empty(plan.num_slots, cols, dtype=acc_dtype, device=a.device) if plan.num_slots else out
     big = max(a.size(0), num_out_rows, plan.num_slots) * cols
     idx64 = max(big, (num_edges + cfg.block_e) * num_heads) >= INT64_OFFSETS_FROM
-    _gar_kernel[(num_segments * num_heads * num_fblocks,)](
+    _gar[(num_segments * num_heads * num_fblocks,)](
         a,
         plan.index,
         weight if weight is not None else a,
@@ -332,7 +339,7 @@ def gar_reduce(
     if plan.num_slots:
         block_c = min(triton.next_power_of_2(cols), 1024)
         grid = (plan.split_rows.numel(), triton.cdiv(cols, block_c))
-        _gar_combine_kernel[grid](
+        _gar_combine[grid](
             part,
             plan.split_rows,
             plan.slot_ptr,

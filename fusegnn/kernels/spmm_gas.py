@@ -36,6 +36,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from fusegnn.kernels._launch import FastKernel
+
 # whether the kernels below were compiled for Triton's CPU interpreter
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -140,6 +142,10 @@ def _gas_kernel(
         tl.store(gw_ptr + e * num_heads + head, dot.to(gw_ptr.dtype.element_ty), mask=emask)
 
 
+# every launch relaunches the compiled kernel without Triton's binder (fusegnn.kernels._launch)
+_gas = FastKernel(_gas_kernel)
+
+
 def gas_scatter(
     a: Tensor,
     gather_index: Tensor,
@@ -187,7 +193,7 @@ def gas_scatter(
     big = max(a.size(0), num_out_rows) * cols
     idx64 = max(big, (num_edges + cfg.block_e) * num_heads) >= INT64_OFFSETS_FROM
     grid = (triton.cdiv(num_edges, cfg.block_e), num_heads)
-    _gas_kernel[grid](
+    _gas[grid](
         a,
         gather_index,
         scatter_index,
