@@ -56,16 +56,18 @@ def supports(graph: Graph, *tensors: Tensor) -> bool:
     return all(t.device == device and t.dtype in _DTYPES for t in tensors)
 
 
-def _gas_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum") -> Tensor:
+def _gas_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",
+              bias: Tensor | None = None) -> Tensor:
     from fusegnn.kernels.spmm import gas_spmm
 
-    return gas_spmm(graph, x, edge_weight, reduce)
+    return gas_spmm(graph, x, edge_weight, reduce, bias)
 
 
-def _gar_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum") -> Tensor:
+def _gar_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",
+              bias: Tensor | None = None) -> Tensor:
     from fusegnn.kernels.spmm import gar_spmm
 
-    return gar_spmm(graph, x, edge_weight, reduce)
+    return gar_spmm(graph, x, edge_weight, reduce, bias)
 
 
 def _gas_sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:

@@ -64,6 +64,7 @@ raises); use the reference composition for higher-order gradients.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from typing import NamedTuple
 
@@ -888,6 +889,112 @@ def fused_gat_attention(
     if padded != channels:
         out = out[..., :channels]
     return out, (second if return_alpha else None)
+
+
+# ---------------------------------------------------------------------------- layer
+def _layer_config(graph: Graph, h: Tensor, negative_slope: float, p: float, variant: str, chunk: int) -> _Config:
+    """The launch configuration of a GAT layer's attention, built once per graph and
+    (heads, channels, dtype, slope, dropout, variant, chunk) and cached on the graph;
+    each call copies it to attach its dropout seed."""
+    key = (h.size(1), h.size(2), h.dtype, negative_slope, p, variant, chunk, tuple(_TUNING.items()))
+    memo = graph.cached("fusegnn.gat.layer_configs", dict, structural=True)
+    cfg = memo.get(key)
+    if cfg is None:
+        shape = h.new_empty((0, h.size(1), padded_channels(h.size(2))))  # the kernels' padded width
+        cfg = memo[key] = _Config(graph, shape, h.dtype, negative_slope, p, None, variant, chunk)
+    return cfg
+
+
+class GATLayerFunction(torch.autograd.Function):
+    r"""The sparse part of a GAT layer as one autograd node: scores from the attention
+    vectors, the fused attention, the head epilogue and the bias.
+
+    .. math::
+        s_j = \langle h_j, a_s \rangle_c, \quad t_i = \langle h_i, a_t \rangle_c, \quad
+        o_i = \sum_{j \to i} \alpha_{ji} h_j, \quad
+        y_i = \big\Vert_k o^{(k)}_i + b \;\text{ or }\; \tfrac1H \sum_k o^{(k)}_i + b
+
+    ``apply(h [N, H, C], att_src [1, H, C], att_dst [1, H, C], bias or None, cfg, concat)``
+    -> ``[N, H C]`` (``concat``) or ``[N, C]``. Backward: the fused kernels give
+    :math:`\partial L / \partial h` through the aggregation and :math:`\partial L / \partial s`,
+    :math:`\partial L / \partial t`; then
+    :math:`\partial L / \partial h_j \mathrel{+}= \partial_{s_j} a_s + \partial_{t_j} a_t` and
+    :math:`\partial L / \partial a_s = \sum_j \partial_{s_j} h_j` (likewise :math:`a_t`).
+    """
+
+    @staticmethod
+    def forward(ctx, h, att_src, att_dst, bias, cfg: _Config, concat: bool):  # type: ignore[override]
+        graph = cfg.graph
+        n_dst, H, C = graph.num_dst_nodes, h.size(1), h.size(2)
+        scores = (h.unsqueeze(0) * torch.cat((att_src, att_dst)).unsqueeze(1)).sum(-1)  # [2, N, H]
+        s_src, s_dst = scores[0], scores[1]
+        padded = padded_channels(C)
+        hp = torch.nn.functional.pad(h, (0, padded - C)) if padded != C else h
+        if graph.num_edges == 0 or n_dst == 0:
+            out = hp.new_zeros((n_dst, H, padded))
+            lse = torch.zeros((n_dst, H), dtype=cfg.acc, device=h.device)
+        else:
+            out, lse = _forward(cfg, hp, s_src, s_dst)
+        res = out[..., :C] if padded != C else out
+        res = res.reshape(n_dst, H * C) if concat else res.mean(dim=1)
+        if bias is not None:
+            res = res + bias
+        ctx.cfg, ctx.concat, ctx.padded = cfg, concat, padded
+        ctx.save_for_backward(h, hp, att_src, att_dst, s_src, s_dst, out, lse)
+        return res
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_res):  # type: ignore[override]
+        h, hp, att_src, att_dst, s_src, s_dst, out, lse = ctx.saved_tensors
+        cfg: _Config = ctx.cfg
+        n, H, C = h.shape
+        grad_bias = grad_res.sum(0) if ctx.needs_input_grad[3] else None
+        g = grad_res.view(-1, H, C) if ctx.concat else (grad_res / H).unsqueeze(1).expand(-1, H, C)
+        if ctx.padded != C:
+            g = torch.nn.functional.pad(g, (0, ctx.padded - C))
+        g = g.contiguous()
+        if cfg.graph.num_edges == 0 or cfg.graph.num_dst_nodes == 0:
+            grad_h = torch.zeros(hp.shape, dtype=cfg.acc, device=h.device)
+            grad_scores = torch.zeros((2, n, H), dtype=cfg.acc, device=h.device)
+        else:
+            grad_h, grad_src, grad_dst = _backward(cfg, hp, s_src, s_dst, out, lse, g, None, None)
+            grad_scores = torch.stack((grad_src, grad_dst))  # [2, N, H]
+        if ctx.padded != C:
+            grad_h = grad_h[..., :C]
+        att = torch.cat((att_src, att_dst))  # [2, H, C]
+        # dL/dh_j += dL/ds_j a_s + dL/dt_j a_t (one batched product over the two vectors)
+        grad_h = grad_h + (grad_scores.unsqueeze(-1) * att.unsqueeze(1)).sum(0)
+        grad_att_src = grad_att_dst = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            grad_att = (grad_scores.unsqueeze(-1) * h.unsqueeze(0).to(cfg.acc)).sum(1, keepdim=True)  # [2, 1, H, C]
+            grad_att_src = grad_att[0].to(att_src.dtype)
+            grad_att_dst = grad_att[1].to(att_dst.dtype)
+        return grad_h.to(h.dtype), grad_att_src, grad_att_dst, grad_bias, None, None
+
+
+def fused_gat_layer(
+    graph: Graph,
+    h: Tensor,
+    att_src: Tensor,
+    att_dst: Tensor,
+    bias: Tensor | None,
+    *,
+    concat: bool,
+    negative_slope: float,
+    dropout: float,
+    variant: str = "gar",
+) -> Tensor:
+    """A GAT layer's sparse part through the fused kernels (:class:`GATLayerFunction`):
+    ``h`` ``[N, H, C]``, attention vectors ``[1, H, C]``, ``bias`` ``[H C]`` (``concat``)
+    or ``[C]``; inputs checked by the caller."""
+    if variant not in _VARIANTS:
+        raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
+    cfg = _layer_config(graph, h, float(negative_slope), float(dropout), variant, _TUNING.get("chunk", DEFAULT_CHUNK))
+    if cfg.dropout:
+        cfg = copy.copy(cfg)
+        cfg.seed = _seed_tensor(None, h.device)
+    return GATLayerFunction.apply(h.contiguous(), att_src, att_dst, bias, cfg, concat)
 
 
 def dropout_keep_mask(num_edges: int, heads: int, p: float, seed: int | Tensor,

@@ -151,28 +151,49 @@ def _grouped_weight(graph: Graph, flat: Tensor, order: str, key: tuple | None) -
 
 
 def _indices(graph: Graph) -> tuple[Tensor, Tensor]:
-    return graph.src.contiguous(), graph.dst.contiguous()
+    """The COO source and target rows, contiguous (built once per graph)."""
+    return graph.cached("coo_contiguous", lambda: (graph.src.contiguous(), graph.dst.contiguous()), structural=True)
+
+
+def _flat_bias(bias: Tensor | None, cols: int) -> Tensor | None:
+    """``bias`` as ``[C]`` (one value per column of the flattened output), or ``None``."""
+    if bias is None:
+        return None
+    if bias.numel() != cols:
+        raise ValueError(f"bias must have one value per output column ({cols}), got shape {tuple(bias.shape)}")
+    return bias.reshape(cols)
+
+
+def _bias_grad(ctx, g2: Tensor) -> Tensor | None:
+    """``dL/dbias``: the column sums of the flattened output gradient, in bias's shape."""
+    if not ctx.needs_input_grad[2]:
+        return None
+    return g2.sum(0).to(ctx.bias_dtype).reshape(ctx.bias_shape)
 
 
 # --------------------------------------------------------------------------- GAS
 class GASSpmm(torch.autograd.Function):
-    """Fused GAS SpMM (sum). ``apply(x, weight, graph)``; differentiable in ``x`` and
-    ``weight``, once."""
+    """Fused GAS SpMM (sum), plus an optional bias on every output row:
+    ``apply(x, weight, bias, graph)``; differentiable in ``x``, ``weight`` and ``bias``,
+    once. The bias is the accumulator's starting value (no separate pass)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor | None, graph: Graph) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, graph: Graph) -> Tensor:  # type: ignore[override]
         x2, w2, heads = _flatten(graph, x, weight)
         feat = x2.size(1) // heads
         src, dst = _indices(graph)
         acc, _ = gas_scatter(
             x2, src, dst, w2, graph.num_dst_nodes, heads,
             config=_gas_cfg(feat, x2.element_size(), False, _use_runs(graph, "dst", x2.size(1))),
+            initial=_flat_bias(bias, x2.size(1)),
         )
         out = acc if acc.dtype == x.dtype else acc.to(x.dtype)
-        ctx.graph, ctx.heads, ctx.x_shape = graph, heads, x.shape
+        ctx.graph, ctx.heads = graph, heads
         ctx.w_shape = weight.shape if weight is not None else None
+        if bias is not None:
+            ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
         ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, w2)
-        return out.reshape((graph.num_dst_nodes,) + tuple(x.shape[1:]))
+        return out.view((graph.num_dst_nodes,) + tuple(x.shape[1:]))
 
     @staticmethod
     @once_differentiable
@@ -181,7 +202,8 @@ class GASSpmm(torch.autograd.Function):
         grad_x, grad_w = gas_backward(
             ctx.graph, grad_out, x2, w2, ctx.heads, ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         )
-        return grad_x, (grad_w.reshape(ctx.w_shape) if grad_w is not None else None), None
+        grad_w = grad_w.reshape(ctx.w_shape) if grad_w is not None else None
+        return grad_x, grad_w, _bias_grad(ctx, grad_out.reshape(grad_out.size(0), -1)), None
 
 
 def gas_backward(
@@ -210,24 +232,27 @@ def gas_backward(
 
 # --------------------------------------------------------------------------- GAR
 class GARSpmm(torch.autograd.Function):
-    """Fused GAR SpMM (sum). ``apply(x, weight, graph)``; differentiable in ``x`` and
-    ``weight``, once."""
+    """Fused GAR SpMM (sum), plus an optional bias on every output row:
+    ``apply(x, weight, bias, graph)``; differentiable in ``x``, ``weight`` and ``bias``,
+    once."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor | None, graph: Graph) -> Tensor:  # type: ignore[override]
+    def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, graph: Graph) -> Tensor:  # type: ignore[override]
         x2, w2, heads = _flatten(graph, x, weight)
         feat = x2.size(1) // heads
-        avg = graph.num_edges / max(graph.num_dst_nodes, 1)
-        cfg = _gar_cfg(feat, x2.element_size(), False, avg)
+        cfg = _gar_cfg(feat, x2.element_size(), False, graph.avg_degree)
         plan = plan_for(graph, "csr", cfg.seg_len)
         key = _weight_key(weight)
         w_csr = _grouped_weight(graph, w2, "csr", key) if w2 is not None else None
         out, _ = gar_reduce(plan, x2, w_csr, graph.num_dst_nodes, heads, x.dtype, config=cfg)
-        ctx.graph, ctx.heads, ctx.x_shape = graph, heads, x.shape
+        if bias is not None:
+            out.add_(_flat_bias(bias, x2.size(1)))  # the kernel's fresh output: no autograd
+            ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
+        ctx.graph, ctx.heads = graph, heads
         ctx.w_shape = weight.shape if weight is not None else None
         ctx.weight_key = key
         ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, w2)
-        return out.reshape((graph.num_dst_nodes,) + tuple(x.shape[1:]))
+        return out.view((graph.num_dst_nodes,) + tuple(x.shape[1:]))
 
     @staticmethod
     @once_differentiable
@@ -237,7 +262,8 @@ class GARSpmm(torch.autograd.Function):
             ctx.graph, grad_out, x2, w2, ctx.heads, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
             weight_key=ctx.weight_key,
         )
-        return grad_x, (grad_w.reshape(ctx.w_shape) if grad_w is not None else None), None
+        grad_w = grad_w.reshape(ctx.w_shape) if grad_w is not None else None
+        return grad_x, grad_w, _bias_grad(ctx, grad_out.reshape(grad_out.size(0), -1)), None
 
 
 def gar_backward(
@@ -317,24 +343,27 @@ def spmm_backward(
 
 # --------------------------------------------------------------------------- entry points
 def _run(fn: type[torch.autograd.Function], name: str, graph: Graph, x: Tensor,
-         edge_weight: Tensor | None, reduce: str) -> Tensor:
+         edge_weight: Tensor | None, reduce: str, bias: Tensor | None) -> Tensor:
+    if reduce == "sum":
+        return fn.apply(x, edge_weight, bias, graph)
     if reduce == "max":
         note_path("reference", f"reduce='max' is not fused: {name} hands it to the reference")
-        return reference.spmm(graph, x, edge_weight, reduce)
-    if reduce not in ("sum", "mean"):
+        return reference.spmm(graph, x, edge_weight, reduce, bias)
+    if reduce != "mean":
         raise ValueError(f"reduce must be 'sum', 'mean' or 'max', got {reduce!r}")
-    out = fn.apply(x, edge_weight, graph)
-    if reduce == "mean":
-        count = graph.in_degree.clamp(min=1).to(out.dtype)
-        out = out / count.reshape((-1,) + (1,) * (out.dim() - 1))
-    return out
+    out = fn.apply(x, edge_weight, None, graph)
+    count = graph.in_degree.clamp(min=1).to(out.dtype)
+    out = out / count.reshape((-1,) + (1,) * (out.dim() - 1))
+    return out if bias is None else out + bias.reshape(x.shape[1:])
 
 
-def gas_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum") -> Tensor:
+def gas_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",
+             bias: Tensor | None = None) -> Tensor:
     """:func:`fusegnn.sparse.reference.spmm` through the fused GAS kernels."""
-    return _run(GASSpmm, "gas", graph, x, edge_weight, reduce)
+    return _run(GASSpmm, "gas", graph, x, edge_weight, reduce, bias)
 
 
-def gar_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum") -> Tensor:
+def gar_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",
+             bias: Tensor | None = None) -> Tensor:
     """:func:`fusegnn.sparse.reference.spmm` through the fused GAR kernels."""
-    return _run(GARSpmm, "gar", graph, x, edge_weight, reduce)
+    return _run(GARSpmm, "gar", graph, x, edge_weight, reduce, bias)

@@ -28,6 +28,7 @@ run to run: deterministic mode never routes here (see :mod:`fusegnn.sparse.dispa
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
@@ -62,6 +63,7 @@ class GasConfig(NamedTuple):
     runs: bool = False
 
 
+@functools.lru_cache(maxsize=256)
 def gas_config(feat: int, elem_size: int, tile: int = 2048, max_block_f: int = 128) -> GasConfig:
     """Default launch parameters for ``feat`` features per head of ``elem_size`` bytes."""
     block_f = min(triton.next_power_of_2(max(feat, 1)), max_block_f)
@@ -157,6 +159,7 @@ def gas_scatter(
     dot_with: Tensor | None = None,
     scatter: bool = True,
     config: GasConfig | None = None,
+    initial: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
     r"""Run the GAS kernel.
 
@@ -170,6 +173,7 @@ def gas_scatter(
             dot product (the weight gradient), or ``None``.
         scatter: whether to scatter at all (``False`` with ``dot_with``: dot only).
         config: launch parameters (default :func:`gas_config`).
+        initial: ``[C]`` starting value of every accumulator row (a bias), else zeros.
 
     Returns:
         ``(acc, gw)``: the ``[num_out_rows, C]`` accumulation buffer (fp32, fp64 for
@@ -180,7 +184,12 @@ def gas_scatter(
     cols = a.size(1)
     feat = cols // num_heads
     acc_dtype = torch.float64 if a.dtype == torch.float64 else torch.float32
-    acc = torch.zeros(num_out_rows, cols, dtype=acc_dtype, device=a.device) if scatter else None
+    if not scatter:
+        acc = None
+    elif initial is None:
+        acc = torch.zeros(num_out_rows, cols, dtype=acc_dtype, device=a.device)
+    else:
+        acc = initial.to(acc_dtype).expand(num_out_rows, cols).contiguous()
     gw = None
     if dot_with is not None:
         gw_dtype = weight.dtype if weight is not None else a.dtype

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from fusegnn.layers._utils import check_features, glorot_, graph_for, graph_ref_for
-from fusegnn.sparse import Graph, gat_attention, library
+from fusegnn.sparse import Graph, gat_attention, gat_layer, library
 from fusegnn.sparse.processing import gat_self_loops
 from fusegnn.sparse.dispatch import check_aggregation
 
@@ -134,6 +134,13 @@ class GATConv(nn.Module):
         # and the scores a . (W x) = (W^T a) . x. For GAT's output layer (16 -> 41
         # classes) the sparse pass then moves 16 instead of 41 values per edge.
         aggregate_first = self.in_channels < C
+        if not compiling and not aggregate_first and not return_attention_weights:
+            # the common case: the sparse part is one op (one autograd node on the GPU)
+            return gat_layer(
+                graph, self.lin(x).view(-1, H, C), self.att_src, self.att_dst, self.bias,
+                concat=self.concat, negative_slope=self.negative_slope, dropout=self.dropout,
+                training=self.training, aggregation=self.aggregation,
+            )
         if aggregate_first:
             weight = self.lin.weight.view(H, C, self.in_channels)
             score_src = x @ (weight * self.att_src.view(H, C, 1)).sum(dim=1).t()  # [N, H]

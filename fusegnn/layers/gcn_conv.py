@@ -3,6 +3,7 @@ r"""Graph convolution (Kipf & Welling, ICLR 2017), drop-in for PyG's ``GCNConv``
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fusegnn.layers._utils import check_features, glorot_, graph_for, graph_ref_for
@@ -142,12 +143,9 @@ class GCNConv(nn.Module):
             return out + self.bias if self.bias is not None else out
         graph = self._processed_graph(x, edge_index_or_graph, edge_weight)
         if self.in_channels < self.out_channels:
-            out = self.lin(spmm(graph, x, aggregation=self.aggregation))
-        else:
-            out = spmm(graph, self.lin(x), aggregation=self.aggregation)
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+            return F.linear(spmm(graph, x, aggregation=self.aggregation), self.lin.weight, self.bias)
+        # the bias is the aggregation's epilogue (one autograd node for the sparse part)
+        return spmm(graph, self.lin(x), bias=self.bias, aggregation=self.aggregation)
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, aggregation={self.aggregation!r}"

@@ -16,7 +16,7 @@ from fusegnn.sparse.dispatch import (
     register_backend,
     resolve_aggregation,
 )
-from fusegnn.sparse.attention import gat_attention
+from fusegnn.sparse.attention import gat_attention, gat_layer
 from fusegnn.sparse.graph import CompressedEdges, Graph
 from fusegnn.sparse.ops import as_graph, edge_softmax, sddmm, spmm
 from fusegnn.sparse.processing import (
@@ -53,6 +53,7 @@ __all__ = [
     "edge_softmax",
     "explain_attention",
     "gat_attention",
+    "gat_layer",
     "gcn_norm",
     "library",
     "masks",

@@ -50,7 +50,7 @@ from fusegnn.sparse.dispatch import check_aggregation, resolve_aggregation
 from fusegnn.sparse.graph import Graph
 from fusegnn.sparse.ops import as_graph, check_node_tensor, edge_softmax, sddmm, spmm
 
-__all__ = ["gat_attention"]
+__all__ = ["gat_attention", "gat_layer"]
 
 
 def gat_attention(
@@ -144,6 +144,68 @@ def gat_attention(
                 return_alpha=return_alpha, variant=backend.name,
             )
     return (out, alpha) if return_alpha else out
+
+
+def gat_layer(
+    graph: Graph | Tensor,
+    h: Tensor,
+    att_src: Tensor,
+    att_dst: Tensor,
+    bias: Tensor | None = None,
+    *,
+    concat: bool = True,
+    negative_slope: float = 0.2,
+    dropout: float = 0.0,
+    training: bool = False,
+    aggregation: str = "auto",
+) -> Tensor:
+    r"""The sparse part of a ``GATConv`` layer as one op, from the transformed features to
+    the layer's output:
+
+    .. math::
+        s^{(k)}_j = \mathbf{a}^{(k)\top}_s h^{(k)}_j, \quad t^{(k)}_i = \mathbf{a}^{(k)\top}_t h^{(k)}_i,
+        \quad o^{(k)}_i = \sum_{j \to i} \alpha^{(k)}_{ji} h^{(k)}_j, \quad
+        y_i = \big\Vert_{k} o^{(k)}_i + b \;\;\text{or}\;\; \tfrac{1}{H} \sum_k o^{(k)}_i + b
+
+    with :math:`\alpha` as in :func:`gat_attention`. On the fused backends it is one
+    autograd node (scores, attention, head concatenation or mean and bias in one
+    forward and one backward); on the reference it is the composition.
+
+    Args:
+        graph: a square :class:`~fusegnn.sparse.Graph` (or ``edge_index``); edges ``j -> i``.
+        h: ``[N, H, C]`` transformed node features.
+        att_src, att_dst: ``[1, H, C]`` attention vectors :math:`\mathbf{a}_s, \mathbf{a}_t`.
+        bias: ``[H * C]`` (``concat``) or ``[C]``, or ``None``.
+        concat: concatenate the heads (``[N, H * C]``) or average them (``[N, C]``).
+        negative_slope, dropout, training, aggregation: as for :func:`gat_attention`.
+    """
+    graph = as_graph(graph, h.size(0) if isinstance(h, Tensor) and h.dim() > 0 else None)
+    check_node_tensor(h, graph, graph.num_src_nodes, "h", (3,))
+    if graph.is_bipartite:
+        raise ValueError("gat_layer needs a square graph (the target scores read h); use gat_attention")
+    H, C = h.size(1), h.size(2)
+    for name, att in (("att_src", att_src), ("att_dst", att_dst)):
+        if not isinstance(att, Tensor) or att.shape != (1, H, C) or att.dtype != h.dtype or att.device != h.device:
+            raise ValueError(f"{name} must be a [1, {H}, {C}] tensor of h's dtype and device")
+    width = H * C if concat else C
+    if bias is not None and (not isinstance(bias, Tensor) or bias.shape != (width,) or bias.device != h.device):
+        raise ValueError(f"bias must be a [{width}] tensor on h's device, got {getattr(bias, 'shape', bias)}")
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    p = float(dropout) if training else 0.0
+    backend = resolve_aggregation(aggregation, graph, h)
+    if backend.name != "reference":
+        from fusegnn.kernels.gat_fused import fused_gat_layer
+
+        return fused_gat_layer(
+            graph, h, att_src, att_dst, bias, concat=bool(concat),
+            negative_slope=float(negative_slope), dropout=p, variant=backend.name,
+        )
+    score_src = (h * att_src).sum(dim=-1)
+    score_dst = (h * att_dst).sum(dim=-1)
+    out, _ = _composition(graph, h, score_src, score_dst, float(negative_slope), p)
+    out = out.reshape(-1, H * C) if concat else out.mean(dim=1)
+    return out if bias is None else out + bias
 
 
 def _composition(

@@ -268,8 +268,22 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto") -> Decisi
 
 def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor) -> Backend:
     """The backend that runs for ``aggregation`` on these inputs (recorded for
-    :func:`last_decision`)."""
-    decision = explain(graph, *tensors, aggregation=aggregation)
+    :func:`last_decision`).
+
+    The decision is a function of the graph's size, the tensors' devices, dtypes and
+    feature width, the deterministic mode and the registered backends, so it is made
+    once per such combination and remembered on the graph (an op call then costs a
+    dictionary look-up, not the rule). Decisions that warn are not remembered."""
+    deterministic_mode = is_deterministic()
+    key = (aggregation, deterministic_mode, len(_BACKENDS), _feature_width(tensors),
+           *[(t.dtype, t.device) for t in tensors])
+    memo = graph.cached("dispatch_decisions", dict, structural=True)
+    decision = memo.get(key)
+    if decision is None:
+        warns = aggregation == "gas" and deterministic_mode
+        decision = explain(graph, *tensors, aggregation=aggregation)
+        if not warns:
+            memo[key] = decision
     _state.last = decision
     return _BACKENDS[decision.name]
 

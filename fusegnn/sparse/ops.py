@@ -19,6 +19,8 @@ custom-op dispatcher.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -66,12 +68,14 @@ def spmm(
     edge_weight: Tensor | None = None,
     reduce: str = "sum",
     *,
+    bias: Tensor | None = None,
     aggregation: str = "auto",
 ) -> Tensor:
-    r"""Sparse-dense product: aggregate source rows of ``x`` into their targets.
+    r"""Sparse-dense product: aggregate source rows of ``x`` into their targets, plus an
+    optional bias (a layer's epilogue, fused into the kernels' output pass).
 
     .. math::
-        \mathrm{out}_i = \bigoplus_{(j \to i) \in E} w_{ji} \, x_j
+        \mathrm{out}_i = \bigoplus_{(j \to i) \in E} w_{ji} \, x_j \; + \; b
 
     Args:
         graph: a :class:`Graph` (or an ``edge_index`` ``[2, E]``).
@@ -81,6 +85,8 @@ def spmm(
             ``edge_weight`` if it has one, else 1 for every edge.
         reduce: ``"sum"``, ``"mean"`` (over incoming edges) or ``"max"``; targets with
             no incoming edge get zeros.
+        bias: ``[F]`` (``[H, F]`` for 3-D ``x``: one value per output column) added to
+            every output row, or ``None``.
         aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``
             (see :mod:`fusegnn.sparse.dispatch`).
 
@@ -106,10 +112,27 @@ def spmm(
                     f"edge_weight of shape {tuple(edge_weight.shape)} has one weight per head; "
                     f"x must then be [N, H={edge_weight.size(1)}, F], got {tuple(x.shape)}"
                 )
+    if bias is not None:
+        _check_bias(bias, x)
     if isinstance(graph, library.GraphRef):
-        return library.spmm(graph, x, edge_weight, reduce, check_aggregation(aggregation))
+        out = library.spmm(graph, x, edge_weight, reduce, check_aggregation(aggregation))
+        return out if bias is None else out + bias.reshape(x.shape[1:])
     backend = resolve_aggregation(aggregation, graph, x)
-    return backend.spmm(graph, x, edge_weight, reduce)
+    return backend.spmm(graph, x, edge_weight, reduce, bias)
+
+
+def _check_bias(bias: Tensor, x: Tensor) -> None:
+    """``bias`` holds one value per column of ``x`` (``x.shape[1:]``), on its device."""
+    if not isinstance(bias, Tensor):
+        raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+    if bias.numel() != math.prod(x.shape[1:]) or bias.dim() > x.dim() - 1:
+        raise ValueError(
+            f"bias must have shape {tuple(x.shape[1:])} (one value per output column), got {tuple(bias.shape)}"
+        )
+    if bias.device != x.device:
+        raise ValueError(f"bias is on {bias.device} but x is on {x.device}")
+    if not bias.is_floating_point():
+        raise TypeError(f"bias must be a floating tensor, got dtype {bias.dtype}")
 
 
 def sddmm(

@@ -32,15 +32,23 @@ def _per_edge(weight: Tensor, like: Tensor) -> Tensor:
     return weight.reshape(weight.shape + (1,) * (like.dim() - weight.dim()))
 
 
-def spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum") -> Tensor:
-    r"""Aggregate source features into targets.
+def spmm(
+    graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum", bias: Tensor | None = None
+) -> Tensor:
+    r"""Aggregate source features into targets, plus an optional bias.
 
     .. math::
-        \mathrm{out}_i = \bigoplus_{(j \to i) \in E} w_{ji} \, x_j
+        \mathrm{out}_i = \bigoplus_{(j \to i) \in E} w_{ji} \, x_j \; + \; b
 
     with :math:`\bigoplus` a sum (``"sum"``), a mean over the incoming edges (``"mean"``)
-    or an elementwise maximum (``"max"``); targets without incoming edges get zeros.
+    or an elementwise maximum (``"max"``); targets without incoming edges get zeros
+    (then ``b``).
     """
+    out = _aggregate(graph, x, edge_weight, reduce)
+    return out if bias is None else out + bias.reshape(x.shape[1:])
+
+
+def _aggregate(graph: Graph, x: Tensor, edge_weight: Tensor | None, reduce: str) -> Tensor:
     src, dst = graph.src.long(), graph.dst.long()
     messages = x.index_select(0, src)
     if edge_weight is not None:
