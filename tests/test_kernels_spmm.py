@@ -27,7 +27,7 @@ pytest.importorskip("triton")
 
 import fusegnn  # noqa: E402,F401
 from fusegnn.sparse import Graph, dispatch, reference, spmm  # noqa: E402
-from fusegnn.kernels import backends  # noqa: E402
+from fusegnn.sparse import kernel_backends as backends  # noqa: E402
 from fusegnn.kernels import spmm as fused  # noqa: E402
 from fusegnn.kernels import spmm_gar, spmm_gas  # noqa: E402
 from fusegnn.kernels.partition import build_plan, plan_for  # noqa: E402

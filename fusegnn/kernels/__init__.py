@@ -6,10 +6,9 @@ The references live in :mod:`fusegnn.sparse.reference`. Modules:
 * :mod:`fusegnn.kernels.spmm_gar` -- fused gather-apply-reduce SpMM (segment-parallel, no atomics);
 * :mod:`fusegnn.kernels.partition` -- the load-balanced segment work list of GAR;
 * :mod:`fusegnn.kernels.spmm` -- the autograd Functions and entry points;
-* :mod:`fusegnn.kernels.backends` -- registration of the ``gas`` / ``gar`` backends.
 
 Importing this package imports no Triton code: the kernel modules are loaded on first
 use (Triton is optional, and ``TRITON_INTERPRET=1`` must be set before a kernel module
-is imported for the kernels to run on the CPU). :mod:`fusegnn.sparse.dispatch` registers
-the backends on the first dispatch.
+is imported for the kernels to run on the CPU). The op layer registers the backends
+(:mod:`fusegnn.sparse.kernel_backends`) on the first dispatch; kernels never import it.
 """

@@ -206,16 +206,30 @@ def spec_key(args: Sequence[Any]) -> tuple:
 def launch_kernel(kernel, grid, args: Sequence[Any], options: dict[str, Any]):
     """``kernel[grid](*args, **options)`` through :func:`launch`, keyed by
     :func:`spec_key` (``options`` holds the constexprs and Triton's launch options:
-    ``num_warps`` (default 4), ``num_stages``, ``maxnreg``, ...)."""
+    ``num_warps`` (default 4), ``num_stages``, ``maxnreg``, ...).
+
+    A relaunch is the hot path of every fused op on a small graph, where the host is the
+    bottleneck: it is written out here (one key, one look-up, the launcher) rather than
+    going through :func:`launch`'s general checks."""
     warps = options.pop("num_warps", 4)
     stages = options.pop("num_stages", None)
-    device = None
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            device = a.device
-            break
-    key = spec_key(args) if device is not None and device.type == "cuda" else None
-    return launch(kernel, grid, args, options, warps, stages, key, device)
+    first = args[0] if args else None
+    if not isinstance(first, torch.Tensor) or not first.is_cuda:
+        return launch(kernel, grid, args, options, warps, stages)
+    spec = tuple(map(_arg_key, args))
+    if type(grid) is tuple and not _STATE["broken"] and not _hooks_installed():
+        dev = torch._C._cuda_getDevice()
+        entry = _CACHE.get((kernel, spec, tuple(options.items()), warps, stages, dev))
+        if entry is not None and len(args) == entry.n_args and fast_launch_enabled():
+            try:
+                entry.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                          torch._C._cuda_getCurrentRawStream(dev), entry.function, entry.packed, None, None, None,
+                          *args, *entry.constexprs)
+                return entry.compiled
+            except TypeError:  # this Triton's launcher takes other arguments: never again
+                _STATE["broken"] = True
+                _CACHE.clear()
+    return launch(kernel, grid, args, options, warps, stages, spec, first.device)
 
 
 class FastKernel:

@@ -191,21 +191,11 @@ def _reverse(graph: Graph) -> Graph:
     )
 
 
-def _spmm_family(family: str, graph: Graph, *tensors: Tensor) -> str:
-    """``family`` when that fused backend can run these inputs, else ``"auto"``."""
-    from fusegnn.sparse.dispatch import explain
-
-    try:
-        explain(graph, *tensors, aggregation=family)
-    except (ValueError, NotImplementedError, RuntimeError):
-        return "auto"
-    return family
-
-
 def _spmm(family: str, graph: Graph, x: Tensor, weight: Tensor) -> Tensor:
-    from fusegnn.sparse.ops import spmm
+    """The fused SpMM of ``family`` (``"gas"`` / ``"gar"``): the ``dot`` backward."""
+    from fusegnn.kernels.spmm import gar_spmm, gas_spmm
 
-    return spmm(graph, x, weight, aggregation=_spmm_family(family, graph, x, weight))
+    return (gas_spmm if family == "gas" else gar_spmm)(graph, x, weight)
 
 
 class SddmmFunction(torch.autograd.Function):

@@ -30,8 +30,7 @@ tensor comes back unchanged and does not require grad (GCN's cached normalisatio
 that transductive training permutes them once.
 
 ``reduce="mean"`` is the sum divided by the in-degree (clamped to 1), through autograd;
-``reduce="max"`` is not fused: it runs the reference (and says so through
-:func:`fusegnn.sparse.dispatch.note_path`).
+``reduce="max"`` is not fused (the op layer runs the reference for it).
 
 The backward passes are themselves not differentiable (``once_differentiable``): double
 backward through a fused SpMM raises ``RuntimeError``; use ``aggregation="reference"``
@@ -52,8 +51,6 @@ from torch.autograd.function import once_differentiable
 from fusegnn.kernels.partition import plan_for
 from fusegnn.kernels.spmm_gar import MAX_DOT_BLOCK_F, GarConfig, gar_config, gar_reduce
 from fusegnn.kernels.spmm_gas import GasConfig, gas_config, gas_scatter
-from fusegnn.sparse import reference
-from fusegnn.sparse.dispatch import note_path
 from fusegnn.sparse.graph import Graph
 
 __all__ = ["GASSpmm", "GARSpmm", "gas_spmm", "gar_spmm", "gas_backward", "gar_backward", "spmm_backward", "tuning"]
@@ -346,11 +343,8 @@ def _run(fn: type[torch.autograd.Function], name: str, graph: Graph, x: Tensor,
          edge_weight: Tensor | None, reduce: str, bias: Tensor | None) -> Tensor:
     if reduce == "sum":
         return fn.apply(x, edge_weight, bias, graph)
-    if reduce == "max":
-        note_path("reference", f"reduce='max' is not fused: {name} hands it to the reference")
-        return reference.spmm(graph, x, edge_weight, reduce, bias)
     if reduce != "mean":
-        raise ValueError(f"reduce must be 'sum', 'mean' or 'max', got {reduce!r}")
+        raise ValueError(f"{name}: the fused SpMM reduces by 'sum' or 'mean', got {reduce!r}")
     out = fn.apply(x, edge_weight, None, graph)
     count = graph.in_degree.clamp(min=1).to(out.dtype)
     out = out / count.reshape((-1,) + (1,) * (out.dim() - 1))

@@ -8,7 +8,7 @@ Importing this package also registers the ops as ``torch.library`` custom ops
 (``torch.ops.fusegnn.*``, :mod:`fusegnn.sparse.library`), which ``torch.compile`` uses.
 """
 
-from fusegnn.sparse import library, reference
+from fusegnn.sparse import dispatch, kernel_backends, library, reference
 from fusegnn.sparse.dispatch import (
     AGGREGATIONS,
     Backend,
@@ -38,6 +38,7 @@ register_backend(
         edge_softmax=reference.edge_softmax,
     )
 )
+dispatch.add_backend_loader(kernel_backends.register)
 
 __all__ = [
     "AGGREGATIONS",

@@ -38,7 +38,7 @@ ops; with ``torch.use_deterministic_algorithms(True, warn_only=True)`` (and
 :func:`deterministic` not set) it warns and runs GAS.
 
 Kernel backends register themselves with :func:`register_backend`. The Triton ones
-(:mod:`fusegnn.kernels.backends`) are loaded on the first dispatch, only if Triton can be
+(:mod:`fusegnn.sparse.kernel_backends`) are registered on the first dispatch, only if Triton can be
 imported, so ``import fusegnn`` never needs Triton. Asking for a backend that is not
 available raises a clear error instead of silently falling back.
 """
@@ -144,17 +144,25 @@ def register_backend(backend: Backend) -> None:
     _BACKENDS[backend.name] = backend
 
 
+_BACKEND_LOADERS: list[Callable[[], object]] = []
+
+
+def add_backend_loader(loader: Callable[[], object]) -> None:
+    """Have ``loader()`` run once, on the first dispatch, to register backends (the
+    package registers the Triton ones this way: nothing imports Triton before it is
+    used, and this module imports no backend)."""
+    _BACKEND_LOADERS.append(loader)
+
+
 def _load_kernel_backends() -> None:
-    """Register the Triton backends once, if Triton can be imported."""
+    """Run the backend loaders once (the Triton backends register only if Triton can
+    be imported)."""
     global _kernels_loaded
     if _kernels_loaded:
         return
     _kernels_loaded = True
-    try:
-        from fusegnn.kernels import backends
-    except ImportError:  # pragma: no cover - fusegnn.kernels ships with fusegnn
-        return
-    backends.register()
+    for loader in _BACKEND_LOADERS:
+        loader()
 
 
 def available_backends() -> tuple[str, ...]:

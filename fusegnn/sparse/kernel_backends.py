@@ -1,4 +1,5 @@
-"""Registration of the fused Triton backends ``gas`` and ``gar``.
+"""Registration of the fused Triton backends ``gas`` and ``gar``: the op layer's table of
+what :mod:`fusegnn.kernels` offers (the kernels never import the op layer).
 
 :func:`register` is called by :mod:`fusegnn.sparse.dispatch` on the first dispatch. It
 registers nothing when Triton cannot be imported (Triton is an optional dependency), and
@@ -13,7 +14,9 @@ the reference for CPU tensors.
 
 ``spmm``, ``sddmm`` (:mod:`fusegnn.kernels.sddmm`) and ``edge_softmax``
 (:mod:`fusegnn.kernels.edge_softmax`) all run Triton kernels; the ``dot`` SDDMM's backward
-runs the SpMM of the same family.
+runs the SpMM of the same family (GAR in deterministic mode). ``reduce="max"`` is not
+fused: these wrappers hand it to the reference and record that
+(:func:`~fusegnn.sparse.dispatch.note_path`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import sys
 import torch
 from torch import Tensor
 
-from fusegnn.sparse.dispatch import Backend, register_backend
+from fusegnn.sparse import reference
+from fusegnn.sparse.dispatch import Backend, is_deterministic, note_path, register_backend
 from fusegnn.sparse.graph import Graph
 
 __all__ = ["register", "supports", "interpreter_active"]
@@ -58,6 +62,9 @@ def supports(graph: Graph, *tensors: Tensor) -> bool:
 
 def _gas_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",
               bias: Tensor | None = None) -> Tensor:
+    if reduce == "max":
+        note_path("reference", "reduce='max' is not fused: gas hands it to the reference")
+        return reference.spmm(graph, x, edge_weight, reduce, bias)
     from fusegnn.kernels.spmm import gas_spmm
 
     return gas_spmm(graph, x, edge_weight, reduce, bias)
@@ -65,21 +72,25 @@ def _gas_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce
 
 def _gar_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",
               bias: Tensor | None = None) -> Tensor:
+    if reduce == "max":
+        note_path("reference", "reduce='max' is not fused: gar hands it to the reference")
+        return reference.spmm(graph, x, edge_weight, reduce, bias)
     from fusegnn.kernels.spmm import gar_spmm
 
     return gar_spmm(graph, x, edge_weight, reduce, bias)
 
 
 def _gas_sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:
-    from fusegnn.kernels.sddmm import gas_sddmm
+    from fusegnn.kernels.sddmm import sddmm
 
-    return gas_sddmm(graph, a, b, op)
+    # the dot backward's SpMM: GAS, unless deterministic mode asks for no atomics
+    return sddmm(graph, a, b, op, family="gar" if is_deterministic() else "gas")
 
 
 def _gar_sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:
-    from fusegnn.kernels.sddmm import gar_sddmm
+    from fusegnn.kernels.sddmm import sddmm
 
-    return gar_sddmm(graph, a, b, op)
+    return sddmm(graph, a, b, op, family="gar")
 
 
 def _edge_softmax(graph: Graph, scores: Tensor) -> Tensor:
