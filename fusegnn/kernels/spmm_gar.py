@@ -28,6 +28,7 @@ This needs a head's whole feature vector in one tile (``BLOCK_F >= F``); wider h
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import NamedTuple
@@ -77,6 +78,7 @@ class GarConfig(NamedTuple):
     prefetch: bool = False
 
 
+@functools.lru_cache(maxsize=512)
 def gar_config(
     feat: int,
     elem_size: int,
