@@ -654,6 +654,48 @@ def sparse_attention(
         ``[B, H, L_q, D_v]``; rows with no allowed key are zeros. Differentiable with
         respect to ``q``, ``k`` and ``v`` on every path.
     """
+    if isinstance(mask, Mask):  # a call like an earlier one skips the checks and the decision
+        signature = _call_signature(q, k, v, scale, aggregation, block_size, element_aggregation)
+        calls = mask.cached("prepared_calls", dict)
+        run = calls.get(signature) if signature is not None else None
+        if run is None:
+            run = _prepare_call(q, k, v, mask, scale, aggregation, block_size, element_aggregation)
+            if signature is not None:
+                if len(calls) >= _MAX_PREPARED_CALLS:
+                    calls.clear()
+                calls[signature] = run
+        return run(q, k, v)
+    return _prepare_call(q, k, v, mask, scale, aggregation, block_size, element_aggregation)(q, k, v)
+
+
+#: prepared calls kept per mask (callers varying shapes call after call start over)
+_MAX_PREPARED_CALLS = 64
+
+
+def _call_signature(q: Tensor, k: Tensor, v: Tensor, scale, aggregation, block_size, element_aggregation):
+    """Everything the argument checks and the path decision of :func:`sparse_attention`
+    read, as a hashable key (``None`` when an argument is of a kind the checks reject or
+    cannot hash: such a call is checked, and fails or runs, every time)."""
+    if type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor:
+        return None
+    signature = (
+        q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+        torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+        scale, aggregation, block_size, element_aggregation,
+    )
+    try:
+        hash(signature)
+    except TypeError:
+        return None
+    return signature
+
+
+def _prepare_call(
+    q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, scale, aggregation: str, block_size,
+    element_aggregation: str,
+) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """Check the arguments, decide the path and return ``run(q, k, v)``, the call on that
+    path (every later call with the same :func:`_call_signature` reuses it)."""
     _check_qkv(q, k, v)
     _check_mask(mask, q, k)
     scale = _check_scale(scale, q.size(-1))
@@ -666,13 +708,21 @@ def sparse_attention(
     else:
         decision, layout, dilation = _decide(q, mask, aggregation, block_size, backward)
     if decision.name == "reference":
-        return _reference_path(q, k, v, _mask_of(mask), scale)
+        plain = _mask_of(mask)
+        return lambda q, k, v: _reference_path(q, k, v, plain, scale)
     if decision.name == "element":
-        return _element_path(q, k, v, _mask_of(mask), scale, element_aggregation)
+        plain = _mask_of(mask)
+        return lambda q, k, v: _element_path(q, k, v, plain, scale, element_aggregation)
     if decision.name == "dense":
-        return _dense_path(q, k, v, mask, scale, decision.dense_variant)
+        variant = decision.dense_variant
+        if variant == "no mask":
+            return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=scale)
+        if variant == "causal":
+            return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return lambda q, k, v: _dense_path(q, k, v, mask, scale, variant)
     if aggregation == "auto":  # the rule checked the dtype; q, k, v, mask and layout are checked above
-        return _block_prechecked()(q, k, v, layout, scale, dilation)
+        prechecked = _block_prechecked()
+        return lambda q, k, v: prechecked(q, k, v, layout, scale, dilation)
     kernel, _ = _block_kernel()
     assert kernel is not None  # explain_attention checked it
-    return kernel(q, k, v, layout, scale, dilation=dilation)
+    return lambda q, k, v: kernel(q, k, v, layout, scale, dilation=dilation)
