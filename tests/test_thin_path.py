@@ -243,3 +243,28 @@ def test_spec_key_separates_what_triton_specialises_on():
     assert key([16]) != key([2**32])  # 64-bit integers are another specialisation
     assert key([True]) != key([False]) and key([0.5]) == key([1.5])
     assert key([None]) != key([0])
+
+
+# ----------------------------------------------------------------------------- prepared spmm
+def test_prepared_spmm_agrees_and_rechecks_what_changed():
+    graph = _graph()
+    x = torch.randn(graph.num_nodes, 4, device=DEVICE, dtype=torch.float64)
+    first = spmm(graph, x, aggregation="gas")
+    again = spmm(graph, x * 2, aggregation="gas")  # prepared: same kind of call
+    torch.testing.assert_close(again, first * 2)
+    assert dispatch.last_decision().name == "gas"
+    prepared = graph.cached("prepared_spmm", dict)
+    assert len(prepared) == 1
+    with pytest.raises(ValueError, match="rows but the graph needs"):
+        spmm(graph, x[:-1], aggregation="gas")
+    with pytest.raises(ValueError, match="edge_weight"):
+        spmm(graph, x, torch.ones(graph.num_edges + 1, device=DEVICE, dtype=torch.float64), aggregation="gas")
+    with pytest.raises(ValueError, match="bias"):
+        spmm(graph, x, bias=torch.zeros(5, device=DEVICE, dtype=torch.float64), aggregation="gas")
+    spmm(graph, x, reduce="max", aggregation="gas")  # handed to the reference, and says so
+    assert dispatch.last_decision().name == "reference"
+    spmm(graph, x, reduce="max", aggregation="gas")
+    assert dispatch.last_decision().name == "reference"
+    torch.testing.assert_close(
+        spmm(graph, x, reduce="max", aggregation="gas"), spmm(graph, x, reduce="max", aggregation="reference")
+    )

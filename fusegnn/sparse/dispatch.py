@@ -72,6 +72,8 @@ __all__ = [
     "last_decision",
     "last_backend",
     "note_path",
+    "record_decision",
+    "backend_named",
     "deterministic",
     "set_deterministic",
     "is_deterministic",
@@ -294,6 +296,16 @@ def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor) -> Bac
             memo[key] = decision
     _state.last = decision
     return _BACKENDS[decision.name]
+
+
+def record_decision(decision: Decision) -> None:
+    """Record ``decision`` as the path of the running op (for :func:`last_decision`)."""
+    _state.last = decision
+
+
+def backend_named(name: str) -> Backend:
+    """The registered backend ``name``."""
+    return _BACKENDS[name]
 
 
 def note_path(name: str, reason: str) -> None:

@@ -25,7 +25,14 @@ import torch
 from torch import Tensor
 
 from fusegnn.sparse import library
-from fusegnn.sparse.dispatch import check_aggregation, resolve_aggregation
+from fusegnn.sparse.dispatch import (
+    backend_named,
+    check_aggregation,
+    is_deterministic,
+    last_decision,
+    record_decision,
+    resolve_aggregation,
+)
 from fusegnn.sparse.graph import Graph, check_edge_weight
 
 __all__ = ["spmm", "sddmm", "edge_softmax", "as_graph"]
@@ -97,8 +104,36 @@ def spmm(
         if edge_weight is None and isinstance(graph, Graph):
             edge_weight = graph.edge_weight  # an input of the op, so its gradient flows
         graph = library.graph_ref(graph, x.size(0) if isinstance(x, Tensor) else None)
+    elif (type(graph) is Graph and type(x) is Tensor and _plain(edge_weight) and _plain(bias)
+          and isinstance(reduce, str) and isinstance(aggregation, str)):  # a call like an earlier one: no checks
+        weight = edge_weight if edge_weight is not None else graph.edge_weight
+        signature = (x.shape, x.dtype, x.device, _signature(weight), _signature(bias), reduce, aggregation,
+                     is_deterministic())
+        prepared = graph.cached("prepared_spmm", dict).get(signature)
+        if prepared is not None:
+            record_decision(prepared[1])
+            return prepared[0](graph, x, weight, reduce, bias)
+        out = _checked_spmm(graph, x, edge_weight, reduce, bias, aggregation)
+        decision = last_decision()  # the path that ran (a backend may have handed over)
+        graph.cached("prepared_spmm", dict)[signature] = (backend_named(decision.name).spmm, decision)
+        return out
     else:
         graph = as_graph(graph, x.size(0) if isinstance(x, Tensor) else None)
+    return _checked_spmm(graph, x, edge_weight, reduce, bias, aggregation)
+
+
+def _plain(t) -> bool:
+    """``t`` is ``None`` or a tensor (anything else is checked, and refused, every call)."""
+    return t is None or isinstance(t, Tensor)
+
+
+def _signature(t: Tensor | None) -> tuple | None:
+    """What the checks read of an optional tensor argument."""
+    return None if t is None else (type(t), t.shape, t.dtype, t.device)
+
+
+def _checked_spmm(graph, x, edge_weight, reduce, bias, aggregation) -> Tensor:
+    """:func:`spmm` after its graph argument is resolved: every check, then the op."""
     check_node_tensor(x, graph, graph.num_src_nodes, "x", (2, 3))
     if reduce not in _REDUCES:
         raise ValueError(f"reduce must be one of {_REDUCES}, got {reduce!r}")
