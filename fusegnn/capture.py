@@ -96,6 +96,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fusegnn.sparse.dispatch import for_capture
+
 __all__ = ["graphed_step", "GraphedStep", "CaptureError"]
 
 #: Eager calls before the capture by default (PyTorch's whole-network capture example
@@ -280,7 +282,8 @@ class GraphedStep:
         self._zero_grads()
         current = torch.cuda.current_stream()
         self._stream.wait_stream(current)
-        with torch.cuda.stream(self._stream), warnings.catch_warnings():
+        # for_capture: the warm-up runs (and builds the caches of) the paths the capture records
+        with torch.cuda.stream(self._stream), warnings.catch_warnings(), for_capture():
             # torch warns that capturable=True is slower when not captured: it will be.
             warnings.filterwarnings("ignore", message=_CAPTURABLE_WARNING)
             out = _detach(self.fn(*args, **kwargs))
@@ -298,7 +301,7 @@ class GraphedStep:
         graph = torch.cuda.CUDAGraph()
         previous = torch.cuda.get_sync_debug_mode()
         try:
-            with torch.cuda.graph(graph, stream=self._stream):
+            with torch.cuda.graph(graph, stream=self._stream), for_capture():
                 torch.cuda.set_sync_debug_mode("error")
                 try:
                     out = _detach(self.fn(*static_args, **static_kwargs))

@@ -268,3 +268,57 @@ def test_prepared_spmm_agrees_and_rechecks_what_changed():
     torch.testing.assert_close(
         spmm(graph, x, reduce="max", aggregation="gas"), spmm(graph, x, reduce="max", aggregation="reference")
     )
+
+
+# ----------------------------------------------------------------------------- host-bound regime
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@gpu
+def test_small_eager_spmm_takes_the_reference_and_a_capture_takes_the_kernels():
+    graph = _graph()
+    x = torch.randn(graph.num_nodes, 16, device="cuda")
+    eager = spmm(graph, x)
+    assert dispatch.last_decision().name == "reference" and "host-bound" in dispatch.last_decision().reason
+    with dispatch.for_capture():
+        fused = spmm(graph, x)
+        assert dispatch.last_decision().name in FUSED
+    torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-6)
+    static_out = None
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph_ = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph_, stream=stream):
+        static_out = spmm(graph, x)  # first fused use of this graph, inside the capture
+    graph_.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(static_out, eager, rtol=1e-5, atol=1e-6)
+    big = Graph(torch.randint(0, 4096, (2, 1 << 19), device="cuda"), 4096)
+    spmm(big, torch.randn(4096, 32, device="cuda"))
+    assert dispatch.last_decision().name in FUSED  # 2^19 edges x 32 columns: past the host-bound size
+
+
+@gpu
+def test_graphed_gcn_step_records_the_fused_kernels():
+    import fusegnn
+    from fusegnn.models import GCN
+
+    graph = _graph()
+    x = torch.randn(graph.num_nodes, 12, device="cuda")
+    y = torch.randint(0, 3, (graph.num_nodes,), device="cuda")
+    model = GCN(12, 8, 3, dropout=0.0).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01, capturable=True)
+    seen = []
+
+    def step(x, y):
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x, graph), y)
+        seen.append(dispatch.last_decision().name)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    graphed = fusegnn.graphed_step(step, optimizer, warmup=2)
+    losses = [float(graphed(x, y)) for _ in range(6)]
+    assert graphed.captured and set(seen) <= set(FUSED)
+    assert losses[-1] < losses[0]

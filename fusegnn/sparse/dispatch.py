@@ -19,6 +19,16 @@ Every public op takes ``aggregation``:
      pays the conversion;
   4. the reference when no kernel backend can run (Triton missing, unsupported dtype).
 
+  For ``spmm`` one regime comes before 3: **host-bound**. When the op's work (edges x
+  feature columns) is below :data:`HOST_BOUND_WORK`, its GPU time is a few microseconds
+  whichever path runs, and an eager step costs what the host spends issuing it: the
+  reference (three ATen ops whose backward is C++) then costs less than a fused kernel
+  behind a Python autograd node (one extra thread hand-off and Python frame in every
+  backward; measured on an H100 host, ``benchmarks/NOTES-overhead.md``). Inside a CUDA
+  graph capture, under :func:`for_capture` (what :func:`fusegnn.graphed_step`'s warm-up
+  and the ``torch.compile`` custom ops use) the host cost is paid once, so the fused
+  kernels are chosen by the rule of 3 as before.
+
 **Seeing the choice.** :func:`explain` returns the :class:`Decision` (backend name and
 reason) for given inputs without running anything; :func:`last_decision` /
 :func:`last_backend` give the one taken by the most recent op call. A backend that hands
@@ -61,6 +71,9 @@ __all__ = [
     "AGGREGATIONS",
     "GAR_MIN_AVG_DEGREE",
     "GAR_CROSSOVER",
+    "HOST_BOUND_WORK",
+    "for_capture",
+    "capture_mode",
     "gar_min_avg_degree",
     "Backend",
     "Decision",
@@ -90,6 +103,10 @@ AGGREGATIONS = ("auto", "gas", "gar", "reference")
 GAR_CROSSOVER: tuple[tuple[int, float], ...] = ((16, 38.0), (64, 20.0), (256, 5.0))
 # The threshold when the width is unknown (that of 64 columns).
 GAR_MIN_AVG_DEGREE = 20.0
+# Below this many edge-columns (edges x feature width), an eager spmm on a GPU is bound by
+# the host (see the module docstring): Cora, CiteSeer and PubMed at widths up to 64 (H100,
+# benchmarks/NOTES-overhead.md).
+HOST_BOUND_WORK = 1 << 23
 
 
 def gar_min_avg_degree(width: int | None) -> float:
@@ -221,9 +238,30 @@ def _usable(name: str, graph: Graph, tensors: tuple[Tensor, ...]) -> bool:
     return backend is not None and backend.can_run(graph, *tensors)
 
 
-def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto") -> Decision:
+@contextlib.contextmanager
+def for_capture(enabled: bool = True) -> Iterator[None]:
+    """Context manager: ops inside pick the paths a CUDA-graph capture runs (no
+    host-bound regime), also while not capturing yet -- for the warm-up steps of a step
+    that will be captured, and for the compiled custom ops."""
+    previous = getattr(_state, "for_capture", False)
+    _state.for_capture = bool(enabled)
+    try:
+        yield
+    finally:
+        _state.for_capture = previous
+
+
+def capture_mode() -> bool:
+    """Whether the running op will be replayed (captured, or warming up for it)."""
+    return getattr(_state, "for_capture", False) or (
+        torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    )
+
+
+def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str = "") -> Decision:
     """The :class:`Decision` an op on ``graph`` and ``tensors`` takes for ``aggregation``,
-    without running it. Raises like the op would for an unavailable backend."""
+    without running it (``op``: ``"spmm"`` enables the host-bound regime of the module
+    docstring). Raises like the op would for an unavailable backend."""
     check_aggregation(aggregation)
     _load_kernel_backends()
     if aggregation != "auto":
@@ -264,6 +302,12 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto") -> Decisi
         return Decision("reference", "deterministic mode and GAR cannot run on these inputs")
     avg = graph.avg_degree
     width = _feature_width(tensors)
+    if op == "spmm" and width is not None and graph.num_edges * width < HOST_BOUND_WORK and not capture_mode():
+        return Decision(
+            "reference",
+            f"host-bound: {graph.num_edges} edges x {width} columns < {HOST_BOUND_WORK} in an eager step "
+            "(the fused kernels run inside CUDA graphs and on larger graphs)",
+        )
     threshold = gar_min_avg_degree(width)
     if avg >= threshold:
         order, why = ("gar", "gas"), f"average degree {avg:.1f} >= {threshold:.1f}"
@@ -276,7 +320,7 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto") -> Decisi
     return Decision("reference", "no fused backend can run on these inputs (Triton missing or unsupported dtype)")
 
 
-def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor) -> Backend:
+def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor, op: str = "") -> Backend:
     """The backend that runs for ``aggregation`` on these inputs (recorded for
     :func:`last_decision`).
 
@@ -285,13 +329,13 @@ def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor) -> Bac
     once per such combination and remembered on the graph (an op call then costs a
     dictionary look-up, not the rule). Decisions that warn are not remembered."""
     deterministic_mode = is_deterministic()
-    key = (aggregation, deterministic_mode, len(_BACKENDS), _feature_width(tensors),
-           *[(t.dtype, t.device) for t in tensors])
+    key = (aggregation, op, deterministic_mode, op == "spmm" and capture_mode(), len(_BACKENDS),
+           _feature_width(tensors), *[(t.dtype, t.device) for t in tensors])
     memo = graph.cached("dispatch_decisions", dict, structural=True)
     decision = memo.get(key)
     if decision is None:
         warns = aggregation == "gas" and deterministic_mode
-        decision = explain(graph, *tensors, aggregation=aggregation)
+        decision = explain(graph, *tensors, aggregation=aggregation, op=op)
         if not warns:
             memo[key] = decision
     _state.last = decision

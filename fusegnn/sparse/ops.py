@@ -25,8 +25,10 @@ import torch
 from torch import Tensor
 
 from fusegnn.sparse import library
+
 from fusegnn.sparse.dispatch import (
     backend_named,
+    capture_mode,
     check_aggregation,
     is_deterministic,
     last_decision,
@@ -108,7 +110,7 @@ def spmm(
           and isinstance(reduce, str) and isinstance(aggregation, str)):  # a call like an earlier one: no checks
         weight = edge_weight if edge_weight is not None else graph.edge_weight
         signature = (x.shape, x.dtype, x.device, _signature(weight), _signature(bias), reduce, aggregation,
-                     is_deterministic())
+                     is_deterministic(), capture_mode())
         prepared = graph.cached("prepared_spmm", dict).get(signature)
         if prepared is not None:
             record_decision(prepared[1])
@@ -152,7 +154,7 @@ def _checked_spmm(graph, x, edge_weight, reduce, bias, aggregation) -> Tensor:
     if isinstance(graph, library.GraphRef):
         out = library.spmm(graph, x, edge_weight, reduce, check_aggregation(aggregation))
         return out if bias is None else out + bias.reshape(x.shape[1:])
-    backend = resolve_aggregation(aggregation, graph, x)
+    backend = resolve_aggregation(aggregation, graph, x, op="spmm")
     return backend.spmm(graph, x, edge_weight, reduce, bias)
 
 
