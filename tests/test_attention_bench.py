@@ -261,6 +261,32 @@ def test_calibration_run_on_tiny_sizes(tmp_path, monkeypatch):
     assert any(line.startswith("DEFAULT_BLOCK_SIZE") for line in lines)
 
 
+def test_sweeps_run_through_the_harness(capsys, tmp_path):
+    """``--sweep NAME``: the options after it are the sweep's; --fit needs no device; a
+    GPU sweep on a CPU-only machine exits with a message; an unknown sweep names the known ones."""
+    from pathlib import Path
+
+    from benchmarks.run import _split_at_sweep
+
+    assert _split_at_sweep(["--suite", "agg", "--sweep", "spmm", "--steps", "3"]) == (
+        ["--suite", "agg", "--sweep", "spmm"], ["--steps", "3"])
+    assert _split_at_sweep(["--sweep=kernels", "--out", "x"]) == (["--sweep=kernels"], ["--out", "x"])
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "attention"
+    assert main(["--suite", "attention", "--sweep", "calibrate", "--fit",
+                 str(results / "calibration-crossover-nvidia-h200.json")]) == 0
+    assert "COST_MODELS" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no such sweep; known: --suite attention --sweep calibrate"):
+        main(["--suite", "agg", "--sweep", "calibrate"])
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        main(["--suite", "attention", "--allow-cpu", "--device", "cpu", "--out", str(tmp_path), "--sweep", "kernels"])
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        main(["--suite", "agg", "--allow-cpu", "--device", "cpu", "--out", str(tmp_path), "--sweep", "spmm"])
+    with pytest.raises(SystemExit):
+        main(["--suite", "all", "--sweep", "spmm"])
+    assert main(["--suite", "attention", "--list"]) == 0
+    assert "sweep calibrate:" in capsys.readouterr().out
+
+
 def test_calibration_time_limit_records_what_did_not_run():
     from benchmarks import attention_calibrate as cal
 
