@@ -83,6 +83,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from benchmarks import graphs
+from benchmarks.backends import cuda_graph_unavailable
 from benchmarks.measure import free_memory, interleaved_ms, is_oom, measure
 from benchmarks.report import ResultFile, clean_number, environment, gpu_slug, update_readme
 
@@ -341,24 +342,13 @@ def _sdpa_causal(prep: Prepared, device: torch.device):
     return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)), {"aggregation": "dense, is_causal"}
 
 
-def _graph_unavailable(also: Callable[[torch.device], str | None]) -> Callable[[torch.device], str | None]:
-    """``also``'s verdict, after requiring a CUDA device (CUDA graphs record CUDA work)."""
-
-    def check(device: torch.device) -> str | None:
-        if device.type != "cuda":
-            return f"CUDA graphs need a CUDA device (running on {device})"
-        return also(device)
-
-    return check
-
-
 def _short(case: AttnCase) -> bool:
     """The cases a ``*-graphed`` row runs: launch cost matters there."""
     return case.L <= GRAPHED_MAX_L
 
 
 def _graphed(name: str, unavailable, prepare, checked: bool = True) -> AttnBackend:
-    return AttnBackend(name, True, _graph_unavailable(unavailable), prepare, checked, graphed=True, applies=_short)
+    return AttnBackend(name, True, cuda_graph_unavailable(unavailable), prepare, checked, graphed=True, applies=_short)
 
 
 BACKENDS: dict[str, AttnBackend] = {

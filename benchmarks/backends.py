@@ -239,22 +239,17 @@ def _paper_backends() -> dict[str, PaperBackend]:
         "pyg-uncached", "pyg", _pyg_builder(False), unavailable=pyg_unavailable,
         applies=lambda case: case.model == "gcn", default=False,
     )
-    backends["fusegnn-graphed"] = PaperBackend(
-        "fusegnn-graphed", "fusegnn", _fusegnn_builder("auto"), "auto",
-        cuda_graph_unavailable(fusegnn_unavailable("auto")), applies=small_graph, graphed=True,
-    )
-    backends["pyg-graphed"] = PaperBackend(
-        "pyg-graphed", "pyg", _pyg_builder(True), unavailable=cuda_graph_unavailable(pyg_unavailable),
-        applies=small_graph, graphed=True,
-    )
-    backends["fusegnn-compiled"] = PaperBackend(
-        "fusegnn-compiled", "fusegnn", _fusegnn_builder("auto"), "auto",
-        compiled_unavailable(fusegnn_unavailable("auto")), applies=small_graph, compiled=True,
-    )
-    backends["pyg-compiled"] = PaperBackend(
-        "pyg-compiled", "pyg", _pyg_builder(True), unavailable=compiled_unavailable(pyg_unavailable),
-        applies=small_graph, compiled=True,
-    )
+    # CUDA-graph rows (fusegnn.graphed_step) and compiled rows (torch.compile), each
+    # library's model and step; small graphs only, where launches bound the step
+    for kind, needs in (("graphed", cuda_graph_unavailable), ("compiled", compiled_unavailable)):
+        backends[f"fusegnn-{kind}"] = PaperBackend(
+            f"fusegnn-{kind}", "fusegnn", _fusegnn_builder("auto"), "auto", needs(fusegnn_unavailable("auto")),
+            applies=small_graph, **{kind: True},
+        )
+        backends[f"pyg-{kind}"] = PaperBackend(
+            f"pyg-{kind}", "pyg", _pyg_builder(True), unavailable=needs(pyg_unavailable),
+            applies=small_graph, **{kind: True},
+        )
     return backends
 
 
