@@ -18,7 +18,7 @@ then backward of a random ``dO``), batch 4, 12 heads, head dim 64, bfloat16 (iss
 Each definition is a :mod:`fusegnn.sparse.masks` object; FlexAttention gets the same
 predicate through ``mask.mask_mod``.
 
-**Backends** (default: ``fusegnn``, ``flex``, ``sdpa``):
+**Backends** (default: ``sdpa``, ``flex``, ``fusegnn`` and their ``*-graphed`` twins):
 
 * ``fusegnn`` -- :func:`fusegnn.sparse.sparse_attention.sparse_attention`,
   ``aggregation="auto"``: the fused block kernel, the element path, or dense SDPA where
@@ -35,7 +35,17 @@ predicate through ``mask.mask_mod``.
   "dense" anchor of the issue. It computes a different function, so it is not checked;
 * ``sdpa-mask`` (opt-in) -- dense SDPA given the boolean mask;
 * ``sdpa-causal`` (opt-in) -- dense SDPA with ``is_causal=True`` (the ``causal`` cases
-  only; other masks are reported as not applicable).
+  only; other masks are reported as not applicable);
+* ``sdpa-graphed``, ``flex-graphed``, ``fusegnn-graphed`` -- the same step (forward, or
+  forward + backward into the inputs' ``.grad``) captured into one
+  :class:`torch.cuda.CUDAGraph` (:func:`benchmarks.graphs.capture_step`: 3 eager calls on
+  a side stream, then the recording) and timed per replay: a training loop that
+  captures its step pays no host launch cost, which decides the short cases. CUDA only,
+  ``L <= 4096`` (at 16384 the step is GPU-bound and the replay saves nothing). Before
+  timing, one replay's outputs (and gradients) must equal the eager step's on the same
+  inputs within the tolerance below (``replay_rel_err``), and masked rows are checked
+  against the reference like their eager twins. A capture that fails (a host sync inside
+  the step) is recorded with its reason.
 
 **Correctness before timing.** Every masked backend runs once on the case's inputs (for
 ``fwdbwd`` with the backward); its output (and ``dq, dk, dv``) on batch 0, heads 0-1 are
@@ -49,7 +59,8 @@ not timed.
 measured for memory and launches on its own, the steps are taken again **interleaved**:
 5 rounds that run the backends in turn, so that the host's speed, which bounds the short
 cases, drifts over all backends alike -- :func:`benchmarks.measure.interleaved_ms`), ``vs_flex`` = flex ms / ms, ``vs_sdpa`` = sdpa ms / ms (above
-1: faster), ``density`` (allowed elements / ``L^2``), ``block_density`` (non-empty blocks
+1: faster; a ``*-graphed`` row is compared with ``sdpa-graphed`` and ``flex-graphed``,
+the captured anchors), ``density`` (allowed elements / ``L^2``), ``block_density`` (non-empty blocks
 of the row's layout: fusegnn's BM x BN, flex's 128 x 128), ``ideal_ms`` = sdpa ms x
 density, ``peak_mem_mib``.
 
@@ -71,6 +82,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from benchmarks import graphs
+from benchmarks.backends import cuda_graph_unavailable
 from benchmarks.measure import free_memory, interleaved_ms, is_oom, measure
 from benchmarks.report import ResultFile, clean_number, environment, gpu_slug, update_readme
 
@@ -98,6 +111,8 @@ MODES = ("fwd", "fwdbwd")
 QUICK = {("window", 4096), ("window", 16384), ("bigbird", 4096), ("bigbird", 16384)}
 MIN_RTOL = 3e-2
 CHECK_HEADS = 2
+#: Longest sequence the ``*-graphed`` rows run at.
+GRAPHED_MAX_L = 4096
 
 
 @dataclass(frozen=True)
@@ -186,12 +201,26 @@ class Prepared:
 
 @dataclass(frozen=True)
 class AttnBackend:
+    """A way to compute a case's attention.
+
+    Attributes:
+        name: the backend name in results.
+        default: run when ``--backends`` is not given.
+        unavailable: ``device -> None`` if it can run there, else the reason.
+        prepare: ``(prep, device) -> (fn(q, k, v) -> out, info)``; ``info`` fills record
+            fields (``aggregation``, ``block_size``, ...). Built outside timing.
+        checked: compare with the float32 masked reference (not for unmasked SDPA).
+        graphed: time the step captured into a CUDA graph (replays).
+        applies: whether the backend runs a case (others are left out silently).
+    """
+
     name: str
     default: bool
     unavailable: Callable[[torch.device], str | None]
-    # prepare(prep, device) -> (fn(q, k, v) -> out, info dict); info: aggregation, block size...
     prepare: Callable[[Prepared, torch.device], tuple[Callable[[Tensor, Tensor, Tensor], Tensor], dict]]
     checked: bool = True
+    graphed: bool = False
+    applies: Callable[[AttnCase], bool] = field(default=lambda case: True)
 
 
 def _always(device: torch.device) -> str | None:
@@ -313,12 +342,24 @@ def _sdpa_causal(prep: Prepared, device: torch.device):
     return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)), {"aggregation": "dense, is_causal"}
 
 
+def _short(case: AttnCase) -> bool:
+    """The cases a ``*-graphed`` row runs: launch cost matters there."""
+    return case.L <= GRAPHED_MAX_L
+
+
+def _graphed(name: str, unavailable, prepare, checked: bool = True) -> AttnBackend:
+    return AttnBackend(name, True, cuda_graph_unavailable(unavailable), prepare, checked, graphed=True, applies=_short)
+
+
 BACKENDS: dict[str, AttnBackend] = {
     b.name: b
     for b in (
         AttnBackend("sdpa", True, _always, _sdpa, checked=False),
+        _graphed("sdpa-graphed", _always, _sdpa, checked=False),
         AttnBackend("flex", True, _flex_unavailable, _flex),
+        _graphed("flex-graphed", _flex_unavailable, _flex),
         AttnBackend("fusegnn", True, _always, _fusegnn("auto")),
+        _graphed("fusegnn-graphed", _always, _fusegnn("auto")),
         AttnBackend("fusegnn-block", False, _fusegnn_unavailable("block"), _fusegnn("block")),
         AttnBackend("fusegnn-element", False, _always, _fusegnn("element")),
         AttnBackend("fusegnn-dense", False, _always, _fusegnn("dense")),
@@ -361,14 +402,24 @@ def _reference(prep: Prepared, with_grad: bool) -> tuple[Tensor, tuple[Tensor, .
     return out.detach(), tuple(t.grad for t in sl)
 
 
-def _check(fn, prep: Prepared, with_grad: bool, ref) -> float:
+def _run_once(fn, prep: Prepared, with_grad: bool) -> tuple[Tensor, ...]:
+    """``(out,)``, or ``(out, dq, dk, dv)`` after the backward of ``prep.grad``."""
     q, k, v = (t.detach().requires_grad_(with_grad) for t in (prep.q, prep.k, prep.v))
     out = fn(q, k, v)
-    errs = [_rel(out[:1, :CHECK_HEADS], ref[0])]
-    if with_grad:
-        out.backward(prep.grad)
-        errs += [_rel(t.grad[:1, :CHECK_HEADS], r) for t, r in zip((q, k, v), ref[1])]
-    return max(errs)
+    if not with_grad:
+        return (out.detach(),)
+    out.backward(prep.grad)
+    return (out.detach(), q.grad, k.grad, v.grad)
+
+
+def _error_vs_reference(outputs: tuple[Tensor, ...], ref) -> float:
+    """Largest relative error of ``outputs`` (batch 0, the checked heads) against ``ref``."""
+    refs = (ref[0], *ref[1])
+    return max(_rel(t[:1, :CHECK_HEADS], r) for t, r in zip(outputs, refs))
+
+
+def _check(fn, prep: Prepared, with_grad: bool, ref) -> float:
+    return _error_vs_reference(_run_once(fn, prep, with_grad), ref)
 
 
 def _phases(fn, prep: Prepared, mode: str):
@@ -381,6 +432,31 @@ def _phases(fn, prep: Prepared, mode: str):
         fn(q, k, v).backward(prep.grad)
 
     return [step]
+
+
+def _captured_phases(fn, prep: Prepared, mode: str, device: torch.device) -> tuple[list, Callable[[], tuple]]:
+    """``([replay], replay)`` of the step of ``mode`` captured by
+    :func:`benchmarks.graphs.capture_step`; a replay returns ``_run_once``'s outputs
+    (static tensors, overwritten by the next replay)."""
+    q, k, v = (t.detach().requires_grad_() for t in (prep.q, prep.k, prep.v))
+
+    def step() -> tuple[Tensor, ...]:
+        if mode == "fwd":
+            return (fn(q, k, v).detach(),)
+        q.grad = k.grad = v.grad = None  # the recorded backward writes fresh gradients
+        out = fn(q, k, v)
+        out.backward(prep.grad)
+        return (out.detach(), q.grad, k.grad, v.grad)
+
+    replay = graphs.capture_step(step, device)
+    return [replay], replay
+
+
+def _replay_error(replay: Callable[[], tuple], fn, prep: Prepared, with_grad: bool) -> tuple[float, tuple]:
+    """``(max relative error of one replay against the eager step, the replay's outputs)``."""
+    replayed = tuple(t.clone() for t in replay())
+    eager = _run_once(fn, prep, with_grad)
+    return max(_rel(a, b.float()) for a, b in zip(replayed, eager)), replayed
 
 
 def _prepare(case: AttnCase, sizes: AttnSizes, device: torch.device, seed: int) -> Prepared:
@@ -396,7 +472,7 @@ def new_record(case: AttnCase, backend: str) -> dict:
         "case": case.name, "backend": backend, "ok": False, "error": None, "ms": None, "peak_mem_mib": None,
         "launches": None, "aggregation": None, "block_size": None, "density": None, "block_density": None,
         "ideal_ms": None, "vs_flex": None, "vs_sdpa": None, "layout_ms": None, "rel_err": None,
-        "checked_against": None, "steps": None, "warmup_steps": None, "ms_alone": None,
+        "checked_against": None, "steps": None, "warmup_steps": None, "ms_alone": None, "replay_rel_err": None,
     }
 
 
@@ -411,36 +487,47 @@ def run_case(case, backends, prep: Prepared, sizes, args, device, emit) -> None:
     rtol = max(args.rtol, MIN_RTOL)
     ref = None
     records = []
-    timed = []  # (record, fn) of the backends timed, for the interleaved pass
-    for backend in backends:
+    timed = []  # (record, phases) of the backends timed, for the interleaved pass
+    for backend in (b for b in backends if b.applies(case)):
         record = new_record(case, backend.name)
         record["density"] = density
         try:
             fn, info = backend.prepare(prep, device)
             record.update({k: v for k, v in info.items() if k in record})
+            outputs = None
+            if backend.graphed:
+                phases, replay = _captured_phases(fn, prep, case.mode, device)
+                err, outputs = _replay_error(replay, fn, prep, with_grad)
+                record["replay_rel_err"] = err
+                if not math.isfinite(err) or err > rtol:
+                    record["error"] = f"replay mismatch: rel err {err:.3g} > {rtol:g} vs the eager step"
+                    records.append(record)
+                    continue
+            else:
+                phases = _phases(fn, prep, case.mode)
             if backend.checked:
                 if ref is None:
                     ref = _reference(prep, with_grad)
-                err = _check(fn, prep, with_grad, ref)
+                err = _check(fn, prep, with_grad, ref) if outputs is None else _error_vs_reference(outputs, ref)
                 record["rel_err"], record["checked_against"] = err, "sdpa(float32, dense mask)"
                 if not math.isfinite(err) or err > rtol:
                     record["error"] = f"mismatch: rel err {err:.3g} > {rtol:g}"
                     records.append(record)
                     continue
             m = measure(
-                _phases(fn, prep, case.mode), device, steps=args.steps, warmup=args.warmup,
+                phases, device, steps=args.steps, warmup=args.warmup,
                 warmup_s=args.warmup_s, launches=not args.no_launches and case.L <= 1024,
             )
             record.update(ok=True, ms=m.ms[0], peak_mem_mib=m.peak_mem_mib, launches=m.launches[0],
                           steps=m.steps, warmup_steps=m.warmup_steps)
-            timed.append((record, fn))
+            timed.append((record, phases))
         except Exception as err:  # noqa: BLE001 - one backend's failure is a result
             record["error"] = "OOM" if is_oom(err) else _describe(err)
             free_memory(device)
         records.append(record)
     if len(timed) > 1 and device.type == "cuda":  # the same steps again, backends in turn
         try:
-            medians = interleaved_ms([_phases(fn, prep, case.mode) for _, fn in timed], device, steps=args.steps)
+            medians = interleaved_ms([phases for _, phases in timed], device, steps=args.steps)
             for (record, _), ms in zip(timed, medians):
                 record["ms_alone"], record["ms"] = record["ms"], ms
         except Exception as err:  # noqa: BLE001 - keep the separate timings
@@ -448,14 +535,21 @@ def run_case(case, backends, prep: Prepared, sizes, args, device, emit) -> None:
             for record, _ in timed:
                 record["interleave_error"] = _describe(err)
     by_name = {r["backend"]: r for r in records}
-    sdpa_ms = by_name.get("sdpa", {}).get("ms")
-    flex_ms = by_name.get("flex", {}).get("ms")
     for r in records:
+        graphed = BACKENDS[r["backend"]].graphed if r["backend"] in BACKENDS else False
+        sdpa_ms = by_name.get(anchor_name("sdpa", graphed), {}).get("ms")
+        flex_ms = by_name.get(anchor_name("flex", graphed), {}).get("ms")
         if r["ms"]:
             r["vs_sdpa"] = sdpa_ms / r["ms"] if sdpa_ms else None
             r["vs_flex"] = flex_ms / r["ms"] if flex_ms else None
         r["ideal_ms"] = sdpa_ms * density if sdpa_ms else None
         emit(r)
+
+
+def anchor_name(anchor: str, graphed: bool) -> str:
+    """The row a backend is compared with: ``sdpa`` / ``flex``, or their captured twins
+    for a ``*-graphed`` row (eager against eager, replay against replay)."""
+    return f"{anchor}-graphed" if graphed else anchor
 
 
 def _fmt(v, digits=3) -> str:
@@ -471,7 +565,8 @@ def render_markdown(doc: dict, heading: str = "##") -> str:
         f"{heading} attention on {doc.get('device')} (torch {doc.get('torch')}, triton {doc.get('triton')})",
         "",
         "Anchor: `sdpa` = dense SDPA without a mask. vs flex / vs sdpa: their ms / this row's ms "
-        "(above 1: faster). ideal = sdpa ms x density.",
+        "(above 1: faster; `*-graphed` rows, CUDA-graph replays, against `flex-graphed` / `sdpa-graphed`). "
+        "ideal = sdpa ms x density.",
         "",
         "| case | backend | ms | vs flex | vs sdpa | ideal ms | density | block density | path | status |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
@@ -562,7 +657,8 @@ def run_attention_suite(args, device: torch.device, started: float | None = None
     )
     path = Path(args.out) / SUITE / f"{gpu_slug(device)}.json"
     results = ResultFile(path, header, append=args.append, rerun_cases=[c.name for c in cases])
-    bar = tqdm(total=len(cases) * len(backends), desc=SUITE, file=sys.stderr, disable=args.quiet, dynamic_ncols=True)
+    total = sum(1 for c in cases for b in backends if b.applies(c))
+    bar = tqdm(total=total, desc=SUITE, file=sys.stderr, disable=args.quiet, dynamic_ncols=True)
     groups: dict[tuple[str, int], list[AttnCase]] = {}
     for case in cases:
         groups.setdefault((case.mask, case.L), []).append(case)
@@ -571,8 +667,9 @@ def run_attention_suite(args, device: torch.device, started: float | None = None
             prep = None
             for case in group:
                 bar.set_description(f"{SUITE} {case.name}")
+                applicable = [b for b in backends if b.applies(case)]
                 if args.time_limit is not None and time.perf_counter() - started > args.time_limit:
-                    for b in backends:
+                    for b in applicable:
                         record = new_record(case, b.name)
                         record["error"] = f"not run: --time-limit {args.time_limit:g} s reached"
                         results.add(record)
@@ -589,7 +686,7 @@ def run_attention_suite(args, device: torch.device, started: float | None = None
                     run_case(case, backends, prep, sizes, args, device, emit)
                 except Exception as err:  # noqa: BLE001 - a harness error in one case must not end the run
                     done = {r["backend"] for r in results.doc["records"] if r["case"] == case.name}
-                    for b in backends:
+                    for b in applicable:
                         if b.name not in done:
                             record = new_record(case, b.name)
                             record["error"] = "OOM" if is_oom(err) else f"harness error: {_describe(err)}"

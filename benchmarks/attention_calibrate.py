@@ -1,8 +1,10 @@
 """Calibrate ``sparse_attention``'s ``auto`` rule and the block kernel's launch table on a GPU.
 
-    python -m benchmarks.attention_calibrate --out $OUT                  # ~4-5 min on an H200
-    python -m benchmarks.attention_calibrate --out $OUT --time-limit 120 --lengths 1024,4096
-    python -m benchmarks.attention_calibrate --fit benchmarks/results/attention/*.json   # refit, CPU
+    python -m benchmarks.run --out $OUT --suite attention --sweep calibrate     # ~4-5 min on an H200
+    python -m benchmarks.run --out $OUT --suite attention --sweep calibrate --time-limit 120 --lengths 1024,4096
+    python -m benchmarks.run --suite attention --sweep calibrate --fit benchmarks/results/attention/*.json  # CPU
+
+(options after ``--sweep calibrate`` are this sweep's, below).
 
 For the ``attention`` suite's masks (``window``, ``bigbird``, ``causal``, ``longformer``,
 ``dilated``) at ``L`` in 1024, 4096, 16384, batch 4, 12 heads, head dim 64, bfloat16,
@@ -38,19 +40,20 @@ Then it prints (and writes) a **recommendation**:
 * ``DEFAULT_BLOCK_SIZE`` per ``L`` (best geometric mean over the cases, each block size
   at its best launch) and ``ELEMENT_MAX_FILL`` (when the element path was timed).
 
-``--out DIR`` writes ``DIR/attention-calibration-<gpu>.json`` (every measurement and the
-recommendation) and ``.log`` (what was printed). ``--fit FILE...`` refits the cost model
+The harness's ``--out DIR`` (default ``benchmarks/results``) receives
+``DIR/attention/calibration-<gpu>.json`` (every measurement and the recommendation) and
+``DIR/attention/raw/calibration-<gpu>.log`` (what was printed). ``--fit FILE...`` refits the cost model
 from saved results on any machine: this script's JSON, the attention suite's
 (``benchmarks/results/attention/<gpu>.json``: ``sdpa``, ``sdpa-mask``, ``sdpa-causal``
 rows and the ``fusegnn`` rows by the path they took), or the earlier calibration format
 (records with ``config`` ``"block BMxBN"`` / ``"element"``, sizes of the suite); the
 constants in ``sparse_attention.py`` came from
 
-    python -m benchmarks.attention_calibrate --fit \\
+    python -m benchmarks.run --suite attention --sweep calibrate --fit \\
         benchmarks/results/attention/calibration-crossover-nvidia-h200.json \\
         benchmarks/results/attention/calibration-element-nvidia-h200.json
 
-(the first written by ``--no-sweep --out``; the suite's own file is left out so that
+(the first written by ``--no-sweep``, renamed; the suite's own file is left out so that
 re-running the suite does not move them).
 """
 
@@ -98,7 +101,8 @@ def calibration_mask(name: str, L: int, seed: int = 0):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run --suite attention --sweep calibrate",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--masks", default=",".join(MASKS), help=f"comma-separated; also {', '.join(EXTRA_MASKS)}")
     p.add_argument("--lengths", default="1024,4096,16384")
     p.add_argument("--modes", default="fwd,fwdbwd")
@@ -110,7 +114,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=270.0,
                    help="seconds; no new measurement starts after it (the rest is recorded as not run)")
-    p.add_argument("--out", type=Path, help="directory for attention-calibration-<gpu>.json / .log")
     p.add_argument("--fit", type=Path, nargs="+", metavar="FILE",
                    help="no GPU run: refit the cost model from saved result files and print it")
     args = p.parse_args(argv)
@@ -650,7 +653,10 @@ def build_recommendation(records: list[dict], lengths: list[int]) -> dict:
 
 
 # ----------------------------------------------------------------------------- entry
-def main(argv=None) -> int:
+def sweep_main(argv: list[str], out_dir: Path, device: Callable[[], torch.device]) -> int:
+    """``python -m benchmarks.run --suite attention --sweep calibrate [options]``: writes
+    ``<out_dir>/calibration-<gpu>.json`` and ``<out_dir>/raw/calibration-<gpu>.log``
+    (see :mod:`benchmarks.sweeps`); with ``--fit`` only prints the refitted model."""
     args = parse_args(argv)
     if args.fit:
         obs = load_observations(args.fit)
@@ -658,28 +664,21 @@ def main(argv=None) -> int:
         print(f"# fitted to {len(observations(obs))} measurements from {', '.join(str(p) for p in args.fit)}")
         print(format_cost_models(fit))
         return 0
-    if not torch.cuda.is_available():
-        raise SystemExit("attention_calibrate needs a CUDA GPU (or --fit FILE... to refit from saved results)")
     from benchmarks.report import environment, gpu_slug
 
-    device = torch.device("cuda", torch.cuda.current_device())
-    stem = None
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        stem = args.out / f"attention-calibration-{gpu_slug(device)}"
-    emit = Tee(stem.with_suffix(".log") if stem else None)
-    emit(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}; B={GPU_SIZES.batch} H={GPU_SIZES.heads} "
+    dev = device()
+    if dev.type != "cuda":
+        raise SystemExit("--sweep calibrate times GPU kernels: it needs a CUDA device (--fit FILE... needs none)")
+    stem = out_dir / f"calibration-{gpu_slug(dev)}"
+    (out_dir / "raw").mkdir(parents=True, exist_ok=True)
+    emit = Tee(out_dir / "raw" / f"{stem.name}.log")
+    emit(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}; B={GPU_SIZES.batch} H={GPU_SIZES.heads} "
          f"D={GPU_SIZES.head_dim} bf16; check heads 0..{CHECK_HEADS - 1}; time limit {args.time_limit:g} s")
-    records = calibrate(args, device, emit)
+    records = calibrate(args, dev, emit)
     rec = build_recommendation(records, args.lengths)
     print_recommendation(rec, emit)
-    if stem is not None:
-        doc = dict(environment(device), args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                   records=records, recommendation=rec)
-        stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str))
-        print(f"wrote {stem}.json and .log", file=sys.stderr)
+    doc = dict(environment(dev), args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+               records=records, recommendation=rec)
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str))
+    print(f"wrote {stem}.json and raw/{stem.name}.log", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

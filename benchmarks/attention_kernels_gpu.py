@@ -1,6 +1,8 @@
 """Per-kernel launch sweep of the block-sparse attention kernels on a GPU.
 
-    python -m benchmarks.attention_kernels_gpu --out $OUT        # ~2-3 min on an H200
+    python -m benchmarks.run --out $OUT --suite attention --sweep kernels   # ~2-3 min on an H200
+
+(options after ``--sweep kernels`` are this sweep's, below).
 
 For suite masks (B4 H12 D64 bf16, 64 x 64 layout; :mod:`benchmarks.attention`), each of
 the three kernels is timed on its own with ``triton.testing.do_bench`` (median over
@@ -19,8 +21,8 @@ kernel with the diagonal-band masking of partial blocks and with loaded element 
 (``FUSEGNN_BAND_PATTERNS``, see :mod:`fusegnn.kernels.block_attention`; ``on`` / ``off``:
 one of them). Every configuration's outputs are checked against float32 SDPA with the dense mask on
 batch 0, heads 0-1 first (``rel_err``; a failed check is reported and not timed). The
-compiled kernel's registers and spills are printed. Writes ``kernels.json`` and
-``kernels.log``; the last lines are the best configuration per kernel (geometric mean of
+compiled kernel's registers and spills are printed. Writes ``<out>/attention/kernels-<gpu>.json``
+and ``<out>/attention/raw/kernels-<gpu>.log`` (harness ``--out``, default ``benchmarks/results``); the last lines are the best configuration per kernel (geometric mean of
 ``ms / best ms`` over the cases) and the table's.
 """
 
@@ -30,7 +32,7 @@ import argparse
 import json
 import math
 import os
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -53,22 +55,30 @@ def _rel(x, ref) -> float:
     return ((x.float() - ref).abs().max() / ref.abs().max()).item()
 
 
-def main(argv=None) -> int:
+def sweep_main(argv: list[str], out_dir: Path, device: Callable[[], torch.device]) -> int:
+    """``python -m benchmarks.run --suite attention --sweep kernels [options]`` (see
+    :mod:`benchmarks.sweeps`)."""
     import triton.testing
 
     from fusegnn.kernels import block_attention as ba
     from fusegnn.sparse.block_layout import BlockLayout
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("."))
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run --suite attention --sweep kernels",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(f"{m}-{L}" for m, L in CASES))
     parser.add_argument("--rtol", type=float, default=0.03)
     parser.add_argument("--table-only", action="store_true", help="time the launch table's configuration only")
     parser.add_argument("--bands", choices=("on", "off", "both"), default="on",
                         help="band masking of partial blocks (FUSEGNN_BAND_PATTERNS)")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    emit = Tee(args.out / "kernels.log")
+    dev = device()
+    if dev.type != "cuda":
+        raise SystemExit("--sweep kernels times compiled GPU kernels: it needs a CUDA device")
+    from benchmarks.report import gpu_slug
+
+    (out_dir / "raw").mkdir(parents=True, exist_ok=True)
+    result_json = out_dir / f"kernels-{gpu_slug(dev)}.json"
+    emit = Tee(out_dir / "raw" / f"kernels-{gpu_slug(dev)}.log")
 
     compiled: list = []
     original_launch = ba._launch
@@ -83,7 +93,6 @@ def main(argv=None) -> int:
     base = ba.launch_config(64, 64, 64)
     emit(f"table (64x64, D64): {base}")
     records = []
-    dev = torch.device("cuda")
     flags = {"on": ["1"], "off": ["0"], "both": ["1", "0"]}[args.bands]
     for spec, flag in ((spec, flag) for spec in args.cases.split(",") for flag in flags):
         name, L = spec.rsplit("-", 1)
@@ -155,7 +164,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
 
     if args.table_only:
-        (args.out / "kernels.json").write_text(json.dumps({"records": records}, indent=1))
+        result_json.write_text(json.dumps({"records": records}, indent=1))
         ba._launch = original_launch
         return 0
     emit("--- best per kernel (geometric mean of ms / case best)")
@@ -173,10 +182,7 @@ def main(argv=None) -> int:
         ranked = sorted(scores.items(), key=lambda kv: kv[1])
         summary[kernel] = [[list(p), s] for p, s in ranked]
         emit(f"{kernel}: " + ", ".join(f"{p} {s:.3f}" for p, s in ranked[:5]))
-    (args.out / "kernels.json").write_text(json.dumps({"records": records, "summary": summary}, indent=1))
+    result_json.write_text(json.dumps({"records": records, "summary": summary}, indent=1))
     ba._launch = original_launch
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

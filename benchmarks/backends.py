@@ -13,6 +13,13 @@ Suite ``paper`` (a training step of the 2-layer model):
                        into a CUDA graph, timed per replay (small graphs only, CUDA only)
 ``pyg-graphed``        ``pyg``'s model and step through the same :func:`fusegnn.graphed_step`
                        (a capture that fails is recorded with its reason)
+``fusegnn-compiled``   ``fusegnn``'s model wrapped in ``torch.compile(model,
+                       mode="reduce-overhead", fullgraph=True)`` (Inductor kernels replayed
+                       by CUDA-graph trees), trained by the eager step (loss, backward, Adam);
+                       compile time recorded apart (small graphs only, CUDA only)
+``pyg-compiled``       ``pyg``'s model compiled the same way (a failure is recorded with its
+                       reason: PyG's cached ``GCNConv`` keeps a tensor that CUDA-graph trees
+                       overwrite)
 =====================  ========================================================================
 
 Suite ``agg`` (``out = A @ x`` with the GCN-normalised adjacency, and its backward
@@ -57,6 +64,7 @@ __all__ = [
     "registry",
     "select_backends",
     "cuda_graph_unavailable",
+    "compiled_unavailable",
     "fusegnn_unavailable",
     "pyg_unavailable",
     "small_graph",
@@ -91,6 +99,10 @@ class PaperBackend:
         default: run when ``--backends`` is not given.
         graphed: time the step captured into a CUDA graph by :func:`fusegnn.graphed_step`
             (replays), after checking that replays train like eager steps.
+        compiled: wrap the model in :func:`benchmarks.runner.compile_model` (``torch.compile``,
+            ``mode="reduce-overhead"``, ``fullgraph=True``) and time the eager step around
+            it, after checking that it trains like the eager model; the first call's time
+            is ``compile_ms``.
     """
 
     name: str
@@ -101,6 +113,7 @@ class PaperBackend:
     applies: Callable[[Case], bool] = field(default=lambda case: True)
     default: bool = True
     graphed: bool = False
+    compiled: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,6 +165,20 @@ def cuda_graph_unavailable(also: Callable[[torch.device], str | None]) -> Callab
     def check(device: torch.device) -> str | None:
         if device.type != "cuda":
             return f"CUDA graphs need a CUDA device (running on {device})"
+        return also(device)
+
+    return check
+
+
+def compiled_unavailable(also: Callable[[torch.device], str | None]) -> Callable[[torch.device], str | None]:
+    """``also``'s verdict, after requiring a CUDA device and ``torch.compile`` (its
+    ``reduce-overhead`` mode replays CUDA graphs)."""
+
+    def check(device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return f"torch.compile(mode='reduce-overhead') replays CUDA graphs: needs a CUDA device (running on {device})"
+        if not hasattr(torch, "compile"):
+            return f"torch {torch.__version__} has no torch.compile"
         return also(device)
 
     return check
@@ -212,14 +239,17 @@ def _paper_backends() -> dict[str, PaperBackend]:
         "pyg-uncached", "pyg", _pyg_builder(False), unavailable=pyg_unavailable,
         applies=lambda case: case.model == "gcn", default=False,
     )
-    backends["fusegnn-graphed"] = PaperBackend(
-        "fusegnn-graphed", "fusegnn", _fusegnn_builder("auto"), "auto",
-        cuda_graph_unavailable(fusegnn_unavailable("auto")), applies=small_graph, graphed=True,
-    )
-    backends["pyg-graphed"] = PaperBackend(
-        "pyg-graphed", "pyg", _pyg_builder(True), unavailable=cuda_graph_unavailable(pyg_unavailable),
-        applies=small_graph, graphed=True,
-    )
+    # CUDA-graph rows (fusegnn.graphed_step) and compiled rows (torch.compile), each
+    # library's model and step; small graphs only, where launches bound the step
+    for kind, needs in (("graphed", cuda_graph_unavailable), ("compiled", compiled_unavailable)):
+        backends[f"fusegnn-{kind}"] = PaperBackend(
+            f"fusegnn-{kind}", "fusegnn", _fusegnn_builder("auto"), "auto", needs(fusegnn_unavailable("auto")),
+            applies=small_graph, **{kind: True},
+        )
+        backends[f"pyg-{kind}"] = PaperBackend(
+            f"pyg-{kind}", "pyg", _pyg_builder(True), unavailable=needs(pyg_unavailable),
+            applies=small_graph, **{kind: True},
+        )
     return backends
 
 

@@ -2,7 +2,9 @@
 
 Run on a CUDA machine from the repository root::
 
-    PYTHONUNBUFFERED=1 python benchmarks/kernels_spmm_gpu.py --out $OUT [--stages ...]
+    PYTHONUNBUFFERED=1 python -m benchmarks.run --out $OUT --suite agg --sweep spmm [--stages ...]
+
+(options after ``--sweep spmm`` are this sweep's).
 
 Stages (all by default):
 
@@ -26,9 +28,10 @@ Stages (all by default):
   uses (random power-law graphs of 100k nodes, transductive: conversion excluded, and
   reported separately).
 
-Prints a table at the end and writes everything to ``$OUT/spmm_gpu.json``.
-``--smoke`` runs every stage at toy sizes (also on the CPU through ``TRITON_INTERPRET=1``)
-to check the script itself.
+Prints a table at the end and writes everything to ``<out>/agg/spmm-<gpu>.json`` (harness
+``--out``, default ``benchmarks/results``). ``--smoke`` runs every stage at toy sizes (also
+on the CPU: ``TRITON_INTERPRET=1 python -m benchmarks.run --suite agg --allow-cpu --device
+cpu --sweep spmm --smoke --stages check``) to check the sweep itself.
 """
 
 from __future__ import annotations
@@ -36,24 +39,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
 import statistics
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from fusegnn.sparse import Graph, dispatch, reference, spmm  # noqa: E402
-from fusegnn.kernels import spmm as fused  # noqa: E402
-from fusegnn.kernels.partition import plan_for  # noqa: E402
-from fusegnn.kernels.spmm_gar import GarConfig, gar_config, gar_reduce  # noqa: E402
-from fusegnn.kernels.spmm_gas import GasConfig, gas_config, gas_scatter  # noqa: E402
+from fusegnn.sparse import Graph, dispatch, reference, spmm
+from fusegnn.kernels import spmm as fused
+from fusegnn.kernels.partition import plan_for
+from fusegnn.kernels.spmm_gar import GarConfig, gar_config, gar_reduce
+from fusegnn.kernels.spmm_gas import GasConfig, gas_config, gas_scatter
 
 RESULTS: dict = {}
 CUDA = torch.cuda.is_available()
@@ -546,21 +545,29 @@ def print_table(rows) -> None:
         ))
 
 
-def save(out_dir: str) -> None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "spmm_gpu.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+def save(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(RESULTS, indent=1, default=str))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+def sweep_main(argv: list[str], out_dir: Path, device: Callable[[], torch.device]) -> int:
+    """``python -m benchmarks.run --suite agg --sweep spmm [options]`` (see :mod:`benchmarks.sweeps`)."""
+    from benchmarks.report import gpu_slug
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run --suite agg --sweep spmm", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", default="check,build,convert,spot,sweep,time,calib")
     parser.add_argument("--smoke", action="store_true", help="toy sizes, to test the script")
     parser.add_argument("--sweep-budget", type=float, default=150.0, help="seconds for the whole sweep")
     parser.add_argument("--calib-degrees", default="", help="comma-separated average degrees for calib")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     stages = args.stages.split(",")
+    dev = device()
+    if dev.type != DEV.type:
+        raise SystemExit(f"--sweep spmm runs on {DEV} here (the default CUDA device when there is one), not {dev}")
+    if dev.type != "cuda" and not args.smoke:
+        raise SystemExit("--sweep spmm times GPU kernels: it needs a CUDA device (--smoke runs on the CPU)")
+    args.out = out_dir / f"spmm-{gpu_slug(dev)}.json"
     import triton
 
     RESULTS["env"] = dict(
@@ -607,7 +614,4 @@ def main():
         RESULTS["elapsed_s"] = time.perf_counter() - t0
         save(args.out)
     log(f"elapsed {RESULTS['elapsed_s']:.0f} s")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

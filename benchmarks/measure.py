@@ -31,7 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Measurement", "measure", "interleaved_ms", "timed_ms", "is_oom", "free_memory", "count_kernels"]
+__all__ = [
+    "Measurement", "measure", "interleaved_ms", "timed_ms", "is_oom", "free_memory", "count_kernels", "synchronize",
+]
 
 Phase = Callable[[], object]
 
@@ -56,9 +58,13 @@ class Measurement:
     warmup_steps: int
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+_sync = synchronize
 
 
 def _run_step(phases: Sequence[Phase]) -> None:

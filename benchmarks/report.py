@@ -41,8 +41,8 @@ __all__ = [
 ANCHORS = {"paper": "pyg", "agg": "cusparse"}
 #: Row order within a case in the table and the chart.
 DISPLAY_ORDER = (
-    "pyg", "pyg-uncached", "pyg-graphed", "cusparse", "gather-scatter",
-    "fusegnn", "fusegnn-graphed", "fusegnn-gas", "fusegnn-gar", "fusegnn-reference",
+    "pyg", "pyg-uncached", "pyg-graphed", "pyg-compiled", "cusparse", "gather-scatter",
+    "fusegnn", "fusegnn-graphed", "fusegnn-compiled", "fusegnn-gas", "fusegnn-gar", "fusegnn-reference",
 )
 README = Path(__file__).resolve().parent / "README.md"
 
@@ -240,6 +240,10 @@ def render_markdown(doc: dict, heading: str = "##") -> str:
             f"- data `{name}`: {info.get('nodes')} nodes, {info.get('edges')} edges, "
             f"{info.get('features')} features; {info.get('source')}"
         )
+    for r in sorted_records(doc):
+        if r.get("ok") and r.get("compile_ms") is not None:
+            notes.append(f"- `{r['backend']}` on `{r['case']}`: first step (compilation) "
+                         f"{_num(r['compile_ms'])} ms, not in its ms")
     for name, reason in doc.get("unavailable", {}).items():
         notes.append(f"- backend `{name}` not run: {reason}")
     if notes:

@@ -4,6 +4,7 @@
     python -m benchmarks.run --suite agg                # SpMM forward / backward
     python -m benchmarks.run --suite all --quick        # both, smaller paper grid
     python -m benchmarks.run --list                     # cases and backends, no run
+    python -m benchmarks.run --suite attention --sweep calibrate   # a tuning sweep (benchmarks.sweeps)
 
 Writes ``<out>/<suite>/<gpu-slug>.json`` after every record, then ``.md`` and ``.png``,
 and prints the markdown table last. See ``benchmarks/README.md``.
@@ -38,6 +39,7 @@ from benchmarks.report import (  # noqa: E402
     render_outputs,
 )
 from benchmarks.runner import RunConfig, new_record, run_case  # noqa: E402
+from benchmarks.sweeps import run_sweep, suite_sweeps  # noqa: E402
 
 __all__ = ["main", "parse_args"]
 
@@ -48,6 +50,17 @@ def _csv(text: str) -> list[str]:
 
 def default_data_root() -> str:
     return os.environ.get("FUSEGNN_DATA") or str(_REPO / ".carry" / "planetoid")
+
+
+def _split_at_sweep(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(harness options, sweep options)``: what follows ``--sweep NAME`` (or
+    ``--sweep=NAME``) belongs to the sweep, whose options may share the harness's names."""
+    for k, token in enumerate(argv):
+        if token.startswith("--sweep="):
+            return argv[: k + 1], argv[k + 1 :]
+        if token == "--sweep":
+            return argv[: k + 2], argv[k + 2 :]
+    return argv, []
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,9 +90,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--time-limit", type=float,
                    help="seconds; cases not started by then are recorded as not run (JSON/MD/PNG still written)")
     p.add_argument("--update-readme", action="store_true", help="put the tables into benchmarks/README.md")
-    p.add_argument("--list", action="store_true", help="list the cases and backends, then exit")
+    p.add_argument("--list", action="store_true", help="list the cases, backends and sweeps, then exit")
+    p.add_argument("--sweep", help="run this tuning sweep of --suite instead of its cases (see --list); "
+                                   "the options after '--sweep NAME' are the sweep's ('--sweep NAME --help')")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    harness_argv, sweep_argv = _split_at_sweep(argv)
+    args = p.parse_args(harness_argv)
+    if args.sweep is not None and args.suite == "all":
+        p.error("--sweep needs one --suite (paper, agg or attention)")
+    args.sweep_args = sweep_argv
     if args.steps < 1:
         p.error("--steps must be >= 1")
     if args.warmup < 0:
@@ -105,6 +125,11 @@ def resolve_device(args: argparse.Namespace) -> torch.device:
     return device
 
 
+def _list_sweeps(suite: str) -> None:
+    for sweep in suite_sweeps(suite).values():
+        print(f"  sweep {sweep.name}: {sweep.what}")
+
+
 def _list(args: argparse.Namespace, device: torch.device) -> None:
     for suite in SUITES if args.suite == "all" else (args.suite,):
         cases = select_cases(suite, args.cases, args.quick)
@@ -116,6 +141,7 @@ def _list(args: argparse.Namespace, device: torch.device) -> None:
         for name, reason in unavailable.items():
             print(f"  not available: {name}: {reason}")
         print("  all backend names:", ", ".join(registry(suite)))
+        _list_sweeps(suite)
 
 
 def _clean(record: dict) -> dict:
@@ -199,11 +225,19 @@ def run_suite(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.sweep is not None:
+        try:
+            return run_sweep(args.suite, args.sweep, args.sweep_args, args.out, lambda: resolve_device(args))
+        except ValueError as err:
+            raise SystemExit(f"benchmarks: {err}") from None
     if args.suite == "attention":  # masked attention: its own grid, see benchmarks/attention.py
         from benchmarks.attention import main_from_harness
 
         cpu = args.list and not torch.cuda.is_available()
-        return main_from_harness(args, torch.device("cpu") if cpu else resolve_device(args))
+        code = main_from_harness(args, torch.device("cpu") if cpu else resolve_device(args))
+        if args.list:
+            _list_sweeps("attention")
+        return code
     if args.list:
         cpu = not torch.cuda.is_available()
         _list(args, torch.device("cpu") if cpu else resolve_device(args))

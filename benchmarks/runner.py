@@ -28,6 +28,18 @@ is what the capture allocated (the graph's private memory, held for its lifetime
 replays themselves allocate nothing). A capture that fails is recorded with its reason
 (``capture failed: host sync in <function>() (<file>:<line>)``).
 
+**Compiled backends** (``*-compiled``): the model wrapped by :func:`compile_model`
+(``torch.compile(model, mode="reduce-overhead", fullgraph=True)``: Inductor's kernels,
+replayed as CUDA graphs by CUDA-graph trees) and trained by the same step as the eager
+row (standard Adam). Dynamo's caches are reset before each compiled model, so every row
+compiles from scratch. The correctness forward runs through the compiled model; then, as
+for the graphed rows, ``GRAPH_WARMUP + VERIFY_CALLS`` compiled steps must train like as
+many eager steps (``replay_rel_err``). The timed model's first step (tracing, Inductor
+code generation, one run) is ``compile_ms``, not part of ``ms``; ``peak_mem_mib`` is the
+peak above what was allocated before that first step, over compilation, warm-up (where
+CUDA-graph trees record) and the timed steps. A compilation that fails is recorded with
+its reason.
+
 An out-of-memory anywhere is recorded (``ok: false, error: "OOM"``), memory is freed
 and the run goes on; so does any other error (its message is recorded).
 """
@@ -35,6 +47,7 @@ and the run goes on; so does any other error (its message is recorded).
 from __future__ import annotations
 
 import math
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,19 +55,19 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from benchmarks.backends import AggBackend, PaperBackend, build_csr_formats, oracle_rank
 from benchmarks.cases import Case
 from benchmarks.data import DatasetCache
-from benchmarks.measure import free_memory, is_oom, measure, timed_ms
+from benchmarks.measure import free_memory, is_oom, measure, synchronize, timed_ms
 
-__all__ = ["RunConfig", "new_record", "run_case", "relative_error", "RECORD_FIELDS"]
+__all__ = ["RunConfig", "new_record", "run_case", "relative_error", "compile_model", "RECORD_FIELDS"]
 
 RECORD_FIELDS = (
     "case", "backend", "ok", "error", "ms", "bwd_ms", "peak_mem_mib", "launches", "bwd_launches",
     "convert_ms", "norm_ms", "aggregation", "rel_err", "checked_against", "steps", "warmup_steps",
-    "replay_rel_err",
+    "replay_rel_err", "compile_ms",
 )
 
 #: Eager calls of a graphed step before its capture.
@@ -62,6 +75,9 @@ GRAPH_WARMUP = 2
 #: Graphed calls after the warm-up compared with eager steps: the capture call (which
 #: replays once) and replays.
 VERIFY_CALLS = 4
+#: Steps of a compiled model after its first (compiling) call before timing: CUDA-graph
+#: trees run a step eagerly, record the next and replay from the one after.
+COMPILED_WARMUP = 3
 
 Emit = Callable[[dict], None]
 
@@ -277,34 +293,71 @@ def _graphed(backend: PaperBackend, shared: _PaperCase, case: Case, config: RunC
     return model, graph_arg, step
 
 
-def _verify_replay(backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig) -> float:
-    """Relative error between ``GRAPH_WARMUP + VERIFY_CALLS`` graphed calls and as many
-    eager steps from the same weights, dropout off, both with Adam's ``capturable``
-    variant (the standard one rounds its bias correction on the host: over several
-    steps Adam's normalisation amplifies that into ~1e-3 differences, the same for PyG
-    and fusegnn, which is not what this check is about): the larger of the
-    losses' and the final outputs' max-norm relative errors. Raises if the eager steps
-    barely moved the output (the comparison would then prove nothing)."""
+def compile_model(model: nn.Module) -> nn.Module:
+    """The model of a ``*-compiled`` row: ``torch.compile(model, mode="reduce-overhead",
+    fullgraph=True)`` (the CPU tests swap this for a backend that runs there)."""
+    return torch.compile(model, mode="reduce-overhead", fullgraph=True)
+
+
+def _reset_dynamo() -> None:
+    """Forget compiled code: every compiled row compiles from scratch, and a run of many
+    cases never reaches Dynamo's recompilation limit."""
+    import torch._dynamo as dynamo
+
+    dynamo.reset()
+
+
+def _compiled(backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig, *, train: bool):
+    """``(model, graph_arg, step)``: a fresh model from the case's weights and the eager
+    training step around its compiled wrapper (Dynamo's caches reset first)."""
+    _reset_dynamo()
+    model, graph_arg = _paper_model(backend, shared, case, config.device)
+    model.train(train)
+    step = _training_step(compile_model(model), _adam(model, config), graph_arg, shared)
+    if config.device.type != "cuda":
+        return model, graph_arg, step
+    mark = torch.compiler.cudagraph_mark_step_begin
+
+    def marked_step() -> Tensor:
+        mark()  # a new iteration: the previous step's graph outputs may be overwritten
+        return step()
+
+    return model, graph_arg, marked_step
+
+
+def _verify_training(
+    backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig, *, graphed: bool
+) -> float:
+    """Relative error between ``GRAPH_WARMUP + VERIFY_CALLS`` steps of the graphed (or
+    compiled) row and as many eager steps from the same weights, dropout off: the
+    larger of the losses' and the final outputs' max-norm relative errors. Graphed
+    rows compare with eager steps using Adam's ``capturable`` variant, as theirs does
+    (the standard one rounds its bias correction on the host: over several steps Adam's
+    normalisation amplifies that into ~1e-3 differences, the same for PyG and fusegnn,
+    which is not what this check is about); compiled rows use the standard Adam on both
+    sides. Raises if the eager steps barely moved the output (the comparison would then
+    prove nothing)."""
     calls = GRAPH_WARMUP + VERIFY_CALLS
     model, graph_arg = _paper_model(backend, shared, case, config.device)
     model.eval()  # dropout off: both runs compute the same function
     with torch.no_grad():
         start = model(shared.x, graph_arg).float()
-    step = _training_step(model, _adam(model, config, capturable=True), graph_arg, shared)
-    eager_losses = torch.stack([step().detach() for _ in range(calls)])
+    step = _training_step(model, _adam(model, config, capturable=graphed), graph_arg, shared)
+    eager_losses = torch.stack([step().detach().clone() for _ in range(calls)])
     with torch.no_grad():
         eager_out = model(shared.x, graph_arg).float()
     del model, step
 
-    model, graph_arg, graphed = _graphed(backend, shared, case, config, train=False)
-    graphed_losses = torch.stack([graphed().clone() for _ in range(calls)])
-    if not graphed.captured:
+    build = _graphed if graphed else _compiled
+    model, graph_arg, other = build(backend, shared, case, config, train=False)
+    other_losses = torch.stack([other().detach().clone() for _ in range(calls)])
+    if graphed and not other.captured:
         raise RuntimeError(f"the step was not captured after {calls} calls")
-    with torch.no_grad():
-        graphed_out = model(shared.x, graph_arg).float()
-    del model, graphed
+    with torch.no_grad():  # the eager module: its parameters are what the steps trained
+        other_out = model(shared.x, graph_arg).float()
+    del model, other
 
-    err = max(relative_error(graphed_out, eager_out), relative_error(graphed_losses, eager_losses))
+    err = max(relative_error(other_out, eager_out), relative_error(other_losses, eager_losses))
     moved = relative_error(eager_out, start)
     if not moved > 10 * max(err, config.rtol):
         raise RuntimeError(
@@ -314,15 +367,56 @@ def _verify_replay(backend: PaperBackend, shared: _PaperCase, case: Case, config
     return err
 
 
+def _check_training(record: dict, backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig,
+                    *, graphed: bool) -> bool:
+    """Run :func:`_verify_training` into ``record``; whether the row may be timed."""
+    err = _verify_training(backend, shared, case, config, graphed=graphed)
+    record["replay_rel_err"] = err
+    if not err <= config.rtol:
+        what = "replay" if graphed else "compiled"
+        record.update(ok=False, error=f"{what} mismatch: rel err {err:.2e} > rtol {config.rtol:g} vs eager steps")
+        return False
+    free_memory(config.device)
+    return True
+
+
+def _time_compiled(record: dict, backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig) -> None:
+    """Check that the compiled model trains like the eager one, then time its steps,
+    the first (compiling) step apart (see the module docstring)."""
+    device = config.device
+    if not _check_training(record, backend, shared, case, config, graphed=False):
+        return
+    cuda = device.type == "cuda"
+    model, graph_arg, step = _compiled(backend, shared, case, config, train=True)
+    synchronize(device)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        baseline = torch.cuda.memory_allocated(device)
+    begin = time.perf_counter()
+    step()  # tracing, code generation and one run
+    synchronize(device)
+    compile_ms = (time.perf_counter() - begin) * 1e3
+    for _ in range(COMPILED_WARMUP):
+        step()
+    synchronize(device)
+    if cuda:
+        warm_peak = torch.cuda.max_memory_allocated(device) - baseline
+        held = torch.cuda.memory_allocated(device) - baseline
+    found = measure([step], device, steps=config.steps, warmup=0, launches=config.launches)
+    peak = None
+    if cuda:
+        peak = max(warm_peak, held + found.peak_mem_mib * 2**20) / 2**20
+    record.update(
+        ms=found.ms[0], peak_mem_mib=peak, launches=found.launches[0], compile_ms=compile_ms,
+        steps=found.steps, warmup_steps=1 + COMPILED_WARMUP,
+    )
+
+
 def _time_graphed(record: dict, backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig) -> None:
     """Check the replays against eager steps, then time them (see the module docstring)."""
     device = config.device
-    err = _verify_replay(backend, shared, case, config)
-    record["replay_rel_err"] = err
-    if not err <= config.rtol:
-        record.update(ok=False, error=f"replay mismatch: rel err {err:.2e} > rtol {config.rtol:g} vs eager steps")
+    if not _check_training(record, backend, shared, case, config, graphed=True):
         return
-    free_memory(device)
     model, graph_arg, step = _graphed(backend, shared, case, config, train=True)
     for _ in range(GRAPH_WARMUP):
         step()
@@ -365,8 +459,11 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
         try:
             model, graph_arg = _paper_model(backend, shared, case, device)
             model.eval()
+            if backend.compiled:  # the function the timed steps compute
+                _reset_dynamo()
+                model = compile_model(model)
             with torch.no_grad():
-                out = model(shared.x, graph_arg).float()
+                out = model(shared.x, graph_arg).float().clone()
             _judge(record, out, oracle, oracle_name, config.rtol)
             if oracle is None and record["ok"]:
                 oracle, oracle_name = out, backend.name
@@ -388,6 +485,8 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
         try:
             if backend.graphed:
                 _time_graphed(record, backend, shared, case, config)
+            elif backend.compiled:
+                _time_compiled(record, backend, shared, case, config)
             else:
                 model, graph_arg = _paper_model(backend, shared, case, device)
                 model.train()

@@ -21,7 +21,7 @@ def test_case_grid_matches_the_issue():
     assert "bigbird-L16384-fwdbwd" in names and "window-L1024-fwd" in names
     quick = {c.name for c in bench.select_attention_cases(None, quick=True)}
     assert quick == {f"{m}-L{L}-{mode}" for m in ("window", "bigbird") for L in (4096, 16384) for mode in ("fwd", "fwdbwd")}
-    assert bench.DEFAULT_BACKENDS == ("sdpa", "flex", "fusegnn")
+    assert bench.DEFAULT_BACKENDS == ("sdpa", "sdpa-graphed", "flex", "flex-graphed", "fusegnn", "fusegnn-graphed")
 
 
 def test_mask_definitions_at_4096():
@@ -65,6 +65,79 @@ def test_wrong_backend_is_a_mismatch_and_not_timed(tmp_path, monkeypatch):
     assert main(FAST + ["--out", str(tmp_path), "--cases", "causal-L256-fwd", "--backends", "fusegnn-wrong"]) == 0
     (record,) = json.loads((tmp_path / "attention" / "cpu.json").read_text())["records"]
     assert not record["ok"] and record["error"].startswith("mismatch") and record["ms"] is None
+
+
+def test_graphed_backends_are_registered():
+    """``sdpa-graphed``, ``flex-graphed``, ``fusegnn-graphed``: default, CUDA only, cases up
+    to L = 4096, compared with the captured anchors."""
+    cpu = torch.device("cpu")
+    cases = bench.attention_cases()
+    for name, twin in (("sdpa-graphed", "sdpa"), ("flex-graphed", "flex"), ("fusegnn-graphed", "fusegnn")):
+        backend = bench.BACKENDS[name]
+        assert backend.graphed and backend.default and not bench.BACKENDS[twin].graphed
+        assert backend.checked == bench.BACKENDS[twin].checked
+        assert backend.unavailable(cpu).startswith("CUDA graphs need a CUDA device")
+        assert {c.L for c in cases if backend.applies(c)} == {1024, 4096}
+    assert bench.anchor_name("sdpa", True) == "sdpa-graphed" and bench.anchor_name("flex", False) == "flex"
+    runnable, unavailable = bench.select_attention_backends(cpu, ["*-graphed"])
+    assert runnable == [] and set(unavailable) == {"sdpa-graphed", "flex-graphed", "fusegnn-graphed"}
+
+
+def test_capture_step_needs_cuda():
+    from benchmarks.graphs import capture_step
+
+    with pytest.raises(ValueError, match="device must be a CUDA device"):
+        capture_step(lambda: None, torch.device("cpu"))
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="warmup must be an int >= 1"):
+            capture_step(lambda: None, torch.device("cuda"), warmup=0)
+
+
+class _EagerReplay:
+    """Stands in for a CUDA-graph capture on the CPU: every "replay" runs the step."""
+
+    def __init__(self, step, device, scale: float = 1.0):
+        step()  # the warm-up
+        self.step, self.scale = step, scale
+
+    def __call__(self):
+        return tuple(t * self.scale for t in self.step())
+
+
+def _graphed_on_cpu(monkeypatch, scale: float = 1.0) -> None:
+    import dataclasses
+
+    for name in ("sdpa-graphed", "fusegnn-graphed"):
+        monkeypatch.setitem(bench.BACKENDS, name, dataclasses.replace(bench.BACKENDS[name], unavailable=bench._always))
+    monkeypatch.setattr(bench.graphs, "capture_step", lambda step, device: _EagerReplay(step, device, scale))
+
+
+def test_graphed_rows_on_cpu(tmp_path, monkeypatch):
+    """The graphed rows' path with an eager stand-in for the capture: replay checked
+    against the eager step and the masked reference, timed, compared with sdpa-graphed."""
+    _graphed_on_cpu(monkeypatch)
+    assert main(FAST + ["--out", str(tmp_path), "--cases", "window-*",
+                        "--backends", "sdpa,sdpa-graphed,fusegnn-graphed"]) == 0
+    doc = json.loads((tmp_path / "attention" / "cpu.json").read_text())
+    records = {(r["case"], r["backend"]): r for r in doc["records"]}
+    assert len(records) == 6
+    for case in ("window-L256-fwd", "window-L256-fwdbwd"):
+        fus, sdpa_g = records[(case, "fusegnn-graphed")], records[(case, "sdpa-graphed")]
+        assert fus["ok"] and sdpa_g["ok"], (fus, sdpa_g)
+        assert fus["replay_rel_err"] == 0.0 and sdpa_g["replay_rel_err"] == 0.0
+        assert fus["rel_err"] < 1e-4 and fus["checked_against"] and sdpa_g["checked_against"] is None
+        assert fus["vs_sdpa"] == pytest.approx(sdpa_g["ms"] / fus["ms"], rel=1e-3)
+        assert records[(case, "sdpa")]["replay_rel_err"] is None
+    md = (tmp_path / "attention" / "cpu.md").read_text()
+    assert "| window-L256-fwdbwd | fusegnn-graphed |" in md
+
+
+def test_graphed_row_whose_replay_differs_is_not_timed(tmp_path, monkeypatch):
+    _graphed_on_cpu(monkeypatch, scale=1.5)
+    assert main(FAST + ["--out", str(tmp_path), "--cases", "causal-L256-fwdbwd", "--backends", "fusegnn-graphed"]) == 0
+    (record,) = json.loads((tmp_path / "attention" / "cpu.json").read_text())["records"]
+    assert not record["ok"] and record["ms"] is None
+    assert record["error"].startswith("replay mismatch") and record["replay_rel_err"] == pytest.approx(0.5, rel=1e-3)
 
 
 def test_list(capsys):
@@ -186,6 +259,32 @@ def test_calibration_run_on_tiny_sizes(tmp_path, monkeypatch):
     assert set(rec["block"]["DEFAULT_BLOCK_SIZE"]) == {48, 64}
     cal.print_recommendation(rec, lines.append)
     assert any(line.startswith("DEFAULT_BLOCK_SIZE") for line in lines)
+
+
+def test_sweeps_run_through_the_harness(capsys, tmp_path):
+    """``--sweep NAME``: the options after it are the sweep's; --fit needs no device; a
+    GPU sweep on a CPU-only machine exits with a message; an unknown sweep names the known ones."""
+    from pathlib import Path
+
+    from benchmarks.run import _split_at_sweep
+
+    assert _split_at_sweep(["--suite", "agg", "--sweep", "spmm", "--steps", "3"]) == (
+        ["--suite", "agg", "--sweep", "spmm"], ["--steps", "3"])
+    assert _split_at_sweep(["--sweep=kernels", "--out", "x"]) == (["--sweep=kernels"], ["--out", "x"])
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "attention"
+    assert main(["--suite", "attention", "--sweep", "calibrate", "--fit",
+                 str(results / "calibration-crossover-nvidia-h200.json")]) == 0
+    assert "COST_MODELS" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no such sweep; known: --suite attention --sweep calibrate"):
+        main(["--suite", "agg", "--sweep", "calibrate"])
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        main(["--suite", "attention", "--allow-cpu", "--device", "cpu", "--out", str(tmp_path), "--sweep", "kernels"])
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        main(["--suite", "agg", "--allow-cpu", "--device", "cpu", "--out", str(tmp_path), "--sweep", "spmm"])
+    with pytest.raises(SystemExit):
+        main(["--suite", "all", "--sweep", "spmm"])
+    assert main(["--suite", "attention", "--list"]) == 0
+    assert "sweep calibrate:" in capsys.readouterr().out
 
 
 def test_calibration_time_limit_records_what_did_not_run():

@@ -224,6 +224,74 @@ def test_cuda_graph_backends_are_registered():
     assert "replay_rel_err" in RECORD_FIELDS
 
 
+def test_compiled_backends_are_registered():
+    """``fusegnn-compiled`` and ``pyg-compiled``: default paper backends of the small
+    graphs, CUDA only (``reduce-overhead`` replays CUDA graphs), rows after their eager twins."""
+    table = bench_backends.registry("paper")
+    for name, library, twin in (("fusegnn-compiled", "fusegnn", "fusegnn"), ("pyg-compiled", "pyg", "pyg")):
+        backend = table[name]
+        assert backend.compiled and not backend.graphed and backend.library == library and backend.default
+        assert not table[twin].compiled
+        assert {c.dataset for c in suite_cases("paper") if backend.applies(c)} == {"cora", "citeseer", "pubmed"}
+        assert "needs a CUDA device" in backend.unavailable(torch.device("cpu"))
+        assert report.DISPLAY_ORDER.index(name) > report.DISPLAY_ORDER.index(twin)
+    assert table["fusegnn-compiled"].aggregation == "auto"
+    assert "compile_ms" in RECORD_FIELDS
+
+
+def _compile_on_cpu(model):
+    """What ``compile_model`` does on a GPU, with Dynamo's eager backend (no code generation)."""
+    return torch.compile(model, backend="eager", fullgraph=True)
+
+
+def test_compiled_row_on_cpu(tmp_path, monkeypatch, one_thread):
+    """The compiled row's path on the CPU (Dynamo, fullgraph, eager backend): checked
+    against the oracle, trains like the eager model, compile time apart from the step."""
+    from benchmarks import runner
+
+    root = _cora_root()
+    compiled = bench_backends.PaperBackend(
+        "fusegnn-compiled-cpu", "fusegnn", bench_backends.PAPER_BACKENDS["fusegnn-compiled"].build, "auto",
+        compiled=True,
+    )
+    monkeypatch.setitem(bench_backends.PAPER_BACKENDS, compiled.name, compiled)
+    monkeypatch.setattr(runner, "compile_model", _compile_on_cpu)
+    code = main(["--suite", "paper", "--cases", "gcn-cora-h16", "--backends", f"fusegnn-reference,{compiled.name}",
+                 "--data-root", root, "--out", str(tmp_path), "--no-png", *FAST])
+    assert code == 0
+    rows = _by_backend(_load(tmp_path / "paper" / "cpu.json"), "gcn-cora-h16")
+    row = rows[compiled.name]
+    assert row["ok"], row
+    assert row["checked_against"] == "fusegnn-reference" and row["rel_err"] <= 1e-4
+    assert row["replay_rel_err"] <= 1e-4
+    assert row["compile_ms"] > 0 and row["ms"] > 0 and row["steps"] == 2
+    assert row["warmup_steps"] == 1 + runner.COMPILED_WARMUP
+    assert rows["fusegnn-reference"]["compile_ms"] is None
+    table = (tmp_path / "paper" / "cpu.md").read_text()
+    assert f"`{compiled.name}` on `gcn-cora-h16`: first step (compilation)" in table
+
+
+def test_failed_compilation_is_recorded(tmp_path, monkeypatch, one_thread):
+    from benchmarks import runner
+
+    root = _cora_root()
+    compiled = bench_backends.PaperBackend(
+        "broken-compiled", "fusegnn", bench_backends.PAPER_BACKENDS["fusegnn-compiled"].build, "auto", compiled=True,
+    )
+
+    def refuse(model):
+        raise RuntimeError("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run")
+
+    monkeypatch.setitem(bench_backends.PAPER_BACKENDS, compiled.name, compiled)
+    monkeypatch.setattr(runner, "compile_model", refuse)
+    assert main(["--suite", "paper", "--cases", "gcn-cora-h16", "--backends", f"fusegnn-reference,{compiled.name}",
+                 "--data-root", root, "--out", str(tmp_path), "--no-png", *FAST]) == 0
+    rows = _by_backend(_load(tmp_path / "paper" / "cpu.json"), "gcn-cora-h16")
+    assert rows["fusegnn-reference"]["ok"]
+    broken = rows[compiled.name]
+    assert not broken["ok"] and broken["ms"] is None and "has been overwritten" in broken["error"]
+
+
 def test_failed_capture_is_recorded_with_its_place():
     from benchmarks.cases import Case
     from benchmarks.runner import _fail, new_record
