@@ -73,7 +73,7 @@ per call signature -- shapes, strides, dtype, 16-byte alignment, scale -- and ca
 layout (``_Prepared.plans``); a repeated call allocates its outputs and relaunches the
 compiled kernels through :mod:`fusegnn.kernels._launch`, without Triton's per-call binder.
 On an H200 host this took the forward from 38 to 21 us and the backward from 86 to 42 us
-(``benchmarks/attention_overhead_gpu.py``).
+(``benchmarks/NOTES-attention.md``).
 
 dtypes: float16, bfloat16, float32 (float32 accumulation; float32 inputs use TF32 tensor
 cores when ``torch.get_float32_matmul_precision() != "highest"``, IEEE otherwise, or as
@@ -517,13 +517,13 @@ class LaunchConfig:
 
 # Best (fwd warps, fwd stages, bwd warps, bwd stages) at head dim <= 64 from the H200
 # sweep of benchmarks/attention_calibrate.py (bf16, B=4, H=12; geometric mean over 5
-# masks x 3 lengths; benchmarks/results/attention/calibration-dense-nvidia-h200.log).
+# masks x 3 lengths; benchmarks/results/attention/raw/calibration-dense-nvidia-h200.log).
 # The formula below had cost 1.36x (128x64 backward), 1.70x / 1.20x (64x128) and
 # 1.15x / 1.07x (128x128) of these.
 # 64 x 64 (the default block size) was then tuned per kernel on an H200
-# (benchmarks/attention_kernels_gpu.py, bf16 B=4 H=12 D=64, window / dilated / Longformer /
+# (the attention kernels sweep, ``--suite attention --sweep kernels``, bf16 B=4 H=12 D=64, window / dilated / Longformer /
 # BigBird at L=16384 and window at 4096; logs kernels-sweep{1,2,3}-nvidia-h200.log in
-# benchmarks/results/attention/): dK/dV over 32-row sub-tiles with 4 stages and at most
+# benchmarks/results/attention/raw/): dK/dV over 32-row sub-tiles with 4 stages and at most
 # 128 registers (four programs per multiprocessor instead of two; 6 spilled registers):
 # 0.71 ms against 0.97 ms for the former (4 warps, 2 stages, whole 64-row blocks) on the
 # window at 16384; dq over 32-key sub-tiles, 4 stages, <= 96 registers: 0.51 vs 0.51 ms

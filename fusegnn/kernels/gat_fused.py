@@ -515,8 +515,8 @@ def _block_sizes(heads: int, channels: int, avg_degree: float) -> BlockSizes:
     (115M edges, dropout 0.6), forward + backward of the op, against the former
     128-edge (2048-value) tiles of 4-8 warps: 1 head x 16 channels 13.8 -> 6.9 ms,
     1 x 48 60 -> 25 ms, 8 x 8 222 -> ~83 ms; a GAT training step of 1 x 16 heads
-    29.9 -> 16.1 ms (sweeps: ``benchmarks/tiles_gpu.py``, logs in
-    ``benchmarks/results/gpu-checks/tiles-nvidia-h200.log`` and ``tiles2-nvidia-h200.log``).
+    29.9 -> 16.1 ms (logs of the retired tile sweeps:
+    ``benchmarks/results/agg/raw/tiles-nvidia-h200.log`` and ``tiles2-nvidia-h200.log``).
     """
     block_h, block_c = next_pow2(heads), next_pow2(channels)
     width = block_h * block_c

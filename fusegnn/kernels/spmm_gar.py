@@ -95,7 +95,7 @@ def gar_config(
     and for the fused weight gradient, whose block must span the whole head). (128-byte
     strips of 1024-element tiles were 5% faster at 128 / 256 fp32 features *without*
     edge weights, but 3% slower with GCN's weights, which every strip re-reads:
-    ``benchmarks/results/gpu-checks/tiles-nvidia-h200.log`` and the agg suite of the same
+    ``benchmarks/results/agg/raw/tiles-nvidia-h200.log`` and the agg suite of the same
     session, ``benchmarks/NOTES-spmm.md``.) When the
     graph's ``avg_degree`` is low, short rows would leave most of a tall tile masked:
     the tile is then as tall as the average row and as wide as the whole head.

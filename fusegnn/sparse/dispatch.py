@@ -13,7 +13,7 @@ Every public op takes ``aggregation``:
   2. in deterministic mode (below) GAR, which has no atomics;
   3. otherwise fuseGNN's rule: GAR when the graph's average in-degree is at least
      :func:`gar_min_avg_degree` of the feature width (38 at 16 columns, 20 at 64, 5 at
-     256: the sweep in ``benchmarks/kernels_spmm_gpu.py``, see
+     256: ``python -m benchmarks.run --suite agg --sweep spmm``, see
      ``benchmarks/NOTES-spmm.md``), GAS below it. The threshold assumes the CSR / CSC
      formats are reused (transductive training); the first GAR call on a graph also
      pays the conversion;
@@ -96,7 +96,7 @@ AGGREGATIONS = ("auto", "gas", "gar", "reference")
 
 # Average in-degree at and above which "auto" prefers GAR over GAS on a GPU, by feature
 # width (columns of x: H * F). Calibrated on an H200 by the "calib" stage of
-# benchmarks/kernels_spmm_gpu.py (fp32, forward + backward, formats cached; see
+# python -m benchmarks.run --suite agg --sweep spmm (fp32, forward + backward, formats cached; see
 # benchmarks/NOTES-spmm.md): GAS's atomics cost grows with the width, GAR's per-row
 # overhead does not, so the crossover degree falls as the features widen. Between the
 # measured widths the threshold is interpolated log-log; outside, it is held constant.

@@ -118,7 +118,7 @@ ATTENTION_AGGREGATIONS = ("auto", "block", "element", "reference", "dense")
 
 # "auto" on CUDA takes the element path when allowed elements fill less than this
 # fraction of the non-empty blocks' BM x BN elements. Calibrated on an NVIDIA H200
-# (benchmarks/attention_calibrate.py, 2026-11-21, B=4, H=12, D=64, bf16; results in
+# (the attention calibrate sweep, 2026-11-21, B=4, H=12, D=64, bf16; results in
 # benchmarks/results/attention/calibration-nvidia-h200.json): the element path won only
 # on a random graph mask at fill 0.001-0.004 (L=4096, 16384); the block path won at fill
 # 0.016 (same mask, L=1024) and above, by 4-50x on the structured masks.
@@ -145,11 +145,11 @@ class CostModel:
 # relaunches without Triton's binder, fusegnn.kernels._launch: sdpa without a mask, with
 # is_causal and with a boolean mask, and the block path at 64 x 64 and its launch table,
 # 5 masks x L in 1024, 4096, 16384, fwd and fwd+bwd, medians of 30 steps;
-# benchmarks.attention_calibrate --no-sweep --steps 30) and
+# python -m benchmarks.run --suite attention --sweep calibrate --no-sweep --steps 30) and
 # calibration-element-nvidia-h200.json (the element path, 7 masks, from session 2: its
 # kernels have not changed), by least squares on the relative error (fit_cost_models in
 # benchmarks/attention_calibrate.py; reproduce with
-#   python -m benchmarks.attention_calibrate --fit \
+#   python -m benchmarks.run --suite attention --sweep calibrate --fit \
 #       benchmarks/results/attention/calibration-crossover-nvidia-h200.json \
 #       benchmarks/results/attention/calibration-element-nvidia-h200.json
 # ). The attention suite's own result file is not among the inputs, so re-running the
