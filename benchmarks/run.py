@@ -5,6 +5,7 @@
     python -m benchmarks.run --suite all --quick        # both, smaller paper grid
     python -m benchmarks.run --list                     # cases and backends, no run
     python -m benchmarks.run --suite attention --sweep calibrate   # a tuning sweep (benchmarks.sweeps)
+    python -m benchmarks.run --suite overhead           # host microseconds per call (benchmarks.overhead)
 
 Writes ``<out>/<suite>/<gpu-slug>.json`` after every record, then ``.md`` and ``.png``,
 and prints the markdown table last. See ``benchmarks/README.md``.
@@ -65,7 +66,7 @@ def _split_at_sweep(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    p.add_argument("--suite", choices=(*SUITES, "attention", "all"), default="paper")
+    p.add_argument("--suite", choices=(*SUITES, "attention", "overhead", "all"), default="paper")
     p.add_argument("--out", type=Path, default=_REPO / "benchmarks" / "results",
                    help="results directory; files go to <out>/<suite>/<gpu-slug>.* (default benchmarks/results)")
     p.add_argument("--cases", type=_csv, help="comma-separated case names or globs, e.g. 'gcn-*,gat-cora-*'")
@@ -238,6 +239,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             _list_sweeps("attention")
         return code
+    if args.suite == "overhead":  # host cost per call: its own probes, see benchmarks/overhead.py
+        if args.list:
+            print("suite overhead: host microseconds per call (primitives, spmm, layers, sparse_attention)")
+            return 0
+        from benchmarks.overhead import main_from_harness as overhead_main
+
+        return overhead_main(args, resolve_device(args))
     if args.list:
         cpu = not torch.cuda.is_available()
         _list(args, torch.device("cpu") if cpu else resolve_device(args))

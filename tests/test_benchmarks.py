@@ -379,3 +379,17 @@ def test_pubmed_loads_without_allx():
     assert not bool((data.edge_index[0] == data.edge_index[1]).any())
     has_allx = (Path(root) / "PubMed" / "raw" / "ind.pubmed.allx").is_file()
     assert ("RANDOM" in source) != has_allx
+
+
+def test_overhead_suite_smoke_on_cpu(tmp_path):
+    """The ``overhead`` suite's probes run and its JSON / markdown are written (CPU: the
+    fused-kernel probes are left out)."""
+    import json
+
+    from benchmarks.overhead import run_overhead
+
+    markdown = run_overhead(torch.device("cpu"), None, tmp_path, calls=1, rounds=1, warmup=1)
+    doc = json.loads((tmp_path / "overhead" / "cpu.json").read_text())
+    assert doc["suite"] == "overhead" and "primitives" in doc["host_us"]
+    assert all(value > 0 for rows in doc["host_us"].values() for value in rows.values())
+    assert "| spmm reference, forward + backward |" in markdown
