@@ -57,7 +57,6 @@ fi
 
 command -v "$PYTHON" > /dev/null || die "PYTHON='$PYTHON' is not a command"
 
-# "ok VERSION", "old VERSION", "broken ERROR" or "absent".
 # Python: the (major, minor) release of a version string, "2.13.0+cpu" -> (2, 13).
 RELEASE_PY='import re, sys
 def release(version):
