@@ -3,7 +3,7 @@
     python examples/train.py                                   # GCN on Cora, 10 runs
     python examples/train.py --dataset CiteSeer --model gat
     python examples/train.py --dataset Reddit --root /data --device cuda --runs 1
-    python examples/train.py --device cuda --cuda-graph        # training steps replayed as a CUDA graph
+    python examples/train.py --device cuda --no-cuda-graph     # eager training steps (no CUDA graph)
 
 The published recipes are the defaults (GCN: hidden 16, dropout 0.5, lr 0.01, weight decay
 5e-4, 200 epochs; GAT: 8 heads x 8, dropout 0.6, lr 0.005, weight decay 5e-4, one output
@@ -11,7 +11,8 @@ head (8 on PubMed), early stopping on validation loss with patience 100). Each r
 the test accuracy of the epoch with the best validation accuracy (ties: lower validation
 loss): the model is selected on validation only, never on test.
 
-``--cuda-graph`` (CUDA only) trains with :func:`fusegnn.graphed_step`: the first epochs run
+On CUDA the example trains with :func:`fusegnn.graphed_step` by default (``--no-cuda-graph``
+turns it off; on the CPU the steps run eagerly): the first epochs run
 eagerly (warm-up), the next captures the whole training step -- forward, loss, backward,
 Adam step (``capturable=True``) -- into a CUDA graph, and every later epoch replays it with
 one launch. On small graphs such as Cora a step is bound by kernel launches, so this is
@@ -70,8 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--root", help="data root (else $FUSEGNN_DATA, else the cache dir)")
     p.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     p.add_argument("--aggregation", choices=AGGREGATIONS, default="auto")
-    p.add_argument("--cuda-graph", action="store_true",
-                   help="capture the training step into a CUDA graph and replay it every epoch (CUDA only)")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture the training step into a CUDA graph and replay it every epoch "
+                        "(default: on CUDA devices; --no-cuda-graph for eager steps)")
     p.add_argument("--no-normalize-features", action="store_true", help="keep raw Planetoid features")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -83,8 +85,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.out_heads = 8 if args.dataset.lower() == "pubmed" else 1
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.cuda_graph and torch.device(args.device).type != "cuda":
+    on_cuda = torch.device(args.device).type == "cuda"
+    if args.cuda_graph and not on_cuda:
         p.error(f"--cuda-graph needs a CUDA device (--device is {args.device!r}: a CUDA graph captures CUDA work only)")
+    if args.cuda_graph is None:
+        args.cuda_graph = on_cuda
     return args
 
 
@@ -167,8 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
         kwargs["normalize_features"] = not args.no_normalize_features
     data = load_dataset(args.dataset, args.root, **kwargs).to(device)
     if not args.quiet:
-        graphed = "  (training steps replayed as a CUDA graph)" if args.cuda_graph else ""
-        print(f"{data}  on {device}  aggregation={args.aggregation}{graphed}", file=sys.stderr)
+        steps = "training steps replayed as a CUDA graph" if args.cuda_graph else "eager training steps"
+        print(f"{data}  on {device}  aggregation={args.aggregation}  ({steps})", file=sys.stderr)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     results = []

@@ -75,15 +75,30 @@ def test_cuda_graph_needs_a_cuda_device(capsys):
     assert "--cuda-graph needs a CUDA device (--device is 'cpu'" in capsys.readouterr().err
 
 
+def test_cuda_graph_is_the_default_on_cuda_only():
+    train = _load_train_module()
+    assert train.parse_args(["--device", "cpu"]).cuda_graph is False
+    assert train.parse_args(["--device", "cuda"]).cuda_graph is True
+    assert train.parse_args(["--device", "cuda", "--no-cuda-graph"]).cuda_graph is False
+
+
+@needs_data
+def test_cpu_run_says_its_steps_are_eager(capsys):
+    train = _load_train_module()
+    summary = train.main(["--root", str(DATA), "--device", "cpu", "--runs", "1", "--epochs", "3"])
+    assert summary["cuda_graph"] is False
+    assert "eager training steps" in capsys.readouterr().err
+
+
 @needs_data
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
 @pytest.mark.parametrize("model, threshold", [("gcn", 0.78), ("gat", 0.78)])
 def test_cuda_graph_training_reaches_the_published_accuracy(model, threshold):
-    """``--cuda-graph``: the published recipe trained with replayed steps (2 runs) learns
-    as the eager one does (GCN 81.5 / GAT 83.0 published on Cora)."""
+    """The default on CUDA: the published recipe trained with replayed steps (2 runs)
+    learns as the eager one does (GCN 81.5 / GAT 83.0 published on Cora)."""
     train = _load_train_module()
     summary = train.main(["--root", str(DATA), "--model", model, "--runs", "2", "--quiet",
-                          "--device", "cuda", "--cuda-graph", "--json"])
+                          "--device", "cuda", "--json"])
     assert summary["cuda_graph"] is True and summary["epoch_ms_median"] > 0
     assert summary["test_acc_mean"] >= threshold, summary
 
