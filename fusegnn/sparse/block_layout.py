@@ -57,6 +57,7 @@ from dataclasses import dataclass, field, fields
 import torch
 from torch import Tensor
 
+from fusegnn.sparse import handles
 from fusegnn.sparse.masks import EMPTY, FULL, PARTIAL, Mask, _check_int, _DeviceBuffer, _device
 
 __all__ = ["BlockLayout", "check_block_size"]
@@ -112,6 +113,7 @@ class BlockLayout:
     _mask: Mask | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        self.handle = handles.register(self)  # what compiled code passes to the custom ops
         self.BM, self.BN = check_block_size(self.BM, self.BN)
         H, nnzb = self.num_heads, self.col_idx.numel()
         expected = {

@@ -33,8 +33,10 @@ user (or a layer's cache) keeps it; a handle is never reused.
 from __future__ import annotations
 
 import itertools
+import threading
 import weakref
-from typing import Any, NamedTuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
@@ -334,7 +336,7 @@ class Graph:
     # ------------------------------------------------------------------ derived, cached
     def _cached(self, key: str, compute):
         if key not in self._cache:
-            self._cache[key] = compute()
+            self._cache[key] = outside_graph_pools(compute, self.device)
         return self._cache[key]
 
     @property
@@ -366,7 +368,7 @@ class Graph:
         (``bincount`` is slow on sorted ids, where every atomic hits one counter)."""
         compressed = _compress(group, other, self._cache.get(degree_key), num_groups)
         if degree_key not in self._cache:
-            self._cache[degree_key] = compressed.ptr[1:] - compressed.ptr[:-1]
+            self._cache[degree_key] = outside_graph_pools(lambda: compressed.ptr[1:] - compressed.ptr[:-1], self.device)
         return compressed
 
     def cached(self, key: str, compute, *, structural: bool = False):
@@ -501,6 +503,41 @@ def _as_count(value: Any, name: str) -> int:
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
     return value
+
+
+_T = TypeVar("_T")
+_CACHE_BUILDER: list[ThreadPoolExecutor] = []
+_CACHE_BUILDER_LOCK = threading.Lock()
+
+
+def outside_graph_pools(compute: Callable[[], _T], device: torch.device) -> _T:
+    """``compute()`` with its CUDA memory taken from the ordinary allocator, never from a
+    CUDA-graph memory pool, so that what it returns can be cached across graph replays.
+
+    ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees) routes every allocation
+    of the *thread* that warms up or records a graph into that graph's private pool, which
+    later replays overwrite; a per-graph cache (a normalised graph, a CSR, a work list)
+    built inside a compiled op would live there. So on CUDA, and when not capturing
+    (where a cache cannot be built anyway: it reads sizes back to the host), the cache is
+    computed by a helper thread on the caller's stream, and the caller waits for it: the
+    same work in the same stream order, with memory of the ordinary allocator. Cache
+    misses are rare (once per graph and kind), so the hand-over costs nothing per step.
+    """
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return compute()
+    stream = torch.cuda.current_stream(device)
+
+    def on_stream() -> _T:
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            return compute()
+
+    with _CACHE_BUILDER_LOCK:
+        if not _CACHE_BUILDER:
+            _CACHE_BUILDER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusegnn-cache"))
+        builder = _CACHE_BUILDER[0]
+    if threading.current_thread().name.startswith("fusegnn-cache"):
+        return compute()  # a cache built while building another: already on the helper thread
+    return builder.submit(on_stream).result()
 
 
 def check_edge_weight(edge_weight: Tensor, graph: Graph, name: str = "edge_weight") -> Tensor:

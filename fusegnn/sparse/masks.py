@@ -63,6 +63,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from fusegnn.sparse import handles
 from fusegnn.sparse.graph import Graph
 
 __all__ = [
@@ -175,6 +176,7 @@ class Mask:
         self.L_k = _check_int(L_k, "L_k", 1)
         self.num_heads = _check_int(num_heads, "num_heads", 1)
         self._cache: dict[Any, Any] = {}
+        self.handle = handles.register(self)  # what compiled code passes to the custom ops
 
     # ------------------------------------------------------------------ to implement
     def _allowed(self, q: Tensor, k: Tensor, h: Tensor | None) -> Tensor:

@@ -90,6 +90,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fusegnn.sparse import attention_library  # noqa: F401  (registers the compiled block-attention ops)
+from fusegnn.sparse import handles
 from fusegnn.sparse.block_layout import BlockLayout, check_block_size
 from fusegnn.sparse.dispatch import AGGREGATIONS as _ELEMENT_AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision
@@ -654,6 +656,8 @@ def sparse_attention(
         ``[B, H, L_q, D_v]``; rows with no allowed key are zeros. Differentiable with
         respect to ``q``, ``k`` and ``v`` on every path.
     """
+    if torch.compiler.is_compiling():  # the decision outside the trace, the block kernels as custom ops
+        return _compiled_call(q, k, v, mask, scale, aggregation, block_size, element_aggregation)
     if isinstance(mask, Mask):  # a call like an earlier one skips the checks and the decision
         signature = _call_signature(q, k, v, scale, aggregation, block_size, element_aggregation)
         calls = mask.cached("prepared_calls", dict)
@@ -666,6 +670,57 @@ def sparse_attention(
                 calls[signature] = run
         return run(q, k, v)
     return _prepare_call(q, k, v, mask, scale, aggregation, block_size, element_aggregation)(q, k, v)
+
+
+def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, scale, aggregation: str,
+                   block_size, element_aggregation: str) -> Tensor:
+    """:func:`sparse_attention` as ``torch.compile`` traces it (see
+    :mod:`fusegnn.sparse.attention_library`)."""
+    _check_qkv(q, k, v)
+    _check_mask(mask, q, k)
+    scale = _check_scale(scale, q.size(-1))
+    if element_aggregation not in _ELEMENT_AGGREGATIONS:
+        raise ValueError(f"element_aggregation must be one of {_ELEMENT_AGGREGATIONS}, got {element_aggregation!r}")
+    bs = _as_block_size(block_size)
+    name, variant, layout, dilation, precision = compiled_decision(
+        mask.handle, tuple(q.shape), q.dtype, str(q.device), aggregation, bs[0] if bs else 0, bs[1] if bs else 0,
+        _needs_backward(q, k, v),
+    )
+    if name == "reference":
+        return _reference_path(q, k, v, _mask_of(mask), scale)
+    if name == "element":
+        return _element_path(q, k, v, _mask_of(mask), scale, element_aggregation)
+    if name == "dense":
+        return _dense_path(q, k, v, mask, scale, variant)
+    out, _ = torch.ops.fusegnn.block_attention(q, k, v, layout, scale, precision, dilation)
+    return out
+
+
+@torch.compiler.assume_constant_result
+def compiled_decision(mask: int, shape: tuple, dtype: torch.dtype, device: str, aggregation: str, block_m: int,
+           block_n: int, backward: bool) -> tuple:
+    """The path of a compiled call, as constants: ``(name, dense variant, layout handle,
+    dilation, precision)``; whatever the path reads is built and cached on the mask here
+    (Dynamo calls this function instead of tracing it: see
+    :mod:`fusegnn.sparse.attention_library`)."""
+    target = handles.lookup(mask)
+    dev = torch.device(device)
+    q = torch.empty((), dtype=dtype, device=dev).expand(shape)  # shape, dtype and device, no memory
+    block_size = (block_m, block_n) if block_m > 0 else None
+    if isinstance(target, Mask):
+        key = ("decision", aggregation, block_size, tuple(shape), dtype, dev, backward)
+        decision, layout, dilation = target.cached(key, lambda: _decide(q, target, aggregation, block_size, backward))
+    else:
+        decision, layout, dilation = _decide(q, target, aggregation, block_size, backward)
+    plain = target.to_mask() if not isinstance(target, Mask) else target
+    if decision.name == "dense" and decision.dense_variant not in ("no mask", "causal"):
+        _sdpa_bool_mask(plain, dev)
+    if decision.name == "element":
+        plain.to_graph(device=dev)
+    from fusegnn.kernels.block_attention import _precision
+
+    precision = _precision(dtype, None) if decision.name == "block" else ""
+    return decision.name, decision.dense_variant or "", layout.handle if layout is not None else 0, dilation, precision
 
 
 #: prepared calls kept per mask (callers varying shapes call after call start over)

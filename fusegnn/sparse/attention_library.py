@@ -1,0 +1,82 @@
+r"""``sparse_attention`` under ``torch.compile``: the block kernels as ``torch.library``
+custom ops (the path decision is made once, outside the traced code, by
+:func:`fusegnn.sparse.sparse_attention.compiled_decision`).
+
+Compiled code cannot trace fusegnn's block-sparse kernels (Triton launched through
+fusegnn's own launcher) nor the decision (the cost model reads the mask's block layout,
+built with host reads). So, under compilation, :func:`compiled_sparse_attention`
+
+1. asks :func:`fusegnn.sparse.sparse_attention.compiled_decision` -- marked ``torch.compiler.assume_constant_result``: Dynamo calls
+   it with constants (the mask's handle, shapes, dtype, device) and keeps its result --
+   for the path, building and caching on the mask whatever that path reads (the block
+   layout, SDPA's boolean mask, the element path's graph);
+2. runs the path: dense SDPA, the reference and the element path (whose ``sddmm`` /
+   ``edge_softmax`` / ``spmm`` are the GNN custom ops) are traced as they are; the block
+   path is one op, ``fusegnn::block_attention(q, k, v, layout, scale, precision,
+   dilation) -> (out, lse)``, whose backward is ``fusegnn::block_attention_backward``
+   (the same kernels as the eager ``BlockSparseAttentionFunction``).
+
+Objects travel as integer handles (:mod:`fusegnn.sparse.handles`): the model must keep
+its masks referenced.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fusegnn.sparse import handles
+
+__all__ = ["block_attention", "block_attention_backward"]
+
+
+@torch.library.custom_op("fusegnn::block_attention", mutates_args=())
+def block_attention(q: Tensor, k: Tensor, v: Tensor, layout: int, scale: float, precision: str,
+                    dilation: int) -> tuple[Tensor, Tensor]:
+    """Block-sparse attention of the layout with handle ``layout``: ``(out, lse)``."""
+    from fusegnn.kernels.block_attention import _forward, _last_contiguous
+
+    out, lse = _forward(_last_contiguous(q), _last_contiguous(k), _last_contiguous(v),
+                        handles.lookup(layout), scale, precision, None, dilation)
+    return out, lse
+
+
+@block_attention.register_fake
+def _(q, k, v, layout, scale, precision, dilation):
+    out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+    return out, q.new_empty(tuple(q.shape[:-1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("fusegnn::block_attention_backward", mutates_args=())
+def block_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                             layout: int, scale: float, precision: str, dilation: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of :func:`block_attention` for ``grad = dL/dout``."""
+    from fusegnn.kernels.block_attention import _backward, _last_contiguous
+
+    dq, dk, dv = _backward(
+        grad.contiguous(), _last_contiguous(q), _last_contiguous(k), _last_contiguous(v), out, lse,
+        handles.lookup(layout), scale, precision, True, True, None, dilation,
+    )
+    return dq, dk, dv
+
+
+@block_attention_backward.register_fake
+def _(grad, q, k, v, out, lse, layout, scale, precision, dilation):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, layout, scale, precision, dilation = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.args = (layout, scale, precision, dilation)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.fusegnn.block_attention_backward(grad_out, q, k, v, out, lse, *ctx.args)
+    return dq, dk, dv, None, None, None, None
+
+
+block_attention.register_autograd(_backward, setup_context=_setup)
