@@ -184,7 +184,8 @@ class _PaperCase:
     state: dict[str, Tensor]  # the weights every backend starts from
     norm_ms: dict[str, float | None]  # library -> graph processing time
     convert_ms: float | None
-    auto: str | None  # the backend "auto" resolves to
+    auto: str | None  # the backend "auto" resolves to in a captured or compiled step
+    eager_auto: str | None  # ... and in an eager step (the host-bound regime may take the reference)
 
 
 def _fusegnn_processing(case: Case, graph) -> Callable[[], Any]:
@@ -221,12 +222,17 @@ def _prepare_paper_case(case: Case, backends: list[PaperBackend], data: DatasetC
     dataset = data.get(case.dataset)
     graph = Graph(dataset.edge_index, dataset.num_nodes)
     norm_ms: dict[str, float | None] = {"fusegnn": None, "pyg": None}
-    convert_ms = auto = None
+    convert_ms = auto = eager_auto = None
     if any(b.library == "fusegnn" for b in backends):
         process = _fusegnn_processing(case, graph)
         norm_ms["fusegnn"] = timed_ms(process, device)
         processed = process()
         auto = resolve_aggregation("auto", processed, dataset.x).name
+        if case.model == "gcn":  # an eager GCN step may take the host-bound regime (fusegnn.sparse.dispatch)
+            hidden = torch.empty(processed.num_src_nodes, min(case.width, dataset.num_features), device=device)
+            eager_auto = resolve_aggregation("auto", processed, hidden, op="spmm").name
+        else:
+            eager_auto = auto
         convert_ms = timed_ms(lambda: build_csr_formats(_fresh_copy(processed)), device)
         del processed
     if any(b.library == "pyg" for b in backends):
@@ -249,6 +255,7 @@ def _prepare_paper_case(case: Case, backends: list[PaperBackend], data: DatasetC
         norm_ms=norm_ms,
         convert_ms=convert_ms,
         auto=auto,
+        eager_auto=eager_auto,
     )
 
 
@@ -452,7 +459,8 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
         record = records[backend.name] = new_record(case, backend.name)
         record["norm_ms"] = shared.norm_ms[backend.library]
         if backend.library == "fusegnn":
-            resolved = shared.auto if backend.aggregation == "auto" else backend.aggregation
+            auto = shared.auto if backend.graphed or backend.name.endswith("compiled") else shared.eager_auto
+            resolved = auto if backend.aggregation == "auto" else backend.aggregation
             record["aggregation"] = resolved
             record["convert_ms"] = shared.convert_ms if resolved == "gar" else None
         model = out = None
