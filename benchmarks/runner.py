@@ -268,14 +268,24 @@ def _paper_model(backend: PaperBackend, shared: _PaperCase, case: Case, device: 
     return model, graph_arg
 
 
+def _training_loss(model, shared: _PaperCase) -> Callable[[Tensor, Any], Tensor]:
+    """``(x, graph) -> loss``: the model's cross-entropy on the training nodes."""
+
+    def loss(x: Tensor, graph_arg) -> Tensor:
+        logits = model(x, graph_arg)
+        return F.cross_entropy(logits.index_select(0, shared.train_index), shared.y_train)
+
+    return loss
+
+
 def _training_step(model, optimizer, graph_arg, shared: _PaperCase) -> Callable[[], Tensor]:
     """One full-graph training step: forward, cross-entropy on the training nodes,
     backward, optimizer step; returns the loss (not read: no sync)."""
+    loss_of = _training_loss(model, shared)
 
     def step() -> Tensor:
         optimizer.zero_grad(set_to_none=True)
-        logits = model(shared.x, graph_arg)
-        loss = F.cross_entropy(logits.index_select(0, shared.train_index), shared.y_train)
+        loss = loss_of(shared.x, graph_arg)
         loss.backward()
         optimizer.step()
         return loss
@@ -300,10 +310,10 @@ def _graphed(backend: PaperBackend, shared: _PaperCase, case: Case, config: RunC
     return model, graph_arg, step
 
 
-def compile_model(model: nn.Module) -> nn.Module:
-    """The model of a ``*-compiled`` row: ``torch.compile(model, mode="reduce-overhead",
-    fullgraph=True)`` (the CPU tests swap this for a backend that runs there)."""
-    return torch.compile(model, mode="reduce-overhead", fullgraph=True)
+def compile_model(fn: Callable, *, fullgraph: bool = True) -> Callable:
+    """What a ``*-compiled`` row compiles: ``torch.compile(fn, mode="reduce-overhead",
+    fullgraph=fullgraph)`` (the CPU tests swap this for a backend that runs there)."""
+    return torch.compile(fn, mode="reduce-overhead", fullgraph=fullgraph)
 
 
 def _reset_dynamo() -> None:
@@ -315,21 +325,29 @@ def _reset_dynamo() -> None:
 
 
 def _compiled(backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig, *, train: bool):
-    """``(model, graph_arg, step)``: a fresh model from the case's weights and the eager
-    training step around its compiled wrapper (Dynamo's caches reset first)."""
+    """``(model, graph_arg, step)``: a fresh model from the case's weights and a training
+    step compiled the way one trains fast with ``torch.compile``: the forward and the loss
+    as one compiled function (``fullgraph``), ``backward()`` through its compiled backward,
+    and Adam (``capturable``) with its ``step`` compiled too -- each replayed by CUDA-graph
+    trees on a GPU (Dynamo's caches reset first)."""
     _reset_dynamo()
     model, graph_arg = _paper_model(backend, shared, case, config.device)
     model.train(train)
-    step = _training_step(compile_model(model), _adam(model, config), graph_arg, shared)
-    if config.device.type != "cuda":
-        return model, graph_arg, step
-    mark = torch.compiler.cudagraph_mark_step_begin
+    cuda = config.device.type == "cuda"
+    optimizer = _adam(model, config, capturable=cuda)  # capturable needs CUDA parameters
+    forward_loss = compile_model(_training_loss(model, shared))
+    optimizer_step = compile_model(optimizer.step, fullgraph=False)  # Adam's step has a graph break
 
-    def marked_step() -> Tensor:
-        mark()  # a new iteration: the previous step's graph outputs may be overwritten
-        return step()
+    def step() -> Tensor:
+        if cuda:  # a new iteration: the previous step's graph outputs may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
+        optimizer.zero_grad(set_to_none=True)
+        loss = forward_loss(shared.x, graph_arg)
+        loss.backward()
+        optimizer_step()
+        return loss
 
-    return model, graph_arg, marked_step
+    return model, graph_arg, step
 
 
 def _verify_training(
@@ -337,19 +355,19 @@ def _verify_training(
 ) -> float:
     """Relative error between ``GRAPH_WARMUP + VERIFY_CALLS`` steps of the graphed (or
     compiled) row and as many eager steps from the same weights, dropout off: the
-    larger of the losses' and the final outputs' max-norm relative errors. Graphed
-    rows compare with eager steps using Adam's ``capturable`` variant, as theirs does
-    (the standard one rounds its bias correction on the host: over several steps Adam's
+    larger of the losses' and the final outputs' max-norm relative errors. On a GPU the
+    eager steps use Adam's ``capturable`` variant, as graphed and compiled rows do (the
+    standard one rounds its bias correction on the host: over several steps Adam's
     normalisation amplifies that into ~1e-3 differences, the same for PyG and fusegnn,
-    which is not what this check is about); compiled rows use the standard Adam on both
-    sides. Raises if the eager steps barely moved the output (the comparison would then
+    which is not what this check is about). Raises if the eager steps barely moved the output (the comparison would then
     prove nothing)."""
     calls = GRAPH_WARMUP + VERIFY_CALLS
     model, graph_arg = _paper_model(backend, shared, case, config.device)
     model.eval()  # dropout off: both runs compute the same function
     with torch.no_grad():
         start = model(shared.x, graph_arg).float()
-    step = _training_step(model, _adam(model, config, capturable=graphed), graph_arg, shared)
+    capturable = config.device.type == "cuda"  # as the graphed and compiled steps' Adam
+    step = _training_step(model, _adam(model, config, capturable=capturable), graph_arg, shared)
     eager_losses = torch.stack([step().detach().clone() for _ in range(calls)])
     with torch.no_grad():
         eager_out = model(shared.x, graph_arg).float()
