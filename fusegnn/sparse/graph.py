@@ -197,7 +197,7 @@ class Graph:
         ``out = A @ x``: entry ``A[i, j]`` is the edge ``j -> i`` with weight ``A[i, j]``
         (rows are targets). ``transpose=True`` reads it as an adjacency matrix with rows
         as sources instead. Stored values become ``edge_weight``; edges are listed in
-        row-major order.
+        row-major order. The values are copied (the graph holds no view of ``adj``).
         """
         if not isinstance(adj, Tensor) or adj.layout not in (torch.sparse_coo, torch.sparse_csr):
             raise TypeError(
@@ -223,7 +223,9 @@ class Graph:
             num_nodes = (n_cols, n_rows)
         if num_nodes[0] == num_nodes[1]:
             num_nodes = num_nodes[0]
-        weight = values if values.is_floating_point() else None
+        # a copy: a view of the values would keep ``adj`` alive as long as the graph, and
+        # torch.compile cannot take a view of a sparse tensor as an input
+        weight = values.clone() if values.is_floating_point() else None
         return cls(edge_index, num_nodes, weight, validate=False)
 
     @classmethod
@@ -651,11 +653,7 @@ def _graph_of_sparse(adj: Tensor) -> Graph:
     hit = _SPARSE_GRAPHS.get(key)
     if hit is not None and hit[0]() is adj and hit[1] == adj._version:
         return hit[2]
-    graph = Graph.from_sparse(adj)
-    if graph.edge_weight is not None:
-        # from_sparse's weights are a view of adj's values, and a view keeps adj alive:
-        # cached, it would never let adj (and so this entry) go
-        graph = graph.with_edge_weight(graph.edge_weight.clone())
+    graph = Graph.from_sparse(adj)  # holds no view of adj, which would keep it (and this entry) alive
     # the entry leaves with adj (a weak reference's callback runs before its id can be reused)
     ref = weakref.ref(adj, lambda _ref, key=key: _SPARSE_GRAPHS.pop(key, None))
     _SPARSE_GRAPHS[key] = (ref, adj._version, graph)
