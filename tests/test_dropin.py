@@ -32,7 +32,7 @@ import torch._dynamo
 import fusegnn.sparse.graph as graph_module
 from fusegnn import Graph
 from fusegnn.layers import GATConv, GCNConv
-from fusegnn.sparse import library
+from fusegnn.sparse import library, spmm
 from tests.graphs import random_graph
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -63,13 +63,14 @@ def _x(width: int = 5, seed: int = 5) -> torch.Tensor:
 
 def _adj_t(ei, w, layout=torch.sparse_coo):
     """PyG's ``adj_t``: ``adj_t[i, j]`` is the edge ``j -> i`` (rows are targets)."""
-    adj = torch.sparse_coo_tensor(ei.flip(0), w if w is not None else torch.ones(ei.size(1), dtype=F64), (N, N))
+    values = w if w is not None else torch.ones(ei.size(1), dtype=F64)
+    adj = torch.sparse_coo_tensor(ei.flip(0), values, (N, N), check_invariants=True)
     return adj if layout == torch.sparse_coo else adj.coalesce().to_sparse_csr()
 
 
 def _stored_edges(ei, w):
     """The edge list a sparse matrix of these edges stores: duplicates summed, row-major."""
-    adj = torch.sparse_coo_tensor(ei.flip(0), w, (N, N)).coalesce()
+    adj = torch.sparse_coo_tensor(ei.flip(0), w, (N, N), check_invariants=True).coalesce()
     dst, src = adj.indices()
     return torch.stack([src, dst]), adj.values()
 
@@ -117,7 +118,8 @@ def test_gcn_bool_adjacency_is_unweighted_and_edge_weight_overrides():
     ei, w = _edges()
     stored_ei, stored_w = _stored_edges(ei, w)
     x = _x()
-    adj_bool = torch.sparse_coo_tensor(stored_ei.flip(0), torch.ones(stored_ei.size(1), dtype=torch.bool), (N, N))
+    ones = torch.ones(stored_ei.size(1), dtype=torch.bool)
+    adj_bool = torch.sparse_coo_tensor(stored_ei.flip(0), ones, (N, N), check_invariants=True)
     torch.testing.assert_close(_gcn()(x, adj_bool), _gcn()(x, stored_ei))
     # an explicit edge_weight follows the matrix's stored entries (row-major) and wins
     other = stored_w.flip(0).contiguous()
@@ -171,7 +173,7 @@ def test_gcn_sparse_adjacency_matches_pyg():
         theirs.lin.weight.copy_(ours.lin.weight)
         theirs.bias.copy_(ours.bias)
     stored_ei, stored_w = _stored_edges(ei, w)
-    adj_t = torch.sparse_coo_tensor(stored_ei.flip(0), stored_w, (N, N)).to_sparse_csr()
+    adj_t = torch.sparse_coo_tensor(stored_ei.flip(0), stored_w, (N, N), check_invariants=True).to_sparse_csr()
     torch.testing.assert_close(ours(x, adj_t), theirs(x, adj_t))
     assert not torch.allclose(ours(x, adj_t.t().to_sparse_csr()), theirs(x, adj_t))
 
@@ -207,6 +209,34 @@ def test_sparse_adjacency_is_converted_once_per_tensor(monkeypatch):
     gc.collect()
     assert alive() is None
     assert key not in graph_module._SPARSE_GRAPHS
+
+
+def test_from_sparse_copies_the_values():
+    ei, w = _edges()
+    adj = _adj_t(ei, w, torch.sparse_csr)
+    graph = Graph.from_sparse(adj)
+    weights = graph.edge_weight.clone()
+    with torch.no_grad():
+        adj.values().zero_()
+    assert torch.equal(graph.edge_weight, weights)
+    alive = weakref.ref(adj)
+    del adj
+    gc.collect()
+    assert alive() is None  # the graph keeps no view of it
+
+
+def test_sparse_ops_accept_the_new_inputs():
+    """The conversion is the op layer's (as_graph), so the ops take the same inputs."""
+    ei, w = _edges()
+    stored_ei, stored_w = _stored_edges(ei, w)
+    x = _x()
+    expected = spmm(stored_ei, x, stored_w, aggregation="reference")
+    torch.testing.assert_close(spmm(_adj_t(ei, w), x, aggregation="reference"), expected)
+    torch.testing.assert_close(
+        spmm(_nx_graph(ei, w), x, aggregation="reference"), spmm(ei, x, w, aggregation="reference")
+    )
+    with pytest.raises(TypeError, match=r"graph must be a fusegnn\.sparse\.Graph .* networkx\.Graph, got tuple"):
+        spmm((1, 2), x)
 
 
 def test_graph_ref_accepts_the_new_inputs_eagerly():
