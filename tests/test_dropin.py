@@ -318,7 +318,8 @@ def test_x_of_another_dtype_is_a_type_error(make, x_dtype):
     name = type(layer).__name__
     ei, _ = _edges()
     x = _x().to(x_dtype)
-    with pytest.raises(TypeError, match=rf"{name}: x has dtype {x_dtype} but the layer's parameters are torch\.float64"):
+    message = rf"{name}: x has dtype {x_dtype} but the layer's parameters are torch\.float64"
+    with pytest.raises(TypeError, match=message):
         layer(x, ei)
     with pytest.raises(Exception, match=rf"x has dtype {x_dtype} but the layer's parameters"):
         _compiled(layer)(x, Graph(ei, N))

@@ -246,7 +246,9 @@ class Graph:
         import networkx as nx
 
         if not isinstance(nx_graph, nx.Graph):
-            raise TypeError(f"nx_graph must be a networkx graph (networkx.Graph or a subclass), got {type_name(nx_graph)}")
+            raise TypeError(
+                f"nx_graph must be a networkx graph (networkx.Graph or a subclass), got {type_name(nx_graph)}"
+            )
         ids = {node: k for k, node in enumerate(nx_graph.nodes)}
         pairs, weights = [], []
         for u, v, data in nx_graph.edges(data=True):
