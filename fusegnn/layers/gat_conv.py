@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fusegnn.layers._utils import check_features, glorot_, graph_for, graph_ref_for
+from fusegnn.layers._utils import check_features, glorot_, graph_for, graph_ref_for, input_linear
 from fusegnn.sparse import Graph, gat_attention, gat_layer, library
 from fusegnn.sparse.processing import gat_self_loops
 from fusegnn.sparse.dispatch import check_aggregation
@@ -41,7 +41,10 @@ class GATConv(nn.Module):
     Attention dropout drops coefficients after the softmax.
 
     Args:
-        in_channels: input feature width.
+        in_channels: input feature width, or ``-1`` to infer it from ``x`` at the first
+            forward (PyG's lazy initialisation: the weight is materialised and
+            Glorot-initialised then; create the optimizer after that call).
+            Bipartite ``(src, dst)`` widths are not supported.
         out_channels: feature width of each head.
         heads: number of attention heads :math:`H`.
         concat: concatenate heads (``[N, H * out_channels]``) or average them
@@ -51,6 +54,16 @@ class GATConv(nn.Module):
         add_self_loops: replace existing self-loops by exactly one per node.
         bias: learn an additive bias.
         aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``.
+
+    ``edge_index_or_graph`` is an ``edge_index`` ``[2, E]``, a
+    :class:`~fusegnn.sparse.Graph`, a ``torch.sparse`` COO or CSR matrix in PyG's ``adj_t``
+    orientation (rows are targets: ``adj_t[i, j] != 0`` is the edge ``j -> i``) or a
+    networkx graph (nodes in ``G.nodes`` order); see
+    :func:`~fusegnn.sparse.graph.coerce_graph`. Edge weights of any of them are ignored,
+    as by PyG's ``GATConv`` (the attention computes its own). The sparse and networkx
+    forms are converted eagerly only; under ``torch.compile`` pass the
+    :class:`~fusegnn.sparse.Graph` built from them. ``x`` must have the layer's dtype
+    (else a ``TypeError``).
 
     ``forward(x, edge_index_or_graph, return_attention_weights=None)`` returns the new
     features, or with ``return_attention_weights=True`` the pair
@@ -89,7 +102,7 @@ class GATConv(nn.Module):
         self.dropout = dropout
         self.add_self_loops = add_self_loops
         self.aggregation = check_aggregation(aggregation)
-        self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+        self.lin = input_linear(in_channels, heads * out_channels, type(self).__name__)
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
         width = heads * out_channels if concat else out_channels
@@ -123,7 +136,7 @@ class GATConv(nn.Module):
         edge_index_or_graph: Graph | Tensor,
         return_attention_weights: bool | None = None,
     ):
-        check_features(x, self.in_channels, type(self).__name__)
+        check_features(x, self)
         compiling = torch.compiler.is_compiling()
         if compiling:
             graph = self._compiled_graph(x, edge_index_or_graph)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fusegnn.layers._utils import check_features, glorot_, graph_for, graph_ref_for
+from fusegnn.layers._utils import check_features, glorot_, graph_for, graph_ref_for, input_linear
 from fusegnn.sparse import Graph, gcn_norm, library, spmm
 from fusegnn.sparse.graph import check_edge_weight
 from fusegnn.sparse.dispatch import check_aggregation
@@ -33,7 +33,9 @@ class GCNConv(nn.Module):
     so the layer aggregates at the narrower of ``in_channels`` and ``out_channels``.
 
     Args:
-        in_channels: input feature width.
+        in_channels: input feature width, or ``-1`` to infer it from ``x`` at the first
+            forward (PyG's lazy initialisation: the weight is materialised and
+            Glorot-initialised then; create the optimizer after that call).
         out_channels: output feature width.
         improved: self-loops of weight 2 (:math:`\hat{A} = A + 2I`).
         cached: keep the normalised graph of the first call and reuse it
@@ -47,9 +49,29 @@ class GCNConv(nn.Module):
             (see :mod:`fusegnn.sparse.dispatch`).
 
     Shapes:
-        ``x`` ``[N, in_channels]``, ``edge_index_or_graph`` ``[2, E]`` or a
-        :class:`~fusegnn.sparse.Graph`, ``edge_weight`` ``[E]`` (optional)
+        ``x`` ``[N, in_channels]`` (of the layer's dtype, else a ``TypeError``),
+        ``edge_index_or_graph`` (see below), ``edge_weight`` ``[E]`` (optional)
         -> ``[N, out_channels]``.
+
+    ``edge_index_or_graph`` is any of (converted by
+    :func:`~fusegnn.sparse.graph.coerce_graph`):
+
+    * an ``edge_index`` ``[2, E]`` (row 0 sources, row 1 targets) or a
+      :class:`~fusegnn.sparse.Graph` (whose ``edge_weight``, if any, is used);
+    * a ``torch.sparse`` COO or CSR ``[N, N]`` matrix in PyG's ``adj_t`` orientation:
+      **rows are targets**, ``adj_t[i, j] != 0`` is the edge ``j -> i``
+      (``adj_t = A^T`` for an adjacency ``A`` with rows as sources; for an undirected
+      graph both are the same). As with PyG's ``GCNConv(x, adj_t)``, float values are the
+      edge weights (normalised like ``edge_weight``); a bool or integer matrix is
+      unweighted;
+    * a networkx graph (nodes in ``G.nodes`` order, ``x`` row ``k`` the ``k``-th node);
+      the edge attribute ``"weight"``, when any edge has one, gives the edge weights
+      (networkx's convention; edges without it weigh 1).
+
+    An ``edge_weight`` given to ``forward`` replaces the graph's weights; it follows the
+    graph's edge order (for a sparse matrix: its stored entries in row-major order). The
+    sparse and networkx forms are converted eagerly only; under ``torch.compile`` pass
+    the :class:`~fusegnn.sparse.Graph` built from them.
 
     Under ``torch.compile`` the normalisation runs inside the ``fusegnn::spmm`` custom op
     (:mod:`fusegnn.sparse.library`, transform ``gcn_norm``), so the traced forward has no
@@ -80,7 +102,7 @@ class GCNConv(nn.Module):
         self.add_self_loops = add_self_loops
         self.normalize = normalize
         self.aggregation = check_aggregation(aggregation)
-        self.lin = nn.Linear(in_channels, out_channels, bias=False)
+        self.lin = input_linear(in_channels, out_channels, type(self).__name__)
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
         self._cached_graph: Graph | None = None
         self.reset_parameters()
@@ -133,7 +155,7 @@ class GCNConv(nn.Module):
     def forward(
         self, x: Tensor, edge_index_or_graph: Graph | Tensor, edge_weight: Tensor | None = None
     ) -> Tensor:
-        check_features(x, self.in_channels, type(self).__name__)
+        check_features(x, self)
         if torch.compiler.is_compiling():
             ref, weight = self._compiled_graph(x, edge_index_or_graph, edge_weight)
             if self.in_channels < self.out_channels:

@@ -84,7 +84,7 @@ from torch import Tensor
 
 from fusegnn.sparse import reference
 from fusegnn.sparse.dispatch import explain, resolve_aggregation
-from fusegnn.sparse.graph import _REGISTRY, Graph, graph_by_uid
+from fusegnn.sparse.graph import _REGISTRY, Graph, coerce_graph, graph_by_uid
 from fusegnn.sparse.processing import gat_self_loops, gcn_norm, self_loop_structure
 
 __all__ = [
@@ -145,7 +145,10 @@ class GraphRef(NamedTuple):
 def graph_ref(graph: "Graph | Tensor", num_nodes: "int | tuple[int, int] | None" = None, name: str = "graph") -> GraphRef:
     """A :class:`GraphRef` to ``graph`` (a :class:`Graph`, or an ``edge_index`` tensor with
     optional ``num_nodes`` as for :class:`Graph`). Checks what can be checked without
-    reading ``edge_index``'s values (those are validated when the op builds the graph)."""
+    reading ``edge_index``'s values (those are validated when the op builds the graph).
+    Other graph inputs go through :func:`~fusegnn.sparse.graph.coerce_graph`: converted
+    eagerly, refused with a clear error under compilation."""
+    graph = coerce_graph(graph, name)
     if isinstance(graph, Graph):
         return GraphRef(
             graph.uid, graph.edge_index, graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges,

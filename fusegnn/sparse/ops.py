@@ -7,7 +7,8 @@ The three ops every GNN layer and every masked attention is built from
 * :func:`sddmm` -- one score per edge from its endpoints' rows;
 * :func:`edge_softmax` -- softmax over each target's incoming edges.
 
-All three accept a :class:`~fusegnn.sparse.Graph` or an ``edge_index`` tensor, never
+All three accept a :class:`~fusegnn.sparse.Graph` or an ``edge_index`` tensor (and, eagerly,
+a ``torch.sparse`` adjacency or a networkx graph: :func:`~fusegnn.sparse.graph.coerce_graph`), never
 modify their inputs, and are differentiable with respect to every floating input.
 
 Under ``torch.compile`` (:func:`torch.compiler.is_compiling`) each op checks its
@@ -35,21 +36,12 @@ from fusegnn.sparse.dispatch import (
     record_decision,
     resolve_aggregation,
 )
-from fusegnn.sparse.graph import Graph, check_edge_weight
+from fusegnn.sparse.graph import Graph, as_graph, check_edge_weight
 
 __all__ = ["spmm", "sddmm", "edge_softmax", "as_graph"]
 
 _REDUCES = ("sum", "mean", "max")
 _SDDMM_OPS = ("dot", "add", "sub", "mul")
-
-
-def as_graph(graph: Graph | Tensor, num_nodes: int | tuple[int, int] | None = None, name: str = "graph") -> Graph:
-    """``graph`` itself, or a :class:`Graph` built from an ``edge_index`` tensor."""
-    if isinstance(graph, Graph):
-        return graph
-    if isinstance(graph, Tensor):
-        return Graph(graph, num_nodes)
-    raise TypeError(f"{name} must be a fusegnn.sparse.Graph or an edge_index tensor, got {type(graph).__name__}")
 
 
 def check_node_tensor(
