@@ -118,6 +118,7 @@ def test_paper_suite_on_cora(tmp_path, monkeypatch, one_thread):
         assert row["ms"] > 0 and row["steps"] == 2 and row["warmup_steps"] == 1
         assert row["peak_mem_mib"] is None and row["launches"] is None  # CPU run
         assert row["norm_ms"] > 0
+        assert row["ms_alone"] > 0  # timed alone, then again interleaved with the others (ms)
     assert rows["fusegnn"]["checked_against"] == "fusegnn-reference"
     assert rows["fusegnn"]["aggregation"] == "reference"  # auto on CPU tensors
     if "pyg" in rows:  # same weights in PyG's layers give the same function
