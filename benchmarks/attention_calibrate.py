@@ -32,7 +32,7 @@ Then it prints (and writes) a **recommendation**:
   overhead + per-block cost from ``block`` 64x64 at the table's launch, element from
   ``element`` when timed), ``DENSE_CAUSAL_FACTOR`` and ``DENSE_MASK_FACTOR`` (``sdpa-causal``
   / ``sdpa-mask`` per-element cost relative to ``sdpa``, overhead shared), in the form of
-  ``fusegnn/sparse/sparse_attention.py``;
+  ``fusegnn/attention/sparse_attention.py``;
 * the crossover table: per case the measured block / dense times, what the rule picks
   with the current constants and with the refitted ones, and the measured best;
 * per block size the best forward and backward launch configuration (lowest geometric
@@ -86,7 +86,7 @@ SDPA_KINDS = ("sdpa", "sdpa-mask", "sdpa-causal")
 def calibration_mask(name: str, L: int, seed: int = 0):
     """The suite's masks plus two irregular ones: ``dilated8`` (``|q - k| <= 32 * 8``,
     ``(q - k) % 8 == 0``) and ``graph16`` (16 random keys per query plus the diagonal)."""
-    from fusegnn.sparse import masks
+    from fusegnn.attention import masks
 
     if name == "dilated8":
         return masks.dilated(L, 32, 8)
@@ -181,7 +181,7 @@ def _record(prep: Prepared, name: str, L: int, mode: str, kind: str, config: str
 
 
 def _layout(prep: Prepared, bm: int, bn: int, device):
-    from fusegnn.sparse.sparse_attention import _layout_of
+    from fusegnn.attention.sparse_attention import _layout_of
 
     layout = _layout_of(prep.mask, (bm, bn), device)  # cached on the mask
     fill = prep.extras["density"] * layout.L_q * layout.L_k * layout.num_heads / max(layout.nnzb * bm * bn, 1)
@@ -194,7 +194,7 @@ def _crossover(prep: Prepared, name: str, L: int, mode: str, args, device, clock
     """Pass 1: the SDPA variants and the block kernel at the default size and launch."""
     import torch.nn.functional as F
 
-    from fusegnn.sparse.sparse_attention import sparse_attention
+    from fusegnn.attention.sparse_attention import sparse_attention
 
     dense = prep.dense_check
     variants: list[tuple[str, Callable, bool]] = [
@@ -335,7 +335,7 @@ def observations(records: Iterable[dict]) -> list[dict]:
 
 def fit_cost_models(obs: list[dict]) -> dict:
     """Fit the auto rule's constants to :func:`observations` (see the module docstring of
-    ``fusegnn.sparse.sparse_attention``): per mode, ``ms = a + c x`` for ``sdpa``,
+    ``fusegnn.attention.sparse_attention``): per mode, ``ms = a + c x`` for ``sdpa``,
     ``block`` and ``element`` by least squares on the relative error; then the factors
     ``f`` of ``sdpa-causal`` and ``sdpa-mask`` in ``ms = a + f c x`` (``a``, ``c`` of that
     mode's ``sdpa``), one factor over both modes. Missing kinds give ``None``. Also the
@@ -372,11 +372,11 @@ def fit_cost_models(obs: list[dict]) -> dict:
 
 
 def format_cost_models(fit: dict) -> str:
-    """The fit as the constants of ``fusegnn/sparse/sparse_attention.py`` (current
+    """The fit as the constants of ``fusegnn/attention/sparse_attention.py`` (current
     values where a kind was not measured)."""
     import importlib
 
-    sa = importlib.import_module("fusegnn.sparse.sparse_attention")
+    sa = importlib.import_module("fusegnn.attention.sparse_attention")
     lines = ["COST_MODELS: dict[str, CostModel] = {"]
     for mode in ("fwd", "fwdbwd"):
         current = sa.COST_MODELS[mode]
@@ -573,7 +573,7 @@ def crossover_table(records: list[dict], fit: dict) -> list[dict]:
     two candidates the rule weighs."""
     import importlib
 
-    sa = importlib.import_module("fusegnn.sparse.sparse_attention")
+    sa = importlib.import_module("fusegnn.attention.sparse_attention")
     rows = []
     for case in sorted({r["case"] for r in records if r.get("kind") in SDPA_KINDS + ("block",)}):
         by_kind = {}
@@ -621,7 +621,7 @@ def crossover_table(records: list[dict], fit: dict) -> list[dict]:
 
 
 def print_recommendation(rec: dict, emit: Callable[[str], None] = print) -> None:
-    emit("\nRECOMMENDATION (fusegnn/sparse/sparse_attention.py)")
+    emit("\nRECOMMENDATION (fusegnn/attention/sparse_attention.py)")
     emit(rec["cost_models_text"])
     if rec.get("crossover"):
         emit("\n# crossover (ms; rule = what auto picks with the current / refitted constants)")

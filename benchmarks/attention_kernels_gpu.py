@@ -61,7 +61,7 @@ def sweep_main(argv: list[str], out_dir: Path, device: Callable[[], torch.device
     import triton.testing
 
     from fusegnn.kernels import block_attention as ba
-    from fusegnn.sparse.block_layout import BlockLayout
+    from fusegnn.attention.block_layout import BlockLayout
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run --suite attention --sweep kernels",
                                      description=__doc__.splitlines()[0])

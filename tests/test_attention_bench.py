@@ -190,7 +190,7 @@ def test_cost_model_constants_come_from_the_fit():
     from pathlib import Path
 
     from benchmarks.attention_calibrate import fit_cost_models, load_observations, observations
-    from fusegnn.sparse.sparse_attention import COST_MODELS, DENSE_CAUSAL_FACTOR, DENSE_MASK_FACTOR
+    from fusegnn.attention.sparse_attention import COST_MODELS, DENSE_CAUSAL_FACTOR, DENSE_MASK_FACTOR
 
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "attention"
     obs = observations(load_observations([

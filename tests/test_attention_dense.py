@@ -2,7 +2,7 @@
 chooses between it and the sparse paths.
 
 * ``aggregation="dense"`` against the float64 masked reference
-  (:func:`~fusegnn.sparse.sparse_attention.masked_attention_reference`), outputs and
+  (:func:`~fusegnn.attention.sparse_attention.masked_attention_reference`), outputs and
   gradients, for every mask kind, odd and rectangular ``L``, ``D_v != D``, shared and
   per-head masks, masks and prebuilt layouts; ``gradcheck`` of each SDPA variant;
 * rows with no allowed key give zeros (never NaN) and no gradient, and SDPA itself never
@@ -28,9 +28,9 @@ import importlib
 import pytest
 import torch
 
-from fusegnn.sparse import masks as M
-from fusegnn.sparse.block_layout import BlockLayout
-from fusegnn.sparse.sparse_attention import (
+from fusegnn.attention import masks as M
+from fusegnn.attention.block_layout import BlockLayout
+from fusegnn.attention.sparse_attention import (
     COST_MODELS,
     DENSE_VARIANTS,
     ELEMENT_MAX_FILL,
@@ -45,7 +45,7 @@ from fusegnn.sparse.sparse_attention import (
 
 from tests.attention_cases import mask_cases, qkv, with_empty_rows  # noqa: E402
 
-SA = importlib.import_module("fusegnn.sparse.sparse_attention")  # the module (the package re-exports the function)
+SA = importlib.import_module("fusegnn.attention.sparse_attention")  # the module (the package re-exports the function)
 CUDA = torch.cuda.is_available()
 
 pytestmark = pytest.mark.usefixtures("one_thread")

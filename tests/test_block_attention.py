@@ -30,8 +30,8 @@ from fusegnn.kernels.block_attention import (  # noqa: E402
     LaunchConfig,
     launch_config,
 )
-from fusegnn.sparse.block_layout import BlockLayout  # noqa: E402
-from fusegnn.sparse.masks import (  # noqa: E402
+from fusegnn.attention.block_layout import BlockLayout  # noqa: E402
+from fusegnn.attention.masks import (  # noqa: E402
     bigbird,
     causal,
     dilated,
@@ -258,7 +258,7 @@ def test_dilation_bad_inputs():
 def test_sparse_attention_runs_dilated_masks_as_sub_sequences():
     """sparse_attention's block path splits a dilated mask (and its intersection with a
     causal one) into sub-sequences: the decision says so, the result is the mask's."""
-    from fusegnn.sparse.sparse_attention import explain_attention, sparse_attention
+    from fusegnn.attention.sparse_attention import explain_attention, sparse_attention
 
     L = 45
     for mask in (dilated(L, 4, 3), dilated(L, 5, 2) & causal(L)):
@@ -521,7 +521,7 @@ def test_gpu_dilated_sub_sequences_vs_sdpa(L, dtype):
     dense mask."""
     import torch.nn.functional as F
 
-    from fusegnn.sparse.sparse_attention import sparse_attention
+    from fusegnn.attention.sparse_attention import sparse_attention
 
     for mask in (dilated(L, 128, 2), dilated(L, 100, 2) & causal(L), longformer(L, 100, 64)):
         dense = mask.dense(DEVICE)

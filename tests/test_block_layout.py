@@ -1,4 +1,4 @@
-"""BlockLayout (:mod:`fusegnn.sparse.block_layout`): the BCSR full/partial block format.
+"""BlockLayout (:mod:`fusegnn.attention.block_layout`): the BCSR full/partial block format.
 
 The dense mask is rebuilt from the forward index (``row_ptr`` / ``col_idx`` /
 ``pattern_id``) and, separately, from the transposed index (``col_ptr`` / ``row_idx`` /
@@ -15,8 +15,8 @@ import time
 import pytest
 import torch
 
-from fusegnn.sparse import masks as M
-from fusegnn.sparse.block_layout import BlockLayout
+from fusegnn.attention import masks as M
+from fusegnn.attention.block_layout import BlockLayout
 
 CUDA = torch.cuda.is_available()
 
@@ -187,7 +187,7 @@ def test_block_size_validation():
             BlockLayout.from_mask(mask, 16, bad)
     with pytest.raises(TypeError, match="BM must be an int"):
         BlockLayout.from_mask(mask, 16.0, 16)
-    with pytest.raises(TypeError, match="mask must be a fusegnn.sparse.masks.Mask"):
+    with pytest.raises(TypeError, match="mask must be a fusegnn.attention.masks.Mask"):
         BlockLayout.from_mask(torch.ones(4, 4, dtype=torch.bool), 16, 16)
 
 

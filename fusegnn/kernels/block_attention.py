@@ -1,7 +1,7 @@
 r"""Fused block-sparse attention (FlashAttention-2 style), forward and backward.
 
 For every batch ``b``, head ``h``, query ``i`` and key ``j``, with the boolean mask
-:math:`M^{(h)}` of a :class:`~fusegnn.sparse.block_layout.BlockLayout` (per head, or one
+:math:`M^{(h)}` of a :class:`~fusegnn.attention.block_layout.BlockLayout` (per head, or one
 shared by all heads) and :math:`s` = ``scale`` (default :math:`1/\sqrt{D}`):
 
 .. math::
@@ -1115,7 +1115,7 @@ def block_sparse_attention(
         q: ``[B, H, L_q, D]`` queries (float16, bfloat16 or float32; last dim contiguous
             or it is copied).
         k, v: ``[B, H, L_k, D]`` keys and values, same dtype and device.
-        layout: a :class:`~fusegnn.sparse.block_layout.BlockLayout` for ``L_q x L_k`` on
+        layout: a :class:`~fusegnn.attention.block_layout.BlockLayout` for ``L_q x L_k`` on
             ``q``'s device, shared (``num_heads == 1``) or per head (``num_heads == H``).
             Its ``BM``/``BN`` are the kernel's tile sizes.
         scale: multiplies :math:`q \cdot k` (default :math:`1/\sqrt{D}`).
@@ -1132,7 +1132,7 @@ def block_sparse_attention(
             .. math:: M_{ij} = [\, i \equiv j \pmod d \,] \cdot
                 M^{\mathrm{layout}}_{\lfloor i/d \rfloor,\, \lfloor j/d \rfloor}
 
-            A dilated window (:func:`~fusegnn.sparse.masks.dilated`) is then a plain
+            A dilated window (:func:`~fusegnn.attention.masks.dilated`) is then a plain
             sliding window over each sub-sequence: mostly full blocks instead of every
             block partial and half empty. No data moves: the kernels read the
             sub-sequences through strided addresses.
@@ -1150,7 +1150,7 @@ def block_sparse_attention_prechecked(q: Tensor, k: Tensor, v: Tensor, layout, s
     """:func:`block_sparse_attention` without its input checks, for callers that have
     already validated ``q``, ``k``, ``v`` (a supported dtype, one device, matching
     shapes), the layout (on ``q``'s device, for ``L_q x L_k`` and ``H`` or 1 heads) and
-    the float ``scale`` -- :func:`fusegnn.sparse.sparse_attention.sparse_attention`'s
+    the float ``scale`` -- :func:`fusegnn.attention.sparse_attention.sparse_attention`'s
     automatic path, where the checks are a measurable part of a short call."""
     out, _ = BlockSparseAttentionFunction.apply(q, k, v, layout, scale, _precision(q.dtype, None), None, dilation)
     return out

@@ -41,7 +41,7 @@ Fields of :class:`BlockLayout` (all index tensors ``int32``, on the layout's dev
 Contract additions over the lead's contract (additive only): ``max_row_blocks``,
 ``max_col_blocks``, ``nnzb``, ``device``, :meth:`BlockLayout.block_map`,
 :meth:`BlockLayout.dense` and :meth:`BlockLayout.to_mask` (the layout as a
-:class:`~fusegnn.sparse.masks.Mask`, for the reference and element paths). ``patterns``
+:class:`~fusegnn.attention.masks.Mask`, for the reference and element paths). ``patterns``
 is ``torch.bool``.
 
 :meth:`BlockLayout.from_mask` builds everything with tensor ops on the target device
@@ -57,8 +57,8 @@ from dataclasses import dataclass, field, fields
 import torch
 from torch import Tensor
 
-from fusegnn.sparse import handles
-from fusegnn.sparse.masks import EMPTY, FULL, PARTIAL, Mask, _check_int, _DeviceBuffer, _device
+from fusegnn.attention import handles
+from fusegnn.attention.masks import EMPTY, FULL, PARTIAL, Mask, _check_int, _DeviceBuffer, _device
 
 __all__ = ["BlockLayout", "check_block_size"]
 
@@ -143,7 +143,7 @@ class BlockLayout:
         """Build the layout of ``mask`` at ``BM x BN`` blocks (powers of two >= 16) on
         ``device`` (default CPU)."""
         if not isinstance(mask, Mask):
-            raise TypeError(f"mask must be a fusegnn.sparse.masks.Mask, got {type(mask).__name__}")
+            raise TypeError(f"mask must be a fusegnn.attention.masks.Mask, got {type(mask).__name__}")
         BM, BN = check_block_size(BM, BN)
         device = _device(device)
         H = mask.num_heads

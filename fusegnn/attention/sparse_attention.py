@@ -17,7 +17,7 @@ Four implementations and the automatic choice (``aggregation=``):
 * ``"reference"`` -- dense masked softmax in PyTorch over the ``L_q x L_k`` boolean
   mask (the oracle; any device and dtype; memory ``O(B H L_q L_k)``);
 * ``"element"`` -- the element-level path on the GNN core: the mask becomes a graph with
-  edges ``k -> q`` (:meth:`~fusegnn.sparse.masks.Mask.to_graph`), then exactly the ops
+  edges ``k -> q`` (:meth:`~fusegnn.attention.masks.Mask.to_graph`), then exactly the ops
   GAT runs on, :func:`~fusegnn.sparse.sddmm` (``"dot"``) ``->``
   :func:`~fusegnn.sparse.edge_softmax` ``->`` :func:`~fusegnn.sparse.spmm`, with the
   ``B * H`` (batch, head) pairs as the ops' heads (for a per-head mask, the heads'
@@ -28,14 +28,14 @@ Four implementations and the automatic choice (``aggregation=``):
 * ``"block"`` -- the fused block-sparse FlashAttention-style Triton kernel of
   :mod:`fusegnn.kernels.block_attention` over a :class:`BlockLayout`. A mask that only
   connects tokens ``d`` apart and is one mask on each of the ``d`` interleaved
-  sub-sequences (:meth:`~fusegnn.sparse.masks.Mask.dilation_split`: a dilated window, also
+  sub-sequences (:meth:`~fusegnn.attention.masks.Mask.dilation_split`: a dilated window, also
   intersected with a causal mask) runs that mask's layout over the sub-sequences
   (``dilation=d``): a dilated window's blocks, all partial and half empty in token order,
   become a plain window's, mostly full; the cost model counts ``d`` times the base
   layout's blocks;
 * ``"dense"`` -- PyTorch's dense ``torch.nn.functional.scaled_dot_product_attention``
   (its flash / memory-efficient kernels), in the variant the mask allows
-  (:meth:`~fusegnn.sparse.masks.Mask.structure`, decided from the mask's definition):
+  (:meth:`~fusegnn.attention.masks.Mask.structure`, decided from the mask's definition):
   no mask when every element is allowed (``"no mask"``), ``is_causal=True`` when the mask
   is exactly :math:`k \le q` (``"causal"``), else the boolean ``attn_mask``
   (``"bool mask"``; rows with no allowed key are given every key inside SDPA, so that it
@@ -71,8 +71,8 @@ additive bias of the same size). The rule takes dense when
 :math:`t_\mathrm{dense} < t_\mathrm{sparse}`. :func:`explain_attention` gives the
 decision, its reason and the predicted times.
 
-The mask is a :class:`~fusegnn.sparse.masks.Mask` or a prebuilt
-:class:`~fusegnn.sparse.block_layout.BlockLayout`. Layouts built from a mask are cached
+The mask is a :class:`~fusegnn.attention.masks.Mask` or a prebuilt
+:class:`~fusegnn.attention.block_layout.BlockLayout`. Layouts built from a mask are cached
 on the mask per (block size, device), graphs per device, so a mask reused across calls
 is processed once; so is :func:`sparse_attention`'s path decision, per (aggregation,
 block size, shape, dtype, device, whether a gradient is needed) -- the cost model's
@@ -90,12 +90,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fusegnn.sparse import attention_library  # noqa: F401  (registers the compiled block-attention ops)
-from fusegnn.sparse import handles
-from fusegnn.sparse.block_layout import BlockLayout, check_block_size
+from fusegnn.attention import library  # noqa: F401  (registers the compiled block-attention ops)
+from fusegnn.attention import handles
+from fusegnn.attention.block_layout import BlockLayout, check_block_size
 from fusegnn.sparse.dispatch import AGGREGATIONS as _ELEMENT_AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision
-from fusegnn.sparse.masks import Mask
+from fusegnn.attention.masks import Mask
 from fusegnn.sparse.ops import edge_softmax, sddmm, spmm
 
 __all__ = [
@@ -202,7 +202,7 @@ class AttentionDecision(Decision):
         dense_variant: for ``name == "dense"``, one of :data:`DENSE_VARIANTS`.
         block_size: ``(BM, BN)`` of the block path (``None`` otherwise).
         dilation: the block path's sub-sequence split (1: none; see
-            :meth:`~fusegnn.sparse.masks.Mask.dilation_split`).
+            :meth:`~fusegnn.attention.masks.Mask.dilation_split`).
         predicted_ms: ``(label, ms)`` pairs of the cost model when the auto rule used it.
     """
 
@@ -288,7 +288,7 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
 def _check_mask(mask: Any, q: Tensor, k: Tensor) -> None:
     if not isinstance(mask, (Mask, BlockLayout)):
         raise TypeError(
-            "mask must be a fusegnn.sparse.masks.Mask or a fusegnn.sparse.BlockLayout, "
+            "mask must be a fusegnn.attention.masks.Mask or a fusegnn.attention.BlockLayout, "
             f"got {type(mask).__name__}"
         )
     if (q.size(2), k.size(2)) != (mask.L_q, mask.L_k):
@@ -638,15 +638,15 @@ def sparse_attention(
         q: ``[B, H, L_q, D]`` queries.
         k: ``[B, H, L_k, D]`` keys.
         v: ``[B, H, L_k, D_v]`` values (same dtype and device as ``q`` and ``k``).
-        mask: a :class:`~fusegnn.sparse.masks.Mask` over ``L_q x L_k`` (shared, or with
-            ``H`` heads), or a :class:`~fusegnn.sparse.BlockLayout` built from one.
+        mask: a :class:`~fusegnn.attention.masks.Mask` over ``L_q x L_k`` (shared, or with
+            ``H`` heads), or a :class:`~fusegnn.attention.BlockLayout` built from one.
         scale: score scale; ``None`` for :math:`1/\sqrt{D}`.
         aggregation: ``"auto"``, ``"block"``, ``"element"``, ``"reference"`` or
             ``"dense"`` (PyTorch's SDPA: no mask, ``is_causal=True`` or a boolean mask, as
             the mask allows).
         block_size: ``BM`` (square) or ``(BM, BN)``, powers of two >= 16, for the block
             layout built from a ``Mask`` -- for a mask that splits into sub-sequences
-            (:meth:`~fusegnn.sparse.masks.Mask.dilation_split`), its base mask's layout
+            (:meth:`~fusegnn.attention.masks.Mask.dilation_split`), its base mask's layout
             (``None``: :func:`default_block_size` of the layout's length).
         element_aggregation: backend of the element path's inner ``sddmm`` /
             ``edge_softmax`` / ``spmm`` (``"auto"``, ``"gas"``, ``"gar"``,
@@ -675,7 +675,7 @@ def sparse_attention(
 def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, scale, aggregation: str,
                    block_size, element_aggregation: str) -> Tensor:
     """:func:`sparse_attention` as ``torch.compile`` traces it (see
-    :mod:`fusegnn.sparse.attention_library`)."""
+    :mod:`fusegnn.attention.library`)."""
     _check_qkv(q, k, v)
     _check_mask(mask, q, k)
     scale = _check_scale(scale, q.size(-1))
@@ -702,7 +702,7 @@ def compiled_decision(mask: int, shape: tuple, dtype: torch.dtype, device: str, 
     """The path of a compiled call, as constants: ``(name, dense variant, layout handle,
     dilation, precision)``; whatever the path reads is built and cached on the mask here
     (Dynamo calls this function instead of tracing it: see
-    :mod:`fusegnn.sparse.attention_library`)."""
+    :mod:`fusegnn.attention.library`)."""
     target = handles.lookup(mask)
     dev = torch.device(device)
     q = torch.empty((), dtype=dtype, device=dev).expand(shape)  # shape, dtype and device, no memory
