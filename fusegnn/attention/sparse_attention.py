@@ -42,34 +42,18 @@ Four implementations and the automatic choice (``aggregation=``):
   stays finite, and their output is then set to zero -- never NaN, and no gradient flows
   from them);
 * ``"auto"`` -- ``"reference"`` off CUDA; on CUDA the cheapest of dense SDPA and the
-  sparse path under the calibrated cost model below, where the sparse path is
+  sparse path under the calibrated cost model (below), where the sparse path is
   ``"block"``, or ``"element"`` when the block kernel is not available or when the
-  allowed elements fill less than :data:`ELEMENT_MAX_FILL` of the non-empty blocks (a very
-  irregular mask, where blocks would compute mostly masked-out scores).
+  allowed elements fill less than
+  :data:`~fusegnn.attention.cost_model.ELEMENT_MAX_FILL` of the non-empty blocks (a
+  very irregular mask, where blocks would compute mostly masked-out scores).
 
-**The auto rule's cost model** (:func:`predict_attention_ms`, :data:`COST_MODELS`),
-milliseconds of one call on the calibration GPU, for ``B`` batches, ``H`` heads, head
-dim ``D`` (the per-unit costs scale with ``D / 64``), forward only or forward + backward
-(``backward``: whether a gradient will be needed, i.e. grad mode is on and ``q``, ``k``
-or ``v`` requires grad):
-
-.. math::
-    t_\mathrm{dense} = a_d + c_d\, f\, \tfrac{D}{64}\, B H L_q L_k, \qquad
-    f = 1 \text{ (no mask)},\ f_\mathrm{causal} \text{ (is\_causal)},\
-    f_\mathrm{mask} \text{ (bool mask)}
-
-.. math::
-    t_\mathrm{block} = a_b + c_b\, \tfrac{D}{64}\, \tfrac{BM \cdot BN}{64 \cdot 64}\,
-    n_\mathrm{blocks}, \qquad
-    t_\mathrm{element} = a_e + c_e\, \tfrac{D}{64}\, n_\mathrm{allowed}
-
-with :math:`n_\mathrm{blocks}` the non-empty blocks and :math:`n_\mathrm{allowed}` the
-allowed elements, both summed over the ``B * H`` (batch, head) pairs. Dense SDPA with a
-boolean mask is considered only while the mask has at most
-:data:`DENSE_MASK_MAX_ELEMENTS` elements (it is materialised, and SDPA turns it into an
-additive bias of the same size). The rule takes dense when
-:math:`t_\mathrm{dense} < t_\mathrm{sparse}`. :func:`explain_attention` gives the
-decision, its reason and the predicted times.
+**The auto rule** (:func:`auto_attention_rule`) compares the paths' predicted times under
+the calibrated cost model of :mod:`fusegnn.attention.cost_model`; dense SDPA with a boolean
+mask is considered only while the mask has at most
+:data:`~fusegnn.attention.cost_model.DENSE_MASK_MAX_ELEMENTS` elements (it is
+materialised, and SDPA turns it into an additive bias of the same size).
+:func:`explain_attention` gives the decision, its reason and the predicted times.
 
 The mask is a :class:`~fusegnn.attention.masks.Mask` or a prebuilt
 :class:`~fusegnn.attention.block_layout.BlockLayout`. Layouts built from a mask are cached
@@ -90,9 +74,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fusegnn.attention import cost_model
 from fusegnn.attention import library  # noqa: F401  (registers the compiled block-attention ops)
 from fusegnn.attention import handles
 from fusegnn.attention.block_layout import BlockLayout, check_block_size
+from fusegnn.attention.cost_model import predict_attention_ms
 from fusegnn.sparse.dispatch import AGGREGATIONS as _ELEMENT_AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision
 from fusegnn.attention.masks import Mask
@@ -101,96 +87,15 @@ from fusegnn.sparse.ops import edge_softmax, sddmm, spmm
 __all__ = [
     "ATTENTION_AGGREGATIONS",
     "AttentionDecision",
-    "COST_MODELS",
-    "CostModel",
-    "DENSE_CAUSAL_FACTOR",
-    "DENSE_MASK_FACTOR",
-    "DENSE_MASK_MAX_ELEMENTS",
-    "DENSE_VARIANTS",
-    "ELEMENT_MAX_FILL",
     "auto_attention_rule",
     "default_block_size",
     "explain_attention",
     "masked_attention_reference",
-    "predict_attention_ms",
     "sparse_attention",
 ]
 
 ATTENTION_AGGREGATIONS = ("auto", "block", "element", "reference", "dense")
 
-# "auto" on CUDA takes the element path when allowed elements fill less than this
-# fraction of the non-empty blocks' BM x BN elements. Calibrated on an NVIDIA H200
-# (the attention calibrate sweep, 2026-11-21, B=4, H=12, D=64, bf16; results in
-# benchmarks/results/attention/calibration-nvidia-h200.json): the element path won only
-# on a random graph mask at fill 0.001-0.004 (L=4096, 16384); the block path won at fill
-# 0.016 (same mask, L=1024) and above, by 4-50x on the structured masks.
-ELEMENT_MAX_FILL = 0.01
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Constants of the auto rule's cost model (see the module docstring): overheads in
-    ms per call; per-unit costs in ms at head dim 64 per dense ``(b, h, q, k)`` element,
-    per non-empty 64 x 64 block of one ``(b, h)`` pair, per allowed element of one pair."""
-
-    dense_overhead_ms: float
-    dense_ms_per_element: float
-    block_overhead_ms: float
-    block_ms_per_block: float
-    element_overhead_ms: float
-    element_ms_per_edge: float
-
-
-# Fitted on an NVIDIA H200 (torch 2.11, Triton 3.6; B=4, H=12, D=64, bf16) to 138
-# measurements in benchmarks/results/attention/: calibration-crossover-nvidia-h200.json
-# (session 4, after the block path's host overhead was cut -- cached launch plans and
-# relaunches without Triton's binder, fusegnn.kernels._launch: sdpa without a mask, with
-# is_causal and with a boolean mask, and the block path at 64 x 64 and its launch table,
-# 5 masks x L in 1024, 4096, 16384, fwd and fwd+bwd, medians of 30 steps;
-# python -m benchmarks.run --suite attention --sweep calibrate --no-sweep --steps 30) and
-# calibration-element-nvidia-h200.json (the element path, 7 masks, from session 2: its
-# kernels have not changed), by least squares on the relative error (fit_cost_models in
-# benchmarks/attention_calibrate.py; reproduce with
-#   python -m benchmarks.run --suite attention --sweep calibrate --fit \
-#       benchmarks/results/attention/calibration-crossover-nvidia-h200.json \
-#       benchmarks/results/attention/calibration-element-nvidia-h200.json
-# ). The attention suite's own result file is not among the inputs, so re-running the
-# suite does not move the constants. "fwd": forward only; "fwdbwd": forward + backward.
-# predicted / measured of the fit: sdpa 0.98-1.02 (fwd) and 0.98-1.03 (fwd+bwd); block
-# 0.79-1.12 and 0.80-1.15 (at L = 1024 the block path's time is mostly its per-call host
-# overhead); element 0.34-1.41 (only its order of magnitude matters: it is compared with
-# dense only where its fill rule already chose it). The block path's fixed cost per
-# forward + backward call fell from 0.344 ms (session 3) to 0.19 ms.
-COST_MODELS: dict[str, CostModel] = {
-    "fwd": CostModel(
-        dense_overhead_ms=0.0228, dense_ms_per_element=5.54e-10,
-        block_overhead_ms=0.0622, block_ms_per_block=3.96e-6,
-        element_overhead_ms=0.425, element_ms_per_edge=6.14e-8,
-    ),
-    "fwdbwd": CostModel(
-        dense_overhead_ms=0.0731, dense_ms_per_element=1.97e-9,
-        block_overhead_ms=0.19, block_ms_per_block=1.4e-5,
-        element_overhead_ms=1.17, element_ms_per_edge=2.15e-7,
-    ),
-}
-
-# Per-element cost of SDPA with is_causal=True relative to no mask, fitted to the
-# sdpa-causal timings of the same files (0.81-1.10 predicted / measured): FlashAttention
-# skips the blocks above the diagonal, a bit more than half of the work remains.
-DENSE_CAUSAL_FACTOR = 0.565
-
-# Per-element cost of SDPA with a boolean attn_mask relative to no mask, fitted to the
-# sdpa-mask timings (0.79-1.07): a mask rules out the flash kernel; the kernel that takes
-# it (cuDNN's on this build) costs 1.85x per element.
-DENSE_MASK_FACTOR = 1.85
-
-# auto considers SDPA with a boolean mask only up to this many mask elements
-# (L_q * L_k * mask heads; 2**26 = an 8192 x 8192 mask): the mask is materialised and
-# cached, and SDPA builds an additive bias of as many elements in the inputs' dtype.
-DENSE_MASK_MAX_ELEMENTS = 1 << 26
-
-#: variants of the dense path: no mask, is_causal=True, boolean attn_mask
-DENSE_VARIANTS = ("no mask", "causal", "bool mask")
 _VARIANT_OF_STRUCTURE = {"full": "no mask", "causal": "causal", "general": "bool mask"}
 
 
@@ -199,7 +104,8 @@ class AttentionDecision(Decision):
     """A :class:`~fusegnn.sparse.dispatch.Decision` of :func:`explain_attention`, plus:
 
     Attributes:
-        dense_variant: for ``name == "dense"``, one of :data:`DENSE_VARIANTS`.
+        dense_variant: for ``name == "dense"``, one of
+            :data:`~fusegnn.attention.cost_model.DENSE_VARIANTS`.
         block_size: ``(BM, BN)`` of the block path (``None`` otherwise).
         dilation: the block path's sub-sequence split (1: none; see
             :meth:`~fusegnn.attention.masks.Mask.dilation_split`).
@@ -222,41 +128,6 @@ class AttentionDecision(Decision):
             return f"block {self.block_size[0]}x{self.block_size[1]}{dilated}"
         return self.name
 
-
-def predict_attention_ms(
-    path: str,
-    work: float,
-    *,
-    head_dim: int,
-    backward: bool,
-    dense_variant: str = "no mask",
-    block_size: tuple[int, int] = (64, 64),
-) -> float:
-    r"""The cost model's milliseconds for one call (see the module docstring).
-
-    Args:
-        path: ``"dense"``, ``"block"`` or ``"element"``.
-        work: summed over the ``B * H`` (batch, head) pairs: ``L_q * L_k`` elements
-            (dense), non-empty blocks (block), allowed elements (element).
-        head_dim: ``D``; per-unit costs scale with ``D / 64``.
-        backward: forward + backward (:data:`COST_MODELS` ``["fwdbwd"]``), else forward.
-        dense_variant: one of :data:`DENSE_VARIANTS` (dense path).
-        block_size: ``(BM, BN)`` (block path); the per-block cost scales with
-            ``BM * BN / 64**2``.
-    """
-    model = COST_MODELS["fwdbwd" if backward else "fwd"]
-    d = head_dim / 64.0
-    if path == "dense":
-        factors = {"no mask": 1.0, "causal": DENSE_CAUSAL_FACTOR, "bool mask": DENSE_MASK_FACTOR}
-        if dense_variant not in factors:
-            raise ValueError(f"dense_variant must be one of {DENSE_VARIANTS}, got {dense_variant!r}")
-        return model.dense_overhead_ms + model.dense_ms_per_element * factors[dense_variant] * d * work
-    if path == "block":
-        area = block_size[0] * block_size[1] / 4096.0
-        return model.block_overhead_ms + model.block_ms_per_block * d * area * work
-    if path == "element":
-        return model.element_overhead_ms + model.element_ms_per_edge * d * work
-    raise ValueError(f"path must be 'dense', 'block' or 'element', got {path!r}")
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -455,7 +326,7 @@ def _structure_block_size(mask: Mask | BlockLayout, block_size: tuple[int, int] 
 
 
 def _dense_variant(mask: Mask | BlockLayout, block_size: tuple[int, int] | None, device: torch.device) -> str:
-    """The dense SDPA variant of ``mask`` (:data:`DENSE_VARIANTS`), from
+    """The dense SDPA variant of ``mask`` (:data:`~.cost_model.DENSE_VARIANTS`), from
     :meth:`Mask.structure` evaluated at the layout's block size (its cached block map)."""
     structure = _mask_of(mask).structure(device, _structure_block_size(mask, block_size))
     return _VARIANT_OF_STRUCTURE[structure]
@@ -466,8 +337,8 @@ def _sdpa_bool_mask(mask: Mask, device: torch.device) -> tuple[Tensor, Tensor | 
     ``[1, H, L_q, L_k]`` per head), ``True`` = may attend, with the rows that allow no
     key set to all ``True`` (SDPA would give NaN there); ``has_key`` bool
     ``[1, 1 or H, L_q, 1]``, ``False`` at those rows, or ``None`` when there is none.
-    Cached on the mask per device while it has at most :data:`DENSE_MASK_MAX_ELEMENTS`
-    elements."""
+    Cached on the mask per device while it has at most
+    :data:`~fusegnn.attention.cost_model.DENSE_MASK_MAX_ELEMENTS` elements."""
 
     def build() -> tuple[Tensor, Tensor | None]:
         dense = mask.dense(device)
@@ -477,7 +348,7 @@ def _sdpa_bool_mask(mask: Mask, device: torch.device) -> tuple[Tensor, Tensor | 
             return dense, None
         return dense | ~has_key, has_key
 
-    if mask.num_heads * mask.L_q * mask.L_k <= DENSE_MASK_MAX_ELEMENTS:
+    if mask.num_heads * mask.L_q * mask.L_k <= cost_model.DENSE_MASK_MAX_ELEMENTS:
         return mask.cached(("sdpa_bool_mask", device), build)
     return build()
 
@@ -512,12 +383,12 @@ def auto_attention_rule(
     any device gives the same decision).
 
     1. The sparse path: ``"element"`` when the allowed elements fill less than
-       :data:`ELEMENT_MAX_FILL` of the non-empty blocks' ``BM x BN`` elements (and
+       :data:`~.cost_model.ELEMENT_MAX_FILL` of the non-empty blocks' ``BM x BN`` elements (and
        ``element_allowed``), else ``"block"``.
     2. The dense variant from :meth:`Mask.structure`: ``"no mask"`` (every element
        allowed), ``"causal"`` (exactly ``k <= q``), else ``"bool mask"`` -- not
-       considered above :data:`DENSE_MASK_MAX_ELEMENTS` mask elements.
-    3. ``"dense"`` when its predicted time (:func:`predict_attention_ms`) is below the
+       considered above :data:`~.cost_model.DENSE_MASK_MAX_ELEMENTS` mask elements.
+    3. ``"dense"`` when its predicted time (:func:`~.cost_model.predict_attention_ms`) is below the
        sparse path's, else the sparse path.
     """
     bs = _as_block_size(block_size)
@@ -534,23 +405,23 @@ def auto_attention_rule(
     mode = "fwd+bwd" if backward else "fwd"
     predict = lambda path, work, **kw: predict_attention_ms(path, work, head_dim=head_dim, backward=backward, **kw)  # noqa: E731
 
-    if element_allowed and fill < ELEMENT_MAX_FILL:
+    if element_allowed and fill < cost_model.ELEMENT_MAX_FILL:
         sparse = AttentionDecision("element", "", block_size=None)
         sparse_ms = predict("element", allowed)
-        why_sparse = f"allowed elements fill {fill:.3f} < {ELEMENT_MAX_FILL} of the non-empty blocks"
+        why_sparse = f"allowed elements fill {fill:.3f} < {cost_model.ELEMENT_MAX_FILL} of the non-empty blocks"
     else:
         sparse = AttentionDecision("block", "", block_size=(BM, BN), dilation=dilation)
         sparse_ms = predict("block", blocks, block_size=(BM, BN))
-        why_sparse = f"allowed elements fill {fill:.3f} >= {ELEMENT_MAX_FILL} of the non-empty blocks"
+        why_sparse = f"allowed elements fill {fill:.3f} >= {cost_model.ELEMENT_MAX_FILL} of the non-empty blocks"
     predicted = [(sparse.label, sparse_ms)]
 
     variant = _dense_variant(mask, bs, device)
     L_q, L_k = _mask_of(mask).shape  # the mask's own lengths (a split mask's layout is shorter)
     mask_elements = layout.num_heads * L_q * L_k
-    if variant == "bool mask" and mask_elements > DENSE_MASK_MAX_ELEMENTS:
+    if variant == "bool mask" and mask_elements > cost_model.DENSE_MASK_MAX_ELEMENTS:
         reason = (
             f"{sparse.label}: {why_sparse}; dense sdpa (bool mask) not considered: the mask has "
-            f"{mask_elements} elements > DENSE_MASK_MAX_ELEMENTS = {DENSE_MASK_MAX_ELEMENTS}"
+            f"{mask_elements} elements > DENSE_MASK_MAX_ELEMENTS = {cost_model.DENSE_MASK_MAX_ELEMENTS}"
         )
         return AttentionDecision(sparse.name, reason, block_size=sparse.block_size, predicted_ms=tuple(predicted),
                                  dilation=sparse.dilation)
