@@ -18,7 +18,7 @@ from fusegnn.sparse.dispatch import (
     register_backend,
     resolve_aggregation,
 )
-from fusegnn.sparse.attention import gat_attention, gat_layer
+from fusegnn.sparse.gat import gat_attention, gat_layer
 from fusegnn.sparse.graph import CompressedEdges, Graph
 from fusegnn.sparse.ops import as_graph, edge_softmax, sddmm, spmm
 from fusegnn.sparse.processing import (
