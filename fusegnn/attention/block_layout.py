@@ -53,12 +53,16 @@ pattern bits, and a stable sort for the transposed index.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from fusegnn.attention import handles
 from fusegnn.attention.masks import EMPTY, FULL, PARTIAL, Mask, _check_int, _DeviceBuffer, _device
+
+if TYPE_CHECKING:
+    from fusegnn.kernels.block_attention import PreparedLayout
 
 __all__ = ["BlockLayout", "check_block_size"]
 
@@ -114,6 +118,7 @@ class BlockLayout:
 
     def __post_init__(self) -> None:
         self.handle = handles.register(self)  # what compiled code passes to the custom ops
+        self._prepared: PreparedLayout | None = None  # see prepared()
         self.BM, self.BN = check_block_size(self.BM, self.BN)
         H, nnzb = self.num_heads, self.col_idx.numel()
         expected = {
@@ -232,6 +237,23 @@ class BlockLayout:
             f"partial {self.num_partial}, patterns {self.num_patterns}), density={self.density:.4f}, "
             f"device={self.device})"
         )
+
+    def prepared(self, device: torch.device | str) -> "PreparedLayout":
+        """The block kernels' view of this layout on ``device``
+        (:func:`fusegnn.kernels.block_attention.prepare_layout`: each block row and column
+        with its partial blocks first, the heavy-first schedules, the diagonal bands) with
+        the launch plans of the calls seen so far; built on first use and kept here, so
+        that a repeated call does no layout work."""
+        prepared = self._prepared
+        if prepared is not None and prepared.device == device:  # the kernels' per-call path
+            return prepared
+        device = torch.device(device)
+        if prepared is not None and prepared.device == device:
+            return prepared
+        from fusegnn.kernels.block_attention import prepare_layout
+
+        prepared = self._prepared = prepare_layout(self, device)
+        return prepared
 
     def to(self, device: torch.device | str) -> "BlockLayout":
         """The same layout with its tensors on ``device``."""

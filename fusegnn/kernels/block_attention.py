@@ -64,16 +64,22 @@ BigBird / Longformer masks, which visits every key block) would otherwise start 
 the grid and finish alone. Programs are numbered so that the heavy rows of every
 ``(b, h)`` run first (heaviest first), then the light rows ``(b, h)``-major with the block
 row fastest (neighbouring rows of one head share key blocks in L2). The order is
-computed on the device once per layout and cached on it (``_kernel_cache``, with the
-partial-first copy of the index); the same is done for key block columns in ``_bwd_dkdv``.
+computed on the device once per layout (:func:`prepare_layout`, with the partial-first
+copy of the index; the layout keeps it, ``layout.prepared(device)``); the same is done for
+key block columns in ``_bwd_dkdv``.
 
 **Host work per call.** The launch arguments that do not change between calls (the
 layout's arrays, strides, sizes, constexprs, the launch configuration) are computed once
-per call signature -- shapes, strides, dtype, 16-byte alignment, scale -- and cached on the
-layout (``_Prepared.plans``); a repeated call allocates its outputs and relaunches the
-compiled kernels through :mod:`fusegnn.kernels._launch`, without Triton's per-call binder.
-On an H200 host this took the forward from 38 to 21 us and the backward from 86 to 42 us
-(``benchmarks/NOTES-attention.md``).
+per call signature -- shapes, strides, dtype, 16-byte alignment, scale -- and kept with the
+layout's prepared arrays (:attr:`PreparedLayout.plans`); a repeated call allocates its
+outputs and relaunches the compiled kernels through :mod:`fusegnn.kernels._launch`,
+without Triton's per-call binder (short calls are bound by host time:
+``benchmarks/NOTES-attention.md``).
+
+**The layout** is a :class:`~fusegnn.attention.block_layout.BlockLayout` (or any object
+with its fields) whose ``prepared(device)`` returns :func:`prepare_layout` of it on
+``device``, built once and kept by the layout: this module never imports the layout's
+package.
 
 dtypes: float16, bfloat16, float32 (float32 accumulation; float32 inputs use TF32 tensor
 cores when ``torch.get_float32_matmul_precision() != "highest"``, IEEE otherwise, or as
@@ -98,10 +104,12 @@ from fusegnn.kernels._launch import launch as fast_launch
 __all__ = [
     "BlockSparseAttentionFunction",
     "LaunchConfig",
+    "PreparedLayout",
     "block_sparse_attention",
     "block_sparse_attention_lse",
     "block_sparse_attention_prechecked",
     "launch_config",
+    "prepare_layout",
     "SUPPORTED_DTYPES",
 ]
 
@@ -581,7 +589,7 @@ def _precision(dtype: torch.dtype, allow_tf32: bool | None) -> str:
 
 
 # --------------------------------------------------------------------------------------
-# Layout preparation (cached on the layout object)
+# Layout preparation (kept by the layout: BlockLayout.prepared)
 # --------------------------------------------------------------------------------------
 
 
@@ -644,10 +652,12 @@ def _bands_enabled() -> bool:
 
 
 @dataclass
-class _Prepared:
-    """The kernels' view of a layout: each block row (column) lists its partial blocks
-    first, then its full blocks, split at ``row_split`` (``col_split``)."""
+class PreparedLayout:
+    """The kernels' view of a layout on ``device``: each block row (column) lists its
+    partial blocks first, then its full blocks, split at ``row_split`` (``col_split``);
+    plus the launch plans of the calls seen so far."""
 
+    device: torch.device
     row_ptr: Tensor
     row_split: Tensor
     col_idx: Tensor
@@ -664,7 +674,7 @@ class _Prepared:
     bands: Tensor
     all_bands: bool
     nnzb: int
-    #: every array above starts on a 16-byte boundary (set by _prepare)
+    #: every array above starts on a 16-byte boundary (set by prepare_layout)
     aligned: bool = True
     #: launch plans of the calls seen so far (see _forward_plan)
     plans: dict = field(default_factory=dict)
@@ -674,12 +684,10 @@ def _int32(t: Tensor) -> Tensor:
     return t.to(torch.int32).contiguous()
 
 
-def _prepare(layout, device: torch.device) -> _Prepared:
-    """Kernel-ready int32 / uint8 arrays of ``layout``, computed on its device and cached
-    on the layout object (one host synchronisation: whether its patterns are bands)."""
-    cache = getattr(layout, "_kernel_cache", None)
-    if isinstance(cache, _Prepared) and cache.row_ptr.device == device:
-        return cache
+def prepare_layout(layout, device: torch.device) -> PreparedLayout:
+    """Kernel-ready int32 / uint8 arrays of ``layout``, computed on ``device`` (one host
+    synchronisation: whether its patterns are bands). The kernels read them through
+    ``layout.prepared(device)``, which builds them once per layout with this function."""
     patterns = layout.patterns
     bands, all_bands = _band_table(patterns.to(device=device, dtype=torch.bool))
     if patterns.numel() == 0:  # no partial block: a 1-element dummy the kernels never read
@@ -690,7 +698,8 @@ def _prepare(layout, device: torch.device) -> _Prepared:
     t_pattern = pattern_id[layout.t_block.to(torch.int64)]
     row_split, col_idx, pattern_id_r = _partial_first(layout.row_ptr, pattern_id >= 0, layout.col_idx, pattern_id)
     col_split, row_idx, t_pattern_r = _partial_first(layout.col_ptr, t_pattern >= 0, layout.row_idx, t_pattern)
-    prepared = _Prepared(
+    prepared = PreparedLayout(
+        device=device,
         row_ptr=_int32(layout.row_ptr),
         row_split=row_split,
         col_idx=col_idx,
@@ -707,10 +716,6 @@ def _prepare(layout, device: torch.device) -> _Prepared:
         nnzb=int(layout.col_idx.numel()),
     )
     prepared.aligned = _layout_aligned(prepared)
-    try:
-        object.__setattr__(layout, "_kernel_cache", prepared)
-    except (AttributeError, TypeError):  # slotted / frozen layout: recompute per call
-        pass
     return prepared
 
 
@@ -720,7 +725,7 @@ def _prepare(layout, device: torch.device) -> _Prepared:
 
 _LAYOUT_FIELDS = (
     "L_q", "L_k", "BM", "BN", "num_heads", "nrb", "ncb", "row_ptr", "col_idx",
-    "pattern_id", "patterns", "col_ptr", "row_idx", "t_block",
+    "pattern_id", "patterns", "col_ptr", "row_idx", "t_block", "prepared",
 )
 
 
@@ -855,7 +860,7 @@ def _alignment(*tensors: Tensor) -> tuple[int, ...]:
     return tuple(t.data_ptr() & 15 for t in tensors)
 
 
-def _layout_aligned(prep: _Prepared) -> bool:
+def _layout_aligned(prep: PreparedLayout) -> bool:
     return all(
         t.data_ptr() % 16 == 0
         for t in (prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.col_ptr,
@@ -885,13 +890,13 @@ class _Launch(NamedTuple):
 
 # A plan is the launches of one call, computed once per (layout, shapes, strides, dtype,
 # alignment, scale, precision, launch configuration) and cached on the layout's kernel
-# arrays (_Prepared.plans): a repeated call only allocates its outputs and launches. Its
+# arrays (PreparedLayout.plans): a repeated call only allocates its outputs and launches. Its
 # key is also the kernels' specialisation key for fusegnn.kernels._launch: it determines
 # every integer argument and every tensor's dtype and alignment (the outputs are fresh
 # allocations, aligned; the layout's arrays are checked once, _layout_aligned).
 
 
-def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: _Prepared, scale: float, precision: str,
+def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: PreparedLayout, scale: float, precision: str,
                   launch: LaunchConfig | None, dilation: int) -> _Launch:
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
@@ -928,7 +933,7 @@ def _forward(
     B, H, L_q, D = q.shape
     out = torch.empty(B, H, L_q, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, L_q, dtype=torch.float32, device=q.device)
-    prep = _prepare(layout, q.device)
+    prep = layout.prepared(q.device)
     if prep.nnzb == 0 or B * H == 0 or L_q == 0:
         out.zero_()
         lse.fill_(float("inf"))
@@ -945,7 +950,7 @@ def _forward(
     return out, lse
 
 
-def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, layout, prep: _Prepared,
+def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, layout, prep: PreparedLayout,
                    scale: float, precision: str, need_dq: bool, need_dkdv: bool,
                    launch: LaunchConfig | None, dilation: int) -> tuple[_Launch | None, _Launch | None, _Launch | None]:
     """``(dq launch, preprocess launch, dK/dV launch)``, ``None`` for those not run."""
@@ -1002,7 +1007,7 @@ def _backward(
             return _backward(do, q, k, v, out, lse, layout, scale, precision, need_dq, need_dkdv, launch, dilation)
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
-    prep = _prepare(layout, q.device)
+    prep = layout.prepared(q.device)
     if prep.nnzb == 0 or B * H == 0 or L_q == 0 or L_k == 0:
         zeros = lambda t, need: torch.zeros_like(t, memory_format=torch.contiguous_format) if need else None  # noqa: E731
         return zeros(q, need_dq), zeros(k, need_dkdv), zeros(v, need_dkdv)
