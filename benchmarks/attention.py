@@ -266,7 +266,7 @@ def _fusegnn(aggregation: str):
 def _fusegnn_unavailable(aggregation: str):
     def check(device: torch.device) -> str | None:
         if aggregation == "block":
-            from fusegnn.kernels._edge_utils import fused_can_run
+            from fusegnn.kernels._triton import fused_can_run
 
             probe = torch.empty(0, device=device)
             if not fused_can_run(probe):

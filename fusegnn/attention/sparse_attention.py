@@ -74,14 +74,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fusegnn.attention import cost_model
+from fusegnn.attention import cost_model, handles
 from fusegnn.attention import library  # noqa: F401  (registers the compiled block-attention ops)
-from fusegnn.attention import handles
 from fusegnn.attention.block_layout import BlockLayout, check_block_size
 from fusegnn.attention.cost_model import predict_attention_ms
+from fusegnn.attention.masks import Mask
+from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, FLOAT_DTYPES
 from fusegnn.sparse.dispatch import AGGREGATIONS as _ELEMENT_AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision
-from fusegnn.attention.masks import Mask
 from fusegnn.sparse.ops import edge_softmax, sddmm, spmm
 
 __all__ = [
@@ -129,9 +129,6 @@ class AttentionDecision(Decision):
         return self.name
 
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
 # ----------------------------------------------------------------------------- checks
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -139,7 +136,7 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D [B, H, L, D] (SDPA layout), got shape {tuple(t.shape)}")
-        if t.dtype not in _FLOAT_DTYPES:
+        if t.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got dtype {t.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -264,12 +261,6 @@ def _decide(
         return decision, None, 1
     layout, dilation = _block_layout(mask, _as_block_size(block_size), q.device)
     return decision, layout, dilation
-
-
-def _block_kernel_dtypes() -> tuple[torch.dtype, ...]:
-    from fusegnn.kernels import block_attention
-
-    return tuple(getattr(block_attention, "SUPPORTED_DTYPES", _FLOAT_DTYPES))
 
 
 # ----------------------------------------------------------------------------- the paths
@@ -484,7 +475,7 @@ def explain_attention(
     kernel, why = _block_kernel()
     if kernel is None:
         return AttentionDecision("element", f"the block kernel is not available ({why})")
-    if q.dtype not in _block_kernel_dtypes():
+    if q.dtype not in BLOCK_ATTENTION_DTYPES:
         return AttentionDecision("element", f"the block kernel does not take {q.dtype}")
     B, H, _, D = q.shape
     return auto_attention_rule(

@@ -25,9 +25,8 @@ It falls back to the ordinary launch, and stays correct, when:
 ``FUSEGNN_FAST_LAUNCH=0`` switches it off too (for comparisons).
 
 **Every kernel launches through here.** ``kernel[grid](*args, **options)`` on a
-:class:`~fusegnn.kernels._edge_utils.LazyKernel` (or a :class:`FastKernel` around a plain
-``@triton.jit`` kernel) calls :func:`launch_kernel`, which builds the specialisation key
-itself (:func:`spec_key`: every tensor's dtype and 16-byte alignment, every integer's
+:class:`~fusegnn.kernels._triton.LazyKernel` (every fusegnn kernel is one) calls
+:func:`launch_kernel`, which builds the specialisation key itself (:func:`spec_key`: every tensor's dtype and 16-byte alignment, every integer's
 ``== 1``, divisibility by 16 and width class, the kind of every other argument). That key
 distinguishes at least every case Triton's binder does, so a relaunch never runs a kernel
 compiled for another specialisation. Callers with a cheaper key of their own (the
@@ -147,7 +146,7 @@ def launch(
 ):
     """``kernel[grid](*args, **meta, num_warps=warps, num_stages=stages)``, relaunched
     without Triton's binder when ``spec_key`` (see the module docstring) was seen before.
-    ``kernel`` is a :class:`~fusegnn.kernels._edge_utils.LazyKernel`; ``meta`` holds its
+    ``kernel`` is a :class:`~fusegnn.kernels._triton.LazyKernel`; ``meta`` holds its
     constexprs and Triton options (e.g. ``maxnreg``). Without ``spec_key`` (or a CUDA
     ``device``) it is the ordinary launch. Returns Triton's compiled kernel."""
     fast = (spec_key is not None and device is not None and device.type == "cuda" and fast_launch_enabled()

@@ -98,7 +98,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from fusegnn.kernels._edge_utils import LazyKernel, interpreter_enabled, kernel_helper, next_pow2
+from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, LazyKernel, interpreter_enabled, kernel_helper, next_pow2
 from fusegnn.kernels._launch import launch as fast_launch
 
 __all__ = [
@@ -113,7 +113,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
 ]
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_DTYPES = BLOCK_ATTENTION_DTYPES
 _LOG2E = 1.4426950408889634
 
 try:  # triton is an optional dependency; the kernels below need it
