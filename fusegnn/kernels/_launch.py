@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["launch", "launch_kernel", "spec_key", "FastKernel", "fast_launch_enabled", "clear_cache"]
+__all__ = ["launch", "launch_kernel", "spec_key", "fast_launch_enabled", "clear_cache"]
 
 #: (kernel name, spec key, meta items, warps, stages, device) -> _Entry. Keys carry exact
 #: sizes (a new sequence length is a new key, sharing Triton's compiled kernel), so the
@@ -229,24 +229,6 @@ def launch_kernel(kernel, grid, args: Sequence[Any], options: dict[str, Any]):
                 _STATE["broken"] = True
                 _CACHE.clear()
     return launch(kernel, grid, args, options, warps, stages, spec, first.device)
-
-
-class FastKernel:
-    """A plain ``@triton.jit`` kernel whose ``kernel[grid](*args, **options)`` goes
-    through :func:`launch_kernel` (``triton_launcher(grid)`` is Triton's own launch)."""
-
-    __slots__ = ("kernel", "fn", "__name__")
-
-    def __init__(self, kernel) -> None:
-        self.kernel = kernel
-        self.fn = getattr(kernel, "fn", None)
-        self.__name__ = getattr(self.fn, "__name__", repr(kernel))
-
-    def triton_launcher(self, grid):
-        return self.kernel[grid]
-
-    def __getitem__(self, grid):
-        return _Bound(self, grid)
 
 
 class _Bound:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import NamedTuple
 
 import torch
@@ -38,12 +37,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fusegnn.kernels._launch import FastKernel
-
+from fusegnn.kernels._triton import LazyKernel
 from fusegnn.kernels.partition import SegmentPlan
-
-# whether the kernels below were compiled for Triton's CPU interpreter
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 # element offsets at or above this are computed in int64 (tests lower it to exercise that path)
 INT64_OFFSETS_FROM = 2**31 - 1
@@ -115,7 +110,6 @@ def gar_config(
     return GarConfig(block_e=block_e, block_f=block_f, num_warps=4, prefetch=dot)
 
 
-@triton.jit
 def _gar_kernel(
     a_ptr,
     index_ptr,
@@ -220,7 +214,6 @@ def _gar_kernel(
         tl.store(part_ptr + (slot * row_stride + col0 + f), res, mask=fmask)
 
 
-@triton.jit
 def _gar_combine_kernel(
     part_ptr,
     split_rows_ptr,
@@ -249,9 +242,9 @@ def _gar_combine_kernel(
     tl.store(out_ptr + (row * row_stride + c), acc.to(out_ptr.dtype.element_ty), mask=cmask)
 
 
-# every launch relaunches the compiled kernel without Triton's binder (fusegnn.kernels._launch)
-_gar = FastKernel(_gar_kernel)
-_gar_combine = FastKernel(_gar_combine_kernel)
+# jitted at the first launch; relaunched without Triton's binder (fusegnn.kernels._launch)
+_gar = LazyKernel(_gar_kernel)
+_gar_combine = LazyKernel(_gar_combine_kernel)
 
 
 def gar_reduce(
