@@ -523,23 +523,11 @@ class LaunchConfig:
         return BN if self.dq_sub_n is None else min(BN, self.dq_sub_n)
 
 
-# Best (fwd warps, fwd stages, bwd warps, bwd stages) at head dim <= 64 from the H200
-# sweep of benchmarks/attention_calibrate.py (bf16, B=4, H=12; geometric mean over 5
-# masks x 3 lengths; benchmarks/results/attention/raw/calibration-dense-nvidia-h200.log).
-# The formula below had cost 1.36x (128x64 backward), 1.70x / 1.20x (64x128) and
-# 1.15x / 1.07x (128x128) of these.
-# 64 x 64 (the default block size) was then tuned per kernel on an H200
-# (the attention kernels sweep, ``--suite attention --sweep kernels``, bf16 B=4 H=12 D=64, window / dilated / Longformer /
-# BigBird at L=16384 and window at 4096; logs kernels-sweep{1,2,3}-nvidia-h200.log in
-# benchmarks/results/attention/raw/): dK/dV over 32-row sub-tiles with 4 stages and at most
-# 128 registers (four programs per multiprocessor instead of two; 6 spilled registers):
-# 0.71 ms against 0.97 ms for the former (4 warps, 2 stages, whole 64-row blocks) on the
-# window at 16384; dq over 32-key sub-tiles, 4 stages, <= 96 registers: 0.51 vs 0.51 ms
-# (window) and 0.59 vs 0.67 (dilated); forward with <= 96 registers: 1% faster. The
-# register caps are for 16-bit inputs only (launch_config drops them for float32).
-# Session 5, after band masking (kernels-sweep4-nvidia-h200.log): dq without a register cap
-# (119 registers, no spill) 0.479 ms against 0.519 at <= 96 on the window at 16384, equal
-# within 1% on Longformer 16384 and window 4096; fwd (<= 96) and dK/dV (<= 128) stay.
+# The best launch per block size at head dim <= 64, from the launch sweeps on an H200
+# (bf16; what was measured and why each entry won: benchmarks/NOTES-attention.md, "Launch
+# table"). At 64 x 64 the backward takes sub-tiles and register caps so that more programs
+# fit per multiprocessor; the caps are for 16-bit inputs only (launch_config drops them
+# for float32).
 _MEASURED_D64: dict[tuple[int, int], LaunchConfig] = {
     (64, 64): LaunchConfig(
         4, 2, 4, 4, dq_warps=4, dq_stages=4, dkdv_sub_m=32, dq_sub_n=32,

@@ -84,14 +84,11 @@ def gar_config(
 ) -> GarConfig:
     """Default launch parameters for ``feat`` features per head of ``elem_size`` bytes.
 
-    Tuned on an H200 (``benchmarks/NOTES-spmm.md``): a feature block spans at most
-    ``max_row_bytes`` of a row, so with ``col_major`` the gathered column strip of a
-    Reddit-sized graph stays in L2; the tile holds 1024 elements (2048 for wider heads
-    and for the fused weight gradient, whose block must span the whole head). (128-byte
-    strips of 1024-element tiles were 5% faster at 128 / 256 fp32 features *without*
-    edge weights, but 3% slower with GCN's weights, which every strip re-reads:
-    ``benchmarks/results/agg/raw/tiles-nvidia-h200.log`` and the agg suite of the same
-    session, ``benchmarks/NOTES-spmm.md``.) When the
+    A feature block spans at most ``max_row_bytes`` of a row, so with ``col_major`` the
+    gathered column strip of a Reddit-sized graph stays in L2; the tile holds 1024
+    elements (2048 for wider heads and for the fused weight gradient, whose block must
+    span the whole head). Narrower strips lose once edge weights, which every strip
+    re-reads, are counted (the measurements: ``benchmarks/NOTES-spmm.md``). When the
     graph's ``avg_degree`` is low, short rows would leave most of a tall tile masked:
     the tile is then as tall as the average row and as wide as the whole head.
     """
@@ -106,7 +103,7 @@ def gar_config(
     block_e = max(tile // block_f, 1)
     if avg_degree is not None and avg_degree < LOW_DEGREE:
         block_e = min(block_e, max(triton.next_power_of_2(math.ceil(avg_degree)), 2))
-    # the fused weight gradient gains 2-18% from prefetching the next indices (H200)
+    # the fused weight gradient prefetches the next indices (it pays there: NOTES-spmm.md)
     return GarConfig(block_e=block_e, block_f=block_f, num_warps=4, prefetch=dot)
 
 
