@@ -29,7 +29,7 @@ from fusegnn.kernels._edge_utils import chunk_schedule  # noqa: E402
 from fusegnn.kernels.gat_fused import dropout_keep_mask, fused_gat_attention  # noqa: E402
 from fusegnn.layers import GATConv  # noqa: E402
 from fusegnn.sparse import Graph, dispatch, edge_softmax, sddmm, spmm  # noqa: E402
-from fusegnn.sparse.attention import gat_attention  # noqa: E402
+from fusegnn.sparse.gat import gat_attention  # noqa: E402
 from tests.graphs import random_graph  # noqa: E402
 
 CUDA = torch.cuda.is_available()

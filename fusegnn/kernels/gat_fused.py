@@ -74,14 +74,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from fusegnn.kernels._edge_utils import (
-    ChunkSchedule,
-    LazyKernel,
-    acc_dtype,
-    chunk_schedule,
-    kernel_helper,
-    next_pow2,
-)
+from fusegnn.kernels._edge_utils import ChunkSchedule, acc_dtype, chunk_schedule
+from fusegnn.kernels._triton import LazyKernel, kernel_helper, next_pow2
 from fusegnn.kernels.sddmm import edge_to_node_sum
 from fusegnn.sparse.graph import Graph
 

@@ -1,4 +1,6 @@
-"""Graphs, sparse formats and the public sparse ops (``spmm``, ``sddmm``, ``edge_softmax``).
+"""Graphs, sparse formats and the public sparse ops (``spmm``, ``sddmm``, ``edge_softmax``):
+the GNN core. Transformer attention (masks, block layouts, ``sparse_attention``) builds on
+it in :mod:`fusegnn.attention`.
 
 Backends: ``reference`` (pure PyTorch, any device) is always registered; fused kernel
 backends (``gas``, ``gar``) register themselves from :mod:`fusegnn.kernels` where they
@@ -16,7 +18,7 @@ from fusegnn.sparse.dispatch import (
     register_backend,
     resolve_aggregation,
 )
-from fusegnn.sparse.attention import gat_attention, gat_layer
+from fusegnn.sparse.gat import gat_attention, gat_layer
 from fusegnn.sparse.graph import CompressedEdges, Graph
 from fusegnn.sparse.ops import as_graph, edge_softmax, sddmm, spmm
 from fusegnn.sparse.processing import (
@@ -25,10 +27,6 @@ from fusegnn.sparse.processing import (
     gcn_norm,
     remove_self_loops,
 )
-from fusegnn.sparse import masks
-from fusegnn.sparse.block_layout import BlockLayout
-from fusegnn.sparse.masks import Mask
-from fusegnn.sparse.sparse_attention import explain_attention, sparse_attention
 
 register_backend(
     Backend(
@@ -43,25 +41,33 @@ dispatch.add_backend_loader(kernel_backends.register)
 __all__ = [
     "AGGREGATIONS",
     "Backend",
-    "BlockLayout",
     "CompressedEdges",
     "Graph",
-    "Mask",
     "add_remaining_self_loops",
     "add_self_loops",
     "as_graph",
     "available_backends",
     "edge_softmax",
-    "explain_attention",
     "gat_attention",
     "gat_layer",
     "gcn_norm",
     "library",
-    "masks",
     "register_backend",
     "remove_self_loops",
     "resolve_aggregation",
     "sddmm",
-    "sparse_attention",
     "spmm",
 ]
+
+# Transformer attention moved to fusegnn.attention; these names stay importable from here
+# (resolved on first use: fusegnn.attention imports this package, so importing it at the
+# top would be an import circle).
+_ATTENTION_NAMES = ("BlockLayout", "Mask", "explain_attention", "masks", "sparse_attention")
+
+
+def __getattr__(name: str):
+    if name in _ATTENTION_NAMES:
+        import fusegnn.attention
+
+        return getattr(fusegnn.attention, name)
+    raise AttributeError(f"module 'fusegnn.sparse' has no attribute {name!r}")

@@ -3,13 +3,13 @@ what :mod:`fusegnn.kernels` offers (the kernels never import the op layer).
 
 :func:`register` is called by :mod:`fusegnn.sparse.dispatch` on the first dispatch. It
 registers nothing when Triton cannot be imported (Triton is an optional dependency), and
-it imports no kernel module: those are imported on the first fused op, so that setting
-``TRITON_INTERPRET=1`` any time before then (e.g. at the top of a test module) runs the
-kernels through Triton's CPU interpreter.
+it imports no kernel module (nor Triton): those are imported on the first fused op, so
+that setting ``TRITON_INTERPRET=1`` any time before Triton is imported (e.g. at the top of
+a test module) runs the kernels through Triton's CPU interpreter.
 
 Where the backends run (``supports``): CUDA tensors, and CPU tensors only under the
-interpreter (``TRITON_INTERPRET=1`` set before the kernel modules were first imported);
-floating inputs of dtype fp16, bf16, fp32 or fp64. ``aggregation="auto"`` still takes
+interpreter (:func:`fusegnn.kernels._triton.interpreter_usable`); floating inputs of the
+kernels' dtypes (:data:`fusegnn.kernels._triton.FLOAT_DTYPES`: fp16, bf16, fp32, fp64). ``aggregation="auto"`` still takes
 the reference for CPU tensors.
 
 ``spmm``, ``sddmm`` (:mod:`fusegnn.kernels.sddmm`) and ``edge_softmax``
@@ -22,29 +22,15 @@ fused: these wrappers hand it to the reference and record that
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 
-import torch
 from torch import Tensor
 
+from fusegnn.kernels._triton import FLOAT_DTYPES, interpreter_usable
 from fusegnn.sparse import reference
 from fusegnn.sparse.dispatch import Backend, is_deterministic, note_path, register_backend
 from fusegnn.sparse.graph import Graph
 
-__all__ = ["register", "supports", "interpreter_active"]
-
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_KERNEL_MODULES = ("fusegnn.kernels.spmm_gas", "fusegnn.kernels.spmm_gar")
-
-
-def interpreter_active() -> bool:
-    """Whether the Triton kernels run (or will run) through the CPU interpreter."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return False
-    loaded = [sys.modules[m] for m in _KERNEL_MODULES if m in sys.modules]
-    # kernels already compiled for the GPU stay GPU kernels whatever the variable says now
-    return all(getattr(m, "INTERPRETED", False) for m in loaded)
+__all__ = ["register", "supports"]
 
 
 def supports(graph: Graph, *tensors: Tensor) -> bool:
@@ -53,11 +39,11 @@ def supports(graph: Graph, *tensors: Tensor) -> bool:
     if device.type == "cuda":
         pass
     elif device.type == "cpu":
-        if not interpreter_active():
+        if not interpreter_usable():
             return False
     else:
         return False
-    return all(t.device == device and t.dtype in _DTYPES for t in tensors)
+    return all(t.device == device and t.dtype in FLOAT_DTYPES for t in tensors)
 
 
 def _gas_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",

@@ -184,7 +184,7 @@ def gat_self_loops(graph: Graph) -> Graph:
 
 def _fused_norm_unavailable(graph: Graph, edge_weight: Tensor | None, dtype: torch.dtype | None) -> str | None:
     """Why the fused normalisation kernels cannot run on these inputs (``None``: they can)."""
-    from fusegnn.kernels._edge_utils import FLOAT_DTYPES, fused_can_run
+    from fusegnn.kernels._triton import FLOAT_DTYPES, fused_can_run
 
     weight = edge_weight if edge_weight is not None else graph.edge_weight
     if weight is not None and weight.dim() != 1:
