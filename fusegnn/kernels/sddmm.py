@@ -182,15 +182,6 @@ def edge_to_node_sum(
     return out
 
 
-def _reverse(graph: Graph) -> Graph:
-    """The graph with every edge reversed (same edge order), cached on ``graph``."""
-    return graph.cached(
-        "fusegnn.reverse",
-        lambda: Graph(graph.edge_index.flip(0), (graph.num_dst_nodes, graph.num_src_nodes), validate=False),
-        structural=True,
-    )
-
-
 def _spmm(family: str, graph: Graph, x: Tensor, weight: Tensor) -> Tensor:
     """The fused SpMM of ``family`` (``"gas"`` / ``"gar"``): the ``dot`` backward."""
     from fusegnn.kernels.spmm import gar_spmm, gas_spmm
@@ -228,7 +219,7 @@ def sddmm_backward(
     if op == "dot":
         weight = grad.to(a.dtype)
         if need_a:
-            grad_a = _spmm(family, _reverse(graph), b, weight)
+            grad_a = _spmm(family, graph.reversed(), b, weight)
         if need_b:
             grad_b = _spmm(family, graph, a, weight)
     else:

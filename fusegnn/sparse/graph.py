@@ -410,6 +410,22 @@ class Graph:
         graph._register()
         return graph
 
+    def reversed(self) -> "Graph":
+        r"""The graph with every edge reversed, :math:`j \to i` becoming :math:`i \to j`, in
+        the same edge order and with the same edge weights (the transposed aggregation
+        matrix :math:`A^\top`: ``spmm(graph.reversed(), g)`` is the gradient of
+        ``spmm(graph, x)`` with respect to ``x``).
+
+        Cached: the edge structure once per structure (shared with :meth:`with_edge_weight`
+        copies, like the other formats), the weighted graph once per graph."""
+        bare = self._cached(
+            "struct:reversed",
+            lambda: Graph(self._edge_index.flip(0), (self._num_dst, self._num_src), validate=False),
+        )
+        if self._edge_weight is None:
+            return bare
+        return self._cached("reversed", lambda: bare.with_edge_weight(self._edge_weight))
+
     def to_dense(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """Dense ``[num_dst_nodes, num_src_nodes]`` aggregation matrix ``A`` with
         ``A[i, j] = sum of the weights of edges j -> i`` (1 per edge when unweighted),

@@ -254,15 +254,6 @@ def _path(aggregation: str, graph: Graph, *tensors: Tensor) -> str:
     return explain(graph, *tensors, aggregation="auto").name
 
 
-def _reversed(graph: Graph) -> Graph:
-    """``graph`` with every edge reversed (same edge order), cached on it (structural)."""
-    return graph.cached(
-        "fusegnn.reverse",
-        lambda: Graph(graph.edge_index.flip(0), (graph.num_dst_nodes, graph.num_src_nodes), validate=False),
-        structural=True,
-    )
-
-
 def _per_edge(weight: Tensor, like: Tensor) -> Tensor:
     """``[E]`` / ``[E, H]`` weights viewed to broadcast against ``[E, (H,) F]``."""
     return weight.reshape(weight.shape + (1,) * (like.dim() - weight.dim()))
@@ -424,7 +415,7 @@ def _reference_spmm_backward(graph: Graph, grad: Tensor, x: Optional[Tensor], w:
         grad = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
     gx = gw = None
     if need_x:
-        gx = reference.spmm(_reversed(graph), grad, w, "sum")
+        gx = reference.spmm(graph.reversed(), grad, w, "sum")
     if need_w:
         prod = x.index_select(0, src) * grad.index_select(0, dst)
         gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
@@ -643,7 +634,7 @@ def _reference_gat_backward(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tenso
         keep = torch.rand(alpha.shape, generator=gen, device=alpha.device) >= p
         scale = keep.to(alpha.dtype) * (1.0 / (1.0 - p))
     w = alpha * scale
-    grad_h = reference.spmm(_reversed(graph), grad_out, w, "sum")
+    grad_h = reference.spmm(graph.reversed(), grad_out, w, "sum")
     d_w = (grad_out.index_select(0, dst) * h.index_select(0, src)).sum(-1).to(alpha.dtype)
     if grad_alpha is not None:
         d_w = d_w + grad_alpha.to(alpha.dtype)
