@@ -42,13 +42,12 @@ from __future__ import annotations
 from numbers import Real
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from fusegnn.sparse import library
+from fusegnn.sparse import library, reference
 from fusegnn.sparse.dispatch import check_aggregation, resolve_aggregation
 from fusegnn.sparse.graph import Graph
-from fusegnn.sparse.ops import as_graph, check_node_tensor, edge_softmax, sddmm, spmm
+from fusegnn.sparse.ops import as_graph, check_node_tensor
 
 __all__ = ["gat_attention", "gat_layer"]
 
@@ -127,7 +126,7 @@ def gat_attention(
 
     backend = resolve_aggregation(aggregation, graph, h, score_src, score_dst)
     if backend.name == "reference":
-        out, alpha = _composition(graph, h, score_src, score_dst, float(negative_slope), p)
+        out, alpha = reference.gat_attention(graph, h, score_src, score_dst, float(negative_slope), p)
     else:
         from fusegnn.kernels.gat_fused import fused_gat_attention
 
@@ -203,18 +202,6 @@ def gat_layer(
         )
     score_src = (h * att_src).sum(dim=-1)
     score_dst = (h * att_dst).sum(dim=-1)
-    out, _ = _composition(graph, h, score_src, score_dst, float(negative_slope), p)
+    out, _ = reference.gat_attention(graph, h, score_src, score_dst, float(negative_slope), p)
     out = out.reshape(-1, H * C) if concat else out.mean(dim=1)
     return out if bias is None else out + bias
-
-
-def _composition(
-    graph: Graph, h: Tensor, score_src: Tensor, score_dst: Tensor, negative_slope: float, p: float
-) -> tuple[Tensor, Tensor]:
-    """The reference: ``sddmm -> leaky_relu -> edge_softmax -> dropout -> spmm``."""
-    scores = sddmm(graph, score_src, score_dst, "add", aggregation="reference")
-    scores = F.leaky_relu(scores, negative_slope)
-    alpha = edge_softmax(graph, scores, aggregation="reference")
-    alpha = F.dropout(alpha, p=p, training=p > 0.0)
-    out = spmm(graph, h, alpha, aggregation="reference")
-    return out, alpha

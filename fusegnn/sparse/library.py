@@ -82,10 +82,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fusegnn.sparse import reference
+from fusegnn.sparse import reference, reference_grads
 from fusegnn.sparse.dispatch import explain, resolve_aggregation
 from fusegnn.sparse.graph import _REGISTRY, Graph, graph_by_uid
-from fusegnn.sparse.processing import gat_self_loops, gcn_norm, self_loop_structure
+from fusegnn.sparse.processing import gat_self_loops, gcn_norm
 
 __all__ = [
     "GraphRef",
@@ -254,64 +254,11 @@ def _path(aggregation: str, graph: Graph, *tensors: Tensor) -> str:
     return explain(graph, *tensors, aggregation="auto").name
 
 
-def _per_edge(weight: Tensor, like: Tensor) -> Tensor:
-    """``[E]`` / ``[E, H]`` weights viewed to broadcast against ``[E, (H,) F]``."""
-    return weight.reshape(weight.shape + (1,) * (like.dim() - weight.dim()))
-
-
 def _gcn_params(transform: str) -> dict:
     parts = transform[len(_GCN_PREFIX):].split(":")
     if len(parts) != 3 or parts[2] not in _DTYPE_NAMES.values():
         raise ValueError(f"malformed gcn_norm transform {transform!r}")
     return dict(improved=parts[0] == "1", add_self_loops=parts[1] == "1", dtype=getattr(torch, parts[2]))
-
-
-def _gcn_norm_weight_grad(graph: Graph, weight: Tensor, grad_norm: Tensor, transform: str) -> Tensor:
-    r"""Gradient of the raw weights ``weight`` (``[E]``) from that of the weights
-    :func:`~fusegnn.sparse.processing.gcn_norm` makes of them, in closed form (the
-    normalisation is recomputed: E-sized tensor ops, the edge structure is cached).
-
-    With :math:`w'` the weights after adding the remaining self-loops,
-    :math:`d_n = \sum_{e \to n} w'_e`, :math:`r_n = d_n^{-1/2}` (0 where :math:`d_n = 0`)
-    and :math:`\hat w_e = r_{s_e} w'_e r_{t_e}`:
-
-    .. math::
-        \frac{\partial L}{\partial w'_k} = G_k r_{s_k} r_{t_k}
-        - \tfrac12 r_{t_k}^3 A_{t_k}, \qquad
-        A_n = \sum_{s_e = n} G_e w'_e r_{t_e} + \sum_{t_e = n} G_e w'_e r_{s_e}
-
-    then scattered back through the self-loop step (kept edges by position, the weight
-    a new self-loop took from its node's last self-loop).
-    """
-    params = _gcn_params(transform)
-    w = weight.to(params["dtype"])
-    if params["add_self_loops"]:
-        structure = self_loop_structure(graph)
-        edges = structure.graph
-        fill = 2.0 if params["improved"] else 1.0
-        loop_w = w.new_full((graph.num_nodes,), fill).index_put(
-            (structure.loop_node,), w.index_select(0, structure.loop_edge)
-        )
-        w_loops = torch.cat([w.index_select(0, structure.keep), loop_w])
-    else:
-        edges, w_loops = graph, w
-    src, dst = edges.src.long(), edges.dst.long()
-    deg = w_loops.new_zeros(edges.num_dst_nodes).index_add(0, dst, w_loops)
-    r = deg.pow(-0.5)
-    r = torch.where(torch.isinf(r), torch.zeros_like(r), r)
-    g = grad_norm.to(w_loops.dtype)
-    r_src, r_dst = r.index_select(0, src), r.index_select(0, dst)
-    gw = g * w_loops
-    a = w_loops.new_zeros(edges.num_dst_nodes).index_add(0, src, gw * r_dst).index_add(0, dst, gw * r_src)
-    d_deg = -0.5 * r.pow(3) * a
-    g_loops = g * r_src * r_dst + d_deg.index_select(0, dst)
-    if params["add_self_loops"]:
-        kept = structure.keep.numel()
-        grad_w = torch.zeros_like(w).index_add(0, structure.keep, g_loops[:kept])
-        grad_w = grad_w.index_add(0, structure.loop_edge, g_loops[kept:].index_select(0, structure.loop_node))
-    else:
-        grad_w = g_loops
-    return grad_w.to(weight.dtype)
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -360,7 +307,7 @@ def _spmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform,
     g, w = _processed(base, transform, weight)
     path = "reference" if reduce == "max" else _path(aggregation, g, grad)
     if path == "reference":
-        gx, gw = _reference_spmm_backward(g, grad, x, w, reduce, need_x, need_w)
+        gx, gw = reference_grads.spmm_backward(g, grad, x, w, reduce, need_x, need_w)
     else:
         from fusegnn.kernels.spmm import spmm_backward
 
@@ -370,7 +317,7 @@ def _spmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform,
             g_sum = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
         gx, gw = spmm_backward(path, g, g_sum, x, w, need_x, need_w, memoise_weight=True)
     if need_w and transform != "":  # back through the normalisation of the given weights
-        gw = _gcn_norm_weight_grad(base, weight, gw, transform)
+        gw = reference_grads.gcn_norm_weight_grad(base, weight, gw, **_gcn_params(transform))
     gx = gx.contiguous() if gx is not None else _empty(grad)
     gw = gw.contiguous() if gw is not None else _empty(grad)
     return gx, gw
@@ -380,45 +327,6 @@ def _spmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform,
 def _(graph, edge_index, num_src, num_dst, num_edges, transform, grad, x, weight, need_x, need_w, reduce, aggregation):
     gx = grad.new_empty((num_src,) + tuple(grad.shape[1:])) if need_x else _empty(grad)
     gw = weight.new_empty(weight.shape) if need_w else _empty(grad)
-    return gx, gw
-
-
-def _reference_spmm_backward(graph: Graph, grad: Tensor, x: Optional[Tensor], w: Optional[Tensor],
-                             reduce: str, need_x: bool, need_w: bool):
-    """``(grad_x, grad_w)`` of :func:`fusegnn.sparse.reference.spmm` in closed form.
-
-    ``"max"`` recomputes the messages and the maxima (the forward; nothing of size ``E``
-    is kept) and shares each target's gradient equally among the messages that attain
-    its maximum. (Eager ``scatter_reduce(..., include_self=False)`` also counts the
-    excluded zero initial value as a tie when a maximum is exactly 0, which halves such
-    gradients; the rule here counts only the reduced messages.)
-    """
-    src, dst = graph.src.long(), graph.dst.long()
-    if reduce == "max":
-        messages = x.index_select(0, src)
-        if w is not None:
-            messages = messages * _per_edge(w.to(x.dtype), messages)
-        out = reference.spmm(graph, x, w, "max")
-        is_max = (messages == out.index_select(0, dst)).to(grad.dtype)
-        ties = torch.zeros_like(out, dtype=grad.dtype).index_add(0, dst, is_max)
-        g_msg = is_max * (grad / ties.clamp(min=1)).index_select(0, dst)  # d L / d message
-        gx = gw = None
-        if need_x:
-            weighted = g_msg * _per_edge(w.to(g_msg.dtype), g_msg) if w is not None else g_msg
-            gx = torch.zeros_like(x, dtype=grad.dtype).index_add(0, src, weighted)
-        if need_w:
-            prod = g_msg * x.index_select(0, src)
-            gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
-        return gx, gw
-    if reduce == "mean":
-        count = graph.in_degree.clamp(min=1).to(grad.dtype)
-        grad = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
-    gx = gw = None
-    if need_x:
-        gx = reference.spmm(graph.reversed(), grad, w, "sum")
-    if need_w:
-        prod = x.index_select(0, src) * grad.index_select(0, dst)
-        gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
     return gx, gw
 
 
@@ -477,32 +385,13 @@ def _sddmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform
     g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
     path = _path(aggregation, g, a, b)
     if path == "reference":
-        ga, gb = _reference_sddmm_backward(g, a, b, grad, op, need_a, need_b)
+        ga, gb = reference_grads.sddmm_backward(g, a, b, grad, op, need_a, need_b)
     else:
         from fusegnn.kernels.sddmm import sddmm_backward
 
         ga, gb = sddmm_backward(g, a.contiguous(), b.contiguous(), grad, op, path, need_a, need_b)
     ga = ga.contiguous() if ga is not None else _empty(grad)
     gb = gb.contiguous() if gb is not None else _empty(grad)
-    return ga, gb
-
-
-def _reference_sddmm_backward(graph: Graph, a: Tensor, b: Tensor, grad: Tensor, op: str,
-                              need_a: bool, need_b: bool):
-    """``(grad_a, grad_b)`` of :func:`fusegnn.sparse.reference.sddmm` in closed form:
-    per-edge gradients (times the other operand for ``dot`` / ``mul``) summed into the
-    source rows of ``a`` and the target rows of ``b``."""
-    src, dst = graph.src.long(), graph.dst.long()
-    g = grad.unsqueeze(-1) if op == "dot" else grad
-    ga = gb = None
-    if need_a:
-        per_edge = g * b.index_select(0, dst) if op in ("dot", "mul") else g.expand((g.size(0),) + tuple(a.shape[1:]))
-        ga = torch.zeros_like(a).index_add(0, src, per_edge.to(a.dtype))
-    if need_b:
-        per_edge = g * a.index_select(0, src) if op in ("dot", "mul") else g.expand((g.size(0),) + tuple(b.shape[1:]))
-        if op == "sub":
-            per_edge = -per_edge
-        gb = torch.zeros_like(b).index_add(0, dst, per_edge.to(b.dtype))
     return ga, gb
 
 
@@ -558,11 +447,7 @@ def _(graph, edge_index, num_src, num_dst, num_edges, transform, scores, aggrega
 def _edge_softmax_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, alpha, grad, aggregation):
     g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
     if _path(aggregation, g, alpha) == "reference":
-        # d s_ji = alpha_ji (g_ji - sum_k alpha_ki g_ki): closed form, from the output alone
-        dst = g.dst.long()
-        weighted = alpha * grad
-        totals = weighted.new_zeros((g.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, weighted)
-        return (weighted - alpha * totals.index_select(0, dst)).contiguous()
+        return reference_grads.edge_softmax_backward(g, alpha, grad).contiguous()
     from fusegnn.kernels.edge_softmax import edge_softmax_backward
 
     return edge_softmax_backward(g, alpha.contiguous(), grad).contiguous()
@@ -597,56 +482,6 @@ def _lse_dtype(h: Tensor, scores: Tensor) -> torch.dtype:
     return torch.float64 if torch.promote_types(h.dtype, scores.dtype) == torch.float64 else torch.float32
 
 
-def _reference_gat(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float,
-                   p: float, seed: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """The reference composition with a dropout mask drawn from ``seed`` (reproducible in
-    the backward): ``(out [N_dst, H, C], alpha [E, H] after dropout)``."""
-    scores = F.leaky_relu(reference.sddmm(graph, s_src, s_dst, "add"), negative_slope)
-    alpha = reference.edge_softmax(graph, scores)
-    if p > 0.0:
-        gen = torch.Generator(device=alpha.device)
-        gen.manual_seed(int(seed.item()))
-        keep = torch.rand(alpha.shape, generator=gen, device=alpha.device) >= p
-        alpha = alpha * keep.to(alpha.dtype) * (1.0 / (1.0 - p))
-    return reference.spmm(graph, h, alpha), alpha
-
-
-def _reference_gat_backward(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float,
-                            p: float, seed: Optional[Tensor], grad_out: Tensor, grad_alpha: Optional[Tensor]):
-    r"""``(grad_h, grad_score_src, grad_score_dst)`` of :func:`_reference_gat` in closed form.
-
-    The coefficients are recomputed (the forward's scores and softmax, E-sized, and the
-    same dropout mask from ``seed``); then, with :math:`g` the output gradient,
-    :math:`w = \alpha M / (1-p)` and :math:`\bar w` the gradient of the returned
-    coefficients: :math:`\partial h_j = \sum_i w_{ji} g_i`,
-    :math:`dW = g_i \cdot h_j + \bar w`, :math:`dA = dW\, M/(1-p)`,
-    :math:`dE = \alpha (dA - \sum_k \alpha_{ki} dA_{ki})`,
-    :math:`dZ = dE \cdot (1 \text{ if } z > 0 \text{ else slope})`, summed into sources
-    and targets for the two score gradients.
-    """
-    src, dst = graph.src.long(), graph.dst.long()
-    z = reference.sddmm(graph, s_src, s_dst, "add")
-    alpha = reference.edge_softmax(graph, F.leaky_relu(z, negative_slope))
-    scale = torch.ones_like(alpha)
-    if p > 0.0:
-        gen = torch.Generator(device=alpha.device)
-        gen.manual_seed(int(seed.item()))
-        keep = torch.rand(alpha.shape, generator=gen, device=alpha.device) >= p
-        scale = keep.to(alpha.dtype) * (1.0 / (1.0 - p))
-    w = alpha * scale
-    grad_h = reference.spmm(graph.reversed(), grad_out, w, "sum")
-    d_w = (grad_out.index_select(0, dst) * h.index_select(0, src)).sum(-1).to(alpha.dtype)
-    if grad_alpha is not None:
-        d_w = d_w + grad_alpha.to(alpha.dtype)
-    d_a = d_w * scale
-    row = alpha.new_zeros((graph.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, alpha * d_a)
-    d_e = alpha * (d_a - row.index_select(0, dst))
-    d_z = torch.where(z > 0, d_e, d_e * negative_slope)
-    grad_src = torch.zeros_like(s_src).index_add(0, src, d_z.to(s_src.dtype))
-    grad_dst = torch.zeros_like(s_dst).index_add(0, dst, d_z.to(s_dst.dtype))
-    return grad_h.to(h.dtype), grad_src, grad_dst
-
-
 def _fused_gat_setup(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float,
                      p: float, seed: Optional[Tensor], variant: str):
     """``(gat_fused module, config, h padded as the kernels run it, channels)``."""
@@ -679,7 +514,7 @@ def _gat_op(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_
     lse = torch.zeros((g.num_dst_nodes, heads), dtype=_lse_dtype(h, score_src), device=h.device)
     alpha = None
     if backend.name == "reference":
-        out, alpha = _reference_gat(g, h, score_src, score_dst, negative_slope, p, seed)
+        out, alpha = reference.gat_attention(g, h, score_src, score_dst, negative_slope, p, seed)
     elif g.num_edges == 0 or g.num_dst_nodes == 0:  # every output row is zero
         out = h.new_zeros((g.num_dst_nodes,) + tuple(h.shape[1:]))
         alpha = score_src.new_zeros((g.num_edges, heads))
@@ -723,7 +558,7 @@ def _gat_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, 
     g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
     path = _path(aggregation, g, h, score_src, score_dst)
     if path == "reference":
-        gh, gs, gt = _reference_gat_backward(
+        gh, gs, gt = reference_grads.gat_attention_backward(
             g, h, score_src, score_dst, negative_slope, p, seed, grad_out, grad_alpha
         )
     elif g.num_edges == 0 or g.num_dst_nodes == 0:
