@@ -35,7 +35,7 @@ attention coefficients :math:`w` are also returned and receive a gradient
 :math:`\bar{w}`, :math:`dP` gains :math:`\frac{M}{1-p}\bar{w}` and :math:`D_i` gains
 :math:`\sum_k w_{ki} \bar{w}_{ki}`.
 
-Two backward variants:
+Two backwards, by ``aggregation``:
 
 * ``"gar"``: pass R over ``csr`` (targets) computes :math:`\partial t` and :math:`D`;
   pass C over ``csc`` (sources) computes :math:`\partial h` and :math:`\partial s`,
@@ -93,7 +93,7 @@ __all__ = [
 #: (H200, Reddit-sized graph, forward + backward with single-warp tiles: 512 beat 1024,
 #: 2048, 4096 and 8192 by 1-20% at 1 x 16 and 8 x 8, and was within 3% at 1 x 48.)
 DEFAULT_CHUNK = 512
-_VARIANTS = ("gar", "gas")
+_AGGREGATIONS = ("gar", "gas")
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -628,7 +628,7 @@ class _Config:
     """Everything a launch needs besides the tensors (shared by forward and backward)."""
 
     def __init__(self, graph: Graph, h: Tensor, scores_dtype: torch.dtype, negative_slope: float,
-                 p: float, seed: Tensor | None, variant: str, chunk: int) -> None:
+                 p: float, seed: Tensor | None, aggregation: str, chunk: int) -> None:
         self.graph = graph
         self.heads, self.channels = h.size(1), h.size(2)
         self.negative_slope = float(negative_slope)
@@ -636,7 +636,7 @@ class _Config:
         self.dropout = self.p > 0.0
         self.drop_scale = 1.0 / (1.0 - self.p) if self.dropout else 1.0
         self.seed = seed  # [1] int64 on the device (None without dropout)
-        self.variant = variant
+        self.aggregation = aggregation
         self.chunk = int(chunk)
         self.rng64 = _rng64(graph.num_edges, self.heads)
         self.acc = acc_dtype(torch.promote_types(h.dtype, scores_dtype))
@@ -712,7 +712,7 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
         d_extra = edge_to_node_sum(graph, alpha.to(cfg.acc) * grad_alpha.to(cfg.acc), "dst")
     else:
         d_extra = grad_alpha = lse
-    scatter = cfg.variant == "gas"
+    scatter = cfg.aggregation == "gas"
     csr = graph.csr
     sched_r = _schedule(graph, "csr", cfg.chunk)
     grid, item_row, item_start, item_slot = _items(sched_r, csr.ptr, n_dst)
@@ -842,7 +842,7 @@ def fused_gat_attention(
     *,
     seed: int | Tensor | None = None,
     return_alpha: bool = False,
-    variant: str = "gar",
+    aggregation: str = "gar",
     chunk: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Fused GAT attention ``out_i = sum_j w_ji h_j`` (see the module docstring).
@@ -861,7 +861,7 @@ def fused_gat_attention(
             keep mask of a given seed is :func:`dropout_keep_mask`.
         return_alpha: also return the ``[E, H]`` coefficients actually applied
             (post-dropout), in COO edge order; they are differentiable.
-        variant: ``"gar"`` (two-pass backward over CSR and CSC) or ``"gas"`` (one-pass
+        aggregation: ``"gar"`` (two-pass backward over CSR and CSC) or ``"gas"`` (one-pass
             backward with atomics into the sources).
         chunk: longest run of edges one program handles; longer rows are split
             (default :data:`DEFAULT_CHUNK`, or the value set by :func:`tuning`).
@@ -870,8 +870,8 @@ def fused_gat_attention(
         ``(out [N_dst, H, C], alpha [E, H] or None)``. Inputs must be contiguous, on the
         same device, floating (fp16/bf16/fp32/fp64).
     """
-    if variant not in _VARIANTS:
-        raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
+    if aggregation not in _AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {_AGGREGATIONS}, got {aggregation!r}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     if chunk is None:
@@ -884,7 +884,7 @@ def fused_gat_attention(
     if padded != channels:  # aligned rows: see padded_channels
         h = torch.nn.functional.pad(h, (0, padded - channels))
     seed_t = _seed_tensor(seed, h.device) if dropout > 0.0 else None
-    cfg = _Config(graph, h, score_src.dtype, negative_slope, dropout, seed_t, variant, chunk)
+    cfg = _Config(graph, h, score_src.dtype, negative_slope, dropout, seed_t, aggregation, chunk)
     out, second = GATAttentionFunction.apply(h, score_src, score_dst, cfg, return_alpha)
     if padded != channels:
         out = out[..., :channels]
@@ -892,16 +892,16 @@ def fused_gat_attention(
 
 
 # ---------------------------------------------------------------------------- layer
-def _layer_config(graph: Graph, h: Tensor, negative_slope: float, p: float, variant: str, chunk: int) -> _Config:
+def _layer_config(graph: Graph, h: Tensor, negative_slope: float, p: float, aggregation: str, chunk: int) -> _Config:
     """The launch configuration of a GAT layer's attention, built once per graph and
-    (heads, channels, dtype, slope, dropout, variant, chunk) and cached on the graph;
+    (heads, channels, dtype, slope, dropout, aggregation, chunk) and cached on the graph;
     each call copies it to attach its dropout seed."""
-    key = (h.size(1), h.size(2), h.dtype, negative_slope, p, variant, chunk, tuple(_TUNING.items()))
+    key = (h.size(1), h.size(2), h.dtype, negative_slope, p, aggregation, chunk, tuple(_TUNING.items()))
     memo = graph.cached("fusegnn.gat.layer_configs", dict, structural=True)
     cfg = memo.get(key)
     if cfg is None:
         shape = h.new_empty((0, h.size(1), padded_channels(h.size(2))))  # the kernels' padded width
-        cfg = memo[key] = _Config(graph, shape, h.dtype, negative_slope, p, None, variant, chunk)
+        cfg = memo[key] = _Config(graph, shape, h.dtype, negative_slope, p, None, aggregation, chunk)
     return cfg
 
 
@@ -983,14 +983,14 @@ def fused_gat_layer(
     concat: bool,
     negative_slope: float,
     dropout: float,
-    variant: str = "gar",
+    aggregation: str = "gar",
 ) -> Tensor:
     """A GAT layer's sparse part through the fused kernels (:class:`GATLayerFunction`):
     ``h`` ``[N, H, C]``, attention vectors ``[1, H, C]``, ``bias`` ``[H C]`` (``concat``)
     or ``[C]``; inputs checked by the caller."""
-    if variant not in _VARIANTS:
-        raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
-    cfg = _layer_config(graph, h, float(negative_slope), float(dropout), variant, _TUNING.get("chunk", DEFAULT_CHUNK))
+    if aggregation not in _AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {_AGGREGATIONS}, got {aggregation!r}")
+    cfg = _layer_config(graph, h, float(negative_slope), float(dropout), aggregation, _TUNING.get("chunk", DEFAULT_CHUNK))
     if cfg.dropout:
         cfg = copy.copy(cfg)
         cfg.seed = _seed_tensor(None, h.device)

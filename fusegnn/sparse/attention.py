@@ -133,14 +133,14 @@ def gat_attention(
         if single:
             out, alpha = fused_gat_attention(
                 graph, h.unsqueeze(1), score_src.unsqueeze(1), score_dst.unsqueeze(1),
-                float(negative_slope), p, return_alpha=return_alpha, variant=backend.name,
+                float(negative_slope), p, return_alpha=return_alpha, aggregation=backend.name,
             )
             out = out.squeeze(1)
             alpha = alpha.squeeze(1) if alpha is not None else None
         else:
             out, alpha = fused_gat_attention(
                 graph, h, score_src, score_dst, float(negative_slope), p,
-                return_alpha=return_alpha, variant=backend.name,
+                return_alpha=return_alpha, aggregation=backend.name,
             )
     return (out, alpha) if return_alpha else out
 
@@ -198,7 +198,7 @@ def gat_layer(
 
         return fused_gat_layer(
             graph, h, att_src, att_dst, bias, concat=bool(concat),
-            negative_slope=float(negative_slope), dropout=p, variant=backend.name,
+            negative_slope=float(negative_slope), dropout=p, aggregation=backend.name,
         )
     score_src = (h * att_src).sum(dim=-1)
     score_dst = (h * att_dst).sum(dim=-1)

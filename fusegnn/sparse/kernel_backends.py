@@ -14,7 +14,7 @@ the reference for CPU tensors.
 
 ``spmm``, ``sddmm`` (:mod:`fusegnn.kernels.sddmm`) and ``edge_softmax``
 (:mod:`fusegnn.kernels.edge_softmax`) all run Triton kernels; the ``dot`` SDDMM's backward
-runs the SpMM of the same family (GAR in deterministic mode). ``reduce="max"`` is not
+runs the SpMM of the same aggregation (GAR in deterministic mode). ``reduce="max"`` is not
 fused: these wrappers hand it to the reference and record that
 (:func:`~fusegnn.sparse.dispatch.note_path`).
 """
@@ -84,13 +84,13 @@ def _gas_sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:
     from fusegnn.kernels.sddmm import sddmm
 
     # the dot backward's SpMM: GAS, unless deterministic mode asks for no atomics
-    return sddmm(graph, a, b, op, family="gar" if is_deterministic() else "gas")
+    return sddmm(graph, a, b, op, aggregation="gar" if is_deterministic() else "gas")
 
 
 def _gar_sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:
     from fusegnn.kernels.sddmm import sddmm
 
-    return sddmm(graph, a, b, op, family="gar")
+    return sddmm(graph, a, b, op, aggregation="gar")
 
 
 def _edge_softmax(graph: Graph, scores: Tensor) -> Tensor:

@@ -246,8 +246,8 @@ def resolve(ref: GraphRef) -> Graph:
     return graph
 
 
-def _path(aggregation: str, graph: Graph, *tensors: Tensor) -> str:
-    """The backend a backward runs: the forward's (an explicit choice was already checked
+def _resolved(aggregation: str, graph: Graph, *tensors: Tensor) -> str:
+    """The aggregation a backward runs: the forward's (an explicit choice was already checked
     by the forward; ``"auto"`` is decided again, on the same inputs, without recording)."""
     if aggregation != "auto":
         return aggregation
@@ -305,8 +305,8 @@ def _spmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform,
                       need_x, need_w, reduce, aggregation):
     base = _base_graph(graph, edge_index, num_src, num_dst, validate=False)
     g, w = _processed(base, transform, weight)
-    path = "reference" if reduce == "max" else _path(aggregation, g, grad)
-    if path == "reference":
+    aggregation = "reference" if reduce == "max" else _resolved(aggregation, g, grad)
+    if aggregation == "reference":
         gx, gw = reference_grads.spmm_backward(g, grad, x, w, reduce, need_x, need_w)
     else:
         from fusegnn.kernels.spmm import spmm_backward
@@ -315,7 +315,7 @@ def _spmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform,
         if reduce == "mean":
             count = g.in_degree.clamp(min=1).to(grad.dtype)
             g_sum = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
-        gx, gw = spmm_backward(path, g, g_sum, x, w, need_x, need_w, memoise_weight=True)
+        gx, gw = spmm_backward(aggregation, g, g_sum, x, w, need_x, need_w, memoise_weight=True)
     if need_w and transform != "":  # back through the normalisation of the given weights
         gw = reference_grads.gcn_norm_weight_grad(base, weight, gw, **_gcn_params(transform))
     gx = gx.contiguous() if gx is not None else _empty(grad)
@@ -383,13 +383,13 @@ def _(graph, edge_index, num_src, num_dst, num_edges, transform, a, b, op, aggre
 def _sddmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, grad, a, b, op,
                        need_a, need_b, aggregation):
     g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
-    path = _path(aggregation, g, a, b)
-    if path == "reference":
+    aggregation = _resolved(aggregation, g, a, b)
+    if aggregation == "reference":
         ga, gb = reference_grads.sddmm_backward(g, a, b, grad, op, need_a, need_b)
     else:
         from fusegnn.kernels.sddmm import sddmm_backward
 
-        ga, gb = sddmm_backward(g, a.contiguous(), b.contiguous(), grad, op, path, need_a, need_b)
+        ga, gb = sddmm_backward(g, a.contiguous(), b.contiguous(), grad, op, aggregation, need_a, need_b)
     ga = ga.contiguous() if ga is not None else _empty(grad)
     gb = gb.contiguous() if gb is not None else _empty(grad)
     return ga, gb
@@ -483,7 +483,7 @@ def _lse_dtype(h: Tensor, scores: Tensor) -> torch.dtype:
 
 
 def _fused_gat_setup(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float,
-                     p: float, seed: Optional[Tensor], variant: str):
+                     p: float, seed: Optional[Tensor], aggregation: str):
     """``(gat_fused module, config, h padded as the kernels run it, channels)``."""
     from fusegnn.kernels import gat_fused as gf
 
@@ -494,7 +494,7 @@ def _fused_gat_setup(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, nega
         h = F.pad(h, (0, padded - channels))
     seed_t = seed.reshape(1).to(device=h.device, dtype=torch.int64) if p > 0.0 else None
     chunk = gf._TUNING.get("chunk", gf.DEFAULT_CHUNK)
-    cfg = gf._Config(graph, h, s_src.dtype, negative_slope, p, seed_t, variant, chunk)
+    cfg = gf._Config(graph, h, s_src.dtype, negative_slope, p, seed_t, aggregation, chunk)
     return gf, cfg, h, channels
 
 
@@ -556,15 +556,15 @@ def _(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, s
 def _gat_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst,
                      seed, out, lse, alpha, grad_out, grad_alpha, negative_slope, p, aggregation):
     g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
-    path = _path(aggregation, g, h, score_src, score_dst)
-    if path == "reference":
+    aggregation = _resolved(aggregation, g, h, score_src, score_dst)
+    if aggregation == "reference":
         gh, gs, gt = reference_grads.gat_attention_backward(
             g, h, score_src, score_dst, negative_slope, p, seed, grad_out, grad_alpha
         )
     elif g.num_edges == 0 or g.num_dst_nodes == 0:
         gh, gs, gt = torch.zeros_like(h), torch.zeros_like(score_src), torch.zeros_like(score_dst)
     else:  # the fused kernels' backward, on the forward's out and log-sum-exp
-        gf, cfg, hp, channels = _fused_gat_setup(g, h, score_src, score_dst, negative_slope, p, seed, path)
+        gf, cfg, hp, channels = _fused_gat_setup(g, h, score_src, score_dst, negative_slope, p, seed, aggregation)
         pad = hp.size(2) - channels
         out_p = F.pad(out, (0, pad)) if pad else out.contiguous()
         grad_p = F.pad(grad_out, (0, pad)) if pad else grad_out
