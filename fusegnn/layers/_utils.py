@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from fusegnn.sparse import Graph, as_graph, library
+from fusegnn.sparse import Graph, graph_arg
 
 
 def glorot_(tensor: Tensor) -> Tensor:
@@ -35,9 +35,10 @@ def check_features(x: Tensor, in_channels: int, layer: str) -> None:
 
 
 def graph_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> Graph:
-    """The square graph over ``x``'s nodes, checked against ``x``'s rows and device."""
+    """The square graph over ``x``'s nodes, checked against ``x``'s rows and device (under
+    ``torch.compile`` a reference to it: :func:`fusegnn.sparse.graph_arg`)."""
     try:
-        graph = as_graph(edge_index_or_graph, x.size(0), name="edge_index_or_graph")
+        graph = graph_arg(edge_index_or_graph, x.size(0), name="edge_index_or_graph")
     except (TypeError, ValueError, IndexError) as err:
         raise type(err)(f"{layer}: {err}") from None
     if graph.is_bipartite or graph.num_nodes != x.size(0):
@@ -51,24 +52,3 @@ def graph_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> Gra
             "move them to the same device"
         )
     return graph
-
-
-def graph_ref_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> library.GraphRef:
-    """:func:`graph_for` for code that ``torch.compile`` traces: the same checks, on a
-    :class:`~fusegnn.sparse.library.GraphRef` instead of a graph (no graph is built in the
-    traced part; a bare ``edge_index`` has its ids validated when the op runs)."""
-    try:
-        ref = library.graph_ref(edge_index_or_graph, x.size(0), name="edge_index_or_graph")
-    except (TypeError, ValueError) as err:
-        raise type(err)(f"{layer}: {err}") from None
-    if ref.num_src_nodes != ref.num_dst_nodes or ref.num_src_nodes != x.size(0):
-        raise ValueError(
-            f"{layer}: the graph has {ref.num_src_nodes} x {ref.num_dst_nodes} nodes "
-            f"but x has {x.size(0)} rows"
-        )
-    if ref.device != x.device:
-        raise ValueError(
-            f"{layer}: x is on {x.device} but the graph is on {ref.device}; "
-            "move them to the same device"
-        )
-    return ref

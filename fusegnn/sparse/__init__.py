@@ -18,7 +18,7 @@ from fusegnn.sparse.dispatch import (
 )
 from fusegnn.sparse.attention import gat_attention, gat_layer
 from fusegnn.sparse.graph import CompressedEdges, Graph
-from fusegnn.sparse.ops import as_graph, edge_softmax, sddmm, spmm
+from fusegnn.sparse.ops import as_graph, edge_index_of, edge_softmax, graph_arg, sddmm, spmm
 from fusegnn.sparse.processing import (
     add_remaining_self_loops,
     add_self_loops,
@@ -50,6 +50,8 @@ __all__ = [
     "add_remaining_self_loops",
     "add_self_loops",
     "as_graph",
+    "edge_index_of",
+    "graph_arg",
     "available_backends",
     "edge_softmax",
     "explain_attention",

@@ -76,7 +76,7 @@ an input that requires grad (Python autograd wrapper), on one CPU core, which ma
 on small, launch-bound graphs.
 """
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +85,15 @@ from torch import Tensor
 from fusegnn.sparse import reference, reference_grads
 from fusegnn.sparse.dispatch import explain, resolve_aggregation
 from fusegnn.sparse.graph import _REGISTRY, Graph, graph_by_uid
+from fusegnn.sparse.graph_ref import (
+    GAT_SELF_LOOPS,
+    GCN_PREFIX,
+    GraphRef,
+    gcn_params,
+    gcn_transform,
+    graph_ref,
+    with_transform,
+)
 from fusegnn.sparse.processing import gat_self_loops, gcn_norm
 
 __all__ = [
@@ -100,95 +109,6 @@ __all__ = [
     "gat_attention",
     "edge_index",
 ]
-
-GAT_SELF_LOOPS = "gat_self_loops"
-_GCN_PREFIX = "gcn_norm:"
-_DTYPE_NAMES = {
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.float32: "float32",
-    torch.float64: "float64",
-}
-_INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-# ----------------------------------------------------------------------------- references
-class GraphRef(NamedTuple):
-    """What the traced part of a compiled model knows of a graph: integers and metadata.
-
-    Attribute names follow :class:`~fusegnn.sparse.Graph` (``num_src_nodes``, ``device``,
-    ...) so argument checks written for graphs accept a reference too.
-
-    Attributes:
-        uid: handle of a live :class:`Graph` (:attr:`Graph.uid`), or ``-1`` for a bare
-            ``edge_index``.
-        edge_index: the ``[2, E]`` edge list: the bare tensor, or the graph's own (from
-            which a backward rebuilds a graph that died after its forward).
-        num_src_nodes: source nodes (``-1``: inferred from ``edge_index`` at run time).
-        num_dst_nodes: target nodes (``-1`` likewise).
-        num_edges: edges of the processed graph (``-1`` when a transform changes them).
-        device: the graph's device.
-        index_dtype: dtype of the graph's ``edge_index``.
-        transform: processing the ops apply before running (see the module docstring).
-    """
-
-    uid: int
-    edge_index: Optional[Tensor]
-    num_src_nodes: int
-    num_dst_nodes: int
-    num_edges: int
-    device: torch.device
-    index_dtype: torch.dtype
-    transform: str
-
-
-def graph_ref(graph: "Graph | Tensor", num_nodes: "int | tuple[int, int] | None" = None, name: str = "graph") -> GraphRef:
-    """A :class:`GraphRef` to ``graph`` (a :class:`Graph`, or an ``edge_index`` tensor with
-    optional ``num_nodes`` as for :class:`Graph`). Checks what can be checked without
-    reading ``edge_index``'s values (those are validated when the op builds the graph)."""
-    if isinstance(graph, Graph):
-        return GraphRef(
-            graph.uid, graph.edge_index, graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges,
-            graph.device, graph.index_dtype, "",
-        )
-    if isinstance(graph, Tensor):
-        if graph.dtype not in _INDEX_DTYPES:
-            raise TypeError(f"{name}: edge_index must hold int32 or int64 node ids, got dtype {graph.dtype}")
-        if graph.dim() != 2 or graph.size(0) != 2:
-            raise ValueError(f"{name}: edge_index must have shape [2, E], got {tuple(graph.shape)}")
-        if graph.layout != torch.strided:
-            raise TypeError(f"{name}: edge_index must be a dense (strided) tensor; use Graph.from_sparse")
-        if num_nodes is None:
-            num_src = num_dst = -1
-        elif isinstance(num_nodes, (tuple, list)):
-            if len(num_nodes) != 2:
-                raise ValueError(
-                    f"num_nodes must be an int or a pair (num_src_nodes, num_dst_nodes), got {num_nodes!r}"
-                )
-            num_src, num_dst = num_nodes
-        else:
-            num_src = num_dst = num_nodes
-        return GraphRef(-1, graph, num_src, num_dst, graph.size(1), graph.device, graph.dtype, "")
-    raise TypeError(f"{name} must be a fusegnn.sparse.Graph or an edge_index tensor, got {type(graph).__name__}")
-
-
-def with_transform(ref: GraphRef, transform: str) -> GraphRef:
-    """``ref`` with the processing ``transform`` (its edge count becomes unknown)."""
-    if ref.transform:
-        raise ValueError(f"the graph reference already carries transform {ref.transform!r}")
-    return GraphRef(
-        ref.uid, ref.edge_index, ref.num_src_nodes, ref.num_dst_nodes, -1, ref.device,
-        ref.index_dtype, transform,
-    )
-
-
-def gcn_transform(improved: bool, add_self_loops: bool, dtype: torch.dtype) -> str:
-    """The ``transform`` string of :func:`~fusegnn.sparse.processing.gcn_norm` with these
-    arguments (``dtype``: of the normalised weights)."""
-    if dtype not in _DTYPE_NAMES:
-        raise TypeError(f"gcn_norm weights must be float16, bfloat16, float32 or float64, got {dtype}")
-    return f"{_GCN_PREFIX}{int(bool(improved))}:{int(bool(add_self_loops))}:{_DTYPE_NAMES[dtype]}"
-
 
 # ----------------------------------------------------------------------------- run time
 def _base_graph(uid: int, edge_index: Optional[Tensor], num_src: int, num_dst: int, validate: bool = True) -> Graph:
@@ -228,8 +148,8 @@ def _processed(graph: Graph, transform: str, weight: Optional[Tensor] = None) ->
         if weight is not None:
             raise ValueError("the gat_self_loops transform takes no edge weights")
         return gat_self_loops(graph), None
-    if transform.startswith(_GCN_PREFIX):
-        kwargs = _gcn_params(transform)
+    if transform.startswith(GCN_PREFIX):
+        kwargs = gcn_params(transform)
         stored = graph.edge_weight
         own = weight is None or weight is stored
         if own and (stored is None or not stored.requires_grad):
@@ -252,13 +172,6 @@ def _resolved(aggregation: str, graph: Graph, *tensors: Tensor) -> str:
     if aggregation != "auto":
         return aggregation
     return explain(graph, *tensors, aggregation="auto").name
-
-
-def _gcn_params(transform: str) -> dict:
-    parts = transform[len(_GCN_PREFIX):].split(":")
-    if len(parts) != 3 or parts[2] not in _DTYPE_NAMES.values():
-        raise ValueError(f"malformed gcn_norm transform {transform!r}")
-    return dict(improved=parts[0] == "1", add_self_loops=parts[1] == "1", dtype=getattr(torch, parts[2]))
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -317,7 +230,7 @@ def _spmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform,
             g_sum = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
         gx, gw = spmm_backward(aggregation, g, g_sum, x, w, need_x, need_w, memoise_weight=True)
     if need_w and transform != "":  # back through the normalisation of the given weights
-        gw = reference_grads.gcn_norm_weight_grad(base, weight, gw, **_gcn_params(transform))
+        gw = reference_grads.gcn_norm_weight_grad(base, weight, gw, **gcn_params(transform))
     gx = gx.contiguous() if gx is not None else _empty(grad)
     gw = gw.contiguous() if gw is not None else _empty(grad)
     return gx, gw
