@@ -8,7 +8,7 @@ Importing this package also registers the ops as ``torch.library`` custom ops
 (``torch.ops.fusegnn.*``, :mod:`fusegnn.sparse.library`), which ``torch.compile`` uses.
 """
 
-from fusegnn.sparse import dispatch, kernel_backends, library, reference
+from fusegnn.sparse import dispatch, kernel_backends, library, reference, reference_grads
 from fusegnn.sparse.dispatch import (
     AGGREGATIONS,
     Backend,
@@ -36,6 +36,9 @@ register_backend(
         spmm=reference.spmm,
         sddmm=reference.sddmm,
         edge_softmax=reference.edge_softmax,
+        spmm_backward=reference_grads.spmm_backward,
+        sddmm_backward=reference_grads.sddmm_backward,
+        edge_softmax_backward=reference_grads.edge_softmax_backward,
     )
 )
 dispatch.add_backend_loader(kernel_backends.register)

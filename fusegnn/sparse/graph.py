@@ -300,12 +300,7 @@ class Graph:
     @property
     def num_nodes(self) -> int:
         """Number of nodes; only defined for a square (non-bipartite) graph."""
-        if self._num_src != self._num_dst:
-            raise ValueError(
-                f"graph is bipartite ({self._num_src} source x {self._num_dst} target nodes); "
-                "use num_src_nodes / num_dst_nodes"
-            )
-        return self._num_src
+        return square_node_count(self._num_src, self._num_dst)
 
     @property
     def is_bipartite(self) -> bool:
@@ -554,6 +549,15 @@ def outside_graph_pools(compute: Callable[[], _T], device: torch.device) -> _T:
     if threading.current_thread().name.startswith("fusegnn-cache"):
         return compute()  # a cache built while building another: already on the helper thread
     return builder.submit(on_stream).result()
+
+
+def square_node_count(num_src: int, num_dst: int) -> int:
+    """The node count of a square graph with these sizes (a ``ValueError`` if bipartite)."""
+    if num_src != num_dst:
+        raise ValueError(
+            f"graph is bipartite ({num_src} source x {num_dst} target nodes); use num_src_nodes / num_dst_nodes"
+        )
+    return num_src
 
 
 def check_edge_weight(edge_weight: Tensor, graph: Graph, name: str = "edge_weight") -> Tensor:

@@ -21,7 +21,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from fusegnn.sparse.graph import Graph, check_edge_weight
+from fusegnn.sparse.graph import Graph, check_edge_weight, square_node_count
 
 __all__ = [
     "GraphRef",
@@ -85,12 +85,7 @@ class GraphRef(NamedTuple):
     @property
     def num_nodes(self) -> int:
         """Number of nodes of a square graph (``-1`` when unknown), as :attr:`Graph.num_nodes`."""
-        if self.num_src_nodes != self.num_dst_nodes:
-            raise ValueError(
-                f"graph is bipartite ({self.num_src_nodes} source x {self.num_dst_nodes} target nodes); "
-                "use num_src_nodes / num_dst_nodes"
-            )
-        return self.num_src_nodes
+        return square_node_count(self.num_src_nodes, self.num_dst_nodes)
 
     def with_edge_weight(self, edge_weight: Optional[Tensor]) -> "GraphRef":
         """The same edges with other weights (checked as :meth:`Graph.with_edge_weight` does)."""

@@ -43,13 +43,13 @@ the compiled code. The traced part never looks a handle up. Nothing here uses
 torch with ``torch.library.custom_op``.
 
 **Autograd.** Each op registers a backward (``register_autograd``) that calls a second
-custom op, ``fusegnn::<op>_backward``, so the backward graph is opaque too. On the fused
-paths those run the kernels' own backward code (factored out of the
-``torch.autograd.Function`` classes: :func:`fusegnn.kernels.spmm.spmm_backward`,
-:func:`fusegnn.kernels.sddmm.sddmm_backward`,
-:func:`fusegnn.kernels.edge_softmax.edge_softmax_backward` and the fused GAT backward,
-on the forward's saved output and log-sum-exp); on the reference path, closed-form
-gradients written with the reference's own gathers and scatters. All backward code is
+custom op, ``fusegnn::<op>_backward``, so the backward graph is opaque too. A backward
+op runs the backward function of the backend its forward ran
+(:class:`~fusegnn.sparse.dispatch.Backend`'s ``spmm_backward``, ``sddmm_backward``,
+``edge_softmax_backward``): for ``gas`` / ``gar`` the kernels' own backward code, which
+their ``torch.autograd.Function`` classes call too (and the fused GAT backward, on the
+forward's saved output and log-sum-exp); for the reference the closed-form gradients of
+:mod:`fusegnn.sparse.reference_grads`. All backward code is
 plain tensor code (no autograd inside an op: a custom op's implementation runs below
 the autograd dispatch keys). **Recomputation**, where the eager path keeps intermediates
 that a custom op cannot hand to its backward: ``spmm`` with ``reduce="max"`` recomputes
@@ -83,7 +83,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fusegnn.sparse import reference, reference_grads
-from fusegnn.sparse.dispatch import explain, resolve_aggregation
+from fusegnn.sparse.dispatch import Backend, backend_named, explain, resolve_aggregation
 from fusegnn.sparse.graph import _REGISTRY, Graph, graph_by_uid
 from fusegnn.sparse.graph_ref import (
     GAT_SELF_LOOPS,
@@ -174,6 +174,11 @@ def _resolved(aggregation: str, graph: Graph, *tensors: Tensor) -> str:
     return explain(graph, *tensors, aggregation="auto").name
 
 
+def _backend(aggregation: str, graph: Graph, *tensors: Tensor) -> Backend:
+    """The backend whose backward functions a backward op runs: the forward's."""
+    return backend_named(_resolved(aggregation, graph, *tensors))
+
+
 def _empty(like: Tensor) -> Tensor:
     """The placeholder an op returns for a gradient nobody asked for."""
     return like.new_empty((0,))
@@ -218,17 +223,7 @@ def _spmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform,
                       need_x, need_w, reduce, aggregation):
     base = _base_graph(graph, edge_index, num_src, num_dst, validate=False)
     g, w = _processed(base, transform, weight)
-    aggregation = "reference" if reduce == "max" else _resolved(aggregation, g, grad)
-    if aggregation == "reference":
-        gx, gw = reference_grads.spmm_backward(g, grad, x, w, reduce, need_x, need_w)
-    else:
-        from fusegnn.kernels.spmm import spmm_backward
-
-        g_sum = grad
-        if reduce == "mean":
-            count = g.in_degree.clamp(min=1).to(grad.dtype)
-            g_sum = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
-        gx, gw = spmm_backward(aggregation, g, g_sum, x, w, need_x, need_w, memoise_weight=True)
+    gx, gw = _backend(aggregation, g, grad).spmm_backward(g, grad, x, w, reduce, need_x, need_w)
     if need_w and transform != "":  # back through the normalisation of the given weights
         gw = reference_grads.gcn_norm_weight_grad(base, weight, gw, **gcn_params(transform))
     gx = gx.contiguous() if gx is not None else _empty(grad)
@@ -296,13 +291,7 @@ def _(graph, edge_index, num_src, num_dst, num_edges, transform, a, b, op, aggre
 def _sddmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, grad, a, b, op,
                        need_a, need_b, aggregation):
     g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
-    aggregation = _resolved(aggregation, g, a, b)
-    if aggregation == "reference":
-        ga, gb = reference_grads.sddmm_backward(g, a, b, grad, op, need_a, need_b)
-    else:
-        from fusegnn.kernels.sddmm import sddmm_backward
-
-        ga, gb = sddmm_backward(g, a.contiguous(), b.contiguous(), grad, op, aggregation, need_a, need_b)
+    ga, gb = _backend(aggregation, g, a, b).sddmm_backward(g, a, b, grad, op, need_a, need_b)
     ga = ga.contiguous() if ga is not None else _empty(grad)
     gb = gb.contiguous() if gb is not None else _empty(grad)
     return ga, gb
@@ -359,11 +348,7 @@ def _(graph, edge_index, num_src, num_dst, num_edges, transform, scores, aggrega
 )
 def _edge_softmax_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, alpha, grad, aggregation):
     g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
-    if _path(aggregation, g, alpha) == "reference":
-        return reference_grads.edge_softmax_backward(g, alpha, grad).contiguous()
-    from fusegnn.kernels.edge_softmax import edge_softmax_backward
-
-    return edge_softmax_backward(g, alpha.contiguous(), grad).contiguous()
+    return _backend(aggregation, g, alpha).edge_softmax_backward(g, alpha, grad).contiguous()
 
 
 @_edge_softmax_backward_op.register_fake
