@@ -86,7 +86,8 @@ from fusegnn.kernels.sddmm import edge_to_node_sum
 from fusegnn.sparse.graph import Graph
 
 __all__ = [
-    "fused_gat_attention", "dropout_keep_mask", "padded_channels", "tuning", "GATAttentionFunction", "DEFAULT_CHUNK",
+    "fused_gat_attention", "attention_config", "attention_forward", "attention_backward", "dropout_keep_mask",
+    "padded_channels", "tuning", "GATAttentionFunction", "DEFAULT_CHUNK",
 ]
 
 #: Longest run of edges one program handles before a row is split into several items.
@@ -762,21 +763,45 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
     return grad_h, grad_src, grad_dst
 
 
+def attention_forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor,
+                      return_alpha: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The fused attention's forward as a plain function (what :class:`GATAttentionFunction`
+    and the ``torch.library`` op run): ``(out, lse, alpha or None)`` for contiguous inputs,
+    ``h`` at the padded width of ``cfg`` (:func:`attention_config`). ``out`` keeps that
+    width; ``lse`` is the per-target log-sum-exp the backward reads."""
+    graph = cfg.graph
+    if graph.num_edges == 0 or graph.num_dst_nodes == 0:  # no edges: every output row is zero
+        out = h.new_zeros((graph.num_dst_nodes, cfg.heads, cfg.channels))
+        lse = torch.zeros((graph.num_dst_nodes, cfg.heads), dtype=cfg.acc, device=h.device)
+        return out, lse, (s_src.new_zeros((graph.num_edges, cfg.heads)) if return_alpha else None)
+    out, lse = _forward(cfg, h, s_src, s_dst)
+    return out, lse, (_alpha(cfg, s_src, s_dst, lse) if return_alpha else None)
+
+
+def attention_backward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor, out: Tensor, lse: Tensor,
+                       grad_out: Tensor, alpha: Tensor | None,
+                       grad_alpha: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The fused attention's backward as a plain function: ``(grad_h, grad_score_src,
+    grad_score_dst)`` in the inputs' dtypes, from the forward's ``out`` and ``lse``
+    (``alpha`` and its gradient ``grad_alpha`` when the coefficients were returned and
+    received one). Arguments as :func:`attention_forward` gave and took them."""
+    graph = cfg.graph
+    if graph.num_edges == 0 or graph.num_dst_nodes == 0:
+        return torch.zeros_like(h), torch.zeros_like(s_src), torch.zeros_like(s_dst)
+    grad_h, grad_src, grad_dst = _backward(
+        cfg, h, s_src, s_dst, out, lse, grad_out.contiguous(), alpha, grad_alpha
+    )
+    return grad_h.to(h.dtype), grad_src.to(s_src.dtype), grad_dst.to(s_dst.dtype)
+
+
 class GATAttentionFunction(torch.autograd.Function):
-    """Autograd for :func:`fused_gat_attention` (inputs already validated/contiguous)."""
+    """Autograd for :func:`fused_gat_attention` (inputs already validated/contiguous):
+    :func:`attention_forward` and :func:`attention_backward`."""
 
     @staticmethod
     def forward(ctx, h, s_src, s_dst, cfg: _Config, return_alpha: bool):
         ctx.set_materialize_grads(False)  # an unused output (e.g. alpha) gets no gradient
-        graph = cfg.graph
-        ctx.empty = graph.num_edges == 0 or graph.num_dst_nodes == 0
-        if ctx.empty:  # no edges: every output row is zero
-            out = h.new_zeros((graph.num_dst_nodes, cfg.heads, cfg.channels))
-            lse = torch.zeros((graph.num_dst_nodes, cfg.heads), dtype=cfg.acc, device=h.device)
-            alpha = s_src.new_zeros((graph.num_edges, cfg.heads)) if return_alpha else None
-        else:
-            out, lse = _forward(cfg, h, s_src, s_dst)
-            alpha = _alpha(cfg, s_src, s_dst, lse) if return_alpha else None
+        out, lse, alpha = attention_forward(cfg, h, s_src, s_dst, return_alpha)
         ctx.cfg = cfg
         ctx.save_for_backward(h, s_src, s_dst, out, lse, alpha)
         if return_alpha:
@@ -788,16 +813,11 @@ class GATAttentionFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out, grad_second):
         h, s_src, s_dst, out, lse, alpha = ctx.saved_tensors
-        cfg: _Config = ctx.cfg
-        if ctx.empty:
-            return torch.zeros_like(h), torch.zeros_like(s_src), torch.zeros_like(s_dst), None, None
         grad_alpha = grad_second if alpha is not None else None
         if grad_out is None:
             grad_out = torch.zeros_like(out)
-        grad_h, grad_src, grad_dst = _backward(
-            cfg, h, s_src, s_dst, out, lse, grad_out.contiguous(), alpha, grad_alpha
-        )
-        return grad_h.to(h.dtype), grad_src.to(s_src.dtype), grad_dst.to(s_dst.dtype), None, None
+        grads = attention_backward(ctx.cfg, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alpha)
+        return (*grads, None, None)
 
 
 def padded_channels(channels: int) -> int:
@@ -874,21 +894,32 @@ def fused_gat_attention(
         raise ValueError(f"aggregation must be one of {_AGGREGATIONS}, got {aggregation!r}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+    score_src, score_dst = score_src.contiguous(), score_dst.contiguous()
+    cfg, h, channels = attention_config(graph, h, score_src, negative_slope, dropout, seed, aggregation, chunk)
+    out, second = GATAttentionFunction.apply(h, score_src, score_dst, cfg, return_alpha)
+    if h.size(-1) != channels:
+        out = out[..., :channels]
+    return out, (second if return_alpha else None)
+
+
+def attention_config(graph: Graph, h: Tensor, score_src: Tensor, negative_slope: float, dropout: float,
+                     seed: int | Tensor | None, aggregation: str,
+                     chunk: int | None = None) -> tuple[_Config, Tensor, int]:
+    """``(launch configuration, h contiguous at the kernels' padded width, h's own width)``
+    for :func:`attention_forward` / :func:`attention_backward` (arguments as for
+    :func:`fused_gat_attention`, assumed valid; ``seed`` is read only with dropout)."""
     if chunk is None:
         chunk = _TUNING.get("chunk", DEFAULT_CHUNK)
-    if not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
-    h, score_src, score_dst = h.contiguous(), score_src.contiguous(), score_dst.contiguous()
+    h = h.contiguous()
     channels = h.size(2) if h.dim() == 3 else 0
     padded = padded_channels(channels)
     if padded != channels:  # aligned rows: see padded_channels
         h = torch.nn.functional.pad(h, (0, padded - channels))
     seed_t = _seed_tensor(seed, h.device) if dropout > 0.0 else None
     cfg = _Config(graph, h, score_src.dtype, negative_slope, dropout, seed_t, aggregation, chunk)
-    out, second = GATAttentionFunction.apply(h, score_src, score_dst, cfg, return_alpha)
-    if padded != channels:
-        out = out[..., :channels]
-    return out, (second if return_alpha else None)
+    return cfg, h, channels
 
 
 # ---------------------------------------------------------------------------- layer

@@ -380,22 +380,6 @@ def _lse_dtype(h: Tensor, scores: Tensor) -> torch.dtype:
     return torch.float64 if torch.promote_types(h.dtype, scores.dtype) == torch.float64 else torch.float32
 
 
-def _fused_gat_setup(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float,
-                     p: float, seed: Optional[Tensor], aggregation: str):
-    """``(gat_fused module, config, h padded as the kernels run it, channels)``."""
-    from fusegnn.kernels import gat_fused as gf
-
-    channels = h.size(2)
-    padded = gf.padded_channels(channels)
-    h = h.contiguous()
-    if padded != channels:
-        h = F.pad(h, (0, padded - channels))
-    seed_t = seed.reshape(1).to(device=h.device, dtype=torch.int64) if p > 0.0 else None
-    chunk = gf._TUNING.get("chunk", gf.DEFAULT_CHUNK)
-    cfg = gf._Config(graph, h, s_src.dtype, negative_slope, p, seed_t, aggregation, chunk)
-    return gf, cfg, h, channels
-
-
 @torch.library.custom_op(
     "fusegnn::gat_attention",
     mutates_args=(),
@@ -413,15 +397,12 @@ def _gat_op(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_
     alpha = None
     if backend.name == "reference":
         out, alpha = reference.gat_attention(g, h, score_src, score_dst, negative_slope, p, seed)
-    elif g.num_edges == 0 or g.num_dst_nodes == 0:  # every output row is zero
-        out = h.new_zeros((g.num_dst_nodes,) + tuple(h.shape[1:]))
-        alpha = score_src.new_zeros((g.num_edges, heads))
     else:
-        gf, cfg, hp, channels = _fused_gat_setup(g, h, score_src, score_dst, negative_slope, p, seed, backend.name)
+        from fusegnn.kernels.gat_fused import attention_config, attention_forward
+
         s_src, s_dst = score_src.contiguous(), score_dst.contiguous()
-        out, lse = gf._forward(cfg, hp, s_src, s_dst)
-        if return_alpha:
-            alpha = gf._alpha(cfg, s_src, s_dst, lse)
+        cfg, hp, channels = attention_config(g, h, s_src, negative_slope, p, seed, backend.name)
+        out, lse, alpha = attention_forward(cfg, hp, s_src, s_dst, return_alpha)
         out = out[..., :channels]
     if not return_alpha:
         alpha = score_src.new_empty((0, heads))
@@ -459,19 +440,18 @@ def _gat_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, 
         gh, gs, gt = reference_grads.gat_attention_backward(
             g, h, score_src, score_dst, negative_slope, p, seed, grad_out, grad_alpha
         )
-    elif g.num_edges == 0 or g.num_dst_nodes == 0:
-        gh, gs, gt = torch.zeros_like(h), torch.zeros_like(score_src), torch.zeros_like(score_dst)
     else:  # the fused kernels' backward, on the forward's out and log-sum-exp
-        gf, cfg, hp, channels = _fused_gat_setup(g, h, score_src, score_dst, negative_slope, p, seed, aggregation)
+        from fusegnn.kernels.gat_fused import attention_backward, attention_config
+
+        s_src, s_dst = score_src.contiguous(), score_dst.contiguous()
+        cfg, hp, channels = attention_config(g, h, s_src, negative_slope, p, seed, aggregation)
         pad = hp.size(2) - channels
         out_p = F.pad(out, (0, pad)) if pad else out.contiguous()
         grad_p = F.pad(grad_out, (0, pad)) if pad else grad_out
-        gh, gs, gt = gf._backward(
-            cfg, hp, score_src.contiguous(), score_dst.contiguous(), out_p, lse, grad_p.contiguous(),
-            alpha if grad_alpha is not None else None, grad_alpha,
+        gh, gs, gt = attention_backward(
+            cfg, hp, s_src, s_dst, out_p, lse, grad_p, alpha if grad_alpha is not None else None, grad_alpha
         )
-        gh = gh[..., :channels].to(h.dtype)
-        gs, gt = gs.to(score_src.dtype), gt.to(score_dst.dtype)
+        gh = gh[..., :channels]
     return gh.contiguous(), gs.contiguous(), gt.contiguous()
 
 
