@@ -61,7 +61,7 @@ def _reference(graph, h, s, t, keep=None, p=0.0):
     return spmm(graph, h, alpha, aggregation="reference"), alpha
 
 
-def _compare(graph, heads, channels, *, aggregation="gar", chunk=SHORT_CHUNK, p=0.0, seed=7,
+def _compare(graph, heads, channels, *, variant="gar", chunk=SHORT_CHUNK, p=0.0, seed=7,
              dtype=torch.float64, atol=1e-11, rtol=1e-10, grad_alpha=True):
     h, s, t = _inputs(graph, heads, channels, seed=3, dtype=dtype)
     out, alpha = fused_gat_attention(
