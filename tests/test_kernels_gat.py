@@ -103,7 +103,7 @@ def _compare(graph, heads, channels, *, variant="gar", chunk=SHORT_CHUNK, p=0.0,
     ],
 )
 def test_matches_reference(heads, channels, variant, chunk):
-    _compare(_graph(), heads, channels, aggregation=variant, chunk=chunk)
+    _compare(_graph(), heads, channels, variant=variant, chunk=chunk)
 
 
 def test_padded_channels():
@@ -132,7 +132,7 @@ def test_hub_row_is_split_into_items():
 def test_dropout_grads_follow_the_forward_mask(variant, heads, channels, p):
     # p > 0: the backward regenerates the forward's mask (grads equal the reference's
     # with that same explicit mask), the hub row split in both passes.
-    _compare(_graph(), heads, channels, aggregation=variant, p=p, seed=123)
+    _compare(_graph(), heads, channels, variant=variant, p=p, seed=123)
 
 
 def test_dropout_mask_is_deterministic_and_unbiased():
@@ -211,7 +211,7 @@ def test_isolated_targets_get_zeros_and_no_nan():
 def test_bipartite_and_int32(variant):
     graph = _graph(num_nodes=12, num_edges=90, hub=40, num_dst_nodes=7, dtype=torch.int32)
     assert graph.index_dtype == torch.int32 and graph.is_bipartite
-    _compare(graph, 2, 5, aggregation=variant, chunk=16)
+    _compare(graph, 2, 5, variant=variant, chunk=16)
 
 
 def test_no_edges():
