@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
-from fusegnn.sparse import Graph, as_graph, library
+from fusegnn.sparse import Graph, graph_arg
 
 
 def glorot_(tensor: Tensor) -> Tensor:
@@ -91,9 +91,10 @@ def graph_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> Gra
     """The square graph over ``x``'s nodes, checked against ``x``'s rows and device: any
     graph input :func:`~fusegnn.sparse.graph.coerce_graph` accepts (an ``edge_index``, a
     :class:`~fusegnn.sparse.Graph`, a ``torch.sparse`` adjacency, a networkx graph, the
-    latter built on ``x``'s device)."""
+    latter built on ``x``'s device); under ``torch.compile`` a reference to it
+    (:func:`fusegnn.sparse.graph_arg`)."""
     try:
-        graph = as_graph(edge_index_or_graph, x.size(0), name="edge_index_or_graph", device=x.device)
+        graph = graph_arg(edge_index_or_graph, x.size(0), name="edge_index_or_graph", device=x.device)
     except (TypeError, ValueError, IndexError) as err:
         raise type(err)(f"{layer}: {err}") from None
     if graph.is_bipartite or graph.num_nodes != x.size(0):
@@ -107,24 +108,3 @@ def graph_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> Gra
             "move them to the same device"
         )
     return graph
-
-
-def graph_ref_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> library.GraphRef:
-    """:func:`graph_for` for code that ``torch.compile`` traces: the same checks, on a
-    :class:`~fusegnn.sparse.library.GraphRef` instead of a graph (no graph is built in the
-    traced part; a bare ``edge_index`` has its ids validated when the op runs)."""
-    try:
-        ref = library.graph_ref(edge_index_or_graph, x.size(0), name="edge_index_or_graph")
-    except (TypeError, ValueError) as err:
-        raise type(err)(f"{layer}: {err}") from None
-    if ref.num_src_nodes != ref.num_dst_nodes or ref.num_src_nodes != x.size(0):
-        raise ValueError(
-            f"{layer}: the graph has {ref.num_src_nodes} x {ref.num_dst_nodes} nodes "
-            f"but x has {x.size(0)} rows"
-        )
-    if ref.device != x.device:
-        raise ValueError(
-            f"{layer}: x is on {x.device} but the graph is on {ref.device}; "
-            "move them to the same device"
-        )
-    return ref

@@ -6,9 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fusegnn.layers._utils import check_features, glorot_, graph_for, graph_ref_for, input_linear
-from fusegnn.sparse import Graph, gcn_norm, library, spmm
-from fusegnn.sparse.graph import check_edge_weight
+from fusegnn.layers._utils import check_features, glorot_, graph_for, input_linear
+from fusegnn.sparse import Graph, gcn_norm, spmm
 from fusegnn.sparse.dispatch import check_aggregation
 
 __all__ = ["GCNConv"]
@@ -73,8 +72,9 @@ class GCNConv(nn.Module):
     sparse and networkx forms are converted eagerly only; under ``torch.compile`` pass
     the :class:`~fusegnn.sparse.Graph` built from them.
 
-    Under ``torch.compile`` the normalisation runs inside the ``fusegnn::spmm`` custom op
-    (:mod:`fusegnn.sparse.library`, transform ``gcn_norm``), so the traced forward has no
+    Under ``torch.compile`` the same code runs on a graph reference: the normalisation
+    runs inside the ``fusegnn::spmm`` custom op (:mod:`fusegnn.sparse.library`, transform
+    ``gcn_norm``), so the traced forward has no
     data-dependent code: the normalised graph is cached on the input
     :class:`~fusegnn.sparse.Graph` (one per graph and normalisation), which serves
     ``cached=True`` too; a normalised graph that an eager call already stored on the
@@ -121,48 +121,14 @@ class GCNConv(nn.Module):
             graph = graph.with_edge_weight(edge_weight)
         if self.normalize:
             graph = gcn_norm(graph, improved=self.improved, add_self_loops=self.add_self_loops, dtype=x.dtype)
-        if self.cached:
+        if self.cached and isinstance(graph, Graph):  # under torch.compile the op caches it on the graph
             self._cached_graph = graph
         return graph
-
-    def _compiled_graph(
-        self, x: Tensor, edge_index_or_graph, edge_weight: Tensor | None
-    ) -> tuple[library.GraphRef, Tensor | None]:
-        """Under ``torch.compile``: the graph reference and the weights to pass to the op
-        (given to ``forward``, else the graph's own; always explicit, so their gradient
-        flows and no op depends on weights it cannot see)."""
-        if self.cached and self._cached_graph is not None:
-            return library.graph_ref(self._cached_graph), self._cached_graph.edge_weight
-        layer = type(self).__name__
-        ref = graph_ref_for(x, edge_index_or_graph, layer)
-        if edge_weight is not None:
-            check_edge_weight(edge_weight, ref, "edge_weight")
-            if edge_weight.dim() != 1:
-                raise ValueError(
-                    f"{layer}: edge_weight must have one weight per edge ([E]), "
-                    f"got shape {tuple(edge_weight.shape)}"
-                )
-            weight = edge_weight
-        else:
-            weight = edge_index_or_graph.edge_weight if isinstance(edge_index_or_graph, Graph) else None
-        if not self.normalize:
-            return ref, weight
-        # the op caches the normalisation of the graph's own weights (when they do not
-        # require grad) on the graph; other weights it normalises on every call
-        transform = library.gcn_transform(self.improved, self.add_self_loops, x.dtype)
-        return library.with_transform(ref, transform), weight
 
     def forward(
         self, x: Tensor, edge_index_or_graph: Graph | Tensor, edge_weight: Tensor | None = None
     ) -> Tensor:
         check_features(x, self)
-        if torch.compiler.is_compiling():
-            ref, weight = self._compiled_graph(x, edge_index_or_graph, edge_weight)
-            if self.in_channels < self.out_channels:
-                out = self.lin(library.spmm(ref, x, weight, "sum", self.aggregation))
-            else:
-                out = library.spmm(ref, self.lin(x), weight, "sum", self.aggregation)
-            return out + self.bias if self.bias is not None else out
         graph = self._processed_graph(x, edge_index_or_graph, edge_weight)
         if self.in_channels < self.out_channels:
             return F.linear(spmm(graph, x, aggregation=self.aggregation), self.lin.weight, self.bias)

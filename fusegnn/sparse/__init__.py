@@ -10,7 +10,7 @@ Importing this package also registers the ops as ``torch.library`` custom ops
 (``torch.ops.fusegnn.*``, :mod:`fusegnn.sparse.library`), which ``torch.compile`` uses.
 """
 
-from fusegnn.sparse import dispatch, kernel_backends, library, reference
+from fusegnn.sparse import dispatch, kernel_backends, library, reference, reference_grads
 from fusegnn.sparse.dispatch import (
     AGGREGATIONS,
     Backend,
@@ -20,7 +20,7 @@ from fusegnn.sparse.dispatch import (
 )
 from fusegnn.sparse.gat import gat_attention, gat_layer
 from fusegnn.sparse.graph import CompressedEdges, Graph
-from fusegnn.sparse.ops import as_graph, edge_softmax, sddmm, spmm
+from fusegnn.sparse.ops import as_graph, edge_index_of, edge_softmax, graph_arg, sddmm, spmm
 from fusegnn.sparse.processing import (
     add_remaining_self_loops,
     add_self_loops,
@@ -34,6 +34,9 @@ register_backend(
         spmm=reference.spmm,
         sddmm=reference.sddmm,
         edge_softmax=reference.edge_softmax,
+        spmm_backward=reference_grads.spmm_backward,
+        sddmm_backward=reference_grads.sddmm_backward,
+        edge_softmax_backward=reference_grads.edge_softmax_backward,
     )
 )
 dispatch.add_backend_loader(kernel_backends.register)
@@ -46,6 +49,8 @@ __all__ = [
     "add_remaining_self_loops",
     "add_self_loops",
     "as_graph",
+    "edge_index_of",
+    "graph_arg",
     "available_backends",
     "edge_softmax",
     "gat_attention",

@@ -305,12 +305,7 @@ class Graph:
     @property
     def num_nodes(self) -> int:
         """Number of nodes; only defined for a square (non-bipartite) graph."""
-        if self._num_src != self._num_dst:
-            raise ValueError(
-                f"graph is bipartite ({self._num_src} source x {self._num_dst} target nodes); "
-                "use num_src_nodes / num_dst_nodes"
-            )
-        return self._num_src
+        return square_node_count(self._num_src, self._num_dst)
 
     @property
     def is_bipartite(self) -> bool:
@@ -414,6 +409,22 @@ class Graph:
         }
         graph._register()
         return graph
+
+    def reversed(self) -> "Graph":
+        r"""The graph with every edge reversed, :math:`j \to i` becoming :math:`i \to j`, in
+        the same edge order and with the same edge weights (the transposed aggregation
+        matrix :math:`A^\top`: ``spmm(graph.reversed(), g)`` is the gradient of
+        ``spmm(graph, x)`` with respect to ``x``).
+
+        Cached: the edge structure once per structure (shared with :meth:`with_edge_weight`
+        copies, like the other formats), the weighted graph once per graph."""
+        bare = self._cached(
+            "struct:reversed",
+            lambda: Graph(self._edge_index.flip(0), (self._num_dst, self._num_src), validate=False),
+        )
+        if self._edge_weight is None:
+            return bare
+        return self._cached("reversed", lambda: bare.with_edge_weight(self._edge_weight))
 
     def to_dense(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """Dense ``[num_dst_nodes, num_src_nodes]`` aggregation matrix ``A`` with
@@ -543,6 +554,15 @@ def outside_graph_pools(compute: Callable[[], _T], device: torch.device) -> _T:
     if threading.current_thread().name.startswith("fusegnn-cache"):
         return compute()  # a cache built while building another: already on the helper thread
     return builder.submit(on_stream).result()
+
+
+def square_node_count(num_src: int, num_dst: int) -> int:
+    """The node count of a square graph with these sizes (a ``ValueError`` if bipartite)."""
+    if num_src != num_dst:
+        raise ValueError(
+            f"graph is bipartite ({num_src} source x {num_dst} target nodes); use num_src_nodes / num_dst_nodes"
+        )
+    return num_src
 
 
 def check_edge_weight(edge_weight: Tensor, graph: Graph, name: str = "edge_weight") -> Tensor:
