@@ -509,16 +509,16 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
 
     # 2. timing of those that passed. On small graphs the steps are bound by host time, which
     # drifts during a run: the eager and graphed steps are timed again interleaved, backends
-    # in turn (``ms``; ``ms_alone`` keeps the separate timing). Compiled rows keep their
-    # separate timing: each compiled model starts from a reset Dynamo, so calling an
-    # earlier one again would recompile it.
+    # in turn (``ms``; ``ms_alone`` keeps the separate timing). Compiled rows come last and
+    # keep their separate timing: each compiles from a reset Dynamo (which also resets the
+    # CUDA-graph trees), so no step of another row runs after one.
     interleave = small_graph(case)
     timed: list[tuple[dict, Callable[[], Tensor]]] = []
     passed = [records[b.name] for b in backends if records[b.name]["ok"]]
-    for backend in backends:
+    for backend in sorted((b for b in backends if records[b.name]["ok"]), key=lambda b: b.compiled):
         record = records[backend.name]
-        if not record["ok"]:
-            continue
+        if backend.compiled and timed:
+            _time_interleaved(timed, case, config)
         model = optimizer = step = None
         try:
             if backend.graphed:
@@ -546,19 +546,25 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
             model = optimizer = step = None  # the closure holds both: drop it too
             if not interleave:
                 free_memory(device)
+    _time_interleaved(timed, case, config)
+    for record in passed:
+        emit(record)
+        tick()
+
+
+def _time_interleaved(timed: list[tuple[dict, Callable[[], Tensor]]], case: Case, config: RunConfig) -> None:
+    """Time the steps in ``timed`` again, interleaved (their ``ms``; ``ms_alone`` keeps
+    the separate timing), then drop them (``timed`` is emptied)."""
     if len(timed) > 1:
         try:
-            medians = interleaved_ms([[step] for _, step in timed], device, steps=config.steps)
+            medians = interleaved_ms([[step] for _, step in timed], config.device, steps=config.steps)
             for (record, _), ms in zip(timed, medians):
                 record["ms_alone"], record["ms"] = record["ms"], ms
         except Exception as err:  # noqa: BLE001 - the separate timings stand
             print(f"{case.name}: interleaved timing failed ({type(err).__name__}: {err}); "
                   "keeping the separate timings", file=sys.stderr)
     timed.clear()
-    free_memory(device)
-    for record in passed:
-        emit(record)
-        tick()
+    free_memory(config.device)
 
 
 def _judge(record: dict, out: Tensor, oracle: Tensor | None, oracle_name: str | None, rtol: float) -> None:
