@@ -93,10 +93,13 @@ def graph_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> Gra
     :class:`~fusegnn.sparse.Graph`, a ``torch.sparse`` adjacency, a networkx graph, the
     latter built on ``x``'s device); under ``torch.compile`` a reference to it
     (:func:`fusegnn.sparse.graph_arg`)."""
-    try:
+    if torch.compiler.is_compiling():  # its errors as they are (see coerce_graph)
         graph = graph_arg(edge_index_or_graph, x.size(0), name="edge_index_or_graph", device=x.device)
-    except (TypeError, ValueError, IndexError) as err:
-        raise type(err)(f"{layer}: {err}") from None
+    else:
+        try:
+            graph = graph_arg(edge_index_or_graph, x.size(0), name="edge_index_or_graph", device=x.device)
+        except (TypeError, ValueError, IndexError) as err:
+            raise type(err)(f"{layer}: {err}") from None
     if graph.is_bipartite or graph.num_nodes != x.size(0):
         raise ValueError(
             f"{layer}: the graph has {graph.num_src_nodes} x {graph.num_dst_nodes} nodes "

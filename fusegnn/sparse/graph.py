@@ -626,10 +626,12 @@ def coerce_graph(graph: Any, name: str = "graph", *, device: torch.device | str 
     if isinstance(graph, Tensor) and graph.layout == torch.strided:
         return graph
     if torch.compiler.is_compiling():
+        # A constant message: older Dynamo reports an exception raised while tracing with
+        # its arguments unrendered, so a formatted one would reach the user as a blank.
         raise TypeError(
-            f"{name} must be a fusegnn.sparse.Graph or an edge_index tensor under torch.compile, got "
-            f"{type_name(graph)}: build the graph once before the compiled call (Graph.from_sparse(adj_t) "
-            "for a torch.sparse adjacency, Graph.from_networkx(G) for a networkx.Graph) and pass the Graph"
+            "under torch.compile the graph must be a fusegnn.sparse.Graph or an edge_index tensor: "
+            "build the graph once before the compiled call (Graph.from_sparse(adj_t) for a "
+            "torch.sparse adjacency, Graph.from_networkx(G) for a networkx.Graph) and pass the Graph"
         )
     if isinstance(graph, Tensor):
         if graph.layout not in (torch.sparse_coo, torch.sparse_csr):
