@@ -42,6 +42,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
@@ -180,7 +181,7 @@ def path_report(args: argparse.Namespace, data: NodeDataset, device: torch.devic
     return lines, {name: ds[0].name if ds else None for name, ds in train.items()}
 
 
-def fail(err: BaseException, args: argparse.Namespace) -> None:
+def fail(err: BaseException, args: argparse.Namespace) -> NoReturn:
     """One message and exit status 2 (``--debug``: the exception with its traceback)."""
     if args.debug:
         raise err
