@@ -15,12 +15,12 @@ then backward of a random ``dO``), batch 4, 12 heads, head dim 64, bfloat16 (iss
 * ``longformer`` -- window ``+-256`` and 64 global tokens;
 * ``dilated`` -- ``|q - k| <= 128 * 2`` and ``(q - k) % 2 == 0`` (the window's span, half its keys).
 
-Each definition is a :mod:`fusegnn.sparse.masks` object; FlexAttention gets the same
+Each definition is a :mod:`fusegnn.attention.masks` object; FlexAttention gets the same
 predicate through ``mask.mask_mod``.
 
 **Backends** (default: ``sdpa``, ``flex``, ``fusegnn`` and their ``*-graphed`` twins):
 
-* ``fusegnn`` -- :func:`fusegnn.sparse.sparse_attention.sparse_attention`,
+* ``fusegnn`` -- :func:`fusegnn.attention.sparse_attention.sparse_attention`,
   ``aggregation="auto"``: the fused block kernel, the element path, or dense SDPA where
   the calibrated cost model predicts it faster (the ``path`` column says what it picked:
   ``block 64x64``, ``element``, ``dense sdpa (causal)``, ``dense sdpa (bool mask)``,
@@ -152,8 +152,8 @@ class AttnCase:
 
 
 def build_mask(name: str, L: int, sizes: AttnSizes = GPU_SIZES, seed: int = 0):
-    """The :class:`~fusegnn.sparse.masks.Mask` of a case (definitions in the module doc)."""
-    from fusegnn.sparse import masks
+    """The :class:`~fusegnn.attention.masks.Mask` of a case (definitions in the module doc)."""
+    from fusegnn.attention import masks
 
     if name == "window":
         return masks.sliding_window(L, sizes.window)
@@ -229,7 +229,7 @@ def _always(device: torch.device) -> str | None:
 
 def _fusegnn(aggregation: str):
     def prepare(prep: Prepared, device: torch.device):
-        from fusegnn.sparse.sparse_attention import _block_layout, explain_attention, sparse_attention
+        from fusegnn.attention.sparse_attention import _block_layout, explain_attention, sparse_attention
 
         info: dict = {}
         # the timed calls have inputs that require grad (both modes): decide as they will
@@ -266,7 +266,7 @@ def _fusegnn(aggregation: str):
 def _fusegnn_unavailable(aggregation: str):
     def check(device: torch.device) -> str | None:
         if aggregation == "block":
-            from fusegnn.kernels._edge_utils import fused_can_run
+            from fusegnn.kernels._triton import fused_can_run
 
             probe = torch.empty(0, device=device)
             if not fused_can_run(probe):

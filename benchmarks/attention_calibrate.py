@@ -32,7 +32,7 @@ Then it prints (and writes) a **recommendation**:
   overhead + per-block cost from ``block`` 64x64 at the table's launch, element from
   ``element`` when timed), ``DENSE_CAUSAL_FACTOR`` and ``DENSE_MASK_FACTOR`` (``sdpa-causal``
   / ``sdpa-mask`` per-element cost relative to ``sdpa``, overhead shared), in the form of
-  ``fusegnn/sparse/sparse_attention.py``;
+  ``fusegnn/attention/cost_model.py``;
 * the crossover table: per case the measured block / dense times, what the rule picks
   with the current constants and with the refitted ones, and the measured best;
 * per block size the best forward and backward launch configuration (lowest geometric
@@ -47,7 +47,7 @@ from saved results on any machine: this script's JSON, the attention suite's
 (``benchmarks/results/attention/<gpu>.json``: ``sdpa``, ``sdpa-mask``, ``sdpa-causal``
 rows and the ``fusegnn`` rows by the path they took), or the earlier calibration format
 (records with ``config`` ``"block BMxBN"`` / ``"element"``, sizes of the suite); the
-constants in ``sparse_attention.py`` came from
+constants in ``fusegnn/attention/cost_model.py`` came from
 
     python -m benchmarks.run --suite attention --sweep calibrate --fit \\
         benchmarks/results/attention/calibration-crossover-nvidia-h200.json \\
@@ -86,7 +86,7 @@ SDPA_KINDS = ("sdpa", "sdpa-mask", "sdpa-causal")
 def calibration_mask(name: str, L: int, seed: int = 0):
     """The suite's masks plus two irregular ones: ``dilated8`` (``|q - k| <= 32 * 8``,
     ``(q - k) % 8 == 0``) and ``graph16`` (16 random keys per query plus the diagonal)."""
-    from fusegnn.sparse import masks
+    from fusegnn.attention import masks
 
     if name == "dilated8":
         return masks.dilated(L, 32, 8)
@@ -181,7 +181,7 @@ def _record(prep: Prepared, name: str, L: int, mode: str, kind: str, config: str
 
 
 def _layout(prep: Prepared, bm: int, bn: int, device):
-    from fusegnn.sparse.sparse_attention import _layout_of
+    from fusegnn.attention.sparse_attention import _layout_of
 
     layout = _layout_of(prep.mask, (bm, bn), device)  # cached on the mask
     fill = prep.extras["density"] * layout.L_q * layout.L_k * layout.num_heads / max(layout.nnzb * bm * bn, 1)
@@ -194,7 +194,7 @@ def _crossover(prep: Prepared, name: str, L: int, mode: str, args, device, clock
     """Pass 1: the SDPA variants and the block kernel at the default size and launch."""
     import torch.nn.functional as F
 
-    from fusegnn.sparse.sparse_attention import sparse_attention
+    from fusegnn.attention.sparse_attention import sparse_attention
 
     dense = prep.dense_check
     variants: list[tuple[str, Callable, bool]] = [
@@ -335,7 +335,7 @@ def observations(records: Iterable[dict]) -> list[dict]:
 
 def fit_cost_models(obs: list[dict]) -> dict:
     """Fit the auto rule's constants to :func:`observations` (see the module docstring of
-    ``fusegnn.sparse.sparse_attention``): per mode, ``ms = a + c x`` for ``sdpa``,
+    ``fusegnn.attention.cost_model``): per mode, ``ms = a + c x`` for ``sdpa``,
     ``block`` and ``element`` by least squares on the relative error; then the factors
     ``f`` of ``sdpa-causal`` and ``sdpa-mask`` in ``ms = a + f c x`` (``a``, ``c`` of that
     mode's ``sdpa``), one factor over both modes. Missing kinds give ``None``. Also the
@@ -372,14 +372,13 @@ def fit_cost_models(obs: list[dict]) -> dict:
 
 
 def format_cost_models(fit: dict) -> str:
-    """The fit as the constants of ``fusegnn/sparse/sparse_attention.py`` (current
+    """The fit as the constants of ``fusegnn/attention/cost_model.py`` (current
     values where a kind was not measured)."""
-    import importlib
+    from fusegnn.attention import cost_model as cm
 
-    sa = importlib.import_module("fusegnn.sparse.sparse_attention")
     lines = ["COST_MODELS: dict[str, CostModel] = {"]
     for mode in ("fwd", "fwdbwd"):
-        current = sa.COST_MODELS[mode]
+        current = cm.COST_MODELS[mode]
         vals = {}
         for field in ("dense_overhead_ms", "dense_ms_per_element", "block_overhead_ms", "block_ms_per_block",
                       "element_overhead_ms", "element_ms_per_edge"):
@@ -392,7 +391,7 @@ def format_cost_models(fit: dict) -> str:
     for key in ("DENSE_CAUSAL_FACTOR", "DENSE_MASK_FACTOR"):
         v = fit[key]
         if v is None:
-            lines.append(f"{key} = {getattr(sa, key)!r}  # not measured: current")
+            lines.append(f"{key} = {getattr(cm, key)!r}  # not measured: current")
         else:
             lines.append(f"{key} = {v:.3g}" + ("  # implausible (<= 0): check the measurements" if v <= 0 else ""))
     res = fit["residuals"]
@@ -571,9 +570,8 @@ def crossover_table(records: list[dict], fit: dict) -> list[dict]:
     """Per case: measured block (64x64, table launch) and dense times, the rule's pick
     with the current constants and with the refitted ones, and the measured best of the
     two candidates the rule weighs."""
-    import importlib
+    from fusegnn.attention import cost_model as cm
 
-    sa = importlib.import_module("fusegnn.sparse.sparse_attention")
     rows = []
     for case in sorted({r["case"] for r in records if r.get("kind") in SDPA_KINDS + ("block",)}):
         by_kind = {}
@@ -593,7 +591,7 @@ def crossover_table(records: list[dict], fit: dict) -> list[dict]:
         backward = blk["mode"] == "fwdbwd"
         work_dense = pairs * blk["L"] ** 2
         work_block = blk["nnzb"] * pairs / blk["layout_heads"]
-        capped = variant == "bool mask" and blk["L"] ** 2 > sa.DENSE_MASK_MAX_ELEMENTS
+        capped = variant == "bool mask" and blk["L"] ** 2 > cm.DENSE_MASK_MAX_ELEMENTS
 
         def pick(model: Any, factors: dict) -> str:
             if capped:
@@ -604,11 +602,11 @@ def crossover_table(records: list[dict], fit: dict) -> list[dict]:
             return "dense" if dense_ms < block_ms else "block"
 
         mode = "fwdbwd" if backward else "fwd"
-        now = pick(sa.COST_MODELS[mode], {"causal": sa.DENSE_CAUSAL_FACTOR, "bool mask": sa.DENSE_MASK_FACTOR})
-        refit_model = sa.CostModel(**{k: (fit[mode].get(k) if fit[mode].get(k) is not None else getattr(sa.COST_MODELS[mode], k))
-                                      for k in sa.CostModel.__dataclass_fields__})
-        refit = pick(refit_model, {"causal": fit["DENSE_CAUSAL_FACTOR"] or sa.DENSE_CAUSAL_FACTOR,
-                                   "bool mask": fit["DENSE_MASK_FACTOR"] or sa.DENSE_MASK_FACTOR})
+        now = pick(cm.COST_MODELS[mode], {"causal": cm.DENSE_CAUSAL_FACTOR, "bool mask": cm.DENSE_MASK_FACTOR})
+        refit_model = cm.CostModel(**{k: (fit[mode].get(k) if fit[mode].get(k) is not None else getattr(cm.COST_MODELS[mode], k))
+                                      for k in cm.CostModel.__dataclass_fields__})
+        refit = pick(refit_model, {"causal": fit["DENSE_CAUSAL_FACTOR"] or cm.DENSE_CAUSAL_FACTOR,
+                                   "bool mask": fit["DENSE_MASK_FACTOR"] or cm.DENSE_MASK_FACTOR})
         dense_ms = by_kind.get(dense_kind, {}).get("ms")
         measured = {"block": blk.get("ms"), "dense": dense_ms}
         done = {k: v for k, v in measured.items() if v}
@@ -621,7 +619,7 @@ def crossover_table(records: list[dict], fit: dict) -> list[dict]:
 
 
 def print_recommendation(rec: dict, emit: Callable[[str], None] = print) -> None:
-    emit("\nRECOMMENDATION (fusegnn/sparse/sparse_attention.py)")
+    emit("\nRECOMMENDATION (fusegnn/attention/cost_model.py, sparse_attention.py)")
     emit(rec["cost_models_text"])
     if rec.get("crossover"):
         emit("\n# crossover (ms; rule = what auto picks with the current / refitted constants)")

@@ -61,7 +61,7 @@ def sweep_main(argv: list[str], out_dir: Path, device: Callable[[], torch.device
     import triton.testing
 
     from fusegnn.kernels import block_attention as ba
-    from fusegnn.sparse.block_layout import BlockLayout
+    from fusegnn.attention.block_layout import BlockLayout
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run --suite attention --sweep kernels",
                                      description=__doc__.splitlines()[0])
@@ -100,7 +100,7 @@ def sweep_main(argv: list[str], out_dir: Path, device: Callable[[], torch.device
         mask = build_mask(name, L)
         os.environ["FUSEGNN_BAND_PATTERNS"] = flag
         layout = BlockLayout.from_mask(mask, 64, 64, dev)  # fresh: its kernel arrays follow the flag
-        bands = ba._prepare(layout, dev).all_bands
+        bands = layout.prepared(dev).all_bands
         emit(f"{spec}: band masking {'on' if bands else 'off'} (FUSEGNN_BAND_PATTERNS={flag})")
         gen = torch.Generator(device="cpu").manual_seed(0)
         shape = (GPU_SIZES.batch, GPU_SIZES.heads, L, GPU_SIZES.head_dim)

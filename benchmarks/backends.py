@@ -13,10 +13,11 @@ Suite ``paper`` (a training step of the 2-layer model):
                        into a CUDA graph, timed per replay (small graphs only, CUDA only)
 ``pyg-graphed``        ``pyg``'s model and step through the same :func:`fusegnn.graphed_step`
                        (a capture that fails is recorded with its reason)
-``fusegnn-compiled``   ``fusegnn``'s model wrapped in ``torch.compile(model,
-                       mode="reduce-overhead", fullgraph=True)`` (Inductor kernels replayed
-                       by CUDA-graph trees), trained by the eager step (loss, backward, Adam);
-                       compile time recorded apart (small graphs only, CUDA only)
+``fusegnn-compiled``   ``fusegnn``'s training step compiled with ``torch.compile(mode=
+                       "reduce-overhead")``: forward + loss as one ``fullgraph`` function,
+                       its compiled backward, and Adam (``capturable``) with ``step``
+                       compiled (Inductor kernels replayed by CUDA-graph trees); compile
+                       time recorded apart (small graphs only, CUDA only)
 ``pyg-compiled``       ``pyg``'s model compiled the same way (a failure is recorded with its
                        reason: PyG's cached ``GCNConv`` keeps a tensor that CUDA-graph trees
                        overwrite)

@@ -163,9 +163,9 @@ def _groups(graph, x: torch.Tensor, device: torch.device) -> dict[str, dict[str,
 def _attention_probes(device: torch.device) -> dict[str, Probe]:
     """``sparse_attention`` and the kernel it picks, called directly."""
     from fusegnn.kernels.block_attention import block_sparse_attention_prechecked
-    from fusegnn.sparse import masks, sparse_attention
+    from fusegnn.attention import masks, sparse_attention
 
-    module = sys.modules["fusegnn.sparse.sparse_attention"]
+    module = sys.modules["fusegnn.attention.sparse_attention"]
     L, D = 1024, 64
     q, k, v = (torch.randn(1, 2, L, D, device=device, dtype=torch.bfloat16) for _ in range(3))
     probes: dict[str, Probe] = {}

@@ -47,6 +47,7 @@ and the run goes on; so does any other error (its message is recorded).
 from __future__ import annotations
 
 import math
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -57,17 +58,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from benchmarks.backends import AggBackend, PaperBackend, build_csr_formats, oracle_rank
+from benchmarks.backends import AggBackend, PaperBackend, build_csr_formats, oracle_rank, small_graph
 from benchmarks.cases import Case
 from benchmarks.data import DatasetCache
-from benchmarks.measure import free_memory, is_oom, measure, synchronize, timed_ms
+from benchmarks.measure import free_memory, interleaved_ms, is_oom, measure, synchronize, timed_ms
 
 __all__ = ["RunConfig", "new_record", "run_case", "relative_error", "compile_model", "RECORD_FIELDS"]
 
 RECORD_FIELDS = (
     "case", "backend", "ok", "error", "ms", "bwd_ms", "peak_mem_mib", "launches", "bwd_launches",
     "convert_ms", "norm_ms", "aggregation", "rel_err", "checked_against", "steps", "warmup_steps",
-    "replay_rel_err", "compile_ms",
+    "replay_rel_err", "compile_ms", "ms_alone",
 )
 
 #: Eager calls of a graphed step before its capture.
@@ -268,14 +269,24 @@ def _paper_model(backend: PaperBackend, shared: _PaperCase, case: Case, device: 
     return model, graph_arg
 
 
+def _training_loss(model, shared: _PaperCase) -> Callable[[Tensor, Any], Tensor]:
+    """``(x, graph) -> loss``: the model's cross-entropy on the training nodes."""
+
+    def loss(x: Tensor, graph_arg) -> Tensor:
+        logits = model(x, graph_arg)
+        return F.cross_entropy(logits.index_select(0, shared.train_index), shared.y_train)
+
+    return loss
+
+
 def _training_step(model, optimizer, graph_arg, shared: _PaperCase) -> Callable[[], Tensor]:
     """One full-graph training step: forward, cross-entropy on the training nodes,
     backward, optimizer step; returns the loss (not read: no sync)."""
+    loss_of = _training_loss(model, shared)
 
     def step() -> Tensor:
         optimizer.zero_grad(set_to_none=True)
-        logits = model(shared.x, graph_arg)
-        loss = F.cross_entropy(logits.index_select(0, shared.train_index), shared.y_train)
+        loss = loss_of(shared.x, graph_arg)
         loss.backward()
         optimizer.step()
         return loss
@@ -300,10 +311,10 @@ def _graphed(backend: PaperBackend, shared: _PaperCase, case: Case, config: RunC
     return model, graph_arg, step
 
 
-def compile_model(model: nn.Module) -> nn.Module:
-    """The model of a ``*-compiled`` row: ``torch.compile(model, mode="reduce-overhead",
-    fullgraph=True)`` (the CPU tests swap this for a backend that runs there)."""
-    return torch.compile(model, mode="reduce-overhead", fullgraph=True)
+def compile_model(fn: Callable, *, fullgraph: bool = True) -> Callable:
+    """What a ``*-compiled`` row compiles: ``torch.compile(fn, mode="reduce-overhead",
+    fullgraph=fullgraph)`` (the CPU tests swap this for a backend that runs there)."""
+    return torch.compile(fn, mode="reduce-overhead", fullgraph=fullgraph)
 
 
 def _reset_dynamo() -> None:
@@ -315,21 +326,29 @@ def _reset_dynamo() -> None:
 
 
 def _compiled(backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig, *, train: bool):
-    """``(model, graph_arg, step)``: a fresh model from the case's weights and the eager
-    training step around its compiled wrapper (Dynamo's caches reset first)."""
+    """``(model, graph_arg, step)``: a fresh model from the case's weights and a training
+    step compiled the way one trains fast with ``torch.compile``: the forward and the loss
+    as one compiled function (``fullgraph``), ``backward()`` through its compiled backward,
+    and Adam (``capturable``) with its ``step`` compiled too -- each replayed by CUDA-graph
+    trees on a GPU (Dynamo's caches reset first)."""
     _reset_dynamo()
     model, graph_arg = _paper_model(backend, shared, case, config.device)
     model.train(train)
-    step = _training_step(compile_model(model), _adam(model, config), graph_arg, shared)
-    if config.device.type != "cuda":
-        return model, graph_arg, step
-    mark = torch.compiler.cudagraph_mark_step_begin
+    cuda = config.device.type == "cuda"
+    optimizer = _adam(model, config, capturable=cuda)  # capturable needs CUDA parameters
+    forward_loss = compile_model(_training_loss(model, shared))
+    optimizer_step = compile_model(optimizer.step, fullgraph=False)  # Adam's step has a graph break
 
-    def marked_step() -> Tensor:
-        mark()  # a new iteration: the previous step's graph outputs may be overwritten
-        return step()
+    def step() -> Tensor:
+        if cuda:  # a new iteration: the previous step's graph outputs may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
+        optimizer.zero_grad(set_to_none=True)
+        loss = forward_loss(shared.x, graph_arg)
+        loss.backward()
+        optimizer_step()
+        return loss
 
-    return model, graph_arg, marked_step
+    return model, graph_arg, step
 
 
 def _verify_training(
@@ -337,19 +356,19 @@ def _verify_training(
 ) -> float:
     """Relative error between ``GRAPH_WARMUP + VERIFY_CALLS`` steps of the graphed (or
     compiled) row and as many eager steps from the same weights, dropout off: the
-    larger of the losses' and the final outputs' max-norm relative errors. Graphed
-    rows compare with eager steps using Adam's ``capturable`` variant, as theirs does
-    (the standard one rounds its bias correction on the host: over several steps Adam's
+    larger of the losses' and the final outputs' max-norm relative errors. On a GPU the
+    eager steps use Adam's ``capturable`` variant, as graphed and compiled rows do (the
+    standard one rounds its bias correction on the host: over several steps Adam's
     normalisation amplifies that into ~1e-3 differences, the same for PyG and fusegnn,
-    which is not what this check is about); compiled rows use the standard Adam on both
-    sides. Raises if the eager steps barely moved the output (the comparison would then
+    which is not what this check is about). Raises if the eager steps barely moved the output (the comparison would then
     prove nothing)."""
     calls = GRAPH_WARMUP + VERIFY_CALLS
     model, graph_arg = _paper_model(backend, shared, case, config.device)
     model.eval()  # dropout off: both runs compute the same function
     with torch.no_grad():
         start = model(shared.x, graph_arg).float()
-    step = _training_step(model, _adam(model, config, capturable=graphed), graph_arg, shared)
+    capturable = config.device.type == "cuda"  # as the graphed and compiled steps' Adam
+    step = _training_step(model, _adam(model, config, capturable=capturable), graph_arg, shared)
     eager_losses = torch.stack([step().detach().clone() for _ in range(calls)])
     with torch.no_grad():
         eager_out = model(shared.x, graph_arg).float()
@@ -419,11 +438,13 @@ def _time_compiled(record: dict, backend: PaperBackend, shared: _PaperCase, case
     )
 
 
-def _time_graphed(record: dict, backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig) -> None:
-    """Check the replays against eager steps, then time them (see the module docstring)."""
+def _time_graphed(record: dict, backend: PaperBackend, shared: _PaperCase, case: Case,
+                  config: RunConfig) -> Callable[[], Tensor] | None:
+    """Check the replays against eager steps, then time them (see the module docstring);
+    the timed step, or ``None`` when the check failed."""
     device = config.device
     if not _check_training(record, backend, shared, case, config, graphed=True):
-        return
+        return None
     model, graph_arg, step = _graphed(backend, shared, case, config, train=True)
     for _ in range(GRAPH_WARMUP):
         step()
@@ -443,6 +464,7 @@ def _time_graphed(record: dict, backend: PaperBackend, shared: _PaperCase, case:
         ms=found.ms[0], peak_mem_mib=capture_mib, launches=found.launches[0],
         steps=found.steps, warmup_steps=GRAPH_WARMUP + 1 + found.warmup_steps,
     )
+    return step
 
 
 def _run_paper_case(case, backends, data, config, emit, tick) -> None:
@@ -485,14 +507,22 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
             tick()
     del oracle
 
-    for backend in backends:  # 2. timing of those that passed
+    # 2. timing of those that passed. On small graphs the steps are bound by host time, which
+    # drifts during a run: the eager and graphed steps are timed again interleaved, backends
+    # in turn (``ms``; ``ms_alone`` keeps the separate timing). Compiled rows come last and
+    # keep their separate timing: each compiles from a reset Dynamo (which also resets the
+    # CUDA-graph trees), so no step of another row runs after one.
+    interleave = small_graph(case)
+    timed: list[tuple[dict, Callable[[], Tensor]]] = []
+    passed = [records[b.name] for b in backends if records[b.name]["ok"]]
+    for backend in sorted((b for b in backends if records[b.name]["ok"]), key=lambda b: b.compiled):
         record = records[backend.name]
-        if not record["ok"]:
-            continue
+        if backend.compiled and timed:
+            _time_interleaved(timed, case, config)
         model = optimizer = step = None
         try:
             if backend.graphed:
-                _time_graphed(record, backend, shared, case, config)
+                step = _time_graphed(record, backend, shared, case, config)
             elif backend.compiled:
                 _time_compiled(record, backend, shared, case, config)
             else:
@@ -508,13 +538,33 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
                     ms=found.ms[0], peak_mem_mib=found.peak_mem_mib, launches=found.launches[0],
                     steps=found.steps, warmup_steps=found.warmup_steps,
                 )
+            if interleave and step is not None and record["ms"] is not None:
+                timed.append((record, step))
         except Exception as err:  # noqa: BLE001
             _fail(record, err, device)
         finally:
             model = optimizer = step = None  # the closure holds both: drop it too
-            free_memory(device)
+            if not interleave:
+                free_memory(device)
+    _time_interleaved(timed, case, config)
+    for record in passed:
         emit(record)
         tick()
+
+
+def _time_interleaved(timed: list[tuple[dict, Callable[[], Tensor]]], case: Case, config: RunConfig) -> None:
+    """Time the steps in ``timed`` again, interleaved (their ``ms``; ``ms_alone`` keeps
+    the separate timing), then drop them (``timed`` is emptied)."""
+    if len(timed) > 1:
+        try:
+            medians = interleaved_ms([[step] for _, step in timed], config.device, steps=config.steps)
+            for (record, _), ms in zip(timed, medians):
+                record["ms_alone"], record["ms"] = record["ms"], ms
+        except Exception as err:  # noqa: BLE001 - the separate timings stand
+            print(f"{case.name}: interleaved timing failed ({type(err).__name__}: {err}); "
+                  "keeping the separate timings", file=sys.stderr)
+    timed.clear()
+    free_memory(config.device)
 
 
 def _judge(record: dict, out: Tensor, oracle: Tensor | None, oracle_name: str | None, rtol: float) -> None:

@@ -20,7 +20,7 @@ factorised token embedding (type + key + value vectors) + sinusoidal positions -
 on position 0. The ``dense`` model gives its layers no mask (PyTorch's fused SDPA, full
 attention); the ``sparse`` model gives them a fusegnn mask (Longformer: window +
 ``--num-global`` global tokens, or BigBird: plus random blocks), run by
-:func:`fusegnn.sparse.sparse_attention.sparse_attention` with ``--aggregation`` (default
+:func:`fusegnn.attention.sparse_attention.sparse_attention` with ``--aggregation`` (default
 ``auto``: on a GPU the fused block-sparse Triton kernel, or PyTorch's dense SDPA with the
 boolean mask where the op's calibrated cost model predicts it faster -- short sequences;
 the dense reference on the CPU). The summary's ``sparse_path`` / ``sparse_path_label``
@@ -68,8 +68,8 @@ except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fusegnn.layers import SparseTransformerEncoderLayer
-from fusegnn.sparse.masks import Mask, bigbird, longformer
-from fusegnn.sparse.sparse_attention import ATTENTION_AGGREGATIONS, AttentionDecision, explain_attention
+from fusegnn.attention.masks import Mask, bigbird, longformer
+from fusegnn.attention.sparse_attention import ATTENTION_AGGREGATIONS, AttentionDecision, explain_attention
 
 FILLER, QUERY0 = 0, 1  # token ids: filler, then query tokens (one per key), then records
 
@@ -94,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="first steps not counted in the step time")
     p.add_argument("--eval-batches", type=int, default=8)
     p.add_argument("--aggregation", default="auto", choices=ATTENTION_AGGREGATIONS,
-                   help="path of the sparse model's attention (see fusegnn.sparse.sparse_attention)")
+                   help="path of the sparse model's attention (see fusegnn.attention.sparse_attention)")
     p.add_argument("--models", default="dense,sparse", help="comma-separated subset of dense,sparse")
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)

@@ -4,6 +4,8 @@ The package is split the way a GNN layer is (fuseGNN, Chen et al. 2020):
 
 * :mod:`fusegnn.sparse` -- graphs, sparse formats and the public sparse ops
   (``spmm``, ``sddmm``, ``edge_softmax``) with their GAS / GAR / reference dispatch;
+* :mod:`fusegnn.attention` -- masked (sparse) transformer attention on that core: masks,
+  block layouts, ``sparse_attention`` and its cost model;
 * :mod:`fusegnn.kernels` -- Triton kernels, each beside the PyTorch reference it must match;
 * :mod:`fusegnn.layers` -- ``nn.Module`` layers (``GCNConv``, ``GATConv``, ...);
 * :mod:`fusegnn.datasets` -- data loaders and offline generators;
@@ -11,7 +13,7 @@ The package is split the way a GNN layer is (fuseGNN, Chen et al. 2020):
   CUDA graph and replayed (small graphs are bound by kernel launches).
 """
 
-from fusegnn import capture, datasets, layers, sparse
+from fusegnn import attention, capture, datasets, layers, sparse
 from fusegnn.capture import CaptureError, GraphedStep, graphed_step
 from fusegnn.sparse import Graph
 
@@ -21,6 +23,7 @@ __all__ = [
     "CaptureError",
     "Graph",
     "GraphedStep",
+    "attention",
     "capture",
     "datasets",
     "graphed_step",

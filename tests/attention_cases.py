@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fusegnn.sparse import masks as M
+from fusegnn.attention import masks as M
 
 
 def qkv(B, H, L_q, L_k, D, D_v=None, seed=0, dtype=torch.float64):

@@ -186,11 +186,11 @@ def test_dense_backends_and_path_labels(tmp_path):
 
 
 def test_cost_model_constants_come_from_the_fit():
-    """The constants in sparse_attention.py are what --fit gives on the stored H200 results."""
+    """The constants in fusegnn/attention/cost_model.py are what --fit gives on the stored H200 results."""
     from pathlib import Path
 
     from benchmarks.attention_calibrate import fit_cost_models, load_observations, observations
-    from fusegnn.sparse.sparse_attention import COST_MODELS, DENSE_CAUSAL_FACTOR, DENSE_MASK_FACTOR
+    from fusegnn.attention.cost_model import COST_MODELS, DENSE_CAUSAL_FACTOR, DENSE_MASK_FACTOR
 
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "attention"
     obs = observations(load_observations([

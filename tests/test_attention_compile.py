@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 pytest.importorskip("triton")
 
 from fusegnn.layers import SparseMultiheadAttention  # noqa: E402
-from fusegnn.sparse import handles, masks, sparse_attention  # noqa: E402
+from fusegnn.attention import handles, masks, sparse_attention  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

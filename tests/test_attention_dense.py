@@ -2,7 +2,7 @@
 chooses between it and the sparse paths.
 
 * ``aggregation="dense"`` against the float64 masked reference
-  (:func:`~fusegnn.sparse.sparse_attention.masked_attention_reference`), outputs and
+  (:func:`~fusegnn.attention.sparse_attention.masked_attention_reference`), outputs and
   gradients, for every mask kind, odd and rectangular ``L``, ``D_v != D``, shared and
   per-head masks, masks and prebuilt layouts; ``gradcheck`` of each SDPA variant;
 * rows with no allowed key give zeros (never NaN) and no gradient, and SDPA itself never
@@ -28,24 +28,27 @@ import importlib
 import pytest
 import torch
 
-from fusegnn.sparse import masks as M
-from fusegnn.sparse.block_layout import BlockLayout
-from fusegnn.sparse.sparse_attention import (
+from fusegnn.attention import masks as M
+from fusegnn.attention.block_layout import BlockLayout
+from fusegnn.attention import cost_model as CM
+from fusegnn.attention.cost_model import (
     COST_MODELS,
     DENSE_VARIANTS,
     ELEMENT_MAX_FILL,
-    AttentionDecision,
     CostModel,
+    predict_attention_ms,
+)
+from fusegnn.attention.sparse_attention import (
+    AttentionDecision,
     auto_attention_rule,
     explain_attention,
     masked_attention_reference,
-    predict_attention_ms,
     sparse_attention,
 )
 
 from tests.attention_cases import mask_cases, qkv, with_empty_rows  # noqa: E402
 
-SA = importlib.import_module("fusegnn.sparse.sparse_attention")  # the module (the package re-exports the function)
+SA = importlib.import_module("fusegnn.attention.sparse_attention")  # the module (the package re-exports the function)
 CUDA = torch.cuda.is_available()
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -266,10 +269,10 @@ def expected_decision(mask, B, H, D, backward, block_size=None):
     if bool(dense3.all()):
         variant, factor = "no mask", 1.0
     elif mask.L_q == mask.L_k and torch.equal(dense3, torch.ones_like(dense3).tril().expand_as(dense3)) and mask.L_q > 1:
-        variant, factor = "causal", SA.DENSE_CAUSAL_FACTOR
+        variant, factor = "causal", CM.DENSE_CAUSAL_FACTOR
     else:
-        variant, factor = "bool mask", SA.DENSE_MASK_FACTOR
-        if layout.num_heads * mask.L_q * mask.L_k > SA.DENSE_MASK_MAX_ELEMENTS:
+        variant, factor = "bool mask", CM.DENSE_MASK_FACTOR
+        if layout.num_heads * mask.L_q * mask.L_k > CM.DENSE_MASK_MAX_ELEMENTS:
             return sparse, None, sparse_ms, None
     dense_ms = model.dense_overhead_ms + model.dense_ms_per_element * factor * d * B * H * mask.L_q * mask.L_k
     if dense_ms < sparse_ms:
@@ -347,11 +350,11 @@ def test_rule_limits(monkeypatch):
     mask = M.sliding_window(L, 128)
     rule = lambda m=mask, **kw: auto_attention_rule(m, batch=4, heads=12, head_dim=64, backward=True, **kw)  # noqa: E731
     # the size cap on the boolean mask
-    monkeypatch.setattr(SA, "DENSE_MASK_MAX_ELEMENTS", L * L - 1)
+    monkeypatch.setattr(CM, "DENSE_MASK_MAX_ELEMENTS", L * L - 1)
     capped = rule()
     assert capped.name == "block" and "not considered" in capped.reason
     assert [label for label, _ in capped.predicted_ms] == ["block 64x64"]
-    monkeypatch.setattr(SA, "DENSE_MASK_MAX_ELEMENTS", L * L)
+    monkeypatch.setattr(CM, "DENSE_MASK_MAX_ELEMENTS", L * L)
     assert "not considered" not in rule().reason
     # push the constants to the extremes: the decision follows the predicted costs
     base = COST_MODELS["fwdbwd"]
@@ -383,7 +386,7 @@ def test_predict_attention_ms_definition():
     assert predict_attention_ms("dense", 1e6, head_dim=64, backward=False) == pytest.approx(
         m.dense_overhead_ms + m.dense_ms_per_element * 1e6)
     assert predict_attention_ms("dense", 1e6, head_dim=128, backward=False, dense_variant="causal") == pytest.approx(
-        m.dense_overhead_ms + m.dense_ms_per_element * 2e6 * SA.DENSE_CAUSAL_FACTOR)
+        m.dense_overhead_ms + m.dense_ms_per_element * 2e6 * CM.DENSE_CAUSAL_FACTOR)
     assert predict_attention_ms("block", 10, head_dim=64, backward=False, block_size=(128, 64)) == pytest.approx(
         m.block_overhead_ms + m.block_ms_per_block * 20)
     b = COST_MODELS["fwdbwd"]

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from fusegnn.layers.attention import SparseMultiheadAttention, SparseTransformerEncoderLayer
-from fusegnn.sparse.block_layout import BlockLayout
-from fusegnn.sparse.masks import bigbird, causal, from_dense, longformer, sliding_window, stack_heads
+from fusegnn.attention.block_layout import BlockLayout
+from fusegnn.attention.masks import bigbird, causal, from_dense, longformer, sliding_window, stack_heads
 
 REPO = Path(__file__).resolve().parents[1]
 PATHS = ["reference", "element", "dense"]
@@ -182,7 +182,7 @@ def test_example_quick_run_json(capsys):
     summary = json.loads(out.strip().splitlines()[-1])
     assert set(summary["models"]) == {"dense", "sparse"}
     if torch.cuda.is_available():  # the auto rule for the training step's sizes (B=4, H=2, D=16)
-        from fusegnn.sparse.sparse_attention import auto_attention_rule
+        from fusegnn.attention.sparse_attention import auto_attention_rule
 
         expected = auto_attention_rule(longformer(64, 8, 16), batch=4, heads=2, head_dim=16, backward=True)
         assert summary["sparse_path_label"] == expected.label

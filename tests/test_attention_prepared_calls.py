@@ -1,5 +1,5 @@
 """``sparse_attention`` remembers, per mask, the checked and decided form of a call
-(:func:`fusegnn.sparse.sparse_attention._call_signature`): a repeated call runs the chosen
+(:func:`fusegnn.attention.sparse_attention._call_signature`): a repeated call runs the chosen
 path directly. These tests check that a prepared call gives the same result as a fresh
 one, and that anything the checks or the decision read (shapes, dtypes, devices, grad
 mode, scale, options) prepares the call again, so bad input is still refused."""
@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fusegnn.sparse import masks, sparse_attention
-import fusegnn.sparse.sparse_attention  # noqa: F401  (the module, for its private helpers)
+from fusegnn.attention import masks, sparse_attention
+import fusegnn.attention.sparse_attention  # noqa: F401  (the module, for its private helpers)
 import sys
 
-sa_module = sys.modules["fusegnn.sparse.sparse_attention"]
+sa_module = sys.modules["fusegnn.attention.sparse_attention"]
 
 
 def _qkv(B=1, H=2, L=24, D=8, dtype=torch.float64, grad=False, seed=0):

@@ -118,6 +118,7 @@ def test_paper_suite_on_cora(tmp_path, monkeypatch, one_thread):
         assert row["ms"] > 0 and row["steps"] == 2 and row["warmup_steps"] == 1
         assert row["peak_mem_mib"] is None and row["launches"] is None  # CPU run
         assert row["norm_ms"] > 0
+        assert row["ms_alone"] > 0  # timed alone, then again interleaved with the others (ms)
     assert rows["fusegnn"]["checked_against"] == "fusegnn-reference"
     assert rows["fusegnn"]["aggregation"] == "reference"  # auto on CPU tensors
     if "pyg" in rows:  # same weights in PyG's layers give the same function
@@ -239,9 +240,9 @@ def test_compiled_backends_are_registered():
     assert "compile_ms" in RECORD_FIELDS
 
 
-def _compile_on_cpu(model):
+def _compile_on_cpu(fn, *, fullgraph=True):
     """What ``compile_model`` does on a GPU, with Dynamo's eager backend (no code generation)."""
-    return torch.compile(model, backend="eager", fullgraph=True)
+    return torch.compile(fn, backend="eager", fullgraph=fullgraph)
 
 
 def test_compiled_row_on_cpu(tmp_path, monkeypatch, one_thread):
@@ -279,7 +280,7 @@ def test_failed_compilation_is_recorded(tmp_path, monkeypatch, one_thread):
         "broken-compiled", "fusegnn", bench_backends.PAPER_BACKENDS["fusegnn-compiled"].build, "auto", compiled=True,
     )
 
-    def refuse(model):
+    def refuse(fn, **options):
         raise RuntimeError("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run")
 
     monkeypatch.setitem(bench_backends.PAPER_BACKENDS, compiled.name, compiled)

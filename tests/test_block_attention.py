@@ -30,8 +30,8 @@ from fusegnn.kernels.block_attention import (  # noqa: E402
     LaunchConfig,
     launch_config,
 )
-from fusegnn.sparse.block_layout import BlockLayout  # noqa: E402
-from fusegnn.sparse.masks import (  # noqa: E402
+from fusegnn.attention.block_layout import BlockLayout  # noqa: E402
+from fusegnn.attention.masks import (  # noqa: E402
     bigbird,
     causal,
     dilated,
@@ -222,11 +222,11 @@ def test_band_patterns_replace_loaded_patterns(monkeypatch):
             layout = BlockLayout.from_mask(longformer(64, 5, 16), 16, 16, DEVICE)
         else:
             _, layout = make(name, 64, 64)
-        prep = BA._prepare(layout, DEVICE)
+        prep = layout.prepared(DEVICE)
         assert prep.all_bands is banded, name
         lo, hi = prep.bands[:, 0].tolist(), prep.bands[:, 1].tolist()
         assert all(a <= b for a, b in zip(lo, hi)), name
-    assert BA._prepare(make("window", 40, 40)[1], DEVICE).all_bands is False  # ragged: cut patterns
+    assert make("window", 40, 40)[1].prepared(DEVICE).all_bands is False  # ragged: cut patterns
     (q, k, v), g = _inputs(1, 2, 64, 64, 32, seed=21)
     outs = []
     for flag in ("1", "0"):
@@ -234,7 +234,7 @@ def test_band_patterns_replace_loaded_patterns(monkeypatch):
         mask = longformer(64, 5, 16)
         layout = BlockLayout.from_mask(mask, 16, 16, DEVICE)
         mask = mask.dense()
-        assert BA._prepare(layout, DEVICE).all_bands is (flag == "1")
+        assert layout.prepared(DEVICE).all_bands is (flag == "1")
         outs.append(_check(q, k, v, g, mask, layout))
     torch.testing.assert_close(outs[0], outs[1], atol=1e-6, rtol=1e-6)
 
@@ -258,7 +258,7 @@ def test_dilation_bad_inputs():
 def test_sparse_attention_runs_dilated_masks_as_sub_sequences():
     """sparse_attention's block path splits a dilated mask (and its intersection with a
     causal one) into sub-sequences: the decision says so, the result is the mask's."""
-    from fusegnn.sparse.sparse_attention import explain_attention, sparse_attention
+    from fusegnn.attention.sparse_attention import explain_attention, sparse_attention
 
     L = 45
     for mask in (dilated(L, 4, 3), dilated(L, 5, 2) & causal(L)):
@@ -521,7 +521,7 @@ def test_gpu_dilated_sub_sequences_vs_sdpa(L, dtype):
     dense mask."""
     import torch.nn.functional as F
 
-    from fusegnn.sparse.sparse_attention import sparse_attention
+    from fusegnn.attention.sparse_attention import sparse_attention
 
     for mask in (dilated(L, 128, 2), dilated(L, 100, 2) & causal(L), longformer(L, 100, 64)):
         dense = mask.dense(DEVICE)

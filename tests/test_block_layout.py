@@ -1,4 +1,4 @@
-"""BlockLayout (:mod:`fusegnn.sparse.block_layout`): the BCSR full/partial block format.
+"""BlockLayout (:mod:`fusegnn.attention.block_layout`): the BCSR full/partial block format.
 
 The dense mask is rebuilt from the forward index (``row_ptr`` / ``col_idx`` /
 ``pattern_id``) and, separately, from the transposed index (``col_ptr`` / ``row_idx`` /
@@ -15,8 +15,8 @@ import time
 import pytest
 import torch
 
-from fusegnn.sparse import masks as M
-from fusegnn.sparse.block_layout import BlockLayout
+from fusegnn.attention import masks as M
+from fusegnn.attention.block_layout import BlockLayout
 
 CUDA = torch.cuda.is_available()
 
@@ -187,7 +187,7 @@ def test_block_size_validation():
             BlockLayout.from_mask(mask, 16, bad)
     with pytest.raises(TypeError, match="BM must be an int"):
         BlockLayout.from_mask(mask, 16.0, 16)
-    with pytest.raises(TypeError, match="mask must be a fusegnn.sparse.masks.Mask"):
+    with pytest.raises(TypeError, match="mask must be a fusegnn.attention.masks.Mask"):
         BlockLayout.from_mask(torch.ones(4, 4, dtype=torch.bool), 16, 16)
 
 
@@ -235,3 +235,25 @@ def test_bigbird_layout_at_16k_builds_fast():
             expect = mask.block_elements(r, c, 64, 64)
             got = torch.ones(64, 64, dtype=torch.bool) if p == -1 else layout.patterns[p]
             assert torch.equal(got, expect)
+
+
+def test_prepared_is_built_once_and_kept_by_the_layout():
+    """``BlockLayout.prepared(device)``: the block kernels' arrays, built on first use
+    (by the kernel module's plain ``prepare_layout``) and kept by the layout; a string
+    device finds the same arrays; a layout moved with ``to`` starts without them."""
+    pytest.importorskip("triton")
+    from fusegnn.kernels.block_attention import PreparedLayout, prepare_layout
+
+    layout = BlockLayout.from_mask(M.sliding_window(40, 5), 16, 16)
+    first = layout.prepared(torch.device("cpu"))
+    assert isinstance(first, PreparedLayout) and first.device == torch.device("cpu")
+    assert layout.prepared(torch.device("cpu")) is first
+    assert layout.prepared("cpu") is first
+    fresh = prepare_layout(layout, torch.device("cpu"))  # the plain function keeps nothing
+    assert fresh is not first and layout.prepared(torch.device("cpu")) is first
+    for name in ("row_ptr", "col_idx", "col_ptr", "row_idx", "row_sched", "col_sched", "bands"):
+        assert torch.equal(getattr(fresh, name), getattr(first, name)), name
+    assert first.nnzb == layout.nnzb and first.plans == {}
+    assert layout.to("cpu") is layout
+    moved = BlockLayout(**{f: getattr(layout, f) for f in layout.__dataclass_fields__ if f != "_mask"})
+    assert moved.prepared(torch.device("cpu")) is not first

@@ -132,8 +132,8 @@ def test_a_compiled_kernel_without_the_launcher_is_not_cached(fake_cuda):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_block_attention_is_bitwise_the_same_through_both_paths(monkeypatch):
     from fusegnn.kernels.block_attention import block_sparse_attention
-    from fusegnn.sparse import masks
-    from fusegnn.sparse.block_layout import BlockLayout
+    from fusegnn.attention import masks
+    from fusegnn.attention.block_layout import BlockLayout
 
     L = 300
     mask = masks.sliding_window(L, 40) | masks.global_tokens(L, 3)
@@ -174,8 +174,8 @@ def test_empty_hook_chains_are_not_hooks():
 def test_block_attention_on_a_device_that_is_not_the_current_one():
     """Triton launches on the current device: inputs on another GPU must still work."""
     from fusegnn.kernels.block_attention import block_sparse_attention
-    from fusegnn.sparse import masks
-    from fusegnn.sparse.block_layout import BlockLayout
+    from fusegnn.attention import masks
+    from fusegnn.attention.block_layout import BlockLayout
 
     L = 200
     mask = masks.sliding_window(L, 30)

@@ -314,3 +314,20 @@ def test_with_edge_weight_shares_structural_caches_only():
     reweighted = graph.with_edge_weight(torch.rand(4))
     assert reweighted.cached("plan", lambda: object(), structural=True) is plan
     assert reweighted.cached("weighted", lambda: object()) is not weighted
+
+
+def test_reversed_transposes_keeps_weights_and_is_cached():
+    edge_index = torch.tensor([[0, 0, 2, 1], [1, 0, 1, 1]])
+    weight = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    graph = Graph(edge_index, (3, 2), weight)
+    rev = graph.reversed()
+    assert torch.equal(rev.edge_index, edge_index.flip(0))
+    assert (rev.num_src_nodes, rev.num_dst_nodes) == (2, 3)
+    assert torch.equal(rev.edge_weight, weight)
+    assert torch.equal(rev.to_dense(), graph.to_dense().t())
+    assert graph.reversed() is rev
+    # the structure is shared with re-weighted copies, the weights are each graph's own
+    other = graph.with_edge_weight(weight * 2)
+    assert torch.equal(other.reversed().edge_weight, weight * 2)
+    assert other.reversed().edge_index is graph.with_edge_weight(None).reversed().edge_index
+    assert Graph(edge_index, (3, 2)).reversed().edge_weight is None

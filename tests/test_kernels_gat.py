@@ -29,7 +29,7 @@ from fusegnn.kernels._edge_utils import chunk_schedule  # noqa: E402
 from fusegnn.kernels.gat_fused import dropout_keep_mask, fused_gat_attention  # noqa: E402
 from fusegnn.layers import GATConv  # noqa: E402
 from fusegnn.sparse import Graph, dispatch, edge_softmax, sddmm, spmm  # noqa: E402
-from fusegnn.sparse.attention import gat_attention  # noqa: E402
+from fusegnn.sparse.gat import gat_attention  # noqa: E402
 from tests.graphs import random_graph  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -65,7 +65,7 @@ def _compare(graph, heads, channels, *, variant="gar", chunk=SHORT_CHUNK, p=0.0,
              dtype=torch.float64, atol=1e-11, rtol=1e-10, grad_alpha=True):
     h, s, t = _inputs(graph, heads, channels, seed=3, dtype=dtype)
     out, alpha = fused_gat_attention(
-        graph, h, s, t, SLOPE, p, seed=seed, return_alpha=True, variant=variant, chunk=chunk
+        graph, h, s, t, SLOPE, p, seed=seed, return_alpha=True, aggregation=variant, chunk=chunk
     )
     keep = dropout_keep_mask(graph.num_edges, heads, p, seed, DEVICE) if p > 0 else None
     hr, sr, tr = (v.detach().double().requires_grad_() for v in (h, s, t))
@@ -235,7 +235,7 @@ def test_gar_backward_is_bitwise_reproducible():
     h, s, t = _inputs(graph, 2, 3, seed=2)
     runs = []
     for _ in range(2):
-        out = fused_gat_attention(graph, h, s, t, SLOPE, 0.2, seed=1, variant="gar", chunk=SHORT_CHUNK)[0]
+        out = fused_gat_attention(graph, h, s, t, SLOPE, 0.2, seed=1, aggregation="gar", chunk=SHORT_CHUNK)[0]
         runs.append(torch.autograd.grad(out.square().sum(), (h, s, t)))
     assert all(torch.equal(a, b) for a, b in zip(*runs))
 

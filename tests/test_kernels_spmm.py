@@ -29,6 +29,7 @@ import fusegnn  # noqa: E402,F401
 from fusegnn.sparse import Graph, dispatch, reference, spmm  # noqa: E402
 from fusegnn.sparse import kernel_backends as backends  # noqa: E402
 from fusegnn.kernels import spmm as fused  # noqa: E402
+from fusegnn.kernels import _triton as triton_helpers  # noqa: E402
 from fusegnn.kernels import spmm_gar, spmm_gas  # noqa: E402
 from fusegnn.kernels.partition import build_plan, plan_for  # noqa: E402
 from fusegnn.kernels.spmm_gar import gar_config  # noqa: E402
@@ -408,13 +409,12 @@ def test_supports_cpu_only_under_the_interpreter(monkeypatch):
     graph = Graph(random_graph(10, 50, 22), 10)
     x = torch.randn(10, 3)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(spmm_gas, "INTERPRETED", True)
-    monkeypatch.setattr(spmm_gar, "INTERPRETED", True)
+    monkeypatch.setattr(triton_helpers, "_triton_interprets", lambda: True)
     assert backends.supports(graph, x)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert not backends.supports(graph, x)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(spmm_gar, "INTERPRETED", False)  # compiled for the GPU already
+    monkeypatch.setattr(triton_helpers, "_triton_interprets", lambda: False)  # triton imported for the GPU
     assert not backends.supports(graph, x)
 
 

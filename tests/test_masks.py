@@ -1,4 +1,4 @@
-"""Attention masks (:mod:`fusegnn.sparse.masks`) against their written definitions.
+"""Attention masks (:mod:`fusegnn.attention.masks`) against their written definitions.
 
 * ``dense()`` of every constructor equals its docstring formula, written here
   independently with index grids;
@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fusegnn.sparse import Graph
-from fusegnn.sparse import masks as M
+from fusegnn.attention import masks as M
 
 CUDA = torch.cuda.is_available()
 

@@ -24,9 +24,9 @@ if not torch.cuda.is_available():  # run the Triton kernels on the CPU
 import pytest  # noqa: E402
 
 from fusegnn.sparse import available_backends  # noqa: E402
-from fusegnn.sparse import masks as M  # noqa: E402
-from fusegnn.sparse.block_layout import BlockLayout  # noqa: E402
-from fusegnn.sparse.sparse_attention import (  # noqa: E402
+from fusegnn.attention import masks as M  # noqa: E402
+from fusegnn.attention.block_layout import BlockLayout  # noqa: E402
+from fusegnn.attention.sparse_attention import (  # noqa: E402
     default_block_size,
     explain_attention,
     sparse_attention,
@@ -208,7 +208,7 @@ def test_auto_on_cuda():
     itself): short sequences go dense, long windows to the block kernel, very irregular
     long masks to the element path; float64 (which the block kernel does not take) to the
     element path."""
-    from fusegnn.sparse.sparse_attention import auto_attention_rule
+    from fusegnn.attention.sparse_attention import auto_attention_rule
 
     gen = torch.Generator().manual_seed(0)
     short = torch.zeros(1, 2, 512, 64, device="cuda", dtype=torch.float16)
@@ -250,7 +250,7 @@ def test_validation_errors():
         sparse_attention(q, k, v, M.causal(9))
     with pytest.raises(ValueError, match="the mask has 2 heads but q has H = 3"):
         sparse_attention(q, k, v, M.stack_heads([mask, mask]))
-    with pytest.raises(TypeError, match="mask must be a fusegnn.sparse.masks.Mask"):
+    with pytest.raises(TypeError, match="mask must be a fusegnn.attention.masks.Mask"):
         sparse_attention(q, k, v, mask.dense())
     with pytest.raises(ValueError, match="aggregation must be one of"):
         sparse_attention(q, k, v, mask, aggregation="gar")

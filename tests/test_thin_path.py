@@ -136,7 +136,7 @@ def test_gat_layer_dropout_is_the_fused_attention_with_the_same_seed(aggregation
     out = gat_layer(graph, h, att_src, att_dst, concat=True, dropout=0.5, training=True, aggregation=aggregation)
     torch.manual_seed(123)
     s, t = (h * att_src).sum(-1), (h * att_dst).sum(-1)
-    ref, _ = fused_gat_attention(graph, h, s, t, 0.2, 0.5, variant=aggregation)
+    ref, _ = fused_gat_attention(graph, h, s, t, 0.2, 0.5, aggregation=aggregation)
     ref = ref.reshape(graph.num_nodes, -1)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     inputs = (h, att_src, att_dst)

@@ -1,10 +1,9 @@
-"""Small helpers shared by the edge kernels (``sddmm``, ``edge_softmax``, fused GAT).
+"""Small helpers shared by the edge kernels (``sddmm``, ``edge_softmax``, fused GAT,
+GAR's partition); the Triton helpers every kernel shares are in :mod:`fusegnn.kernels._triton`.
 
-* :class:`LazyKernel` -- ``triton.jit`` applied at the first launch instead of at import,
-  so whether the Triton interpreter runs a kernel (``TRITON_INTERPRET=1``) is decided
-  when it is first used, not by whichever module happened to import it first;
-* :func:`fused_can_run` -- whether Triton kernels can run on a tensor (a CUDA tensor, or a
-  CPU tensor with the interpreter enabled);
+* :func:`acc_dtype` -- the accumulation dtype of an input dtype;
+* :func:`check_not_capturing` -- a clear error for per-graph work built during a CUDA
+  graph capture;
 * :func:`chunk_schedule` -- the work list that splits long CSR/CSC rows into chunks so
   that a hub row does not serialise one program.
 
@@ -13,60 +12,17 @@ This module imports only ``torch``; ``triton`` is imported by the kernel modules
 
 from __future__ import annotations
 
-import importlib.util
-import os
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from fusegnn.kernels._launch import _Bound
-
 __all__ = [
-    "LazyKernel",
     "ChunkSchedule",
     "acc_dtype",
     "check_not_capturing",
     "chunk_schedule",
-    "fused_can_run",
-    "interpreter_enabled",
-    "next_pow2",
-    "triton_available",
 ]
-
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def triton_available() -> bool:
-    """``triton`` can be imported (it is an optional dependency of fusegnn)."""
-    return importlib.util.find_spec("triton") is not None
-
-
-def interpreter_enabled() -> bool:
-    """``TRITON_INTERPRET=1``: Triton kernels run on the CPU through its interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
-
-
-def fused_can_run(*tensors: Tensor) -> bool:
-    """Triton kernels can run on these tensors: all on CUDA (or all on the CPU with the
-    interpreter enabled), all in a supported floating dtype, and triton importable."""
-    if not triton_available():
-        return False
-    for t in tensors:
-        if t.is_floating_point() and t.dtype not in FLOAT_DTYPES:
-            return False
-        if t.device.type == "cuda":
-            continue
-        if t.device.type == "cpu" and interpreter_enabled():
-            continue
-        return False
-    return True
-
-
-def next_pow2(n: int) -> int:
-    """Smallest power of two ``>= max(n, 1)`` (Triton block shapes are powers of two)."""
-    n = max(int(n), 1)
-    return 1 << (n - 1).bit_length()
 
 
 def check_not_capturing(tensor: Tensor, what: str) -> None:
@@ -86,71 +42,6 @@ def check_not_capturing(tensor: Tensor, what: str) -> None:
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """Accumulation dtype: float64 for float64 inputs, float32 for everything else."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-# module name -> helper name -> plain function, for kernel_helper / LazyKernel
-_HELPERS: dict[str, dict[str, Callable]] = {}
-
-
-def kernel_helper(fn: Callable) -> Callable:
-    """Mark ``fn`` as a device function (``@triton.jit`` helper) of the kernels in its
-    module. Like the kernels, it stays a plain function until the first launch of a
-    :class:`LazyKernel` of that module, which jits it (with the interpreter when
-    ``TRITON_INTERPRET=1``) and binds the jitted version to its name in the module, where
-    the kernels' calls find it."""
-    _HELPERS.setdefault(fn.__module__, {})[fn.__name__] = fn
-    return fn
-
-
-def _jit_helpers(kernel_fn: Callable) -> None:
-    import triton
-
-    namespace = kernel_fn.__globals__
-    for name, helper in _HELPERS.get(kernel_fn.__module__, {}).items():
-        if namespace.get(name) is helper:
-            namespace[name] = triton.jit(helper)
-
-
-class LazyKernel:
-    """A Triton kernel jitted at its first launch: ``kernel[grid](*args, **meta)``
-    (together with the :func:`kernel_helper` functions of its module)."""
-
-    def __init__(self, fn: Callable) -> None:
-        self.fn = fn
-        self.__name__ = fn.__name__
-        self.__doc__ = fn.__doc__
-        self._kernel = None
-
-    def triton_launcher(self, grid):
-        """Triton's own launch of the jitted kernel (its binder on every call)."""
-        if self._kernel is None:
-            import triton
-
-            if interpreter_enabled():
-                _check_interpreter_usable()
-            _jit_helpers(self.fn)
-            self._kernel = triton.jit(self.fn)
-        return self._kernel[grid]
-
-    def __getitem__(self, grid):
-        """``kernel[grid](*args, **options)``, relaunched without Triton's binder once
-        compiled (:func:`fusegnn.kernels._launch.launch_kernel`)."""
-        return _Bound(self, grid)
-
-
-def _check_interpreter_usable() -> None:
-    """Triton's own ``@triton.jit`` helpers (``tl.zeros``, ``tl.sum``, ``tl.rand``) are
-    built when ``triton`` is first imported; if that happened before
-    ``TRITON_INTERPRET=1`` was set, the interpreter cannot call them."""
-    import triton.language.standard as standard
-
-    if type(standard.zeros).__name__ != "InterpretedFunction":
-        raise RuntimeError(
-            "TRITON_INTERPRET=1 was set after triton had been imported (some import, e.g. "
-            "torch_geometric, loads triton), so Triton's interpreter cannot run these "
-            "kernels; set TRITON_INTERPRET=1 before anything imports triton (for pytest: "
-            "in conftest.py)"
-        )
 
 
 class ChunkSchedule(NamedTuple):

@@ -25,9 +25,8 @@ It falls back to the ordinary launch, and stays correct, when:
 ``FUSEGNN_FAST_LAUNCH=0`` switches it off too (for comparisons).
 
 **Every kernel launches through here.** ``kernel[grid](*args, **options)`` on a
-:class:`~fusegnn.kernels._edge_utils.LazyKernel` (or a :class:`FastKernel` around a plain
-``@triton.jit`` kernel) calls :func:`launch_kernel`, which builds the specialisation key
-itself (:func:`spec_key`: every tensor's dtype and 16-byte alignment, every integer's
+:class:`~fusegnn.kernels._triton.LazyKernel` (every fusegnn kernel is one) calls
+:func:`launch_kernel`, which builds the specialisation key itself (:func:`spec_key`: every tensor's dtype and 16-byte alignment, every integer's
 ``== 1``, divisibility by 16 and width class, the kind of every other argument). That key
 distinguishes at least every case Triton's binder does, so a relaunch never runs a kernel
 compiled for another specialisation. Callers with a cheaper key of their own (the
@@ -43,7 +42,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["launch", "launch_kernel", "spec_key", "FastKernel", "fast_launch_enabled", "clear_cache"]
+__all__ = ["launch", "launch_kernel", "spec_key", "fast_launch_enabled", "clear_cache"]
 
 #: (kernel name, spec key, meta items, warps, stages, device) -> _Entry. Keys carry exact
 #: sizes (a new sequence length is a new key, sharing Triton's compiled kernel), so the
@@ -147,7 +146,7 @@ def launch(
 ):
     """``kernel[grid](*args, **meta, num_warps=warps, num_stages=stages)``, relaunched
     without Triton's binder when ``spec_key`` (see the module docstring) was seen before.
-    ``kernel`` is a :class:`~fusegnn.kernels._edge_utils.LazyKernel`; ``meta`` holds its
+    ``kernel`` is a :class:`~fusegnn.kernels._triton.LazyKernel`; ``meta`` holds its
     constexprs and Triton options (e.g. ``maxnreg``). Without ``spec_key`` (or a CUDA
     ``device``) it is the ordinary launch. Returns Triton's compiled kernel."""
     fast = (spec_key is not None and device is not None and device.type == "cuda" and fast_launch_enabled()
@@ -230,24 +229,6 @@ def launch_kernel(kernel, grid, args: Sequence[Any], options: dict[str, Any]):
                 _STATE["broken"] = True
                 _CACHE.clear()
     return launch(kernel, grid, args, options, warps, stages, spec, first.device)
-
-
-class FastKernel:
-    """A plain ``@triton.jit`` kernel whose ``kernel[grid](*args, **options)`` goes
-    through :func:`launch_kernel` (``triton_launcher(grid)`` is Triton's own launch)."""
-
-    __slots__ = ("kernel", "fn", "__name__")
-
-    def __init__(self, kernel) -> None:
-        self.kernel = kernel
-        self.fn = getattr(kernel, "fn", None)
-        self.__name__ = getattr(self.fn, "__name__", repr(kernel))
-
-    def triton_launcher(self, grid):
-        return self.kernel[grid]
-
-    def __getitem__(self, grid):
-        return _Bound(self, grid)
 
 
 class _Bound:

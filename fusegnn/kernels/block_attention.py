@@ -1,7 +1,7 @@
 r"""Fused block-sparse attention (FlashAttention-2 style), forward and backward.
 
 For every batch ``b``, head ``h``, query ``i`` and key ``j``, with the boolean mask
-:math:`M^{(h)}` of a :class:`~fusegnn.sparse.block_layout.BlockLayout` (per head, or one
+:math:`M^{(h)}` of a :class:`~fusegnn.attention.block_layout.BlockLayout` (per head, or one
 shared by all heads) and :math:`s` = ``scale`` (default :math:`1/\sqrt{D}`):
 
 .. math::
@@ -64,16 +64,22 @@ BigBird / Longformer masks, which visits every key block) would otherwise start 
 the grid and finish alone. Programs are numbered so that the heavy rows of every
 ``(b, h)`` run first (heaviest first), then the light rows ``(b, h)``-major with the block
 row fastest (neighbouring rows of one head share key blocks in L2). The order is
-computed on the device once per layout and cached on it (``_kernel_cache``, with the
-partial-first copy of the index); the same is done for key block columns in ``_bwd_dkdv``.
+computed on the device once per layout (:func:`prepare_layout`, with the partial-first
+copy of the index; the layout keeps it, ``layout.prepared(device)``); the same is done for
+key block columns in ``_bwd_dkdv``.
 
 **Host work per call.** The launch arguments that do not change between calls (the
 layout's arrays, strides, sizes, constexprs, the launch configuration) are computed once
-per call signature -- shapes, strides, dtype, 16-byte alignment, scale -- and cached on the
-layout (``_Prepared.plans``); a repeated call allocates its outputs and relaunches the
-compiled kernels through :mod:`fusegnn.kernels._launch`, without Triton's per-call binder.
-On an H200 host this took the forward from 38 to 21 us and the backward from 86 to 42 us
-(``benchmarks/NOTES-attention.md``).
+per call signature -- shapes, strides, dtype, 16-byte alignment, scale -- and kept with the
+layout's prepared arrays (:attr:`PreparedLayout.plans`); a repeated call allocates its
+outputs and relaunches the compiled kernels through :mod:`fusegnn.kernels._launch`,
+without Triton's per-call binder (short calls are bound by host time:
+``benchmarks/NOTES-attention.md``).
+
+**The layout** is a :class:`~fusegnn.attention.block_layout.BlockLayout` (or any object
+with its fields) whose ``prepared(device)`` returns :func:`prepare_layout` of it on
+``device``, built once and kept by the layout: this module never imports the layout's
+package.
 
 dtypes: float16, bfloat16, float32 (float32 accumulation; float32 inputs use TF32 tensor
 cores when ``torch.get_float32_matmul_precision() != "highest"``, IEEE otherwise, or as
@@ -92,20 +98,22 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from fusegnn.kernels._edge_utils import LazyKernel, interpreter_enabled, kernel_helper, next_pow2
+from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, LazyKernel, interpreter_enabled, kernel_helper, next_pow2
 from fusegnn.kernels._launch import launch as fast_launch
 
 __all__ = [
     "BlockSparseAttentionFunction",
     "LaunchConfig",
+    "PreparedLayout",
     "block_sparse_attention",
     "block_sparse_attention_lse",
     "block_sparse_attention_prechecked",
     "launch_config",
+    "prepare_layout",
     "SUPPORTED_DTYPES",
 ]
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_DTYPES = BLOCK_ATTENTION_DTYPES
 _LOG2E = 1.4426950408889634
 
 try:  # triton is an optional dependency; the kernels below need it
@@ -515,23 +523,11 @@ class LaunchConfig:
         return BN if self.dq_sub_n is None else min(BN, self.dq_sub_n)
 
 
-# Best (fwd warps, fwd stages, bwd warps, bwd stages) at head dim <= 64 from the H200
-# sweep of benchmarks/attention_calibrate.py (bf16, B=4, H=12; geometric mean over 5
-# masks x 3 lengths; benchmarks/results/attention/raw/calibration-dense-nvidia-h200.log).
-# The formula below had cost 1.36x (128x64 backward), 1.70x / 1.20x (64x128) and
-# 1.15x / 1.07x (128x128) of these.
-# 64 x 64 (the default block size) was then tuned per kernel on an H200
-# (the attention kernels sweep, ``--suite attention --sweep kernels``, bf16 B=4 H=12 D=64, window / dilated / Longformer /
-# BigBird at L=16384 and window at 4096; logs kernels-sweep{1,2,3}-nvidia-h200.log in
-# benchmarks/results/attention/raw/): dK/dV over 32-row sub-tiles with 4 stages and at most
-# 128 registers (four programs per multiprocessor instead of two; 6 spilled registers):
-# 0.71 ms against 0.97 ms for the former (4 warps, 2 stages, whole 64-row blocks) on the
-# window at 16384; dq over 32-key sub-tiles, 4 stages, <= 96 registers: 0.51 vs 0.51 ms
-# (window) and 0.59 vs 0.67 (dilated); forward with <= 96 registers: 1% faster. The
-# register caps are for 16-bit inputs only (launch_config drops them for float32).
-# Session 5, after band masking (kernels-sweep4-nvidia-h200.log): dq without a register cap
-# (119 registers, no spill) 0.479 ms against 0.519 at <= 96 on the window at 16384, equal
-# within 1% on Longformer 16384 and window 4096; fwd (<= 96) and dK/dV (<= 128) stay.
+# The best launch per block size at head dim <= 64, from the launch sweeps on an H200
+# (bf16; what was measured and why each entry won: benchmarks/NOTES-attention.md, "Launch
+# table"). At 64 x 64 the backward takes sub-tiles and register caps so that more programs
+# fit per multiprocessor; the caps are for 16-bit inputs only (launch_config drops them
+# for float32).
 _MEASURED_D64: dict[tuple[int, int], LaunchConfig] = {
     (64, 64): LaunchConfig(
         4, 2, 4, 4, dq_warps=4, dq_stages=4, dkdv_sub_m=32, dq_sub_n=32,
@@ -581,7 +577,7 @@ def _precision(dtype: torch.dtype, allow_tf32: bool | None) -> str:
 
 
 # --------------------------------------------------------------------------------------
-# Layout preparation (cached on the layout object)
+# Layout preparation (kept by the layout: BlockLayout.prepared)
 # --------------------------------------------------------------------------------------
 
 
@@ -644,10 +640,12 @@ def _bands_enabled() -> bool:
 
 
 @dataclass
-class _Prepared:
-    """The kernels' view of a layout: each block row (column) lists its partial blocks
-    first, then its full blocks, split at ``row_split`` (``col_split``)."""
+class PreparedLayout:
+    """The kernels' view of a layout on ``device``: each block row (column) lists its
+    partial blocks first, then its full blocks, split at ``row_split`` (``col_split``);
+    plus the launch plans of the calls seen so far."""
 
+    device: torch.device
     row_ptr: Tensor
     row_split: Tensor
     col_idx: Tensor
@@ -664,7 +662,7 @@ class _Prepared:
     bands: Tensor
     all_bands: bool
     nnzb: int
-    #: every array above starts on a 16-byte boundary (set by _prepare)
+    #: every array above starts on a 16-byte boundary (set by prepare_layout)
     aligned: bool = True
     #: launch plans of the calls seen so far (see _forward_plan)
     plans: dict = field(default_factory=dict)
@@ -674,12 +672,10 @@ def _int32(t: Tensor) -> Tensor:
     return t.to(torch.int32).contiguous()
 
 
-def _prepare(layout, device: torch.device) -> _Prepared:
-    """Kernel-ready int32 / uint8 arrays of ``layout``, computed on its device and cached
-    on the layout object (one host synchronisation: whether its patterns are bands)."""
-    cache = getattr(layout, "_kernel_cache", None)
-    if isinstance(cache, _Prepared) and cache.row_ptr.device == device:
-        return cache
+def prepare_layout(layout, device: torch.device) -> PreparedLayout:
+    """Kernel-ready int32 / uint8 arrays of ``layout``, computed on ``device`` (one host
+    synchronisation: whether its patterns are bands). The kernels read them through
+    ``layout.prepared(device)``, which builds them once per layout with this function."""
     patterns = layout.patterns
     bands, all_bands = _band_table(patterns.to(device=device, dtype=torch.bool))
     if patterns.numel() == 0:  # no partial block: a 1-element dummy the kernels never read
@@ -690,7 +686,8 @@ def _prepare(layout, device: torch.device) -> _Prepared:
     t_pattern = pattern_id[layout.t_block.to(torch.int64)]
     row_split, col_idx, pattern_id_r = _partial_first(layout.row_ptr, pattern_id >= 0, layout.col_idx, pattern_id)
     col_split, row_idx, t_pattern_r = _partial_first(layout.col_ptr, t_pattern >= 0, layout.row_idx, t_pattern)
-    prepared = _Prepared(
+    prepared = PreparedLayout(
+        device=device,
         row_ptr=_int32(layout.row_ptr),
         row_split=row_split,
         col_idx=col_idx,
@@ -707,10 +704,6 @@ def _prepare(layout, device: torch.device) -> _Prepared:
         nnzb=int(layout.col_idx.numel()),
     )
     prepared.aligned = _layout_aligned(prepared)
-    try:
-        object.__setattr__(layout, "_kernel_cache", prepared)
-    except (AttributeError, TypeError):  # slotted / frozen layout: recompute per call
-        pass
     return prepared
 
 
@@ -720,7 +713,7 @@ def _prepare(layout, device: torch.device) -> _Prepared:
 
 _LAYOUT_FIELDS = (
     "L_q", "L_k", "BM", "BN", "num_heads", "nrb", "ncb", "row_ptr", "col_idx",
-    "pattern_id", "patterns", "col_ptr", "row_idx", "t_block",
+    "pattern_id", "patterns", "col_ptr", "row_idx", "t_block", "prepared",
 )
 
 
@@ -855,7 +848,7 @@ def _alignment(*tensors: Tensor) -> tuple[int, ...]:
     return tuple(t.data_ptr() & 15 for t in tensors)
 
 
-def _layout_aligned(prep: _Prepared) -> bool:
+def _layout_aligned(prep: PreparedLayout) -> bool:
     return all(
         t.data_ptr() % 16 == 0
         for t in (prep.row_ptr, prep.row_split, prep.col_idx, prep.pattern_id, prep.patterns, prep.col_ptr,
@@ -885,13 +878,13 @@ class _Launch(NamedTuple):
 
 # A plan is the launches of one call, computed once per (layout, shapes, strides, dtype,
 # alignment, scale, precision, launch configuration) and cached on the layout's kernel
-# arrays (_Prepared.plans): a repeated call only allocates its outputs and launches. Its
+# arrays (PreparedLayout.plans): a repeated call only allocates its outputs and launches. Its
 # key is also the kernels' specialisation key for fusegnn.kernels._launch: it determines
 # every integer argument and every tensor's dtype and alignment (the outputs are fresh
 # allocations, aligned; the layout's arrays are checked once, _layout_aligned).
 
 
-def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: _Prepared, scale: float, precision: str,
+def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: PreparedLayout, scale: float, precision: str,
                   launch: LaunchConfig | None, dilation: int) -> _Launch:
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
@@ -928,7 +921,7 @@ def _forward(
     B, H, L_q, D = q.shape
     out = torch.empty(B, H, L_q, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, L_q, dtype=torch.float32, device=q.device)
-    prep = _prepare(layout, q.device)
+    prep = layout.prepared(q.device)
     if prep.nnzb == 0 or B * H == 0 or L_q == 0:
         out.zero_()
         lse.fill_(float("inf"))
@@ -945,7 +938,7 @@ def _forward(
     return out, lse
 
 
-def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, layout, prep: _Prepared,
+def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, layout, prep: PreparedLayout,
                    scale: float, precision: str, need_dq: bool, need_dkdv: bool,
                    launch: LaunchConfig | None, dilation: int) -> tuple[_Launch | None, _Launch | None, _Launch | None]:
     """``(dq launch, preprocess launch, dK/dV launch)``, ``None`` for those not run."""
@@ -1002,7 +995,7 @@ def _backward(
             return _backward(do, q, k, v, out, lse, layout, scale, precision, need_dq, need_dkdv, launch, dilation)
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
-    prep = _prepare(layout, q.device)
+    prep = layout.prepared(q.device)
     if prep.nnzb == 0 or B * H == 0 or L_q == 0 or L_k == 0:
         zeros = lambda t, need: torch.zeros_like(t, memory_format=torch.contiguous_format) if need else None  # noqa: E731
         return zeros(q, need_dq), zeros(k, need_dkdv), zeros(v, need_dkdv)
@@ -1115,7 +1108,7 @@ def block_sparse_attention(
         q: ``[B, H, L_q, D]`` queries (float16, bfloat16 or float32; last dim contiguous
             or it is copied).
         k, v: ``[B, H, L_k, D]`` keys and values, same dtype and device.
-        layout: a :class:`~fusegnn.sparse.block_layout.BlockLayout` for ``L_q x L_k`` on
+        layout: a :class:`~fusegnn.attention.block_layout.BlockLayout` for ``L_q x L_k`` on
             ``q``'s device, shared (``num_heads == 1``) or per head (``num_heads == H``).
             Its ``BM``/``BN`` are the kernel's tile sizes.
         scale: multiplies :math:`q \cdot k` (default :math:`1/\sqrt{D}`).
@@ -1132,7 +1125,7 @@ def block_sparse_attention(
             .. math:: M_{ij} = [\, i \equiv j \pmod d \,] \cdot
                 M^{\mathrm{layout}}_{\lfloor i/d \rfloor,\, \lfloor j/d \rfloor}
 
-            A dilated window (:func:`~fusegnn.sparse.masks.dilated`) is then a plain
+            A dilated window (:func:`~fusegnn.attention.masks.dilated`) is then a plain
             sliding window over each sub-sequence: mostly full blocks instead of every
             block partial and half empty. No data moves: the kernels read the
             sub-sequences through strided addresses.
@@ -1150,7 +1143,7 @@ def block_sparse_attention_prechecked(q: Tensor, k: Tensor, v: Tensor, layout, s
     """:func:`block_sparse_attention` without its input checks, for callers that have
     already validated ``q``, ``k``, ``v`` (a supported dtype, one device, matching
     shapes), the layout (on ``q``'s device, for ``L_q x L_k`` and ``H`` or 1 heads) and
-    the float ``scale`` -- :func:`fusegnn.sparse.sparse_attention.sparse_attention`'s
+    the float ``scale`` -- :func:`fusegnn.attention.sparse_attention.sparse_attention`'s
     automatic path, where the checks are a measurable part of a short call."""
     out, _ = BlockSparseAttentionFunction.apply(q, k, v, layout, scale, _precision(q.dtype, None), None, dilation)
     return out

@@ -31,7 +31,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from fusegnn.kernels._edge_utils import LazyKernel, acc_dtype, next_pow2
+from fusegnn.kernels._edge_utils import acc_dtype
+from fusegnn.kernels._triton import LazyKernel, next_pow2
 from fusegnn.sparse.graph import Graph
 
 __all__ = ["edge_softmax", "edge_softmax_backward", "EdgeSoftmaxFunction"]

@@ -35,7 +35,7 @@ attention coefficients :math:`w` are also returned and receive a gradient
 :math:`\bar{w}`, :math:`dP` gains :math:`\frac{M}{1-p}\bar{w}` and :math:`D_i` gains
 :math:`\sum_k w_{ki} \bar{w}_{ki}`.
 
-Two backward variants:
+Two backwards, by ``aggregation``:
 
 * ``"gar"``: pass R over ``csr`` (targets) computes :math:`\partial t` and :math:`D`;
   pass C over ``csc`` (sources) computes :math:`\partial h` and :math:`\partial s`,
@@ -74,26 +74,21 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from fusegnn.kernels._edge_utils import (
-    ChunkSchedule,
-    LazyKernel,
-    acc_dtype,
-    chunk_schedule,
-    kernel_helper,
-    next_pow2,
-)
+from fusegnn.kernels._edge_utils import ChunkSchedule, acc_dtype, chunk_schedule
+from fusegnn.kernels._triton import LazyKernel, kernel_helper, next_pow2
 from fusegnn.kernels.sddmm import edge_to_node_sum
 from fusegnn.sparse.graph import Graph
 
 __all__ = [
-    "fused_gat_attention", "dropout_keep_mask", "padded_channels", "tuning", "GATAttentionFunction", "DEFAULT_CHUNK",
+    "fused_gat_attention", "attention_config", "attention_forward", "attention_backward", "dropout_keep_mask",
+    "padded_channels", "tuning", "GATAttentionFunction", "DEFAULT_CHUNK",
 ]
 
 #: Longest run of edges one program handles before a row is split into several items.
 #: (H200, Reddit-sized graph, forward + backward with single-warp tiles: 512 beat 1024,
 #: 2048, 4096 and 8192 by 1-20% at 1 x 16 and 8 x 8, and was within 3% at 1 x 48.)
 DEFAULT_CHUNK = 512
-_VARIANTS = ("gar", "gas")
+_AGGREGATIONS = ("gar", "gas")
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -628,7 +623,7 @@ class _Config:
     """Everything a launch needs besides the tensors (shared by forward and backward)."""
 
     def __init__(self, graph: Graph, h: Tensor, scores_dtype: torch.dtype, negative_slope: float,
-                 p: float, seed: Tensor | None, variant: str, chunk: int) -> None:
+                 p: float, seed: Tensor | None, aggregation: str, chunk: int) -> None:
         self.graph = graph
         self.heads, self.channels = h.size(1), h.size(2)
         self.negative_slope = float(negative_slope)
@@ -636,7 +631,7 @@ class _Config:
         self.dropout = self.p > 0.0
         self.drop_scale = 1.0 / (1.0 - self.p) if self.dropout else 1.0
         self.seed = seed  # [1] int64 on the device (None without dropout)
-        self.variant = variant
+        self.aggregation = aggregation
         self.chunk = int(chunk)
         self.rng64 = _rng64(graph.num_edges, self.heads)
         self.acc = acc_dtype(torch.promote_types(h.dtype, scores_dtype))
@@ -712,7 +707,7 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
         d_extra = edge_to_node_sum(graph, alpha.to(cfg.acc) * grad_alpha.to(cfg.acc), "dst")
     else:
         d_extra = grad_alpha = lse
-    scatter = cfg.variant == "gas"
+    scatter = cfg.aggregation == "gas"
     csr = graph.csr
     sched_r = _schedule(graph, "csr", cfg.chunk)
     grid, item_row, item_start, item_slot = _items(sched_r, csr.ptr, n_dst)
@@ -762,21 +757,45 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
     return grad_h, grad_src, grad_dst
 
 
+def attention_forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor,
+                      return_alpha: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The fused attention's forward as a plain function (what :class:`GATAttentionFunction`
+    and the ``torch.library`` op run): ``(out, lse, alpha or None)`` for contiguous inputs,
+    ``h`` at the padded width of ``cfg`` (:func:`attention_config`). ``out`` keeps that
+    width; ``lse`` is the per-target log-sum-exp the backward reads."""
+    graph = cfg.graph
+    if graph.num_edges == 0 or graph.num_dst_nodes == 0:  # no edges: every output row is zero
+        out = h.new_zeros((graph.num_dst_nodes, cfg.heads, cfg.channels))
+        lse = torch.zeros((graph.num_dst_nodes, cfg.heads), dtype=cfg.acc, device=h.device)
+        return out, lse, (s_src.new_zeros((graph.num_edges, cfg.heads)) if return_alpha else None)
+    out, lse = _forward(cfg, h, s_src, s_dst)
+    return out, lse, (_alpha(cfg, s_src, s_dst, lse) if return_alpha else None)
+
+
+def attention_backward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor, out: Tensor, lse: Tensor,
+                       grad_out: Tensor, alpha: Tensor | None,
+                       grad_alpha: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The fused attention's backward as a plain function: ``(grad_h, grad_score_src,
+    grad_score_dst)`` in the inputs' dtypes, from the forward's ``out`` and ``lse``
+    (``alpha`` and its gradient ``grad_alpha`` when the coefficients were returned and
+    received one). Arguments as :func:`attention_forward` gave and took them."""
+    graph = cfg.graph
+    if graph.num_edges == 0 or graph.num_dst_nodes == 0:
+        return torch.zeros_like(h), torch.zeros_like(s_src), torch.zeros_like(s_dst)
+    grad_h, grad_src, grad_dst = _backward(
+        cfg, h, s_src, s_dst, out, lse, grad_out.contiguous(), alpha, grad_alpha
+    )
+    return grad_h.to(h.dtype), grad_src.to(s_src.dtype), grad_dst.to(s_dst.dtype)
+
+
 class GATAttentionFunction(torch.autograd.Function):
-    """Autograd for :func:`fused_gat_attention` (inputs already validated/contiguous)."""
+    """Autograd for :func:`fused_gat_attention` (inputs already validated/contiguous):
+    :func:`attention_forward` and :func:`attention_backward`."""
 
     @staticmethod
     def forward(ctx, h, s_src, s_dst, cfg: _Config, return_alpha: bool):
         ctx.set_materialize_grads(False)  # an unused output (e.g. alpha) gets no gradient
-        graph = cfg.graph
-        ctx.empty = graph.num_edges == 0 or graph.num_dst_nodes == 0
-        if ctx.empty:  # no edges: every output row is zero
-            out = h.new_zeros((graph.num_dst_nodes, cfg.heads, cfg.channels))
-            lse = torch.zeros((graph.num_dst_nodes, cfg.heads), dtype=cfg.acc, device=h.device)
-            alpha = s_src.new_zeros((graph.num_edges, cfg.heads)) if return_alpha else None
-        else:
-            out, lse = _forward(cfg, h, s_src, s_dst)
-            alpha = _alpha(cfg, s_src, s_dst, lse) if return_alpha else None
+        out, lse, alpha = attention_forward(cfg, h, s_src, s_dst, return_alpha)
         ctx.cfg = cfg
         ctx.save_for_backward(h, s_src, s_dst, out, lse, alpha)
         if return_alpha:
@@ -788,16 +807,11 @@ class GATAttentionFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out, grad_second):
         h, s_src, s_dst, out, lse, alpha = ctx.saved_tensors
-        cfg: _Config = ctx.cfg
-        if ctx.empty:
-            return torch.zeros_like(h), torch.zeros_like(s_src), torch.zeros_like(s_dst), None, None
         grad_alpha = grad_second if alpha is not None else None
         if grad_out is None:
             grad_out = torch.zeros_like(out)
-        grad_h, grad_src, grad_dst = _backward(
-            cfg, h, s_src, s_dst, out, lse, grad_out.contiguous(), alpha, grad_alpha
-        )
-        return grad_h.to(h.dtype), grad_src.to(s_src.dtype), grad_dst.to(s_dst.dtype), None, None
+        grads = attention_backward(ctx.cfg, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alpha)
+        return (*grads, None, None)
 
 
 def padded_channels(channels: int) -> int:
@@ -842,7 +856,7 @@ def fused_gat_attention(
     *,
     seed: int | Tensor | None = None,
     return_alpha: bool = False,
-    variant: str = "gar",
+    aggregation: str = "gar",
     chunk: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Fused GAT attention ``out_i = sum_j w_ji h_j`` (see the module docstring).
@@ -861,7 +875,7 @@ def fused_gat_attention(
             keep mask of a given seed is :func:`dropout_keep_mask`.
         return_alpha: also return the ``[E, H]`` coefficients actually applied
             (post-dropout), in COO edge order; they are differentiable.
-        variant: ``"gar"`` (two-pass backward over CSR and CSC) or ``"gas"`` (one-pass
+        aggregation: ``"gar"`` (two-pass backward over CSR and CSC) or ``"gas"`` (one-pass
             backward with atomics into the sources).
         chunk: longest run of edges one program handles; longer rows are split
             (default :data:`DEFAULT_CHUNK`, or the value set by :func:`tuning`).
@@ -870,38 +884,49 @@ def fused_gat_attention(
         ``(out [N_dst, H, C], alpha [E, H] or None)``. Inputs must be contiguous, on the
         same device, floating (fp16/bf16/fp32/fp64).
     """
-    if variant not in _VARIANTS:
-        raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
+    if aggregation not in _AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {_AGGREGATIONS}, got {aggregation!r}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+    score_src, score_dst = score_src.contiguous(), score_dst.contiguous()
+    cfg, h, channels = attention_config(graph, h, score_src, negative_slope, dropout, seed, aggregation, chunk)
+    out, second = GATAttentionFunction.apply(h, score_src, score_dst, cfg, return_alpha)
+    if h.size(-1) != channels:
+        out = out[..., :channels]
+    return out, (second if return_alpha else None)
+
+
+def attention_config(graph: Graph, h: Tensor, score_src: Tensor, negative_slope: float, dropout: float,
+                     seed: int | Tensor | None, aggregation: str,
+                     chunk: int | None = None) -> tuple[_Config, Tensor, int]:
+    """``(launch configuration, h contiguous at the kernels' padded width, h's own width)``
+    for :func:`attention_forward` / :func:`attention_backward` (arguments as for
+    :func:`fused_gat_attention`, assumed valid; ``seed`` is read only with dropout)."""
     if chunk is None:
         chunk = _TUNING.get("chunk", DEFAULT_CHUNK)
-    if not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
-    h, score_src, score_dst = h.contiguous(), score_src.contiguous(), score_dst.contiguous()
+    h = h.contiguous()
     channels = h.size(2) if h.dim() == 3 else 0
     padded = padded_channels(channels)
     if padded != channels:  # aligned rows: see padded_channels
         h = torch.nn.functional.pad(h, (0, padded - channels))
     seed_t = _seed_tensor(seed, h.device) if dropout > 0.0 else None
-    cfg = _Config(graph, h, score_src.dtype, negative_slope, dropout, seed_t, variant, chunk)
-    out, second = GATAttentionFunction.apply(h, score_src, score_dst, cfg, return_alpha)
-    if padded != channels:
-        out = out[..., :channels]
-    return out, (second if return_alpha else None)
+    cfg = _Config(graph, h, score_src.dtype, negative_slope, dropout, seed_t, aggregation, chunk)
+    return cfg, h, channels
 
 
 # ---------------------------------------------------------------------------- layer
-def _layer_config(graph: Graph, h: Tensor, negative_slope: float, p: float, variant: str, chunk: int) -> _Config:
+def _layer_config(graph: Graph, h: Tensor, negative_slope: float, p: float, aggregation: str, chunk: int) -> _Config:
     """The launch configuration of a GAT layer's attention, built once per graph and
-    (heads, channels, dtype, slope, dropout, variant, chunk) and cached on the graph;
+    (heads, channels, dtype, slope, dropout, aggregation, chunk) and cached on the graph;
     each call copies it to attach its dropout seed."""
-    key = (h.size(1), h.size(2), h.dtype, negative_slope, p, variant, chunk, tuple(_TUNING.items()))
+    key = (h.size(1), h.size(2), h.dtype, negative_slope, p, aggregation, chunk, tuple(_TUNING.items()))
     memo = graph.cached("fusegnn.gat.layer_configs", dict, structural=True)
     cfg = memo.get(key)
     if cfg is None:
         shape = h.new_empty((0, h.size(1), padded_channels(h.size(2))))  # the kernels' padded width
-        cfg = memo[key] = _Config(graph, shape, h.dtype, negative_slope, p, None, variant, chunk)
+        cfg = memo[key] = _Config(graph, shape, h.dtype, negative_slope, p, None, aggregation, chunk)
     return cfg
 
 
@@ -983,14 +1008,14 @@ def fused_gat_layer(
     concat: bool,
     negative_slope: float,
     dropout: float,
-    variant: str = "gar",
+    aggregation: str = "gar",
 ) -> Tensor:
     """A GAT layer's sparse part through the fused kernels (:class:`GATLayerFunction`):
     ``h`` ``[N, H, C]``, attention vectors ``[1, H, C]``, ``bias`` ``[H C]`` (``concat``)
     or ``[C]``; inputs checked by the caller."""
-    if variant not in _VARIANTS:
-        raise ValueError(f"variant must be one of {_VARIANTS}, got {variant!r}")
-    cfg = _layer_config(graph, h, float(negative_slope), float(dropout), variant, _TUNING.get("chunk", DEFAULT_CHUNK))
+    if aggregation not in _AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {_AGGREGATIONS}, got {aggregation!r}")
+    cfg = _layer_config(graph, h, float(negative_slope), float(dropout), aggregation, _TUNING.get("chunk", DEFAULT_CHUNK))
     if cfg.dropout:
         cfg = copy.copy(cfg)
         cfg.seed = _seed_tensor(None, h.device)

@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fusegnn.kernels._edge_utils import LazyKernel, acc_dtype
+from fusegnn.kernels._edge_utils import acc_dtype
+from fusegnn.kernels._triton import LazyKernel
 from fusegnn.sparse.graph import Graph
 
 __all__ = ["fused_gcn_norm_weights"]
@@ -52,7 +53,7 @@ def _inv_sqrt_degree_kernel(
         offs = k + tl.arange(0, BLOCK_E)
         mask = offs < end
         e = tl.load(perm + offs, mask=mask, other=0).to(tl.int64)
-        # (the weight lookup is written out in both kernels; _edge_utils.kernel_helper
+        # (the weight lookup is written out in both kernels; _triton.kernel_helper
         # could now share it, not done yet: the change needs a GPU check)
         if HAS_SOURCE:  # input edge of each result edge, -1 for an added loop (weight fill)
             src_edge = tl.load(source_ptr + e, mask=mask, other=-1).to(tl.int64)

@@ -15,8 +15,8 @@ Backward, with :math:`g` the gradient of the ``[E, ...]`` output:
 
 * ``dot``: :math:`\partial a_j = \sum_{j \to i} g_{ji} b_i` and
   :math:`\partial b_i = \sum_{j \to i} g_{ji} a_j` -- SpMMs, run through
-  :func:`fusegnn.sparse.spmm` (over the reverse graph for ``a``) on the same fused family
-  (``gas`` / ``gar``) as the forward;
+  the fused SpMM of :mod:`fusegnn.kernels.spmm` (over the reverse graph for ``a``) with the same fused
+  ``aggregation`` (``gas`` / ``gar``) as the forward;
 * ``add`` / ``sub`` / ``mul``: per-feature edge-to-node sums
   :math:`\partial a_j = \sum_{j \to i} g_{ji} \,(\odot\, b_i)`,
   :math:`\partial b_i = \pm\sum_{j \to i} g_{ji} \,(\odot\, a_j)`, one program per node over
@@ -38,7 +38,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from fusegnn.kernels._edge_utils import LazyKernel, acc_dtype, next_pow2
+from fusegnn.kernels._edge_utils import acc_dtype
+from fusegnn.kernels._triton import LazyKernel, next_pow2
 from fusegnn.sparse.graph import Graph
 
 __all__ = ["sddmm", "gas_sddmm", "gar_sddmm", "sddmm_backward", "edge_to_node_sum", "SddmmFunction"]
@@ -182,28 +183,19 @@ def edge_to_node_sum(
     return out
 
 
-def _reverse(graph: Graph) -> Graph:
-    """The graph with every edge reversed (same edge order), cached on ``graph``."""
-    return graph.cached(
-        "fusegnn.reverse",
-        lambda: Graph(graph.edge_index.flip(0), (graph.num_dst_nodes, graph.num_src_nodes), validate=False),
-        structural=True,
-    )
-
-
-def _spmm(family: str, graph: Graph, x: Tensor, weight: Tensor) -> Tensor:
-    """The fused SpMM of ``family`` (``"gas"`` / ``"gar"``): the ``dot`` backward."""
+def _spmm(aggregation: str, graph: Graph, x: Tensor, weight: Tensor) -> Tensor:
+    """The fused SpMM of ``aggregation`` (``"gas"`` / ``"gar"``): the ``dot`` backward."""
     from fusegnn.kernels.spmm import gar_spmm, gas_spmm
 
-    return (gas_spmm if family == "gas" else gar_spmm)(graph, x, weight)
+    return (gas_spmm if aggregation == "gas" else gar_spmm)(graph, x, weight)
 
 
 class SddmmFunction(torch.autograd.Function):
     """Autograd for :func:`sddmm` (inputs validated and contiguous)."""
 
     @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor, graph: Graph, op: str, family: str):
-        ctx.graph, ctx.op, ctx.family = graph, op, family
+    def forward(ctx, a: Tensor, b: Tensor, graph: Graph, op: str, aggregation: str):
+        ctx.graph, ctx.op, ctx.aggregation = graph, op, aggregation
         ctx.save_for_backward(a, b)
         return _launch_sddmm(graph, a, b, op)
 
@@ -212,25 +204,25 @@ class SddmmFunction(torch.autograd.Function):
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
         grad_a, grad_b = sddmm_backward(
-            ctx.graph, a, b, grad, ctx.op, ctx.family, ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            ctx.graph, a, b, grad, ctx.op, ctx.aggregation, ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         )
         return grad_a, grad_b, None, None, None
 
 
 def sddmm_backward(
-    graph: Graph, a: Tensor, b: Tensor, grad: Tensor, op: str, family: str, need_a: bool, need_b: bool
+    graph: Graph, a: Tensor, b: Tensor, grad: Tensor, op: str, aggregation: str, need_a: bool, need_b: bool
 ) -> tuple[Tensor | None, Tensor | None]:
     """Backward of :func:`sddmm` as a plain function (see the module docstring):
-    ``(grad_a, grad_b)``, each ``None`` unless needed. ``family`` (``"gas"`` / ``"gar"``)
+    ``(grad_a, grad_b)``, each ``None`` unless needed. ``aggregation`` (``"gas"`` / ``"gar"``)
     picks the fused SpMM of the ``dot`` backward."""
     grad_a = grad_b = None
     grad = grad.contiguous()
     if op == "dot":
         weight = grad.to(a.dtype)
         if need_a:
-            grad_a = _spmm(family, _reverse(graph), b, weight)
+            grad_a = _spmm(aggregation, graph.reversed(), b, weight)
         if need_b:
-            grad_b = _spmm(family, graph, a, weight)
+            grad_b = _spmm(aggregation, graph, a, weight)
     else:
         if need_a:
             grad_a = edge_to_node_sum(graph, grad, "src", b if op == "mul" else None, out_dtype=a.dtype)
@@ -241,22 +233,22 @@ def sddmm_backward(
     return grad_a, grad_b
 
 
-def sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot", *, family: str = "gar") -> Tensor:
+def sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot", *, aggregation: str = "gar") -> Tensor:
     """Triton SDDMM with the signature of :func:`fusegnn.sparse.reference.sddmm`.
 
-    ``family`` (``"gas"`` / ``"gar"``) picks the fused SpMM that the ``dot`` backward runs.
+    ``aggregation`` (``"gas"`` / ``"gar"``) picks the fused SpMM that the ``dot`` backward runs.
     Inputs are assumed validated (see :func:`fusegnn.sparse.sddmm`).
     """
     if op not in _OPS:
         raise ValueError(f"op must be one of {tuple(_OPS)}, got {op!r}")
-    return SddmmFunction.apply(a.contiguous(), b.contiguous(), graph, op, family)
+    return SddmmFunction.apply(a.contiguous(), b.contiguous(), graph, op, aggregation)
 
 
 def gas_sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:
     """:func:`sddmm` whose ``dot`` backward uses the GAS SpMM (the ``gas`` backend's)."""
-    return sddmm(graph, a, b, op, family="gas")
+    return sddmm(graph, a, b, op, aggregation="gas")
 
 
 def gar_sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:
     """:func:`sddmm` whose ``dot`` backward uses the GAR SpMM (the ``gar`` backend's)."""
-    return sddmm(graph, a, b, op, family="gar")
+    return sddmm(graph, a, b, op, aggregation="gar")

@@ -304,10 +304,10 @@ def gar_backward(
 
 
 def spmm_backward(
-    variant: str, graph: Graph, grad_out: Tensor, x: Tensor | None, weight: Tensor | None,
+    aggregation: str, graph: Graph, grad_out: Tensor, x: Tensor | None, weight: Tensor | None,
     need_x: bool, need_w: bool, *, memoise_weight: bool = False,
 ) -> tuple[Tensor | None, Tensor | None]:
-    """Backward of the fused sum SpMM ``variant`` (``"gas"`` / ``"gar"``) as a plain function,
+    """Backward of the fused sum SpMM of ``aggregation`` (``"gas"`` / ``"gar"``) as a plain function,
     for callers outside autograd (the ``torch.library`` ops of
     :mod:`fusegnn.sparse.library`): ``(grad_x, grad_weight)`` with the shapes of ``x``
     and ``weight``, each ``None`` unless needed.
@@ -326,13 +326,13 @@ def spmm_backward(
     if weight is not None:
         w2 = weight.reshape(-1, 1).contiguous() if weight.dim() == 1 else weight.contiguous()
         heads = 1 if weight.dim() == 1 else weight.size(1)
-    if variant == "gas":
+    if aggregation == "gas":
         grad_x, grad_w = gas_backward(graph, grad_out, x2, w2, heads, need_x, need_w)
-    elif variant == "gar":
+    elif aggregation == "gar":
         key = _weight_key(weight) if memoise_weight and not need_w else None
         grad_x, grad_w = gar_backward(graph, grad_out, x2, w2, heads, need_x, need_w, weight_key=key)
     else:
-        raise ValueError(f"variant must be 'gas' or 'gar', got {variant!r}")
+        raise ValueError(f"aggregation must be 'gas' or 'gar', got {aggregation!r}")
     if grad_w is not None:
         grad_w = grad_w.reshape(weight.shape)
     return grad_x, grad_w

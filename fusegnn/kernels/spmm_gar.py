@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import NamedTuple
 
 import torch
@@ -38,12 +37,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fusegnn.kernels._launch import FastKernel
-
+from fusegnn.kernels._triton import LazyKernel
 from fusegnn.kernels.partition import SegmentPlan
-
-# whether the kernels below were compiled for Triton's CPU interpreter
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 # element offsets at or above this are computed in int64 (tests lower it to exercise that path)
 INT64_OFFSETS_FROM = 2**31 - 1
@@ -89,14 +84,11 @@ def gar_config(
 ) -> GarConfig:
     """Default launch parameters for ``feat`` features per head of ``elem_size`` bytes.
 
-    Tuned on an H200 (``benchmarks/NOTES-spmm.md``): a feature block spans at most
-    ``max_row_bytes`` of a row, so with ``col_major`` the gathered column strip of a
-    Reddit-sized graph stays in L2; the tile holds 1024 elements (2048 for wider heads
-    and for the fused weight gradient, whose block must span the whole head). (128-byte
-    strips of 1024-element tiles were 5% faster at 128 / 256 fp32 features *without*
-    edge weights, but 3% slower with GCN's weights, which every strip re-reads:
-    ``benchmarks/results/agg/raw/tiles-nvidia-h200.log`` and the agg suite of the same
-    session, ``benchmarks/NOTES-spmm.md``.) When the
+    A feature block spans at most ``max_row_bytes`` of a row, so with ``col_major`` the
+    gathered column strip of a Reddit-sized graph stays in L2; the tile holds 1024
+    elements (2048 for wider heads and for the fused weight gradient, whose block must
+    span the whole head). Narrower strips lose once edge weights, which every strip
+    re-reads, are counted (the measurements: ``benchmarks/NOTES-spmm.md``). When the
     graph's ``avg_degree`` is low, short rows would leave most of a tall tile masked:
     the tile is then as tall as the average row and as wide as the whole head.
     """
@@ -111,11 +103,10 @@ def gar_config(
     block_e = max(tile // block_f, 1)
     if avg_degree is not None and avg_degree < LOW_DEGREE:
         block_e = min(block_e, max(triton.next_power_of_2(math.ceil(avg_degree)), 2))
-    # the fused weight gradient gains 2-18% from prefetching the next indices (H200)
+    # the fused weight gradient prefetches the next indices (it pays there: NOTES-spmm.md)
     return GarConfig(block_e=block_e, block_f=block_f, num_warps=4, prefetch=dot)
 
 
-@triton.jit
 def _gar_kernel(
     a_ptr,
     index_ptr,
@@ -220,7 +211,6 @@ def _gar_kernel(
         tl.store(part_ptr + (slot * row_stride + col0 + f), res, mask=fmask)
 
 
-@triton.jit
 def _gar_combine_kernel(
     part_ptr,
     split_rows_ptr,
@@ -249,9 +239,9 @@ def _gar_combine_kernel(
     tl.store(out_ptr + (row * row_stride + c), acc.to(out_ptr.dtype.element_ty), mask=cmask)
 
 
-# every launch relaunches the compiled kernel without Triton's binder (fusegnn.kernels._launch)
-_gar = FastKernel(_gar_kernel)
-_gar_combine = FastKernel(_gar_combine_kernel)
+# jitted at the first launch; relaunched without Triton's binder (fusegnn.kernels._launch)
+_gar = LazyKernel(_gar_kernel)
+_gar_combine = LazyKernel(_gar_combine_kernel)
 
 
 def gar_reduce(

@@ -29,7 +29,6 @@ run to run: deterministic mode never routes here (see :mod:`fusegnn.sparse.dispa
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple
 
 import torch
@@ -37,10 +36,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from fusegnn.kernels._launch import FastKernel
-
-# whether the kernels below were compiled for Triton's CPU interpreter
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+from fusegnn.kernels._triton import LazyKernel, kernel_helper
 
 # element offsets at or above this are computed in int64 (tests lower it to exercise that path)
 INT64_OFFSETS_FROM = 2**31 - 1
@@ -71,13 +67,12 @@ def gas_config(feat: int, elem_size: int, tile: int = 2048, max_block_f: int = 1
     return GasConfig(block_e=block_e, block_f=block_f, num_warps=4)
 
 
-@triton.jit
+@kernel_helper
 def _segmented_add(flag_a, val_a, flag_b, val_b):
     """Combine of a segmented inclusive scan: a set flag starts a new run."""
     return flag_a | flag_b, tl.where(flag_b != 0, val_b, val_a + val_b)
 
 
-@triton.jit
 def _gas_kernel(
     a_ptr,
     gidx_ptr,
@@ -144,8 +139,8 @@ def _gas_kernel(
         tl.store(gw_ptr + e * num_heads + head, dot.to(gw_ptr.dtype.element_ty), mask=emask)
 
 
-# every launch relaunches the compiled kernel without Triton's binder (fusegnn.kernels._launch)
-_gas = FastKernel(_gas_kernel)
+# jitted at the first launch; relaunched without Triton's binder (fusegnn.kernels._launch)
+_gas = LazyKernel(_gas_kernel)
 
 
 def gas_scatter(

@@ -1,10 +1,10 @@
 r"""Sparse multi-head attention and a transformer encoder layer on
-:func:`fusegnn.sparse.sparse_attention.sparse_attention`.
+:func:`fusegnn.attention.sparse_attention.sparse_attention`.
 
 :class:`SparseMultiheadAttention` is :class:`torch.nn.MultiheadAttention` (same parameter
 names, shapes and initialisation, so ``load_state_dict`` moves weights either way) with
-the dense ``attn_mask`` replaced by a :class:`~fusegnn.sparse.masks.Mask` or a
-:class:`~fusegnn.sparse.block_layout.BlockLayout`. For input :math:`X_q, X_k, X_v` with
+the dense ``attn_mask`` replaced by a :class:`~fusegnn.attention.masks.Mask` or a
+:class:`~fusegnn.attention.block_layout.BlockLayout`. For input :math:`X_q, X_k, X_v` with
 ``E = embed_dim``, ``H = num_heads``, ``D = E / H`` and head :math:`h`:
 
 .. math::
@@ -26,7 +26,7 @@ under the op's calibrated cost model, of PyTorch's dense SDPA (``is_causal=True`
 exactly causal mask, no mask for a full one, else the boolean mask -- e.g. at short
 sequences, where the sparse kernels' fixed cost dominates) and the fused block-sparse
 kernel (or the element-level path for very irregular masks); see
-:func:`~fusegnn.sparse.sparse_attention.explain_attention`.
+:func:`~fusegnn.attention.sparse_attention.explain_attention`.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fusegnn.sparse.block_layout import BlockLayout
-from fusegnn.sparse.masks import Mask
-from fusegnn.sparse.sparse_attention import ATTENTION_AGGREGATIONS, sparse_attention
+from fusegnn.attention.block_layout import BlockLayout
+from fusegnn.attention.masks import Mask
+from fusegnn.attention.sparse_attention import ATTENTION_AGGREGATIONS, sparse_attention
 
 __all__ = ["SparseMultiheadAttention", "SparseTransformerEncoderLayer"]
 
@@ -49,8 +49,8 @@ MaskLike = Union[Mask, BlockLayout, None]
 def _check_mask_arg(mask: object, name: str = "mask") -> None:
     if mask is not None and not isinstance(mask, (Mask, BlockLayout)):
         raise TypeError(
-            f"{name} must be None, a fusegnn.sparse.masks.Mask or a BlockLayout, got {type(mask).__name__} "
-            "(build one from a dense boolean tensor with fusegnn.sparse.masks.from_dense; note that "
+            f"{name} must be None, a fusegnn.attention.masks.Mask or a BlockLayout, got {type(mask).__name__} "
+            "(build one from a dense boolean tensor with fusegnn.attention.masks.from_dense; note that "
             "True means 'may attend', the opposite of nn.MultiheadAttention's boolean attn_mask)"
         )
 
@@ -66,7 +66,7 @@ class SparseMultiheadAttention(nn.Module):
         bias: add biases to the input and output projections.
         batch_first: inputs are ``[B, L, E]`` (default) rather than ``[L, B, E]``.
         aggregation: ``"auto"``, ``"block"``, ``"element"``, ``"reference"`` or
-            ``"dense"`` (see :func:`~fusegnn.sparse.sparse_attention.sparse_attention`).
+            ``"dense"`` (see :func:`~fusegnn.attention.sparse_attention.sparse_attention`).
         block_size: ``BM`` or ``(BM, BN)`` of the layout built from a ``Mask``
             (``None``: the op's default).
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fusegnn.layers._utils import check_features, glorot_, graph_for, graph_ref_for
-from fusegnn.sparse import Graph, gat_attention, gat_layer, library
+from fusegnn.layers._utils import check_features, glorot_, graph_for, input_linear
+from fusegnn.sparse import Graph, edge_index_of, gat_attention, gat_layer
 from fusegnn.sparse.processing import gat_self_loops
 from fusegnn.sparse.dispatch import check_aggregation
 
@@ -41,7 +41,10 @@ class GATConv(nn.Module):
     Attention dropout drops coefficients after the softmax.
 
     Args:
-        in_channels: input feature width.
+        in_channels: input feature width, or ``-1`` to infer it from ``x`` at the first
+            forward (PyG's lazy initialisation: the weight is materialised and
+            Glorot-initialised then; create the optimizer after that call).
+            Bipartite ``(src, dst)`` widths are not supported.
         out_channels: feature width of each head.
         heads: number of attention heads :math:`H`.
         concat: concatenate heads (``[N, H * out_channels]``) or average them
@@ -52,13 +55,23 @@ class GATConv(nn.Module):
         bias: learn an additive bias.
         aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``.
 
+    ``edge_index_or_graph`` is an ``edge_index`` ``[2, E]``, a
+    :class:`~fusegnn.sparse.Graph`, a ``torch.sparse`` COO or CSR matrix in PyG's ``adj_t``
+    orientation (rows are targets: ``adj_t[i, j] != 0`` is the edge ``j -> i``) or a
+    networkx graph (nodes in ``G.nodes`` order); see
+    :func:`~fusegnn.sparse.graph.coerce_graph`. Edge weights of any of them are ignored,
+    as by PyG's ``GATConv`` (the attention computes its own). The sparse and networkx
+    forms are converted eagerly only; under ``torch.compile`` pass the
+    :class:`~fusegnn.sparse.Graph` built from them. ``x`` must have the layer's dtype
+    (else a ``TypeError``).
+
     ``forward(x, edge_index_or_graph, return_attention_weights=None)`` returns the new
     features, or with ``return_attention_weights=True`` the pair
     ``(out, (edge_index, alpha))`` where ``edge_index`` includes the self-loops the layer
     added and ``alpha`` is ``[E, H]``.
 
-    Under ``torch.compile`` the attention is one ``fusegnn::gat_attention`` custom op and
-    the self-loop processing runs inside it (:mod:`fusegnn.sparse.library`); with
+    Under ``torch.compile`` the same code runs on a graph reference: the attention is one
+    ``fusegnn::gat_attention`` custom op and the self-loop processing runs inside it (:mod:`fusegnn.sparse.library`); with
     ``return_attention_weights`` and self-loops, the edge count of ``edge_index`` and
     ``alpha`` is then a size the compiler only learns at run time. Under compilation
     ``edge_index`` is a copy of the processed graph's.
@@ -89,7 +102,7 @@ class GATConv(nn.Module):
         self.dropout = dropout
         self.add_self_loops = add_self_loops
         self.aggregation = check_aggregation(aggregation)
-        self.lin = nn.Linear(in_channels, heads * out_channels, bias=False)
+        self.lin = input_linear(in_channels, heads * out_channels, type(self).__name__)
         self.att_src = nn.Parameter(torch.empty(1, heads, out_channels))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_channels))
         width = heads * out_channels if concat else out_channels
@@ -108,14 +121,8 @@ class GATConv(nn.Module):
         if not self.add_self_loops:
             return graph
         # A pure function of the (immutable) structure, cached on the graph, so layers
-        # that share a Graph process it (and convert it) once.
+        # that share a Graph process (and convert) it once.
         return gat_self_loops(graph)
-
-    def _compiled_graph(self, x: Tensor, edge_index_or_graph) -> library.GraphRef:
-        """Under ``torch.compile``: a reference to the graph; the self-loop processing runs
-        inside the op (transform ``gat_self_loops``, cached on the graph as eagerly)."""
-        ref = graph_ref_for(x, edge_index_or_graph, type(self).__name__)
-        return library.with_transform(ref, library.GAT_SELF_LOOPS) if self.add_self_loops else ref
 
     def forward(
         self,
@@ -123,18 +130,14 @@ class GATConv(nn.Module):
         edge_index_or_graph: Graph | Tensor,
         return_attention_weights: bool | None = None,
     ):
-        check_features(x, self.in_channels, type(self).__name__)
-        compiling = torch.compiler.is_compiling()
-        if compiling:
-            graph = self._compiled_graph(x, edge_index_or_graph)
-        else:
-            graph = self._processed_graph(x, edge_index_or_graph)
+        check_features(x, self)
+        graph = self._processed_graph(x, edge_index_or_graph)
         H, C = self.heads, self.out_channels
         # Aggregate the narrower of x and h = x W^T: sum_j w_ji (W x_j) = W (sum_j w_ji x_j),
         # and the scores a . (W x) = (W^T a) . x. For GAT's output layer (16 -> 41
         # classes) the sparse pass then moves 16 instead of 41 values per edge.
         aggregate_first = self.in_channels < C
-        if not compiling and not aggregate_first and not return_attention_weights:
+        if not aggregate_first and not return_attention_weights:
             # the common case: the sparse part is one op (one autograd node on the GPU)
             return gat_layer(
                 graph, self.lin(x).view(-1, H, C), self.att_src, self.att_dst, self.bias,
@@ -150,34 +153,26 @@ class GATConv(nn.Module):
             values = self.lin(x).view(-1, H, C)
             score_src = (values * self.att_src).sum(dim=-1)  # [N, H]
             score_dst = (values * self.att_dst).sum(dim=-1)  # [N, H]
-        if compiling:  # one fusegnn::gat_attention op (the layer checked its arguments)
-            p = self.dropout if self.training else 0.0
-            out, alpha = library.gat_attention(
-                graph, values, score_src, score_dst, self.negative_slope, p,
-                bool(return_attention_weights), self.aggregation,
-            )
-        else:
-            result = gat_attention(
-                graph,
-                values,
-                score_src,
-                score_dst,
-                negative_slope=self.negative_slope,
-                dropout=self.dropout,
-                training=self.training,
-                aggregation=self.aggregation,
-                return_alpha=bool(return_attention_weights),
-            )
-            # out [N, H, C]; alpha [E, H], the coefficients after dropout
-            out, alpha = result if return_attention_weights else (result, None)
+        result = gat_attention(
+            graph,
+            values,
+            score_src,
+            score_dst,
+            negative_slope=self.negative_slope,
+            dropout=self.dropout,
+            training=self.training,
+            aggregation=self.aggregation,
+            return_alpha=bool(return_attention_weights),
+        )
+        # out [N, H, C]; alpha [E, H], the coefficients after dropout
+        out, alpha = result if return_attention_weights else (result, None)
         if aggregate_first:  # [N, H, in] -> [N, H, C]
             out = torch.einsum("nhf,hcf->nhc", out, weight)
         out = out.reshape(-1, self.heads * self.out_channels) if self.concat else out.mean(dim=1)
         if self.bias is not None:
             out = out + self.bias
         if return_attention_weights:
-            edge_index = library.edge_index(graph) if compiling else graph.edge_index
-            return out, (edge_index, alpha)
+            return out, (edge_index_of(graph), alpha)
         return out
 
     def extra_repr(self) -> str:

@@ -6,9 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fusegnn.layers._utils import check_features, glorot_, graph_for, graph_ref_for
-from fusegnn.sparse import Graph, gcn_norm, library, spmm
-from fusegnn.sparse.graph import check_edge_weight
+from fusegnn.layers._utils import check_features, glorot_, graph_for, input_linear
+from fusegnn.sparse import Graph, gcn_norm, spmm
 from fusegnn.sparse.dispatch import check_aggregation
 
 __all__ = ["GCNConv"]
@@ -33,7 +32,9 @@ class GCNConv(nn.Module):
     so the layer aggregates at the narrower of ``in_channels`` and ``out_channels``.
 
     Args:
-        in_channels: input feature width.
+        in_channels: input feature width, or ``-1`` to infer it from ``x`` at the first
+            forward (PyG's lazy initialisation: the weight is materialised and
+            Glorot-initialised then; create the optimizer after that call).
         out_channels: output feature width.
         improved: self-loops of weight 2 (:math:`\hat{A} = A + 2I`).
         cached: keep the normalised graph of the first call and reuse it
@@ -47,12 +48,33 @@ class GCNConv(nn.Module):
             (see :mod:`fusegnn.sparse.dispatch`).
 
     Shapes:
-        ``x`` ``[N, in_channels]``, ``edge_index_or_graph`` ``[2, E]`` or a
-        :class:`~fusegnn.sparse.Graph`, ``edge_weight`` ``[E]`` (optional)
+        ``x`` ``[N, in_channels]`` (of the layer's dtype, else a ``TypeError``),
+        ``edge_index_or_graph`` (see below), ``edge_weight`` ``[E]`` (optional)
         -> ``[N, out_channels]``.
 
-    Under ``torch.compile`` the normalisation runs inside the ``fusegnn::spmm`` custom op
-    (:mod:`fusegnn.sparse.library`, transform ``gcn_norm``), so the traced forward has no
+    ``edge_index_or_graph`` is any of (converted by
+    :func:`~fusegnn.sparse.graph.coerce_graph`):
+
+    * an ``edge_index`` ``[2, E]`` (row 0 sources, row 1 targets) or a
+      :class:`~fusegnn.sparse.Graph` (whose ``edge_weight``, if any, is used);
+    * a ``torch.sparse`` COO or CSR ``[N, N]`` matrix in PyG's ``adj_t`` orientation:
+      **rows are targets**, ``adj_t[i, j] != 0`` is the edge ``j -> i``
+      (``adj_t = A^T`` for an adjacency ``A`` with rows as sources; for an undirected
+      graph both are the same). As with PyG's ``GCNConv(x, adj_t)``, float values are the
+      edge weights (normalised like ``edge_weight``); a bool or integer matrix is
+      unweighted;
+    * a networkx graph (nodes in ``G.nodes`` order, ``x`` row ``k`` the ``k``-th node);
+      the edge attribute ``"weight"``, when any edge has one, gives the edge weights
+      (networkx's convention; edges without it weigh 1).
+
+    An ``edge_weight`` given to ``forward`` replaces the graph's weights; it follows the
+    graph's edge order (for a sparse matrix: its stored entries in row-major order). The
+    sparse and networkx forms are converted eagerly only; under ``torch.compile`` pass
+    the :class:`~fusegnn.sparse.Graph` built from them.
+
+    Under ``torch.compile`` the same code runs on a graph reference: the normalisation
+    runs inside the ``fusegnn::spmm`` custom op (:mod:`fusegnn.sparse.library`, transform
+    ``gcn_norm``), so the traced forward has no
     data-dependent code: the normalised graph is cached on the input
     :class:`~fusegnn.sparse.Graph` (one per graph and normalisation), which serves
     ``cached=True`` too; a normalised graph that an eager call already stored on the
@@ -80,7 +102,7 @@ class GCNConv(nn.Module):
         self.add_self_loops = add_self_loops
         self.normalize = normalize
         self.aggregation = check_aggregation(aggregation)
-        self.lin = nn.Linear(in_channels, out_channels, bias=False)
+        self.lin = input_linear(in_channels, out_channels, type(self).__name__)
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
         self._cached_graph: Graph | None = None
         self.reset_parameters()
@@ -99,48 +121,14 @@ class GCNConv(nn.Module):
             graph = graph.with_edge_weight(edge_weight)
         if self.normalize:
             graph = gcn_norm(graph, improved=self.improved, add_self_loops=self.add_self_loops, dtype=x.dtype)
-        if self.cached:
+        if self.cached and isinstance(graph, Graph):  # under torch.compile the op caches it on the graph
             self._cached_graph = graph
         return graph
-
-    def _compiled_graph(
-        self, x: Tensor, edge_index_or_graph, edge_weight: Tensor | None
-    ) -> tuple[library.GraphRef, Tensor | None]:
-        """Under ``torch.compile``: the graph reference and the weights to pass to the op
-        (given to ``forward``, else the graph's own; always explicit, so their gradient
-        flows and no op depends on weights it cannot see)."""
-        if self.cached and self._cached_graph is not None:
-            return library.graph_ref(self._cached_graph), self._cached_graph.edge_weight
-        layer = type(self).__name__
-        ref = graph_ref_for(x, edge_index_or_graph, layer)
-        if edge_weight is not None:
-            check_edge_weight(edge_weight, ref, "edge_weight")
-            if edge_weight.dim() != 1:
-                raise ValueError(
-                    f"{layer}: edge_weight must have one weight per edge ([E]), "
-                    f"got shape {tuple(edge_weight.shape)}"
-                )
-            weight = edge_weight
-        else:
-            weight = edge_index_or_graph.edge_weight if isinstance(edge_index_or_graph, Graph) else None
-        if not self.normalize:
-            return ref, weight
-        # the op caches the normalisation of the graph's own weights (when they do not
-        # require grad) on the graph; other weights it normalises on every call
-        transform = library.gcn_transform(self.improved, self.add_self_loops, x.dtype)
-        return library.with_transform(ref, transform), weight
 
     def forward(
         self, x: Tensor, edge_index_or_graph: Graph | Tensor, edge_weight: Tensor | None = None
     ) -> Tensor:
-        check_features(x, self.in_channels, type(self).__name__)
-        if torch.compiler.is_compiling():
-            ref, weight = self._compiled_graph(x, edge_index_or_graph, edge_weight)
-            if self.in_channels < self.out_channels:
-                out = self.lin(library.spmm(ref, x, weight, "sum", self.aggregation))
-            else:
-                out = library.spmm(ref, self.lin(x), weight, "sum", self.aggregation)
-            return out + self.bias if self.bias is not None else out
+        check_features(x, self)
         graph = self._processed_graph(x, edge_index_or_graph, edge_weight)
         if self.in_channels < self.out_channels:
             return F.linear(spmm(graph, x, aggregation=self.aggregation), self.lin.weight, self.bias)

@@ -128,7 +128,14 @@ def gar_min_avg_degree(width: int | None) -> float:
 
 @dataclass(frozen=True)
 class Backend:
-    """A set of op implementations with the signatures of :mod:`fusegnn.sparse.reference`.
+    """A set of op implementations with the signatures of :mod:`fusegnn.sparse.reference`,
+    and their backwards as plain functions with the signatures of
+    :mod:`fusegnn.sparse.reference_grads`.
+
+    The forwards are differentiable (eager autograd); the backwards are what code outside
+    autograd runs, the ``torch.library`` ops of :mod:`fusegnn.sparse.library`, so that the
+    compiled path dispatches its backward exactly as its forward. ``None``: the backend
+    has no plain backward (such an op cannot be compiled with it).
 
     ``supports(graph, *tensors)`` says whether this backend can run on those inputs
     (device, dtype, ...); ``None`` means always.
@@ -139,6 +146,9 @@ class Backend:
     sddmm: Callable[..., Tensor]
     edge_softmax: Callable[..., Tensor]
     supports: Callable[..., bool] | None = None
+    spmm_backward: Callable[..., tuple] | None = None
+    sddmm_backward: Callable[..., tuple] | None = None
+    edge_softmax_backward: Callable[..., Tensor] | None = None
 
     def can_run(self, graph: Graph, *tensors: Tensor) -> bool:
         return self.supports is None or bool(self.supports(graph, *tensors))

@@ -33,6 +33,7 @@ user (or a layer's cache) keeps it; a handle is never reused.
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +42,7 @@ from typing import Any, Callable, NamedTuple, TypeVar
 import torch
 from torch import Tensor
 
-__all__ = ["Graph", "CompressedEdges", "check_edge_weight", "graph_by_uid"]
+__all__ = ["Graph", "CompressedEdges", "as_graph", "check_edge_weight", "coerce_graph", "graph_by_uid"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -108,7 +109,7 @@ class Graph:
     ) -> None:
         if not isinstance(edge_index, Tensor):
             raise TypeError(
-                f"edge_index must be a torch.Tensor of shape [2, E], got {type(edge_index).__name__}"
+                f"edge_index must be a torch.Tensor of shape [2, E], got {type_name(edge_index)}"
             )
         if edge_index.dtype not in _INDEX_DTYPES:
             raise TypeError(
@@ -196,7 +197,7 @@ class Graph:
         ``out = A @ x``: entry ``A[i, j]`` is the edge ``j -> i`` with weight ``A[i, j]``
         (rows are targets). ``transpose=True`` reads it as an adjacency matrix with rows
         as sources instead. Stored values become ``edge_weight``; edges are listed in
-        row-major order.
+        row-major order. The values are copied (the graph holds no view of ``adj``).
         """
         if not isinstance(adj, Tensor) or adj.layout not in (torch.sparse_coo, torch.sparse_csr):
             raise TypeError(
@@ -222,7 +223,9 @@ class Graph:
             num_nodes = (n_cols, n_rows)
         if num_nodes[0] == num_nodes[1]:
             num_nodes = num_nodes[0]
-        weight = values if values.is_floating_point() else None
+        # a copy: a view of the values would keep ``adj`` alive as long as the graph, and
+        # torch.compile cannot take a view of a sparse tensor as an input
+        weight = values.clone() if values.is_floating_point() else None
         return cls(edge_index, num_nodes, weight, validate=False)
 
     @classmethod
@@ -243,7 +246,9 @@ class Graph:
         import networkx as nx
 
         if not isinstance(nx_graph, nx.Graph):
-            raise TypeError(f"nx_graph must be a networkx graph, got {type(nx_graph).__name__}")
+            raise TypeError(
+                f"nx_graph must be a networkx graph (networkx.Graph or a subclass), got {type_name(nx_graph)}"
+            )
         ids = {node: k for k, node in enumerate(nx_graph.nodes)}
         pairs, weights = [], []
         for u, v, data in nx_graph.edges(data=True):
@@ -300,12 +305,7 @@ class Graph:
     @property
     def num_nodes(self) -> int:
         """Number of nodes; only defined for a square (non-bipartite) graph."""
-        if self._num_src != self._num_dst:
-            raise ValueError(
-                f"graph is bipartite ({self._num_src} source x {self._num_dst} target nodes); "
-                "use num_src_nodes / num_dst_nodes"
-            )
-        return self._num_src
+        return square_node_count(self._num_src, self._num_dst)
 
     @property
     def is_bipartite(self) -> bool:
@@ -409,6 +409,22 @@ class Graph:
         }
         graph._register()
         return graph
+
+    def reversed(self) -> "Graph":
+        r"""The graph with every edge reversed, :math:`j \to i` becoming :math:`i \to j`, in
+        the same edge order and with the same edge weights (the transposed aggregation
+        matrix :math:`A^\top`: ``spmm(graph.reversed(), g)`` is the gradient of
+        ``spmm(graph, x)`` with respect to ``x``).
+
+        Cached: the edge structure once per structure (shared with :meth:`with_edge_weight`
+        copies, like the other formats), the weighted graph once per graph."""
+        bare = self._cached(
+            "struct:reversed",
+            lambda: Graph(self._edge_index.flip(0), (self._num_dst, self._num_src), validate=False),
+        )
+        if self._edge_weight is None:
+            return bare
+        return self._cached("reversed", lambda: bare.with_edge_weight(self._edge_weight))
 
     def to_dense(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """Dense ``[num_dst_nodes, num_src_nodes]`` aggregation matrix ``A`` with
@@ -540,6 +556,15 @@ def outside_graph_pools(compute: Callable[[], _T], device: torch.device) -> _T:
     return builder.submit(on_stream).result()
 
 
+def square_node_count(num_src: int, num_dst: int) -> int:
+    """The node count of a square graph with these sizes (a ``ValueError`` if bipartite)."""
+    if num_src != num_dst:
+        raise ValueError(
+            f"graph is bipartite ({num_src} source x {num_dst} target nodes); use num_src_nodes / num_dst_nodes"
+        )
+    return num_src
+
+
 def check_edge_weight(edge_weight: Tensor, graph: Graph, name: str = "edge_weight") -> Tensor:
     """Validate a per-edge (per-head) weight tensor against ``graph``; returns it."""
     if not isinstance(edge_weight, Tensor):
@@ -557,3 +582,110 @@ def check_edge_weight(edge_weight: Tensor, graph: Graph, name: str = "edge_weigh
             "move them to the same device"
         )
     return edge_weight
+
+
+# ----------------------------------------------------------------------------- graph inputs
+GRAPH_INPUTS = (
+    "a fusegnn.sparse.Graph or an edge_index tensor ([2, E] int32 / int64 node ids), "
+    "a torch.sparse adjacency matrix (COO or CSR, rows = targets) or a networkx.Graph"
+)
+
+# Graphs converted from torch.sparse adjacencies, by id(adj): (weak reference to adj, its
+# version counter when converted, the graph). See _graph_of_sparse.
+_SPARSE_GRAPHS: dict[int, tuple[weakref.ref, int, Graph]] = {}
+
+
+def coerce_graph(graph: Any, name: str = "graph", *, device: torch.device | str | None = None) -> Graph | Tensor:
+    """``graph`` as a :class:`Graph`, or the dense ``edge_index`` tensor it is (left to the
+    caller, which builds a graph from it or, under ``torch.compile``, refers to it).
+
+    The one place where every graph input of the ops and layers is recognised:
+
+    * a :class:`Graph` is returned as it is, a strided tensor (an ``edge_index``) too;
+    * a ``torch.sparse`` COO or CSR matrix is read as PyG reads one: as ``adj_t``, the
+      **aggregation** matrix with rows as targets, ``adj[i, j] != 0`` the edge ``j -> i``
+      (:meth:`Graph.from_sparse`); float values become the graph's ``edge_weight``, and a
+      COO matrix is coalesced (duplicate entries summed). The graph is cached per
+      adjacency tensor (by identity, checked against its version counter, so changing
+      its values in place converts it again) for as long as that tensor lives;
+    * a networkx graph (:meth:`Graph.from_networkx`) becomes a graph on ``device``, nodes
+      numbered in ``G.nodes`` order, the edge attribute ``"weight"`` its ``edge_weight``
+      when any edge has one (networkx's own convention, as in ``nx.to_scipy_sparse_array``;
+      edges without it weigh 1). It is converted on every call: a networkx graph can change
+      without a trace, so a graph used more than once is better converted once by
+      :meth:`Graph.from_networkx`.
+
+    Under ``torch.compile`` neither conversion can be traced (Dynamo refuses sparse tensors
+    as inputs and would unroll networkx's Python loops), so there anything but a
+    :class:`Graph` or an ``edge_index`` is a :class:`TypeError` that says to build the
+    :class:`Graph` before the compiled call. Any other type is a :class:`TypeError` naming
+    ``name`` and listing the accepted inputs.
+    """
+    if isinstance(graph, Graph):
+        return graph
+    if isinstance(graph, Tensor) and graph.layout == torch.strided:
+        return graph
+    if torch.compiler.is_compiling():
+        raise TypeError(
+            f"{name} must be a fusegnn.sparse.Graph or an edge_index tensor under torch.compile, got "
+            f"{type_name(graph)}: build the graph once before the compiled call (Graph.from_sparse(adj_t) "
+            "for a torch.sparse adjacency, Graph.from_networkx(G) for a networkx.Graph) and pass the Graph"
+        )
+    if isinstance(graph, Tensor):
+        if graph.layout not in (torch.sparse_coo, torch.sparse_csr):
+            raise TypeError(
+                f"{name}: a torch.sparse adjacency must be COO or CSR, got layout {graph.layout} "
+                "(convert it with adj.to_sparse_csr())"
+            )
+        try:
+            return _graph_of_sparse(graph)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"{name}: {err}") from None
+    nx = sys.modules.get("networkx")  # not imported: the input cannot be a networkx graph
+    if nx is not None and isinstance(graph, nx.Graph):
+        weighted = any("weight" in data for _, _, data in graph.edges(data=True))
+        return Graph.from_networkx(graph, weight="weight" if weighted else None, device=device)
+    hint = ""
+    if type(graph).__module__.startswith("torch_sparse"):
+        hint = " (convert a torch_sparse.SparseTensor adj_t with adj_t.to_torch_sparse_csr_tensor())"
+    raise TypeError(f"{name} must be {GRAPH_INPUTS}, got {type_name(graph)}{hint}")
+
+
+def as_graph(
+    graph: Any,
+    num_nodes: int | tuple[int, int] | None = None,
+    name: str = "graph",
+    *,
+    device: torch.device | str | None = None,
+) -> Graph:
+    """``graph`` as a :class:`Graph`: itself, one built from an ``edge_index`` tensor (with
+    ``num_nodes`` as for :class:`Graph`), or one converted from a ``torch.sparse``
+    adjacency or a networkx graph (see :func:`coerce_graph`, which also says where a
+    networkx graph is built: ``device``)."""
+    graph = coerce_graph(graph, name, device=device)
+    return graph if isinstance(graph, Graph) else Graph(graph, num_nodes)
+
+
+def _graph_of_sparse(adj: Tensor) -> Graph:
+    """:meth:`Graph.from_sparse` of ``adj``, converted once per adjacency tensor (and again
+    after an in-place change, which moves its version counter)."""
+    if adj.requires_grad:  # its values carry a gradient: a graph of this call's values
+        return Graph.from_sparse(adj)
+    key = id(adj)
+    hit = _SPARSE_GRAPHS.get(key)
+    if hit is not None and hit[0]() is adj and hit[1] == adj._version:
+        return hit[2]
+    graph = Graph.from_sparse(adj)  # holds no view of adj, which would keep it (and this entry) alive
+    # the entry leaves with adj (a weak reference's callback runs before its id can be reused)
+    ref = weakref.ref(adj, lambda _ref, key=key: _SPARSE_GRAPHS.pop(key, None))
+    _SPARSE_GRAPHS[key] = (ref, adj._version, graph)
+    return graph
+
+
+def type_name(value: Any) -> str:
+    """``value``'s type, qualified by its module unless built in, so that ``networkx.Graph``
+    (``networkx.classes.graph.Graph``) and ``fusegnn.sparse.graph.Graph`` read apart."""
+    kind = type(value)
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"

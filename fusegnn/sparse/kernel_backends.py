@@ -3,18 +3,19 @@ what :mod:`fusegnn.kernels` offers (the kernels never import the op layer).
 
 :func:`register` is called by :mod:`fusegnn.sparse.dispatch` on the first dispatch. It
 registers nothing when Triton cannot be imported (Triton is an optional dependency), and
-it imports no kernel module: those are imported on the first fused op, so that setting
-``TRITON_INTERPRET=1`` any time before then (e.g. at the top of a test module) runs the
-kernels through Triton's CPU interpreter.
+it imports no kernel module (nor Triton): those are imported on the first fused op, so
+that setting ``TRITON_INTERPRET=1`` any time before Triton is imported (e.g. at the top of
+a test module) runs the kernels through Triton's CPU interpreter.
 
 Where the backends run (``supports``): CUDA tensors, and CPU tensors only under the
-interpreter (``TRITON_INTERPRET=1`` set before the kernel modules were first imported);
-floating inputs of dtype fp16, bf16, fp32 or fp64. ``aggregation="auto"`` still takes
+interpreter (:func:`fusegnn.kernels._triton.interpreter_usable`); floating inputs of the
+kernels' dtypes (:data:`fusegnn.kernels._triton.FLOAT_DTYPES`: fp16, bf16, fp32, fp64). ``aggregation="auto"`` still takes
 the reference for CPU tensors.
 
 ``spmm``, ``sddmm`` (:mod:`fusegnn.kernels.sddmm`) and ``edge_softmax``
-(:mod:`fusegnn.kernels.edge_softmax`) all run Triton kernels; the ``dot`` SDDMM's backward
-runs the SpMM of the same family (GAR in deterministic mode). ``reduce="max"`` is not
+(:mod:`fusegnn.kernels.edge_softmax`) all run Triton kernels, forward (autograd Functions)
+and backward (the same kernels' plain backward functions, for the compiled ops); the ``dot`` SDDMM's backward
+runs the SpMM of the same aggregation (GAR in deterministic mode). ``reduce="max"`` is not
 fused: these wrappers hand it to the reference and record that
 (:func:`~fusegnn.sparse.dispatch.note_path`).
 """
@@ -22,29 +23,15 @@ fused: these wrappers hand it to the reference and record that
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 
-import torch
 from torch import Tensor
 
-from fusegnn.sparse import reference
+from fusegnn.kernels._triton import FLOAT_DTYPES, interpreter_usable
+from fusegnn.sparse import reference, reference_grads
 from fusegnn.sparse.dispatch import Backend, is_deterministic, note_path, register_backend
 from fusegnn.sparse.graph import Graph
 
-__all__ = ["register", "supports", "interpreter_active"]
-
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_KERNEL_MODULES = ("fusegnn.kernels.spmm_gas", "fusegnn.kernels.spmm_gar")
-
-
-def interpreter_active() -> bool:
-    """Whether the Triton kernels run (or will run) through the CPU interpreter."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return False
-    loaded = [sys.modules[m] for m in _KERNEL_MODULES if m in sys.modules]
-    # kernels already compiled for the GPU stay GPU kernels whatever the variable says now
-    return all(getattr(m, "INTERPRETED", False) for m in loaded)
+__all__ = ["register", "supports"]
 
 
 def supports(graph: Graph, *tensors: Tensor) -> bool:
@@ -53,50 +40,78 @@ def supports(graph: Graph, *tensors: Tensor) -> bool:
     if device.type == "cuda":
         pass
     elif device.type == "cpu":
-        if not interpreter_active():
+        if not interpreter_usable():
             return False
     else:
         return False
-    return all(t.device == device and t.dtype in _DTYPES for t in tensors)
+    return all(t.device == device and t.dtype in FLOAT_DTYPES for t in tensors)
 
 
-def _gas_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",
-              bias: Tensor | None = None) -> Tensor:
-    if reduce == "max":
-        note_path("reference", "reduce='max' is not fused: gas hands it to the reference")
-        return reference.spmm(graph, x, edge_weight, reduce, bias)
-    from fusegnn.kernels.spmm import gas_spmm
+def _spmm(aggregation: str):
+    def spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",
+             bias: Tensor | None = None) -> Tensor:
+        if reduce == "max":
+            note_path("reference", f"reduce='max' is not fused: {aggregation} hands it to the reference")
+            return reference.spmm(graph, x, edge_weight, reduce, bias)
+        from fusegnn.kernels.spmm import gar_spmm, gas_spmm
 
-    return gas_spmm(graph, x, edge_weight, reduce, bias)
+        return (gas_spmm if aggregation == "gas" else gar_spmm)(graph, x, edge_weight, reduce, bias)
 
-
-def _gar_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",
-              bias: Tensor | None = None) -> Tensor:
-    if reduce == "max":
-        note_path("reference", "reduce='max' is not fused: gar hands it to the reference")
-        return reference.spmm(graph, x, edge_weight, reduce, bias)
-    from fusegnn.kernels.spmm import gar_spmm
-
-    return gar_spmm(graph, x, edge_weight, reduce, bias)
+    return spmm
 
 
-def _gas_sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:
-    from fusegnn.kernels.sddmm import sddmm
+def _spmm_backward(aggregation: str):
+    def spmm_backward(graph: Graph, grad: Tensor, x: Tensor | None, weight: Tensor | None, reduce: str,
+                      need_x: bool, need_w: bool) -> tuple[Tensor | None, Tensor | None]:
+        if reduce == "max":  # as the forward: the reference's
+            return reference_grads.spmm_backward(graph, grad, x, weight, reduce, need_x, need_w)
+        from fusegnn.kernels.spmm import spmm_backward as fused_backward
 
-    # the dot backward's SpMM: GAS, unless deterministic mode asks for no atomics
-    return sddmm(graph, a, b, op, family="gar" if is_deterministic() else "gas")
+        if reduce == "mean":
+            count = graph.in_degree.clamp(min=1).to(grad.dtype)
+            grad = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
+        return fused_backward(aggregation, graph, grad, x, weight, need_x, need_w, memoise_weight=True)
+
+    return spmm_backward
 
 
-def _gar_sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:
-    from fusegnn.kernels.sddmm import sddmm
+def _sddmm_aggregation(aggregation: str) -> str:
+    """The fused SpMM the ``dot`` SDDMM's backward runs: GAR for ``gar``; for ``gas`` GAS,
+    unless deterministic mode asks for no atomics."""
+    return "gar" if aggregation == "gar" or is_deterministic() else "gas"
 
-    return sddmm(graph, a, b, op, family="gar")
+
+def _sddmm(aggregation: str):
+    def sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:
+        from fusegnn.kernels.sddmm import sddmm as fused_sddmm
+
+        return fused_sddmm(graph, a, b, op, aggregation=_sddmm_aggregation(aggregation))
+
+    return sddmm
+
+
+def _sddmm_backward(aggregation: str):
+    def sddmm_backward(graph: Graph, a: Tensor, b: Tensor, grad: Tensor, op: str, need_a: bool,
+                       need_b: bool) -> tuple[Tensor | None, Tensor | None]:
+        from fusegnn.kernels.sddmm import sddmm_backward as fused_backward
+
+        return fused_backward(
+            graph, a.contiguous(), b.contiguous(), grad, op, _sddmm_aggregation(aggregation), need_a, need_b
+        )
+
+    return sddmm_backward
 
 
 def _edge_softmax(graph: Graph, scores: Tensor) -> Tensor:
     from fusegnn.kernels.edge_softmax import edge_softmax
 
     return edge_softmax(graph, scores)
+
+
+def _edge_softmax_backward(graph: Graph, alpha: Tensor, grad: Tensor) -> Tensor:
+    from fusegnn.kernels.edge_softmax import edge_softmax_backward
+
+    return edge_softmax_backward(graph, alpha.contiguous(), grad)
 
 
 def register() -> bool:
@@ -107,22 +122,17 @@ def register() -> bool:
         import triton  # noqa: F401
     except ImportError:  # pragma: no cover - a broken Triton install
         return False
-    register_backend(
-        Backend(
-            name="gas",
-            spmm=_gas_spmm,
-            sddmm=_gas_sddmm,
-            edge_softmax=_edge_softmax,
-            supports=supports,
+    for aggregation in ("gas", "gar"):
+        register_backend(
+            Backend(
+                name=aggregation,
+                spmm=_spmm(aggregation),
+                sddmm=_sddmm(aggregation),
+                edge_softmax=_edge_softmax,
+                supports=supports,
+                spmm_backward=_spmm_backward(aggregation),
+                sddmm_backward=_sddmm_backward(aggregation),
+                edge_softmax_backward=_edge_softmax_backward,
+            )
         )
-    )
-    register_backend(
-        Backend(
-            name="gar",
-            spmm=_gar_spmm,
-            sddmm=_gar_sddmm,
-            edge_softmax=_edge_softmax,
-            supports=supports,
-        )
-    )
     return True

@@ -43,13 +43,13 @@ the compiled code. The traced part never looks a handle up. Nothing here uses
 torch with ``torch.library.custom_op``.
 
 **Autograd.** Each op registers a backward (``register_autograd``) that calls a second
-custom op, ``fusegnn::<op>_backward``, so the backward graph is opaque too. On the fused
-paths those run the kernels' own backward code (factored out of the
-``torch.autograd.Function`` classes: :func:`fusegnn.kernels.spmm.spmm_backward`,
-:func:`fusegnn.kernels.sddmm.sddmm_backward`,
-:func:`fusegnn.kernels.edge_softmax.edge_softmax_backward` and the fused GAT backward,
-on the forward's saved output and log-sum-exp); on the reference path, closed-form
-gradients written with the reference's own gathers and scatters. All backward code is
+custom op, ``fusegnn::<op>_backward``, so the backward graph is opaque too. A backward
+op runs the backward function of the backend its forward ran
+(:class:`~fusegnn.sparse.dispatch.Backend`'s ``spmm_backward``, ``sddmm_backward``,
+``edge_softmax_backward``): for ``gas`` / ``gar`` the kernels' own backward code, which
+their ``torch.autograd.Function`` classes call too (and the fused GAT backward, on the
+forward's saved output and log-sum-exp); for the reference the closed-form gradients of
+:mod:`fusegnn.sparse.reference_grads`. All backward code is
 plain tensor code (no autograd inside an op: a custom op's implementation runs below
 the autograd dispatch keys). **Recomputation**, where the eager path keeps intermediates
 that a custom op cannot hand to its backward: ``spmm`` with ``reduce="max"`` recomputes
@@ -76,16 +76,25 @@ an input that requires grad (Python autograd wrapper), on one CPU core, which ma
 on small, launch-bound graphs.
 """
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fusegnn.sparse import reference
-from fusegnn.sparse.dispatch import explain, resolve_aggregation
+from fusegnn.sparse import reference, reference_grads
+from fusegnn.sparse.dispatch import Backend, backend_named, explain, resolve_aggregation
 from fusegnn.sparse.graph import _REGISTRY, Graph, graph_by_uid
-from fusegnn.sparse.processing import gat_self_loops, gcn_norm, self_loop_structure
+from fusegnn.sparse.graph_ref import (
+    GAT_SELF_LOOPS,
+    GCN_PREFIX,
+    GraphRef,
+    gcn_params,
+    gcn_transform,
+    graph_ref,
+    with_transform,
+)
+from fusegnn.sparse.processing import gat_self_loops, gcn_norm
 
 __all__ = [
     "GraphRef",
@@ -100,95 +109,6 @@ __all__ = [
     "gat_attention",
     "edge_index",
 ]
-
-GAT_SELF_LOOPS = "gat_self_loops"
-_GCN_PREFIX = "gcn_norm:"
-_DTYPE_NAMES = {
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.float32: "float32",
-    torch.float64: "float64",
-}
-_INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-# ----------------------------------------------------------------------------- references
-class GraphRef(NamedTuple):
-    """What the traced part of a compiled model knows of a graph: integers and metadata.
-
-    Attribute names follow :class:`~fusegnn.sparse.Graph` (``num_src_nodes``, ``device``,
-    ...) so argument checks written for graphs accept a reference too.
-
-    Attributes:
-        uid: handle of a live :class:`Graph` (:attr:`Graph.uid`), or ``-1`` for a bare
-            ``edge_index``.
-        edge_index: the ``[2, E]`` edge list: the bare tensor, or the graph's own (from
-            which a backward rebuilds a graph that died after its forward).
-        num_src_nodes: source nodes (``-1``: inferred from ``edge_index`` at run time).
-        num_dst_nodes: target nodes (``-1`` likewise).
-        num_edges: edges of the processed graph (``-1`` when a transform changes them).
-        device: the graph's device.
-        index_dtype: dtype of the graph's ``edge_index``.
-        transform: processing the ops apply before running (see the module docstring).
-    """
-
-    uid: int
-    edge_index: Optional[Tensor]
-    num_src_nodes: int
-    num_dst_nodes: int
-    num_edges: int
-    device: torch.device
-    index_dtype: torch.dtype
-    transform: str
-
-
-def graph_ref(graph: "Graph | Tensor", num_nodes: "int | tuple[int, int] | None" = None, name: str = "graph") -> GraphRef:
-    """A :class:`GraphRef` to ``graph`` (a :class:`Graph`, or an ``edge_index`` tensor with
-    optional ``num_nodes`` as for :class:`Graph`). Checks what can be checked without
-    reading ``edge_index``'s values (those are validated when the op builds the graph)."""
-    if isinstance(graph, Graph):
-        return GraphRef(
-            graph.uid, graph.edge_index, graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges,
-            graph.device, graph.index_dtype, "",
-        )
-    if isinstance(graph, Tensor):
-        if graph.dtype not in _INDEX_DTYPES:
-            raise TypeError(f"{name}: edge_index must hold int32 or int64 node ids, got dtype {graph.dtype}")
-        if graph.dim() != 2 or graph.size(0) != 2:
-            raise ValueError(f"{name}: edge_index must have shape [2, E], got {tuple(graph.shape)}")
-        if graph.layout != torch.strided:
-            raise TypeError(f"{name}: edge_index must be a dense (strided) tensor; use Graph.from_sparse")
-        if num_nodes is None:
-            num_src = num_dst = -1
-        elif isinstance(num_nodes, (tuple, list)):
-            if len(num_nodes) != 2:
-                raise ValueError(
-                    f"num_nodes must be an int or a pair (num_src_nodes, num_dst_nodes), got {num_nodes!r}"
-                )
-            num_src, num_dst = num_nodes
-        else:
-            num_src = num_dst = num_nodes
-        return GraphRef(-1, graph, num_src, num_dst, graph.size(1), graph.device, graph.dtype, "")
-    raise TypeError(f"{name} must be a fusegnn.sparse.Graph or an edge_index tensor, got {type(graph).__name__}")
-
-
-def with_transform(ref: GraphRef, transform: str) -> GraphRef:
-    """``ref`` with the processing ``transform`` (its edge count becomes unknown)."""
-    if ref.transform:
-        raise ValueError(f"the graph reference already carries transform {ref.transform!r}")
-    return GraphRef(
-        ref.uid, ref.edge_index, ref.num_src_nodes, ref.num_dst_nodes, -1, ref.device,
-        ref.index_dtype, transform,
-    )
-
-
-def gcn_transform(improved: bool, add_self_loops: bool, dtype: torch.dtype) -> str:
-    """The ``transform`` string of :func:`~fusegnn.sparse.processing.gcn_norm` with these
-    arguments (``dtype``: of the normalised weights)."""
-    if dtype not in _DTYPE_NAMES:
-        raise TypeError(f"gcn_norm weights must be float16, bfloat16, float32 or float64, got {dtype}")
-    return f"{_GCN_PREFIX}{int(bool(improved))}:{int(bool(add_self_loops))}:{_DTYPE_NAMES[dtype]}"
-
 
 # ----------------------------------------------------------------------------- run time
 def _base_graph(uid: int, edge_index: Optional[Tensor], num_src: int, num_dst: int, validate: bool = True) -> Graph:
@@ -228,8 +148,8 @@ def _processed(graph: Graph, transform: str, weight: Optional[Tensor] = None) ->
         if weight is not None:
             raise ValueError("the gat_self_loops transform takes no edge weights")
         return gat_self_loops(graph), None
-    if transform.startswith(_GCN_PREFIX):
-        kwargs = _gcn_params(transform)
+    if transform.startswith(GCN_PREFIX):
+        kwargs = gcn_params(transform)
         stored = graph.edge_weight
         own = weight is None or weight is stored
         if own and (stored is None or not stored.requires_grad):
@@ -246,81 +166,17 @@ def resolve(ref: GraphRef) -> Graph:
     return graph
 
 
-def _path(aggregation: str, graph: Graph, *tensors: Tensor) -> str:
-    """The backend a backward runs: the forward's (an explicit choice was already checked
+def _resolved(aggregation: str, graph: Graph, *tensors: Tensor) -> str:
+    """The aggregation a backward runs: the forward's (an explicit choice was already checked
     by the forward; ``"auto"`` is decided again, on the same inputs, without recording)."""
     if aggregation != "auto":
         return aggregation
     return explain(graph, *tensors, aggregation="auto").name
 
 
-def _reversed(graph: Graph) -> Graph:
-    """``graph`` with every edge reversed (same edge order), cached on it (structural)."""
-    return graph.cached(
-        "fusegnn.reverse",
-        lambda: Graph(graph.edge_index.flip(0), (graph.num_dst_nodes, graph.num_src_nodes), validate=False),
-        structural=True,
-    )
-
-
-def _per_edge(weight: Tensor, like: Tensor) -> Tensor:
-    """``[E]`` / ``[E, H]`` weights viewed to broadcast against ``[E, (H,) F]``."""
-    return weight.reshape(weight.shape + (1,) * (like.dim() - weight.dim()))
-
-
-def _gcn_params(transform: str) -> dict:
-    parts = transform[len(_GCN_PREFIX):].split(":")
-    if len(parts) != 3 or parts[2] not in _DTYPE_NAMES.values():
-        raise ValueError(f"malformed gcn_norm transform {transform!r}")
-    return dict(improved=parts[0] == "1", add_self_loops=parts[1] == "1", dtype=getattr(torch, parts[2]))
-
-
-def _gcn_norm_weight_grad(graph: Graph, weight: Tensor, grad_norm: Tensor, transform: str) -> Tensor:
-    r"""Gradient of the raw weights ``weight`` (``[E]``) from that of the weights
-    :func:`~fusegnn.sparse.processing.gcn_norm` makes of them, in closed form (the
-    normalisation is recomputed: E-sized tensor ops, the edge structure is cached).
-
-    With :math:`w'` the weights after adding the remaining self-loops,
-    :math:`d_n = \sum_{e \to n} w'_e`, :math:`r_n = d_n^{-1/2}` (0 where :math:`d_n = 0`)
-    and :math:`\hat w_e = r_{s_e} w'_e r_{t_e}`:
-
-    .. math::
-        \frac{\partial L}{\partial w'_k} = G_k r_{s_k} r_{t_k}
-        - \tfrac12 r_{t_k}^3 A_{t_k}, \qquad
-        A_n = \sum_{s_e = n} G_e w'_e r_{t_e} + \sum_{t_e = n} G_e w'_e r_{s_e}
-
-    then scattered back through the self-loop step (kept edges by position, the weight
-    a new self-loop took from its node's last self-loop).
-    """
-    params = _gcn_params(transform)
-    w = weight.to(params["dtype"])
-    if params["add_self_loops"]:
-        structure = self_loop_structure(graph)
-        edges = structure.graph
-        fill = 2.0 if params["improved"] else 1.0
-        loop_w = w.new_full((graph.num_nodes,), fill).index_put(
-            (structure.loop_node,), w.index_select(0, structure.loop_edge)
-        )
-        w_loops = torch.cat([w.index_select(0, structure.keep), loop_w])
-    else:
-        edges, w_loops = graph, w
-    src, dst = edges.src.long(), edges.dst.long()
-    deg = w_loops.new_zeros(edges.num_dst_nodes).index_add(0, dst, w_loops)
-    r = deg.pow(-0.5)
-    r = torch.where(torch.isinf(r), torch.zeros_like(r), r)
-    g = grad_norm.to(w_loops.dtype)
-    r_src, r_dst = r.index_select(0, src), r.index_select(0, dst)
-    gw = g * w_loops
-    a = w_loops.new_zeros(edges.num_dst_nodes).index_add(0, src, gw * r_dst).index_add(0, dst, gw * r_src)
-    d_deg = -0.5 * r.pow(3) * a
-    g_loops = g * r_src * r_dst + d_deg.index_select(0, dst)
-    if params["add_self_loops"]:
-        kept = structure.keep.numel()
-        grad_w = torch.zeros_like(w).index_add(0, structure.keep, g_loops[:kept])
-        grad_w = grad_w.index_add(0, structure.loop_edge, g_loops[kept:].index_select(0, structure.loop_node))
-    else:
-        grad_w = g_loops
-    return grad_w.to(weight.dtype)
+def _backend(aggregation: str, graph: Graph, *tensors: Tensor) -> Backend:
+    """The backend whose backward functions a backward op runs: the forward's."""
+    return backend_named(_resolved(aggregation, graph, *tensors))
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -367,19 +223,9 @@ def _spmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform,
                       need_x, need_w, reduce, aggregation):
     base = _base_graph(graph, edge_index, num_src, num_dst, validate=False)
     g, w = _processed(base, transform, weight)
-    path = "reference" if reduce == "max" else _path(aggregation, g, grad)
-    if path == "reference":
-        gx, gw = _reference_spmm_backward(g, grad, x, w, reduce, need_x, need_w)
-    else:
-        from fusegnn.kernels.spmm import spmm_backward
-
-        g_sum = grad
-        if reduce == "mean":
-            count = g.in_degree.clamp(min=1).to(grad.dtype)
-            g_sum = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
-        gx, gw = spmm_backward(path, g, g_sum, x, w, need_x, need_w, memoise_weight=True)
+    gx, gw = _backend(aggregation, g, grad).spmm_backward(g, grad, x, w, reduce, need_x, need_w)
     if need_w and transform != "":  # back through the normalisation of the given weights
-        gw = _gcn_norm_weight_grad(base, weight, gw, transform)
+        gw = reference_grads.gcn_norm_weight_grad(base, weight, gw, **gcn_params(transform))
     gx = gx.contiguous() if gx is not None else _empty(grad)
     gw = gw.contiguous() if gw is not None else _empty(grad)
     return gx, gw
@@ -389,45 +235,6 @@ def _spmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform,
 def _(graph, edge_index, num_src, num_dst, num_edges, transform, grad, x, weight, need_x, need_w, reduce, aggregation):
     gx = grad.new_empty((num_src,) + tuple(grad.shape[1:])) if need_x else _empty(grad)
     gw = weight.new_empty(weight.shape) if need_w else _empty(grad)
-    return gx, gw
-
-
-def _reference_spmm_backward(graph: Graph, grad: Tensor, x: Optional[Tensor], w: Optional[Tensor],
-                             reduce: str, need_x: bool, need_w: bool):
-    """``(grad_x, grad_w)`` of :func:`fusegnn.sparse.reference.spmm` in closed form.
-
-    ``"max"`` recomputes the messages and the maxima (the forward; nothing of size ``E``
-    is kept) and shares each target's gradient equally among the messages that attain
-    its maximum. (Eager ``scatter_reduce(..., include_self=False)`` also counts the
-    excluded zero initial value as a tie when a maximum is exactly 0, which halves such
-    gradients; the rule here counts only the reduced messages.)
-    """
-    src, dst = graph.src.long(), graph.dst.long()
-    if reduce == "max":
-        messages = x.index_select(0, src)
-        if w is not None:
-            messages = messages * _per_edge(w.to(x.dtype), messages)
-        out = reference.spmm(graph, x, w, "max")
-        is_max = (messages == out.index_select(0, dst)).to(grad.dtype)
-        ties = torch.zeros_like(out, dtype=grad.dtype).index_add(0, dst, is_max)
-        g_msg = is_max * (grad / ties.clamp(min=1)).index_select(0, dst)  # d L / d message
-        gx = gw = None
-        if need_x:
-            weighted = g_msg * _per_edge(w.to(g_msg.dtype), g_msg) if w is not None else g_msg
-            gx = torch.zeros_like(x, dtype=grad.dtype).index_add(0, src, weighted)
-        if need_w:
-            prod = g_msg * x.index_select(0, src)
-            gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
-        return gx, gw
-    if reduce == "mean":
-        count = graph.in_degree.clamp(min=1).to(grad.dtype)
-        grad = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
-    gx = gw = None
-    if need_x:
-        gx = reference.spmm(_reversed(graph), grad, w, "sum")
-    if need_w:
-        prod = x.index_select(0, src) * grad.index_select(0, dst)
-        gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
     return gx, gw
 
 
@@ -484,34 +291,9 @@ def _(graph, edge_index, num_src, num_dst, num_edges, transform, a, b, op, aggre
 def _sddmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, grad, a, b, op,
                        need_a, need_b, aggregation):
     g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
-    path = _path(aggregation, g, a, b)
-    if path == "reference":
-        ga, gb = _reference_sddmm_backward(g, a, b, grad, op, need_a, need_b)
-    else:
-        from fusegnn.kernels.sddmm import sddmm_backward
-
-        ga, gb = sddmm_backward(g, a.contiguous(), b.contiguous(), grad, op, path, need_a, need_b)
+    ga, gb = _backend(aggregation, g, a, b).sddmm_backward(g, a, b, grad, op, need_a, need_b)
     ga = ga.contiguous() if ga is not None else _empty(grad)
     gb = gb.contiguous() if gb is not None else _empty(grad)
-    return ga, gb
-
-
-def _reference_sddmm_backward(graph: Graph, a: Tensor, b: Tensor, grad: Tensor, op: str,
-                              need_a: bool, need_b: bool):
-    """``(grad_a, grad_b)`` of :func:`fusegnn.sparse.reference.sddmm` in closed form:
-    per-edge gradients (times the other operand for ``dot`` / ``mul``) summed into the
-    source rows of ``a`` and the target rows of ``b``."""
-    src, dst = graph.src.long(), graph.dst.long()
-    g = grad.unsqueeze(-1) if op == "dot" else grad
-    ga = gb = None
-    if need_a:
-        per_edge = g * b.index_select(0, dst) if op in ("dot", "mul") else g.expand((g.size(0),) + tuple(a.shape[1:]))
-        ga = torch.zeros_like(a).index_add(0, src, per_edge.to(a.dtype))
-    if need_b:
-        per_edge = g * a.index_select(0, src) if op in ("dot", "mul") else g.expand((g.size(0),) + tuple(b.shape[1:]))
-        if op == "sub":
-            per_edge = -per_edge
-        gb = torch.zeros_like(b).index_add(0, dst, per_edge.to(b.dtype))
     return ga, gb
 
 
@@ -566,15 +348,7 @@ def _(graph, edge_index, num_src, num_dst, num_edges, transform, scores, aggrega
 )
 def _edge_softmax_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, alpha, grad, aggregation):
     g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
-    if _path(aggregation, g, alpha) == "reference":
-        # d s_ji = alpha_ji (g_ji - sum_k alpha_ki g_ki): closed form, from the output alone
-        dst = g.dst.long()
-        weighted = alpha * grad
-        totals = weighted.new_zeros((g.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, weighted)
-        return (weighted - alpha * totals.index_select(0, dst)).contiguous()
-    from fusegnn.kernels.edge_softmax import edge_softmax_backward
-
-    return edge_softmax_backward(g, alpha.contiguous(), grad).contiguous()
+    return _backend(aggregation, g, alpha).edge_softmax_backward(g, alpha, grad).contiguous()
 
 
 @_edge_softmax_backward_op.register_fake
@@ -606,72 +380,6 @@ def _lse_dtype(h: Tensor, scores: Tensor) -> torch.dtype:
     return torch.float64 if torch.promote_types(h.dtype, scores.dtype) == torch.float64 else torch.float32
 
 
-def _reference_gat(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float,
-                   p: float, seed: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """The reference composition with a dropout mask drawn from ``seed`` (reproducible in
-    the backward): ``(out [N_dst, H, C], alpha [E, H] after dropout)``."""
-    scores = F.leaky_relu(reference.sddmm(graph, s_src, s_dst, "add"), negative_slope)
-    alpha = reference.edge_softmax(graph, scores)
-    if p > 0.0:
-        gen = torch.Generator(device=alpha.device)
-        gen.manual_seed(int(seed.item()))
-        keep = torch.rand(alpha.shape, generator=gen, device=alpha.device) >= p
-        alpha = alpha * keep.to(alpha.dtype) * (1.0 / (1.0 - p))
-    return reference.spmm(graph, h, alpha), alpha
-
-
-def _reference_gat_backward(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float,
-                            p: float, seed: Optional[Tensor], grad_out: Tensor, grad_alpha: Optional[Tensor]):
-    r"""``(grad_h, grad_score_src, grad_score_dst)`` of :func:`_reference_gat` in closed form.
-
-    The coefficients are recomputed (the forward's scores and softmax, E-sized, and the
-    same dropout mask from ``seed``); then, with :math:`g` the output gradient,
-    :math:`w = \alpha M / (1-p)` and :math:`\bar w` the gradient of the returned
-    coefficients: :math:`\partial h_j = \sum_i w_{ji} g_i`,
-    :math:`dW = g_i \cdot h_j + \bar w`, :math:`dA = dW\, M/(1-p)`,
-    :math:`dE = \alpha (dA - \sum_k \alpha_{ki} dA_{ki})`,
-    :math:`dZ = dE \cdot (1 \text{ if } z > 0 \text{ else slope})`, summed into sources
-    and targets for the two score gradients.
-    """
-    src, dst = graph.src.long(), graph.dst.long()
-    z = reference.sddmm(graph, s_src, s_dst, "add")
-    alpha = reference.edge_softmax(graph, F.leaky_relu(z, negative_slope))
-    scale = torch.ones_like(alpha)
-    if p > 0.0:
-        gen = torch.Generator(device=alpha.device)
-        gen.manual_seed(int(seed.item()))
-        keep = torch.rand(alpha.shape, generator=gen, device=alpha.device) >= p
-        scale = keep.to(alpha.dtype) * (1.0 / (1.0 - p))
-    w = alpha * scale
-    grad_h = reference.spmm(_reversed(graph), grad_out, w, "sum")
-    d_w = (grad_out.index_select(0, dst) * h.index_select(0, src)).sum(-1).to(alpha.dtype)
-    if grad_alpha is not None:
-        d_w = d_w + grad_alpha.to(alpha.dtype)
-    d_a = d_w * scale
-    row = alpha.new_zeros((graph.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, alpha * d_a)
-    d_e = alpha * (d_a - row.index_select(0, dst))
-    d_z = torch.where(z > 0, d_e, d_e * negative_slope)
-    grad_src = torch.zeros_like(s_src).index_add(0, src, d_z.to(s_src.dtype))
-    grad_dst = torch.zeros_like(s_dst).index_add(0, dst, d_z.to(s_dst.dtype))
-    return grad_h.to(h.dtype), grad_src, grad_dst
-
-
-def _fused_gat_setup(graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float,
-                     p: float, seed: Optional[Tensor], variant: str):
-    """``(gat_fused module, config, h padded as the kernels run it, channels)``."""
-    from fusegnn.kernels import gat_fused as gf
-
-    channels = h.size(2)
-    padded = gf.padded_channels(channels)
-    h = h.contiguous()
-    if padded != channels:
-        h = F.pad(h, (0, padded - channels))
-    seed_t = seed.reshape(1).to(device=h.device, dtype=torch.int64) if p > 0.0 else None
-    chunk = gf._TUNING.get("chunk", gf.DEFAULT_CHUNK)
-    cfg = gf._Config(graph, h, s_src.dtype, negative_slope, p, seed_t, variant, chunk)
-    return gf, cfg, h, channels
-
-
 @torch.library.custom_op(
     "fusegnn::gat_attention",
     mutates_args=(),
@@ -688,16 +396,13 @@ def _gat_op(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_
     lse = torch.zeros((g.num_dst_nodes, heads), dtype=_lse_dtype(h, score_src), device=h.device)
     alpha = None
     if backend.name == "reference":
-        out, alpha = _reference_gat(g, h, score_src, score_dst, negative_slope, p, seed)
-    elif g.num_edges == 0 or g.num_dst_nodes == 0:  # every output row is zero
-        out = h.new_zeros((g.num_dst_nodes,) + tuple(h.shape[1:]))
-        alpha = score_src.new_zeros((g.num_edges, heads))
+        out, alpha = reference.gat_attention(g, h, score_src, score_dst, negative_slope, p, seed)
     else:
-        gf, cfg, hp, channels = _fused_gat_setup(g, h, score_src, score_dst, negative_slope, p, seed, backend.name)
+        from fusegnn.kernels.gat_fused import attention_config, attention_forward
+
         s_src, s_dst = score_src.contiguous(), score_dst.contiguous()
-        out, lse = gf._forward(cfg, hp, s_src, s_dst)
-        if return_alpha:
-            alpha = gf._alpha(cfg, s_src, s_dst, lse)
+        cfg, hp, channels = attention_config(g, h, s_src, negative_slope, p, seed, backend.name)
+        out, lse, alpha = attention_forward(cfg, hp, s_src, s_dst, return_alpha)
         out = out[..., :channels]
     if not return_alpha:
         alpha = score_src.new_empty((0, heads))
@@ -730,24 +435,23 @@ def _(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, s
 def _gat_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst,
                      seed, out, lse, alpha, grad_out, grad_alpha, negative_slope, p, aggregation):
     g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
-    path = _path(aggregation, g, h, score_src, score_dst)
-    if path == "reference":
-        gh, gs, gt = _reference_gat_backward(
+    aggregation = _resolved(aggregation, g, h, score_src, score_dst)
+    if aggregation == "reference":
+        gh, gs, gt = reference_grads.gat_attention_backward(
             g, h, score_src, score_dst, negative_slope, p, seed, grad_out, grad_alpha
         )
-    elif g.num_edges == 0 or g.num_dst_nodes == 0:
-        gh, gs, gt = torch.zeros_like(h), torch.zeros_like(score_src), torch.zeros_like(score_dst)
     else:  # the fused kernels' backward, on the forward's out and log-sum-exp
-        gf, cfg, hp, channels = _fused_gat_setup(g, h, score_src, score_dst, negative_slope, p, seed, path)
+        from fusegnn.kernels.gat_fused import attention_backward, attention_config
+
+        s_src, s_dst = score_src.contiguous(), score_dst.contiguous()
+        cfg, hp, channels = attention_config(g, h, s_src, negative_slope, p, seed, aggregation)
         pad = hp.size(2) - channels
         out_p = F.pad(out, (0, pad)) if pad else out.contiguous()
         grad_p = F.pad(grad_out, (0, pad)) if pad else grad_out
-        gh, gs, gt = gf._backward(
-            cfg, hp, score_src.contiguous(), score_dst.contiguous(), out_p, lse, grad_p.contiguous(),
-            alpha if grad_alpha is not None else None, grad_alpha,
+        gh, gs, gt = attention_backward(
+            cfg, hp, s_src, s_dst, out_p, lse, grad_p, alpha if grad_alpha is not None else None, grad_alpha
         )
-        gh = gh[..., :channels].to(h.dtype)
-        gs, gt = gs.to(score_src.dtype), gt.to(score_dst.dtype)
+        gh = gh[..., :channels]
     return gh.contiguous(), gs.contiguous(), gt.contiguous()
 
 

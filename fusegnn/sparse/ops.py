@@ -7,11 +7,14 @@ The three ops every GNN layer and every masked attention is built from
 * :func:`sddmm` -- one score per edge from its endpoints' rows;
 * :func:`edge_softmax` -- softmax over each target's incoming edges.
 
-All three accept a :class:`~fusegnn.sparse.Graph` or an ``edge_index`` tensor, never
+All three accept a :class:`~fusegnn.sparse.Graph` or an ``edge_index`` tensor (and, eagerly,
+a ``torch.sparse`` adjacency or a networkx graph: :func:`~fusegnn.sparse.graph.coerce_graph`), never
 modify their inputs, and are differentiable with respect to every floating input.
 
-Under ``torch.compile`` (:func:`torch.compiler.is_compiling`) each op checks its
-arguments as eagerly and then calls its ``torch.library`` custom op
+Under ``torch.compile`` (:func:`torch.compiler.is_compiling`) the graph argument
+becomes a :class:`~fusegnn.sparse.graph_ref.GraphRef` (:func:`graph_arg`, the one place
+where eager and compiled code part) and each op checks its arguments as eagerly and
+then calls its ``torch.library`` custom op
 (:mod:`fusegnn.sparse.library`), which Dynamo records as one opaque node and which runs
 this same eager path when the compiled code runs. Eager calls never go through the
 custom-op dispatcher.
@@ -20,6 +23,7 @@ custom-op dispatcher.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -35,25 +39,44 @@ from fusegnn.sparse.dispatch import (
     record_decision,
     resolve_aggregation,
 )
-from fusegnn.sparse.graph import Graph, check_edge_weight
+from fusegnn.sparse.graph import Graph, as_graph, check_edge_weight
+from fusegnn.sparse.graph_ref import GraphRef, graph_ref
 
-__all__ = ["spmm", "sddmm", "edge_softmax", "as_graph"]
+__all__ = ["spmm", "sddmm", "edge_softmax", "as_graph", "graph_arg", "edge_index_of"]
 
 _REDUCES = ("sum", "mean", "max")
 _SDDMM_OPS = ("dot", "add", "sub", "mul")
 
 
-def as_graph(graph: Graph | Tensor, num_nodes: int | tuple[int, int] | None = None, name: str = "graph") -> Graph:
-    """``graph`` itself, or a :class:`Graph` built from an ``edge_index`` tensor."""
-    if isinstance(graph, Graph):
-        return graph
-    if isinstance(graph, Tensor):
-        return Graph(graph, num_nodes)
-    raise TypeError(f"{name} must be a fusegnn.sparse.Graph or an edge_index tensor, got {type(graph).__name__}")
+def graph_arg(
+    graph: Any,
+    num_nodes: int | tuple[int, int] | None = None,
+    name: str = "graph",
+    *,
+    device: torch.device | str | None = None,
+) -> Graph | GraphRef:
+    """The graph as the ops take it: eagerly :func:`as_graph`; under ``torch.compile``
+    (:func:`torch.compiler.is_compiling`) a :class:`~fusegnn.sparse.graph_ref.GraphRef`
+    (:func:`~fusegnn.sparse.graph_ref.graph_ref`), so that no graph is built or processed
+    in the traced code. This is the one place where eager and compiled code part. ``graph``
+    is any input :func:`~fusegnn.sparse.graph.coerce_graph` accepts (``device``: where a
+    networkx graph is built)."""
+    if torch.compiler.is_compiling():
+        return graph_ref(graph, num_nodes, name)
+    return as_graph(graph, num_nodes, name, device=device)
+
+
+def edge_index_of(graph: Graph | GraphRef) -> Tensor:
+    """``graph.edge_index``; for a :class:`~fusegnn.sparse.graph_ref.GraphRef` (under
+    ``torch.compile``) a copy of the processed graph's, from the ``fusegnn::edge_index``
+    op (its edge count is then known at run time only)."""
+    if isinstance(graph, GraphRef):
+        return library.edge_index(graph)
+    return graph.edge_index
 
 
 def check_node_tensor(
-    x: Tensor, graph: Graph | library.GraphRef, num_rows: int, name: str, dims: tuple[int, ...]
+    x: Tensor, graph: Graph | GraphRef, num_rows: int, name: str, dims: tuple[int, ...]
 ) -> None:
     """``x`` is a floating tensor on the graph's device with ``num_rows`` rows (a
     ``num_rows`` of ``-1``, an unknown count under compilation, is not checked)."""
@@ -103,9 +126,7 @@ def spmm(
         ``[N_dst, F]`` or ``[N_dst, H, F]``.
     """
     if torch.compiler.is_compiling():
-        if edge_weight is None and isinstance(graph, Graph):
-            edge_weight = graph.edge_weight  # an input of the op, so its gradient flows
-        graph = library.graph_ref(graph, x.size(0) if isinstance(x, Tensor) else None)
+        graph = graph_ref(graph, x.size(0) if isinstance(x, Tensor) else None)
     elif (type(graph) is Graph and type(x) is Tensor and _plain(edge_weight) and _plain(bias)
           and isinstance(reduce, str) and isinstance(aggregation, str)):  # a call like an earlier one: no checks
         weight = edge_weight if edge_weight is not None else graph.edge_weight
@@ -139,10 +160,11 @@ def _checked_spmm(graph, x, edge_weight, reduce, bias, aggregation) -> Tensor:
     check_node_tensor(x, graph, graph.num_src_nodes, "x", (2, 3))
     if reduce not in _REDUCES:
         raise ValueError(f"reduce must be one of {_REDUCES}, got {reduce!r}")
-    if edge_weight is None and isinstance(graph, Graph):
-        edge_weight = graph.edge_weight
+    if edge_weight is None:
+        edge_weight = graph.edge_weight  # for a GraphRef an input of the op, so its gradient flows
     if edge_weight is not None:
-        check_edge_weight(edge_weight, graph, "edge_weight")
+        if not (isinstance(graph, GraphRef) and graph.transform):  # a transform's raw weights were checked
+            check_edge_weight(edge_weight, graph, "edge_weight")
         if edge_weight.dim() == 2:
             if x.dim() != 3 or edge_weight.size(1) != x.size(1):
                 raise ValueError(
@@ -151,7 +173,7 @@ def _checked_spmm(graph, x, edge_weight, reduce, bias, aggregation) -> Tensor:
                 )
     if bias is not None:
         _check_bias(bias, x)
-    if isinstance(graph, library.GraphRef):
+    if isinstance(graph, GraphRef):
         out = library.spmm(graph, x, edge_weight, reduce, check_aggregation(aggregation))
         return out if bias is None else out + bias.reshape(x.shape[1:])
     backend = resolve_aggregation(aggregation, graph, x, op="spmm")
@@ -196,10 +218,7 @@ def sddmm(
     """
     if not isinstance(a, Tensor):
         raise TypeError(f"a must be a torch.Tensor, got {type(a).__name__}")
-    if torch.compiler.is_compiling():
-        graph = library.graph_ref(graph, a.size(0))
-    else:
-        graph = as_graph(graph, a.size(0))
+    graph = graph_arg(graph, a.size(0))
     check_node_tensor(a, graph, graph.num_src_nodes, "a", (1, 2, 3))
     check_node_tensor(b, graph, graph.num_dst_nodes, "b", (1, 2, 3))
     if a.shape[1:] != b.shape[1:]:
@@ -210,7 +229,7 @@ def sddmm(
         raise ValueError(f"op must be one of {_SDDMM_OPS}, got {op!r}")
     if op == "dot" and a.dim() < 2:
         raise ValueError("op='dot' needs a feature axis: a and b must be at least [N, F]")
-    if isinstance(graph, library.GraphRef):
+    if isinstance(graph, GraphRef):
         return library.sddmm(graph, a, b, op, check_aggregation(aggregation))
     backend = resolve_aggregation(aggregation, graph, a, b)
     return backend.sddmm(graph, a, b, op)
@@ -229,11 +248,11 @@ def edge_softmax(graph: Graph | Tensor, scores: Tensor, *, aggregation: str = "a
             are all masked gets zeros, never NaN.
         aggregation: backend choice, as for :func:`spmm`.
     """
-    graph = library.graph_ref(graph) if torch.compiler.is_compiling() else as_graph(graph)
+    graph = graph_arg(graph)
     if not isinstance(scores, Tensor):
         raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
     check_node_tensor(scores, graph, graph.num_edges, "scores", (1, 2))
-    if isinstance(graph, library.GraphRef):
+    if isinstance(graph, GraphRef):
         return library.edge_softmax(graph, scores, check_aggregation(aggregation))
     backend = resolve_aggregation(aggregation, graph, scores)
     return backend.edge_softmax(graph, scores)

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
+from fusegnn.sparse.graph_ref import GAT_SELF_LOOPS, GraphRef, gcn_transform, with_transform
 
 __all__ = [
     "remove_self_loops",
@@ -141,7 +142,15 @@ def gcn_norm(
     the weights need no gradient, and the composed PyTorch ops (differentiable) otherwise;
     ``True`` demands the kernels (a ``ValueError`` says why they cannot run; on the CPU
     they run under ``TRITON_INTERPRET=1``), ``False`` the composed ops.
+
+    Under ``torch.compile`` ``graph`` is a :class:`~fusegnn.sparse.graph_ref.GraphRef`
+    (:func:`~fusegnn.sparse.ops.graph_arg`); the result is then the reference with the
+    ``gcn_norm`` transform, which the ``fusegnn::spmm`` op applies when it runs (the
+    normalisation of the graph's own weights cached on the graph, as here; ``fused``
+    decided then as by default).
     """
+    if isinstance(graph, GraphRef):
+        return _gcn_norm_ref(graph, edge_weight, improved, add_self_loops, dtype, fused)
     _require_square(graph, "gcn_norm")
     if fused is None or fused:
         why_not = _fused_norm_unavailable(graph, edge_weight, dtype)
@@ -170,11 +179,34 @@ def gcn_norm(
     return graph.with_edge_weight(norm)
 
 
+def _gcn_norm_ref(ref: GraphRef, edge_weight: Tensor | None, improved: bool, add_self_loops: bool,
+                  dtype: torch.dtype | None, fused: bool | None) -> GraphRef:
+    """:func:`gcn_norm` of a graph reference: the same checks, then the transform."""
+    if ref.is_bipartite:
+        raise ValueError(f"gcn_norm needs a square graph, got a bipartite one ({ref.num_src_nodes} x {ref.num_dst_nodes})")
+    if fused is not None:
+        raise ValueError("gcn_norm(fused=...) cannot be chosen under torch.compile: the op decides when it runs")
+    if edge_weight is not None:
+        ref = ref.with_edge_weight(edge_weight)
+    weight = ref.edge_weight
+    if weight is not None and weight.dim() != 1:
+        raise ValueError(
+            f"edge_weight must have one weight per edge ([E]) for gcn_norm, got shape {tuple(weight.shape)}"
+        )
+    if dtype is None:
+        dtype = weight.dtype if weight is not None else torch.float32
+    return with_transform(ref, gcn_transform(improved, add_self_loops, dtype))
+
+
 def gat_self_loops(graph: Graph) -> Graph:
     """GAT's processed graph: ``graph`` unweighted, its self-loops replaced by exactly one
     per node (PyG's ``GATConv`` with ``add_self_loops=True``). A pure function of the
     structure, cached on ``graph`` (``structural``), so layers and compiled ops that share
-    a graph process (and convert) it once."""
+    a graph process (and convert) it once. A :class:`~fusegnn.sparse.graph_ref.GraphRef`
+    (under ``torch.compile``) gets the ``gat_self_loops`` transform instead, which the op
+    applies (and caches on the graph) when it runs."""
+    if isinstance(graph, GraphRef):
+        return with_transform(graph.with_edge_weight(None), GAT_SELF_LOOPS)
     return graph.cached(
         "gat_self_loops",
         lambda: add_self_loops(remove_self_loops(graph.with_edge_weight(None))),
@@ -184,7 +216,7 @@ def gat_self_loops(graph: Graph) -> Graph:
 
 def _fused_norm_unavailable(graph: Graph, edge_weight: Tensor | None, dtype: torch.dtype | None) -> str | None:
     """Why the fused normalisation kernels cannot run on these inputs (``None``: they can)."""
-    from fusegnn.kernels._edge_utils import FLOAT_DTYPES, fused_can_run
+    from fusegnn.kernels._triton import FLOAT_DTYPES, fused_can_run
 
     weight = edge_weight if edge_weight is not None else graph.edge_weight
     if weight is not None and weight.dim() != 1:

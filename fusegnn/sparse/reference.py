@@ -12,7 +12,12 @@ Shapes (``E`` edges ``j -> i``, ``H`` heads, ``F`` features):
   ``[E, H]`` -> ``[N_dst, F]`` or ``[N_dst, H, F]``;
 * :func:`sddmm`: ``a`` ``[N_src, *S]``, ``b`` ``[N_dst, *S]`` -> ``[E, *S]`` (elementwise
   ops) or ``[E, *S[:-1]]`` (``"dot"``);
-* :func:`edge_softmax`: ``scores`` ``[E, *S]`` -> ``[E, *S]``.
+* :func:`edge_softmax`: ``scores`` ``[E, *S]`` -> ``[E, *S]``;
+* :func:`gat_attention`: ``h`` ``[N_src, H, C]``, scores ``[N_src, H]`` / ``[N_dst, H]``
+  -> ``([N_dst, H, C], alpha [E, H])``.
+
+Their closed-form gradients (for the ``torch.library`` ops, which cannot run autograd)
+are in :mod:`fusegnn.sparse.reference_grads`.
 
 Inputs are assumed valid here; :mod:`fusegnn.sparse.ops` checks them.
 """
@@ -20,14 +25,15 @@ Inputs are assumed valid here; :mod:`fusegnn.sparse.ops` checks them.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
 
-__all__ = ["spmm", "sddmm", "edge_softmax"]
+__all__ = ["spmm", "sddmm", "edge_softmax", "gat_attention", "per_edge", "seeded_dropout_scale"]
 
 
-def _per_edge(weight: Tensor, like: Tensor) -> Tensor:
+def per_edge(weight: Tensor, like: Tensor) -> Tensor:
     """View ``[E]`` or ``[E, H]`` weights so they broadcast against ``[E, (H,) F]``."""
     return weight.reshape(weight.shape + (1,) * (like.dim() - weight.dim()))
 
@@ -52,7 +58,7 @@ def _aggregate(graph: Graph, x: Tensor, edge_weight: Tensor | None, reduce: str)
     src, dst = graph.src.long(), graph.dst.long()
     messages = x.index_select(0, src)
     if edge_weight is not None:
-        messages = messages * _per_edge(edge_weight.to(x.dtype), messages)
+        messages = messages * per_edge(edge_weight.to(x.dtype), messages)
     out_shape = (graph.num_dst_nodes,) + tuple(x.shape[1:])
     if reduce == "max":
         index = dst.reshape((-1,) + (1,) * (x.dim() - 1)).expand_as(messages)
@@ -110,3 +116,35 @@ def edge_softmax(graph: Graph, scores: Tensor) -> Tensor:
     denom = scores.new_zeros(group_shape).index_add(0, dst, exp)
     denom = denom.index_select(0, dst)
     return exp / torch.where(denom > 0, denom, torch.ones_like(denom))
+
+
+def seeded_dropout_scale(alpha: Tensor, p: float, seed: Tensor) -> Tensor:
+    """The dropout factors of ``alpha``'s entries (0 for a dropped one, ``1 / (1 - p)`` for
+    a kept one), drawn from a generator seeded with ``seed`` (a one-element integer
+    tensor), so that a backward that recomputes them draws the same mask."""
+    gen = torch.Generator(device=alpha.device)
+    gen.manual_seed(int(seed.item()))
+    keep = torch.rand(alpha.shape, generator=gen, device=alpha.device) >= p
+    return keep.to(alpha.dtype) * (1.0 / (1.0 - p))
+
+
+def gat_attention(
+    graph: Graph, h: Tensor, score_src: Tensor, score_dst: Tensor, negative_slope: float, p: float = 0.0,
+    seed: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    r"""GAT attention as the composition ``sddmm(add) -> leaky_relu -> edge_softmax ->
+    dropout -> spmm``:
+
+    .. math::
+        \alpha_{ji} = \operatorname{dropout}_p\big(\operatorname{softmax}_{j \to i}
+        \mathrm{LeakyReLU}(s_j + t_i)\big), \qquad \mathrm{out}_i = \sum_{j \to i} \alpha_{ji} h_j
+
+    Returns ``(out, alpha)`` (``alpha`` after dropout). The dropout mask comes from torch's
+    global generator (``F.dropout``), or, given a ``seed``, from
+    :func:`seeded_dropout_scale` (what the compiled op and its backward draw).
+    """
+    scores = F.leaky_relu(sddmm(graph, score_src, score_dst, "add"), negative_slope)
+    alpha = edge_softmax(graph, scores)
+    if p > 0.0:
+        alpha = F.dropout(alpha, p=p) if seed is None else alpha * seeded_dropout_scale(alpha, p, seed)
+    return spmm(graph, h, alpha), alpha

@@ -1,12 +1,12 @@
 r"""``sparse_attention`` under ``torch.compile``: the block kernels as ``torch.library``
 custom ops (the path decision is made once, outside the traced code, by
-:func:`fusegnn.sparse.sparse_attention.compiled_decision`).
+:func:`fusegnn.attention.sparse_attention.compiled_decision`).
 
 Compiled code cannot trace fusegnn's block-sparse kernels (Triton launched through
 fusegnn's own launcher) nor the decision (the cost model reads the mask's block layout,
 built with host reads). So, under compilation, :func:`compiled_sparse_attention`
 
-1. asks :func:`fusegnn.sparse.sparse_attention.compiled_decision` -- marked ``torch.compiler.assume_constant_result``: Dynamo calls
+1. asks :func:`fusegnn.attention.sparse_attention.compiled_decision` -- marked ``torch.compiler.assume_constant_result``: Dynamo calls
    it with constants (the mask's handle, shapes, dtype, device) and keeps its result --
    for the path, building and caching on the mask whatever that path reads (the block
    layout, SDPA's boolean mask, the element path's graph);
@@ -16,7 +16,7 @@ built with host reads). So, under compilation, :func:`compiled_sparse_attention`
    dilation) -> (out, lse)``, whose backward is ``fusegnn::block_attention_backward``
    (the same kernels as the eager ``BlockSparseAttentionFunction``).
 
-Objects travel as integer handles (:mod:`fusegnn.sparse.handles`): the model must keep
+Objects travel as integer handles (:mod:`fusegnn.attention.handles`): the model must keep
 its masks referenced.
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fusegnn.sparse import handles
+from fusegnn.attention import handles
 
 __all__ = ["block_attention", "block_attention_backward"]
 

@@ -42,13 +42,13 @@ from __future__ import annotations
 from numbers import Real
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from fusegnn.sparse import library
+from fusegnn.sparse import library, reference
 from fusegnn.sparse.dispatch import check_aggregation, resolve_aggregation
 from fusegnn.sparse.graph import Graph
-from fusegnn.sparse.ops import as_graph, check_node_tensor, edge_softmax, sddmm, spmm
+from fusegnn.sparse.graph_ref import GraphRef
+from fusegnn.sparse.ops import check_node_tensor, graph_arg
 
 __all__ = ["gat_attention", "gat_layer"]
 
@@ -89,10 +89,7 @@ def gat_attention(
     """
     if not isinstance(h, Tensor):
         raise TypeError(f"h must be a torch.Tensor, got {type(h).__name__}")
-    if torch.compiler.is_compiling():
-        graph = library.graph_ref(graph, h.size(0) if h.dim() > 0 else None)
-    else:
-        graph = as_graph(graph, h.size(0) if h.dim() > 0 else None)
+    graph = graph_arg(graph, h.size(0) if h.dim() > 0 else None)
     check_node_tensor(h, graph, graph.num_src_nodes, "h", (2, 3))
     single = h.dim() == 2
     score_dims = (1,) if single else (2,)
@@ -119,7 +116,7 @@ def gat_attention(
         raise TypeError(f"return_alpha must be a bool, got {type(return_alpha).__name__}")
     check_aggregation(aggregation)
     p = float(dropout) if training else 0.0
-    if isinstance(graph, library.GraphRef):
+    if isinstance(graph, GraphRef):
         out, alpha = library.gat_attention(
             graph, h, score_src, score_dst, float(negative_slope), p, return_alpha, aggregation
         )
@@ -127,21 +124,21 @@ def gat_attention(
 
     backend = resolve_aggregation(aggregation, graph, h, score_src, score_dst)
     if backend.name == "reference":
-        out, alpha = _composition(graph, h, score_src, score_dst, float(negative_slope), p)
+        out, alpha = reference.gat_attention(graph, h, score_src, score_dst, float(negative_slope), p)
     else:
         from fusegnn.kernels.gat_fused import fused_gat_attention
 
         if single:
             out, alpha = fused_gat_attention(
                 graph, h.unsqueeze(1), score_src.unsqueeze(1), score_dst.unsqueeze(1),
-                float(negative_slope), p, return_alpha=return_alpha, variant=backend.name,
+                float(negative_slope), p, return_alpha=return_alpha, aggregation=backend.name,
             )
             out = out.squeeze(1)
             alpha = alpha.squeeze(1) if alpha is not None else None
         else:
             out, alpha = fused_gat_attention(
                 graph, h, score_src, score_dst, float(negative_slope), p,
-                return_alpha=return_alpha, variant=backend.name,
+                return_alpha=return_alpha, aggregation=backend.name,
             )
     return (out, alpha) if return_alpha else out
 
@@ -179,7 +176,7 @@ def gat_layer(
         concat: concatenate the heads (``[N, H * C]``) or average them (``[N, C]``).
         negative_slope, dropout, training, aggregation: as for :func:`gat_attention`.
     """
-    graph = as_graph(graph, h.size(0) if isinstance(h, Tensor) and h.dim() > 0 else None)
+    graph = graph_arg(graph, h.size(0) if isinstance(h, Tensor) and h.dim() > 0 else None)
     check_node_tensor(h, graph, graph.num_src_nodes, "h", (3,))
     if graph.is_bipartite:
         raise ValueError("gat_layer needs a square graph (the target scores read h); use gat_attention")
@@ -193,28 +190,21 @@ def gat_layer(
     if not 0.0 <= float(dropout) < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
     p = float(dropout) if training else 0.0
-    backend = resolve_aggregation(aggregation, graph, h)
-    if backend.name != "reference":
-        from fusegnn.kernels.gat_fused import fused_gat_layer
-
-        return fused_gat_layer(
-            graph, h, att_src, att_dst, bias, concat=bool(concat),
-            negative_slope=float(negative_slope), dropout=p, variant=backend.name,
+    if isinstance(graph, GraphRef):  # under torch.compile: the scores, then one fusegnn::gat_attention op
+        score_src, score_dst = (h * att_src).sum(dim=-1), (h * att_dst).sum(dim=-1)
+        out, _ = library.gat_attention(
+            graph, h, score_src, score_dst, float(negative_slope), p, False, check_aggregation(aggregation)
         )
-    score_src = (h * att_src).sum(dim=-1)
-    score_dst = (h * att_dst).sum(dim=-1)
-    out, _ = _composition(graph, h, score_src, score_dst, float(negative_slope), p)
+    else:
+        backend = resolve_aggregation(aggregation, graph, h)
+        if backend.name != "reference":
+            from fusegnn.kernels.gat_fused import fused_gat_layer
+
+            return fused_gat_layer(
+                graph, h, att_src, att_dst, bias, concat=bool(concat),
+                negative_slope=float(negative_slope), dropout=p, aggregation=backend.name,
+            )
+        score_src, score_dst = (h * att_src).sum(dim=-1), (h * att_dst).sum(dim=-1)
+        out, _ = reference.gat_attention(graph, h, score_src, score_dst, float(negative_slope), p)
     out = out.reshape(-1, H * C) if concat else out.mean(dim=1)
     return out if bias is None else out + bias
-
-
-def _composition(
-    graph: Graph, h: Tensor, score_src: Tensor, score_dst: Tensor, negative_slope: float, p: float
-) -> tuple[Tensor, Tensor]:
-    """The reference: ``sddmm -> leaky_relu -> edge_softmax -> dropout -> spmm``."""
-    scores = sddmm(graph, score_src, score_dst, "add", aggregation="reference")
-    scores = F.leaky_relu(scores, negative_slope)
-    alpha = edge_softmax(graph, scores, aggregation="reference")
-    alpha = F.dropout(alpha, p=p, training=p > 0.0)
-    out = spmm(graph, h, alpha, aggregation="reference")
-    return out, alpha

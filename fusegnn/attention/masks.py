@@ -63,7 +63,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from fusegnn.sparse import handles
+from fusegnn.attention import handles
 from fusegnn.sparse.graph import Graph
 
 __all__ = [
@@ -318,7 +318,7 @@ class Mask:
         its first positions). :func:`dilated` masks split so (``base`` is the sliding
         window), and so do their intersections with :func:`causal` and
         :func:`sliding_window` masks. The block path of
-        :func:`~fusegnn.sparse.sparse_attention.sparse_attention` then runs ``base``'s
+        :func:`~fusegnn.attention.sparse_attention.sparse_attention` then runs ``base``'s
         layout over the sub-sequences (``block_sparse_attention(..., dilation=d)``):
         mostly full blocks instead of every block partial. ``None`` when the mask does
         not split. Cached."""

@@ -41,7 +41,7 @@ Fields of :class:`BlockLayout` (all index tensors ``int32``, on the layout's dev
 Contract additions over the lead's contract (additive only): ``max_row_blocks``,
 ``max_col_blocks``, ``nnzb``, ``device``, :meth:`BlockLayout.block_map`,
 :meth:`BlockLayout.dense` and :meth:`BlockLayout.to_mask` (the layout as a
-:class:`~fusegnn.sparse.masks.Mask`, for the reference and element paths). ``patterns``
+:class:`~fusegnn.attention.masks.Mask`, for the reference and element paths). ``patterns``
 is ``torch.bool``.
 
 :meth:`BlockLayout.from_mask` builds everything with tensor ops on the target device
@@ -53,12 +53,16 @@ pattern bits, and a stable sort for the transposed index.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from fusegnn.sparse import handles
-from fusegnn.sparse.masks import EMPTY, FULL, PARTIAL, Mask, _check_int, _DeviceBuffer, _device
+from fusegnn.attention import handles
+from fusegnn.attention.masks import EMPTY, FULL, PARTIAL, Mask, _check_int, _DeviceBuffer, _device
+
+if TYPE_CHECKING:
+    from fusegnn.kernels.block_attention import PreparedLayout
 
 __all__ = ["BlockLayout", "check_block_size"]
 
@@ -114,6 +118,7 @@ class BlockLayout:
 
     def __post_init__(self) -> None:
         self.handle = handles.register(self)  # what compiled code passes to the custom ops
+        self._prepared: PreparedLayout | None = None  # see prepared()
         self.BM, self.BN = check_block_size(self.BM, self.BN)
         H, nnzb = self.num_heads, self.col_idx.numel()
         expected = {
@@ -143,7 +148,7 @@ class BlockLayout:
         """Build the layout of ``mask`` at ``BM x BN`` blocks (powers of two >= 16) on
         ``device`` (default CPU)."""
         if not isinstance(mask, Mask):
-            raise TypeError(f"mask must be a fusegnn.sparse.masks.Mask, got {type(mask).__name__}")
+            raise TypeError(f"mask must be a fusegnn.attention.masks.Mask, got {type(mask).__name__}")
         BM, BN = check_block_size(BM, BN)
         device = _device(device)
         H = mask.num_heads
@@ -232,6 +237,23 @@ class BlockLayout:
             f"partial {self.num_partial}, patterns {self.num_patterns}), density={self.density:.4f}, "
             f"device={self.device})"
         )
+
+    def prepared(self, device: torch.device | str) -> "PreparedLayout":
+        """The block kernels' view of this layout on ``device``
+        (:func:`fusegnn.kernels.block_attention.prepare_layout`: each block row and column
+        with its partial blocks first, the heavy-first schedules, the diagonal bands) with
+        the launch plans of the calls seen so far; built on first use and kept here, so
+        that a repeated call does no layout work."""
+        prepared = self._prepared
+        if prepared is not None and prepared.device == device:  # the kernels' per-call path
+            return prepared
+        device = torch.device(device)
+        if prepared is not None and prepared.device == device:
+            return prepared
+        from fusegnn.kernels.block_attention import prepare_layout
+
+        prepared = self._prepared = prepare_layout(self, device)
+        return prepared
 
     def to(self, device: torch.device | str) -> "BlockLayout":
         """The same layout with its tensors on ``device``."""

@@ -17,7 +17,7 @@ Four implementations and the automatic choice (``aggregation=``):
 * ``"reference"`` -- dense masked softmax in PyTorch over the ``L_q x L_k`` boolean
   mask (the oracle; any device and dtype; memory ``O(B H L_q L_k)``);
 * ``"element"`` -- the element-level path on the GNN core: the mask becomes a graph with
-  edges ``k -> q`` (:meth:`~fusegnn.sparse.masks.Mask.to_graph`), then exactly the ops
+  edges ``k -> q`` (:meth:`~fusegnn.attention.masks.Mask.to_graph`), then exactly the ops
   GAT runs on, :func:`~fusegnn.sparse.sddmm` (``"dot"``) ``->``
   :func:`~fusegnn.sparse.edge_softmax` ``->`` :func:`~fusegnn.sparse.spmm`, with the
   ``B * H`` (batch, head) pairs as the ops' heads (for a per-head mask, the heads'
@@ -28,51 +28,35 @@ Four implementations and the automatic choice (``aggregation=``):
 * ``"block"`` -- the fused block-sparse FlashAttention-style Triton kernel of
   :mod:`fusegnn.kernels.block_attention` over a :class:`BlockLayout`. A mask that only
   connects tokens ``d`` apart and is one mask on each of the ``d`` interleaved
-  sub-sequences (:meth:`~fusegnn.sparse.masks.Mask.dilation_split`: a dilated window, also
+  sub-sequences (:meth:`~fusegnn.attention.masks.Mask.dilation_split`: a dilated window, also
   intersected with a causal mask) runs that mask's layout over the sub-sequences
   (``dilation=d``): a dilated window's blocks, all partial and half empty in token order,
   become a plain window's, mostly full; the cost model counts ``d`` times the base
   layout's blocks;
 * ``"dense"`` -- PyTorch's dense ``torch.nn.functional.scaled_dot_product_attention``
   (its flash / memory-efficient kernels), in the variant the mask allows
-  (:meth:`~fusegnn.sparse.masks.Mask.structure`, decided from the mask's definition):
+  (:meth:`~fusegnn.attention.masks.Mask.structure`, decided from the mask's definition):
   no mask when every element is allowed (``"no mask"``), ``is_causal=True`` when the mask
   is exactly :math:`k \le q` (``"causal"``), else the boolean ``attn_mask``
   (``"bool mask"``; rows with no allowed key are given every key inside SDPA, so that it
   stays finite, and their output is then set to zero -- never NaN, and no gradient flows
   from them);
 * ``"auto"`` -- ``"reference"`` off CUDA; on CUDA the cheapest of dense SDPA and the
-  sparse path under the calibrated cost model below, where the sparse path is
+  sparse path under the calibrated cost model (below), where the sparse path is
   ``"block"``, or ``"element"`` when the block kernel is not available or when the
-  allowed elements fill less than :data:`ELEMENT_MAX_FILL` of the non-empty blocks (a very
-  irregular mask, where blocks would compute mostly masked-out scores).
+  allowed elements fill less than
+  :data:`~fusegnn.attention.cost_model.ELEMENT_MAX_FILL` of the non-empty blocks (a
+  very irregular mask, where blocks would compute mostly masked-out scores).
 
-**The auto rule's cost model** (:func:`predict_attention_ms`, :data:`COST_MODELS`),
-milliseconds of one call on the calibration GPU, for ``B`` batches, ``H`` heads, head
-dim ``D`` (the per-unit costs scale with ``D / 64``), forward only or forward + backward
-(``backward``: whether a gradient will be needed, i.e. grad mode is on and ``q``, ``k``
-or ``v`` requires grad):
+**The auto rule** (:func:`auto_attention_rule`) compares the paths' predicted times under
+the calibrated cost model of :mod:`fusegnn.attention.cost_model`; dense SDPA with a boolean
+mask is considered only while the mask has at most
+:data:`~fusegnn.attention.cost_model.DENSE_MASK_MAX_ELEMENTS` elements (it is
+materialised, and SDPA turns it into an additive bias of the same size).
+:func:`explain_attention` gives the decision, its reason and the predicted times.
 
-.. math::
-    t_\mathrm{dense} = a_d + c_d\, f\, \tfrac{D}{64}\, B H L_q L_k, \qquad
-    f = 1 \text{ (no mask)},\ f_\mathrm{causal} \text{ (is\_causal)},\
-    f_\mathrm{mask} \text{ (bool mask)}
-
-.. math::
-    t_\mathrm{block} = a_b + c_b\, \tfrac{D}{64}\, \tfrac{BM \cdot BN}{64 \cdot 64}\,
-    n_\mathrm{blocks}, \qquad
-    t_\mathrm{element} = a_e + c_e\, \tfrac{D}{64}\, n_\mathrm{allowed}
-
-with :math:`n_\mathrm{blocks}` the non-empty blocks and :math:`n_\mathrm{allowed}` the
-allowed elements, both summed over the ``B * H`` (batch, head) pairs. Dense SDPA with a
-boolean mask is considered only while the mask has at most
-:data:`DENSE_MASK_MAX_ELEMENTS` elements (it is materialised, and SDPA turns it into an
-additive bias of the same size). The rule takes dense when
-:math:`t_\mathrm{dense} < t_\mathrm{sparse}`. :func:`explain_attention` gives the
-decision, its reason and the predicted times.
-
-The mask is a :class:`~fusegnn.sparse.masks.Mask` or a prebuilt
-:class:`~fusegnn.sparse.block_layout.BlockLayout`. Layouts built from a mask are cached
+The mask is a :class:`~fusegnn.attention.masks.Mask` or a prebuilt
+:class:`~fusegnn.attention.block_layout.BlockLayout`. Layouts built from a mask are cached
 on the mask per (block size, device), graphs per device, so a mask reused across calls
 is processed once; so is :func:`sparse_attention`'s path decision, per (aggregation,
 block size, shape, dtype, device, whether a gradient is needed) -- the cost model's
@@ -90,107 +74,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fusegnn.sparse import attention_library  # noqa: F401  (registers the compiled block-attention ops)
-from fusegnn.sparse import handles
-from fusegnn.sparse.block_layout import BlockLayout, check_block_size
+from fusegnn.attention import cost_model, handles
+from fusegnn.attention import library  # noqa: F401  (registers the compiled block-attention ops)
+from fusegnn.attention.block_layout import BlockLayout, check_block_size
+from fusegnn.attention.cost_model import predict_attention_ms
+from fusegnn.attention.masks import Mask
+from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, FLOAT_DTYPES
 from fusegnn.sparse.dispatch import AGGREGATIONS as _ELEMENT_AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision
-from fusegnn.sparse.masks import Mask
 from fusegnn.sparse.ops import edge_softmax, sddmm, spmm
 
 __all__ = [
     "ATTENTION_AGGREGATIONS",
     "AttentionDecision",
-    "COST_MODELS",
-    "CostModel",
-    "DENSE_CAUSAL_FACTOR",
-    "DENSE_MASK_FACTOR",
-    "DENSE_MASK_MAX_ELEMENTS",
-    "DENSE_VARIANTS",
-    "ELEMENT_MAX_FILL",
     "auto_attention_rule",
     "default_block_size",
     "explain_attention",
     "masked_attention_reference",
-    "predict_attention_ms",
     "sparse_attention",
 ]
 
 ATTENTION_AGGREGATIONS = ("auto", "block", "element", "reference", "dense")
 
-# "auto" on CUDA takes the element path when allowed elements fill less than this
-# fraction of the non-empty blocks' BM x BN elements. Calibrated on an NVIDIA H200
-# (the attention calibrate sweep, 2026-11-21, B=4, H=12, D=64, bf16; results in
-# benchmarks/results/attention/calibration-nvidia-h200.json): the element path won only
-# on a random graph mask at fill 0.001-0.004 (L=4096, 16384); the block path won at fill
-# 0.016 (same mask, L=1024) and above, by 4-50x on the structured masks.
-ELEMENT_MAX_FILL = 0.01
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Constants of the auto rule's cost model (see the module docstring): overheads in
-    ms per call; per-unit costs in ms at head dim 64 per dense ``(b, h, q, k)`` element,
-    per non-empty 64 x 64 block of one ``(b, h)`` pair, per allowed element of one pair."""
-
-    dense_overhead_ms: float
-    dense_ms_per_element: float
-    block_overhead_ms: float
-    block_ms_per_block: float
-    element_overhead_ms: float
-    element_ms_per_edge: float
-
-
-# Fitted on an NVIDIA H200 (torch 2.11, Triton 3.6; B=4, H=12, D=64, bf16) to 138
-# measurements in benchmarks/results/attention/: calibration-crossover-nvidia-h200.json
-# (session 4, after the block path's host overhead was cut -- cached launch plans and
-# relaunches without Triton's binder, fusegnn.kernels._launch: sdpa without a mask, with
-# is_causal and with a boolean mask, and the block path at 64 x 64 and its launch table,
-# 5 masks x L in 1024, 4096, 16384, fwd and fwd+bwd, medians of 30 steps;
-# python -m benchmarks.run --suite attention --sweep calibrate --no-sweep --steps 30) and
-# calibration-element-nvidia-h200.json (the element path, 7 masks, from session 2: its
-# kernels have not changed), by least squares on the relative error (fit_cost_models in
-# benchmarks/attention_calibrate.py; reproduce with
-#   python -m benchmarks.run --suite attention --sweep calibrate --fit \
-#       benchmarks/results/attention/calibration-crossover-nvidia-h200.json \
-#       benchmarks/results/attention/calibration-element-nvidia-h200.json
-# ). The attention suite's own result file is not among the inputs, so re-running the
-# suite does not move the constants. "fwd": forward only; "fwdbwd": forward + backward.
-# predicted / measured of the fit: sdpa 0.98-1.02 (fwd) and 0.98-1.03 (fwd+bwd); block
-# 0.79-1.12 and 0.80-1.15 (at L = 1024 the block path's time is mostly its per-call host
-# overhead); element 0.34-1.41 (only its order of magnitude matters: it is compared with
-# dense only where its fill rule already chose it). The block path's fixed cost per
-# forward + backward call fell from 0.344 ms (session 3) to 0.19 ms.
-COST_MODELS: dict[str, CostModel] = {
-    "fwd": CostModel(
-        dense_overhead_ms=0.0228, dense_ms_per_element=5.54e-10,
-        block_overhead_ms=0.0622, block_ms_per_block=3.96e-6,
-        element_overhead_ms=0.425, element_ms_per_edge=6.14e-8,
-    ),
-    "fwdbwd": CostModel(
-        dense_overhead_ms=0.0731, dense_ms_per_element=1.97e-9,
-        block_overhead_ms=0.19, block_ms_per_block=1.4e-5,
-        element_overhead_ms=1.17, element_ms_per_edge=2.15e-7,
-    ),
-}
-
-# Per-element cost of SDPA with is_causal=True relative to no mask, fitted to the
-# sdpa-causal timings of the same files (0.81-1.10 predicted / measured): FlashAttention
-# skips the blocks above the diagonal, a bit more than half of the work remains.
-DENSE_CAUSAL_FACTOR = 0.565
-
-# Per-element cost of SDPA with a boolean attn_mask relative to no mask, fitted to the
-# sdpa-mask timings (0.79-1.07): a mask rules out the flash kernel; the kernel that takes
-# it (cuDNN's on this build) costs 1.85x per element.
-DENSE_MASK_FACTOR = 1.85
-
-# auto considers SDPA with a boolean mask only up to this many mask elements
-# (L_q * L_k * mask heads; 2**26 = an 8192 x 8192 mask): the mask is materialised and
-# cached, and SDPA builds an additive bias of as many elements in the inputs' dtype.
-DENSE_MASK_MAX_ELEMENTS = 1 << 26
-
-#: variants of the dense path: no mask, is_causal=True, boolean attn_mask
-DENSE_VARIANTS = ("no mask", "causal", "bool mask")
 _VARIANT_OF_STRUCTURE = {"full": "no mask", "causal": "causal", "general": "bool mask"}
 
 
@@ -199,10 +104,11 @@ class AttentionDecision(Decision):
     """A :class:`~fusegnn.sparse.dispatch.Decision` of :func:`explain_attention`, plus:
 
     Attributes:
-        dense_variant: for ``name == "dense"``, one of :data:`DENSE_VARIANTS`.
+        dense_variant: for ``name == "dense"``, one of
+            :data:`~fusegnn.attention.cost_model.DENSE_VARIANTS`.
         block_size: ``(BM, BN)`` of the block path (``None`` otherwise).
         dilation: the block path's sub-sequence split (1: none; see
-            :meth:`~fusegnn.sparse.masks.Mask.dilation_split`).
+            :meth:`~fusegnn.attention.masks.Mask.dilation_split`).
         predicted_ms: ``(label, ms)`` pairs of the cost model when the auto rule used it.
     """
 
@@ -223,44 +129,6 @@ class AttentionDecision(Decision):
         return self.name
 
 
-def predict_attention_ms(
-    path: str,
-    work: float,
-    *,
-    head_dim: int,
-    backward: bool,
-    dense_variant: str = "no mask",
-    block_size: tuple[int, int] = (64, 64),
-) -> float:
-    r"""The cost model's milliseconds for one call (see the module docstring).
-
-    Args:
-        path: ``"dense"``, ``"block"`` or ``"element"``.
-        work: summed over the ``B * H`` (batch, head) pairs: ``L_q * L_k`` elements
-            (dense), non-empty blocks (block), allowed elements (element).
-        head_dim: ``D``; per-unit costs scale with ``D / 64``.
-        backward: forward + backward (:data:`COST_MODELS` ``["fwdbwd"]``), else forward.
-        dense_variant: one of :data:`DENSE_VARIANTS` (dense path).
-        block_size: ``(BM, BN)`` (block path); the per-block cost scales with
-            ``BM * BN / 64**2``.
-    """
-    model = COST_MODELS["fwdbwd" if backward else "fwd"]
-    d = head_dim / 64.0
-    if path == "dense":
-        factors = {"no mask": 1.0, "causal": DENSE_CAUSAL_FACTOR, "bool mask": DENSE_MASK_FACTOR}
-        if dense_variant not in factors:
-            raise ValueError(f"dense_variant must be one of {DENSE_VARIANTS}, got {dense_variant!r}")
-        return model.dense_overhead_ms + model.dense_ms_per_element * factors[dense_variant] * d * work
-    if path == "block":
-        area = block_size[0] * block_size[1] / 4096.0
-        return model.block_overhead_ms + model.block_ms_per_block * d * area * work
-    if path == "element":
-        return model.element_overhead_ms + model.element_ms_per_edge * d * work
-    raise ValueError(f"path must be 'dense', 'block' or 'element', got {path!r}")
-
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
 # ----------------------------------------------------------------------------- checks
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -268,7 +136,7 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D [B, H, L, D] (SDPA layout), got shape {tuple(t.shape)}")
-        if t.dtype not in _FLOAT_DTYPES:
+        if t.dtype not in FLOAT_DTYPES:
             raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got dtype {t.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -288,7 +156,7 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
 def _check_mask(mask: Any, q: Tensor, k: Tensor) -> None:
     if not isinstance(mask, (Mask, BlockLayout)):
         raise TypeError(
-            "mask must be a fusegnn.sparse.masks.Mask or a fusegnn.sparse.BlockLayout, "
+            "mask must be a fusegnn.attention.masks.Mask or a fusegnn.attention.BlockLayout, "
             f"got {type(mask).__name__}"
         )
     if (q.size(2), k.size(2)) != (mask.L_q, mask.L_k):
@@ -395,12 +263,6 @@ def _decide(
     return decision, layout, dilation
 
 
-def _block_kernel_dtypes() -> tuple[torch.dtype, ...]:
-    from fusegnn.kernels import block_attention
-
-    return tuple(getattr(block_attention, "SUPPORTED_DTYPES", _FLOAT_DTYPES))
-
-
 # ----------------------------------------------------------------------------- the paths
 def masked_attention_reference(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Tensor:
     """Dense masked softmax attention (the oracle): ``allowed`` is a boolean
@@ -455,7 +317,7 @@ def _structure_block_size(mask: Mask | BlockLayout, block_size: tuple[int, int] 
 
 
 def _dense_variant(mask: Mask | BlockLayout, block_size: tuple[int, int] | None, device: torch.device) -> str:
-    """The dense SDPA variant of ``mask`` (:data:`DENSE_VARIANTS`), from
+    """The dense SDPA variant of ``mask`` (:data:`~.cost_model.DENSE_VARIANTS`), from
     :meth:`Mask.structure` evaluated at the layout's block size (its cached block map)."""
     structure = _mask_of(mask).structure(device, _structure_block_size(mask, block_size))
     return _VARIANT_OF_STRUCTURE[structure]
@@ -466,8 +328,8 @@ def _sdpa_bool_mask(mask: Mask, device: torch.device) -> tuple[Tensor, Tensor | 
     ``[1, H, L_q, L_k]`` per head), ``True`` = may attend, with the rows that allow no
     key set to all ``True`` (SDPA would give NaN there); ``has_key`` bool
     ``[1, 1 or H, L_q, 1]``, ``False`` at those rows, or ``None`` when there is none.
-    Cached on the mask per device while it has at most :data:`DENSE_MASK_MAX_ELEMENTS`
-    elements."""
+    Cached on the mask per device while it has at most
+    :data:`~fusegnn.attention.cost_model.DENSE_MASK_MAX_ELEMENTS` elements."""
 
     def build() -> tuple[Tensor, Tensor | None]:
         dense = mask.dense(device)
@@ -477,7 +339,7 @@ def _sdpa_bool_mask(mask: Mask, device: torch.device) -> tuple[Tensor, Tensor | 
             return dense, None
         return dense | ~has_key, has_key
 
-    if mask.num_heads * mask.L_q * mask.L_k <= DENSE_MASK_MAX_ELEMENTS:
+    if mask.num_heads * mask.L_q * mask.L_k <= cost_model.DENSE_MASK_MAX_ELEMENTS:
         return mask.cached(("sdpa_bool_mask", device), build)
     return build()
 
@@ -512,12 +374,12 @@ def auto_attention_rule(
     any device gives the same decision).
 
     1. The sparse path: ``"element"`` when the allowed elements fill less than
-       :data:`ELEMENT_MAX_FILL` of the non-empty blocks' ``BM x BN`` elements (and
+       :data:`~.cost_model.ELEMENT_MAX_FILL` of the non-empty blocks' ``BM x BN`` elements (and
        ``element_allowed``), else ``"block"``.
     2. The dense variant from :meth:`Mask.structure`: ``"no mask"`` (every element
        allowed), ``"causal"`` (exactly ``k <= q``), else ``"bool mask"`` -- not
-       considered above :data:`DENSE_MASK_MAX_ELEMENTS` mask elements.
-    3. ``"dense"`` when its predicted time (:func:`predict_attention_ms`) is below the
+       considered above :data:`~.cost_model.DENSE_MASK_MAX_ELEMENTS` mask elements.
+    3. ``"dense"`` when its predicted time (:func:`~.cost_model.predict_attention_ms`) is below the
        sparse path's, else the sparse path.
     """
     bs = _as_block_size(block_size)
@@ -534,23 +396,23 @@ def auto_attention_rule(
     mode = "fwd+bwd" if backward else "fwd"
     predict = lambda path, work, **kw: predict_attention_ms(path, work, head_dim=head_dim, backward=backward, **kw)  # noqa: E731
 
-    if element_allowed and fill < ELEMENT_MAX_FILL:
+    if element_allowed and fill < cost_model.ELEMENT_MAX_FILL:
         sparse = AttentionDecision("element", "", block_size=None)
         sparse_ms = predict("element", allowed)
-        why_sparse = f"allowed elements fill {fill:.3f} < {ELEMENT_MAX_FILL} of the non-empty blocks"
+        why_sparse = f"allowed elements fill {fill:.3f} < {cost_model.ELEMENT_MAX_FILL} of the non-empty blocks"
     else:
         sparse = AttentionDecision("block", "", block_size=(BM, BN), dilation=dilation)
         sparse_ms = predict("block", blocks, block_size=(BM, BN))
-        why_sparse = f"allowed elements fill {fill:.3f} >= {ELEMENT_MAX_FILL} of the non-empty blocks"
+        why_sparse = f"allowed elements fill {fill:.3f} >= {cost_model.ELEMENT_MAX_FILL} of the non-empty blocks"
     predicted = [(sparse.label, sparse_ms)]
 
     variant = _dense_variant(mask, bs, device)
     L_q, L_k = _mask_of(mask).shape  # the mask's own lengths (a split mask's layout is shorter)
     mask_elements = layout.num_heads * L_q * L_k
-    if variant == "bool mask" and mask_elements > DENSE_MASK_MAX_ELEMENTS:
+    if variant == "bool mask" and mask_elements > cost_model.DENSE_MASK_MAX_ELEMENTS:
         reason = (
             f"{sparse.label}: {why_sparse}; dense sdpa (bool mask) not considered: the mask has "
-            f"{mask_elements} elements > DENSE_MASK_MAX_ELEMENTS = {DENSE_MASK_MAX_ELEMENTS}"
+            f"{mask_elements} elements > DENSE_MASK_MAX_ELEMENTS = {cost_model.DENSE_MASK_MAX_ELEMENTS}"
         )
         return AttentionDecision(sparse.name, reason, block_size=sparse.block_size, predicted_ms=tuple(predicted),
                                  dilation=sparse.dilation)
@@ -613,7 +475,7 @@ def explain_attention(
     kernel, why = _block_kernel()
     if kernel is None:
         return AttentionDecision("element", f"the block kernel is not available ({why})")
-    if q.dtype not in _block_kernel_dtypes():
+    if q.dtype not in BLOCK_ATTENTION_DTYPES:
         return AttentionDecision("element", f"the block kernel does not take {q.dtype}")
     B, H, _, D = q.shape
     return auto_attention_rule(
@@ -638,15 +500,15 @@ def sparse_attention(
         q: ``[B, H, L_q, D]`` queries.
         k: ``[B, H, L_k, D]`` keys.
         v: ``[B, H, L_k, D_v]`` values (same dtype and device as ``q`` and ``k``).
-        mask: a :class:`~fusegnn.sparse.masks.Mask` over ``L_q x L_k`` (shared, or with
-            ``H`` heads), or a :class:`~fusegnn.sparse.BlockLayout` built from one.
+        mask: a :class:`~fusegnn.attention.masks.Mask` over ``L_q x L_k`` (shared, or with
+            ``H`` heads), or a :class:`~fusegnn.attention.BlockLayout` built from one.
         scale: score scale; ``None`` for :math:`1/\sqrt{D}`.
         aggregation: ``"auto"``, ``"block"``, ``"element"``, ``"reference"`` or
             ``"dense"`` (PyTorch's SDPA: no mask, ``is_causal=True`` or a boolean mask, as
             the mask allows).
         block_size: ``BM`` (square) or ``(BM, BN)``, powers of two >= 16, for the block
             layout built from a ``Mask`` -- for a mask that splits into sub-sequences
-            (:meth:`~fusegnn.sparse.masks.Mask.dilation_split`), its base mask's layout
+            (:meth:`~fusegnn.attention.masks.Mask.dilation_split`), its base mask's layout
             (``None``: :func:`default_block_size` of the layout's length).
         element_aggregation: backend of the element path's inner ``sddmm`` /
             ``edge_softmax`` / ``spmm`` (``"auto"``, ``"gas"``, ``"gar"``,
@@ -675,7 +537,7 @@ def sparse_attention(
 def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, scale, aggregation: str,
                    block_size, element_aggregation: str) -> Tensor:
     """:func:`sparse_attention` as ``torch.compile`` traces it (see
-    :mod:`fusegnn.sparse.attention_library`)."""
+    :mod:`fusegnn.attention.library`)."""
     _check_qkv(q, k, v)
     _check_mask(mask, q, k)
     scale = _check_scale(scale, q.size(-1))
@@ -702,7 +564,7 @@ def compiled_decision(mask: int, shape: tuple, dtype: torch.dtype, device: str, 
     """The path of a compiled call, as constants: ``(name, dense variant, layout handle,
     dilation, precision)``; whatever the path reads is built and cached on the mask here
     (Dynamo calls this function instead of tracing it: see
-    :mod:`fusegnn.sparse.attention_library`)."""
+    :mod:`fusegnn.attention.library`)."""
     target = handles.lookup(mask)
     dev = torch.device(device)
     q = torch.empty((), dtype=dtype, device=dev).expand(shape)  # shape, dtype and device, no memory

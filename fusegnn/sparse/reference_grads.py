@@ -1,0 +1,181 @@
+r"""Closed-form gradients of the reference ops of :mod:`fusegnn.sparse.reference`.
+
+Eagerly the reference ops are differentiated by autograd (ATen ops with C++ backward
+nodes). A ``torch.library`` custom op (:mod:`fusegnn.sparse.library`) runs below the
+autograd dispatch keys, so its backward cannot replay autograd: it calls these functions,
+plain tensor code written with the reference's own gathers and scatters, each the
+gradient of the reference op of the same name. Every function returns ``None`` for a
+gradient that is not needed.
+
+Where the forward kept nothing the backward can use, it is **recomputed** (E-sized tensor
+ops): ``spmm`` with ``reduce="max"`` its messages and maxima, ``gat_attention`` its scores,
+softmax and (from the same ``seed``) dropout mask, ``gcn_norm`` its degrees.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fusegnn.sparse import reference
+from fusegnn.sparse.graph import Graph
+from fusegnn.sparse.processing import self_loop_structure
+from fusegnn.sparse.reference import per_edge
+
+__all__ = ["spmm_backward", "sddmm_backward", "edge_softmax_backward", "gat_attention_backward", "gcn_norm_weight_grad"]
+
+
+def spmm_backward(
+    graph: Graph, grad: Tensor, x: Tensor | None, w: Tensor | None, reduce: str, need_x: bool, need_w: bool
+) -> tuple[Tensor | None, Tensor | None]:
+    """``(grad_x, grad_w)`` of :func:`fusegnn.sparse.reference.spmm` in closed form.
+
+    ``"max"`` recomputes the messages and the maxima (the forward; nothing of size ``E``
+    is kept) and shares each target's gradient equally among the messages that attain
+    its maximum. (Eager ``scatter_reduce(..., include_self=False)`` also counts the
+    excluded zero initial value as a tie when a maximum is exactly 0, which halves such
+    gradients; the rule here counts only the reduced messages.)
+    """
+    src, dst = graph.src.long(), graph.dst.long()
+    if reduce == "max":
+        messages = x.index_select(0, src)
+        if w is not None:
+            messages = messages * per_edge(w.to(x.dtype), messages)
+        out = reference.spmm(graph, x, w, "max")
+        is_max = (messages == out.index_select(0, dst)).to(grad.dtype)
+        ties = torch.zeros_like(out, dtype=grad.dtype).index_add(0, dst, is_max)
+        g_msg = is_max * (grad / ties.clamp(min=1)).index_select(0, dst)  # d L / d message
+        gx = gw = None
+        if need_x:
+            weighted = g_msg * per_edge(w.to(g_msg.dtype), g_msg) if w is not None else g_msg
+            gx = torch.zeros_like(x, dtype=grad.dtype).index_add(0, src, weighted)
+        if need_w:
+            prod = g_msg * x.index_select(0, src)
+            gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
+        return gx, gw
+    if reduce == "mean":
+        count = graph.in_degree.clamp(min=1).to(grad.dtype)
+        grad = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
+    gx = gw = None
+    if need_x:
+        gx = reference.spmm(graph.reversed(), grad, w, "sum")
+    if need_w:
+        prod = x.index_select(0, src) * grad.index_select(0, dst)
+        gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
+    return gx, gw
+
+
+def sddmm_backward(
+    graph: Graph, a: Tensor, b: Tensor, grad: Tensor, op: str, need_a: bool, need_b: bool
+) -> tuple[Tensor | None, Tensor | None]:
+    """``(grad_a, grad_b)`` of :func:`fusegnn.sparse.reference.sddmm` in closed form:
+    per-edge gradients (times the other operand for ``dot`` / ``mul``) summed into the
+    source rows of ``a`` and the target rows of ``b``."""
+    src, dst = graph.src.long(), graph.dst.long()
+    g = grad.unsqueeze(-1) if op == "dot" else grad
+    ga = gb = None
+    if need_a:
+        per_edge = g * b.index_select(0, dst) if op in ("dot", "mul") else g.expand((g.size(0),) + tuple(a.shape[1:]))
+        ga = torch.zeros_like(a).index_add(0, src, per_edge.to(a.dtype))
+    if need_b:
+        per_edge = g * a.index_select(0, src) if op in ("dot", "mul") else g.expand((g.size(0),) + tuple(b.shape[1:]))
+        if op == "sub":
+            per_edge = -per_edge
+        gb = torch.zeros_like(b).index_add(0, dst, per_edge.to(b.dtype))
+    return ga, gb
+
+
+def edge_softmax_backward(graph: Graph, alpha: Tensor, grad: Tensor) -> Tensor:
+    r"""Gradient of the scores of :func:`fusegnn.sparse.reference.edge_softmax` from its
+    output ``alpha`` alone:
+
+    .. math::
+        \frac{\partial L}{\partial s_{ji}} = \alpha_{ji}\Big(g_{ji} - \sum_{k \to i} \alpha_{ki} g_{ki}\Big)
+    """
+    dst = graph.dst.long()
+    weighted = alpha * grad
+    totals = weighted.new_zeros((graph.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, weighted)
+    return weighted - alpha * totals.index_select(0, dst)
+
+
+def gat_attention_backward(
+    graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float, p: float, seed: Tensor | None,
+    grad_out: Tensor, grad_alpha: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""``(grad_h, grad_score_src, grad_score_dst)`` of :func:`fusegnn.sparse.reference.gat_attention` (with a ``seed``) in closed form.
+
+    The coefficients are recomputed (the forward's scores and softmax, E-sized, and the
+    same dropout mask from ``seed``); then, with :math:`g` the output gradient,
+    :math:`w = \alpha M / (1-p)` and :math:`\bar w` the gradient of the returned
+    coefficients: :math:`\partial h_j = \sum_i w_{ji} g_i`,
+    :math:`dW = g_i \cdot h_j + \bar w`, :math:`dA = dW\, M/(1-p)`,
+    :math:`dE = \alpha (dA - \sum_k \alpha_{ki} dA_{ki})`,
+    :math:`dZ = dE \cdot (1 \text{ if } z > 0 \text{ else slope})`, summed into sources
+    and targets for the two score gradients.
+    """
+    src, dst = graph.src.long(), graph.dst.long()
+    z = reference.sddmm(graph, s_src, s_dst, "add")
+    alpha = reference.edge_softmax(graph, F.leaky_relu(z, negative_slope))
+    scale = reference.seeded_dropout_scale(alpha, p, seed) if p > 0.0 else torch.ones_like(alpha)
+    w = alpha * scale
+    grad_h = reference.spmm(graph.reversed(), grad_out, w, "sum")
+    d_w = (grad_out.index_select(0, dst) * h.index_select(0, src)).sum(-1).to(alpha.dtype)
+    if grad_alpha is not None:
+        d_w = d_w + grad_alpha.to(alpha.dtype)
+    d_a = d_w * scale
+    row = alpha.new_zeros((graph.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, alpha * d_a)
+    d_e = alpha * (d_a - row.index_select(0, dst))
+    d_z = torch.where(z > 0, d_e, d_e * negative_slope)
+    grad_src = torch.zeros_like(s_src).index_add(0, src, d_z.to(s_src.dtype))
+    grad_dst = torch.zeros_like(s_dst).index_add(0, dst, d_z.to(s_dst.dtype))
+    return grad_h.to(h.dtype), grad_src, grad_dst
+
+
+def gcn_norm_weight_grad(
+    graph: Graph, weight: Tensor, grad_norm: Tensor, *, improved: bool, add_self_loops: bool, dtype: torch.dtype
+) -> Tensor:
+    r"""Gradient of the raw weights ``weight`` (``[E]``) from that of the weights
+    :func:`~fusegnn.sparse.processing.gcn_norm` makes of them, in closed form (the
+    normalisation is recomputed: E-sized tensor ops, the edge structure is cached).
+
+    With :math:`w'` the weights after adding the remaining self-loops,
+    :math:`d_n = \sum_{e \to n} w'_e`, :math:`r_n = d_n^{-1/2}` (0 where :math:`d_n = 0`)
+    and :math:`\hat w_e = r_{s_e} w'_e r_{t_e}`:
+
+    .. math::
+        \frac{\partial L}{\partial w'_k} = G_k r_{s_k} r_{t_k}
+        - \tfrac12 r_{t_k}^3 A_{t_k}, \qquad
+        A_n = \sum_{s_e = n} G_e w'_e r_{t_e} + \sum_{t_e = n} G_e w'_e r_{s_e}
+
+    then scattered back through the self-loop step (kept edges by position, the weight
+    a new self-loop took from its node's last self-loop).
+    """
+    w = weight.to(dtype)
+    if add_self_loops:
+        structure = self_loop_structure(graph)
+        edges = structure.graph
+        fill = 2.0 if improved else 1.0
+        loop_w = w.new_full((graph.num_nodes,), fill).index_put(
+            (structure.loop_node,), w.index_select(0, structure.loop_edge)
+        )
+        w_loops = torch.cat([w.index_select(0, structure.keep), loop_w])
+    else:
+        edges, w_loops = graph, w
+    src, dst = edges.src.long(), edges.dst.long()
+    deg = w_loops.new_zeros(edges.num_dst_nodes).index_add(0, dst, w_loops)
+    r = deg.pow(-0.5)
+    r = torch.where(torch.isinf(r), torch.zeros_like(r), r)
+    g = grad_norm.to(w_loops.dtype)
+    r_src, r_dst = r.index_select(0, src), r.index_select(0, dst)
+    gw = g * w_loops
+    a = w_loops.new_zeros(edges.num_dst_nodes).index_add(0, src, gw * r_dst).index_add(0, dst, gw * r_src)
+    d_deg = -0.5 * r.pow(3) * a
+    g_loops = g * r_src * r_dst + d_deg.index_select(0, dst)
+    if add_self_loops:
+        kept = structure.keep.numel()
+        grad_w = torch.zeros_like(w).index_add(0, structure.keep, g_loops[:kept])
+        grad_w = grad_w.index_add(0, structure.loop_edge, g_loops[kept:].index_select(0, structure.loop_node))
+    else:
+        grad_w = g_loops
+    return grad_w.to(weight.dtype)
