@@ -658,7 +658,7 @@ def run_attention_suite(args, device: torch.device, started: float | None = None
     path = Path(args.out) / SUITE / f"{gpu_slug(device)}.json"
     results = ResultFile(path, header, append=args.append, rerun_cases=[c.name for c in cases])
     total = sum(1 for c in cases for b in backends if b.applies(c))
-    bar = tqdm(total=total, desc=SUITE, file=sys.stderr, disable=args.quiet, dynamic_ncols=True)
+    bar = tqdm(total=total, desc=SUITE, file=sys.stderr, disable=True if args.quiet else None, dynamic_ncols=True)
     groups: dict[tuple[str, int], list[AttnCase]] = {}
     for case in cases:
         groups.setdefault((case.mask, case.L), []).append(case)

@@ -187,7 +187,7 @@ def run_suite(
         results.add(_clean(record))
 
     total = sum(sum(1 for b in backends if getattr(b, "applies", lambda c: True)(c)) for c in cases)
-    bar = tqdm(total=total, desc=suite, file=sys.stderr, disable=args.quiet, dynamic_ncols=True)
+    bar = tqdm(total=total, desc=suite, file=sys.stderr, disable=True if args.quiet else None, dynamic_ncols=True)
     try:
         for case in cases:
             applicable = [b for b in backends if getattr(b, "applies", lambda c: True)(case)]

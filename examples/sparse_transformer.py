@@ -69,7 +69,7 @@ except ImportError:  # running from a source checkout without installing
 
 from fusegnn.layers import SparseTransformerEncoderLayer
 from fusegnn.attention.masks import Mask, bigbird, longformer
-from fusegnn.attention.sparse_attention import ATTENTION_AGGREGATIONS, explain_attention
+from fusegnn.attention.sparse_attention import ATTENTION_AGGREGATIONS, AttentionDecision, explain_attention
 
 FILLER, QUERY0 = 0, 1  # token ids: filler, then query tokens (one per key), then records
 
@@ -234,6 +234,29 @@ def _autocast(device: torch.device):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
 
 
+def sparse_path(args: argparse.Namespace, mask: Mask, device: torch.device) -> AttentionDecision:
+    """The path a training step of the sparse model runs: its ``q`` shape and dtype (bf16
+    under autocast on CUDA), with a backward."""
+    probe = torch.empty(1, args.heads, args.seq_len, args.d_model // args.heads, device=device,
+                        dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    probe = probe.expand(args.batch, -1, -1, -1)
+    return explain_attention(probe, mask, aggregation=args.aggregation, backward=True)
+
+
+def path_lines(args: argparse.Namespace, decision: AttentionDecision | None, device: torch.device) -> list[str]:
+    """What runs, said once before training: the sparse model's attention path and why,
+    and on the CPU that the fused kernels need CUDA."""
+    lines = ["dense model: PyTorch's SDPA (full attention)"] if "dense" in args.models else []
+    if decision is not None:
+        lines.append(f"sparse model: {decision.label} -- {decision.reason}")
+    if device.type == "cpu":
+        lines.append(
+            "on the CPU the fused block-sparse kernels do not run (they need CUDA, or Triton's "
+            "interpreter TRITON_INTERPRET=1, slow, for testing): auto takes the pure-PyTorch reference"
+        )
+    return lines
+
+
 def evaluate(model: nn.Module, args: argparse.Namespace, device: torch.device) -> dict:
     gen = torch.Generator().manual_seed(args.seed + 10_000)  # held-out stream, same for both
     model.eval()
@@ -257,10 +280,16 @@ def train(args: argparse.Namespace) -> dict:
         torch.manual_seed(args.seed)  # identical initial weights
         models[name] = RetrievalEncoder(args, mask if name == "sparse" else None).to(device)
         optims[name] = torch.optim.AdamW(models[name].parameters(), lr=args.lr)
+    decision = sparse_path(args, mask, device) if mask is not None else None
+    if not args.quiet:
+        for line in path_lines(args, decision, device):
+            print(line, file=sys.stderr)
     curves = {name: [] for name in models}
     times = {name: [] for name in models}
     gen = torch.Generator().manual_seed(args.seed)
-    bar = tqdm(range(args.steps), desc="train", disable=args.quiet, dynamic_ncols=True, file=sys.stderr)
+    # disable=None: tqdm turns the bar off when its stream (stderr) is not a terminal
+    bar = tqdm(range(args.steps), desc="train", disable=True if args.quiet else None, dynamic_ncols=True,
+               file=sys.stderr)
     for step in bar:
         tokens, labels = make_batch(args, gen, device)
         for name, model in models.items():
@@ -285,13 +314,7 @@ def train(args: argparse.Namespace) -> dict:
         "chance_loss": math.log(args.values),
         "models": {},
     }
-    if mask is not None:
-        # what a training step of the sparse model runs: its q shape and dtype (bf16 under
-        # autocast on CUDA), with a backward
-        probe = torch.empty(1, args.heads, args.seq_len, args.d_model // args.heads, device=device,
-                            dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
-        probe = probe.expand(args.batch, -1, -1, -1)
-        decision = explain_attention(probe, mask, aggregation=args.aggregation, backward=True)
+    if decision is not None:
         summary["sparse_path"] = decision.name
         summary["sparse_path_label"] = decision.label
         summary["sparse_path_reason"] = decision.reason

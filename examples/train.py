@@ -21,8 +21,17 @@ mask at every replay). Evaluation stays eager. The loss is computed on index ten
 the training nodes (``mask.nonzero()`` once, outside the step): boolean-mask indexing
 reads a size back to the host, which a capture cannot record.
 
+Before training it says which path each layer takes -- GAS or GAR (the fused Triton
+kernels) or the pure-PyTorch reference -- and why (the op layer's own reason,
+:func:`fusegnn.sparse.dispatch.decisions_taken`). On the CPU that is the reference: the
+fused kernels need CUDA, or Triton's interpreter (``TRITON_INTERPRET=1`` with
+``--aggregation gas`` / ``gar``), which is slow and meant for testing.
+
 Data is looked for in ``--root``, then ``$FUSEGNN_DATA``, then ``~/.cache/fusegnn``, then
-downloaded. With ``--json`` the last line printed is one JSON object with the summary.
+downloaded. A missing data set, a ``--root`` that does not exist or a path that cannot run
+here is one message and exit status 2 (``--debug`` shows the traceback). Progress bars
+are off with ``--quiet`` and whenever stderr is not a terminal (logs, CI). With ``--json``
+the last line printed is one JSON object with the summary.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +57,7 @@ from fusegnn.capture import graphed_step
 from fusegnn.datasets import DATASETS, NodeDataset, load_dataset
 from fusegnn.models import GAT, GCN
 from fusegnn.sparse import AGGREGATIONS
+from fusegnn.sparse.dispatch import Decision, decisions_taken, for_capture
 
 RECIPES = {
     "gcn": dict(hidden=16, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200, patience=None),
@@ -76,7 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: on CUDA devices; --no-cuda-graph for eager steps)")
     p.add_argument("--no-normalize-features", action="store_true", help="keep raw Planetoid features")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bars or path lines (bars are off anyway when stderr is not a terminal)")
+    p.add_argument("--debug", action="store_true", help="show the traceback of a data or configuration error")
     args = p.parse_args(argv)
     for key, value in RECIPES[args.model].items():
         if getattr(args, key) is None:
@@ -100,6 +113,80 @@ def build_model(args: argparse.Namespace, data: NodeDataset) -> torch.nn.Module:
         data.num_features, args.hidden, data.num_classes, heads=args.heads,
         out_heads=args.out_heads, dropout=args.dropout, aggregation=args.aggregation,
     )
+
+
+PATH_LABELS = {
+    "gas": "GAS (fused kernel, edge-parallel)",
+    "gar": "GAR (fused kernel, row-parallel)",
+    "reference": "reference (pure PyTorch)",
+}
+CPU_NOTE = (
+    "on the CPU the pure-PyTorch reference path runs: the fused GAS / GAR kernels need CUDA, "
+    "or Triton's interpreter (TRITON_INTERPRET=1 with --aggregation gas or gar; slow, for testing)"
+)
+# what a user can fix: missing data, a bad --root, malformed files, a path that cannot run here
+USER_ERRORS = (OSError, ValueError, ImportError, NotImplementedError, RuntimeError)
+
+
+@torch.no_grad()
+def layer_paths(model: torch.nn.Module, data: NodeDataset, *, capture: bool) -> dict[str, list[Decision]]:
+    """The paths each aggregating layer of ``model`` takes on ``data``, in the order its
+    ops took them: one forward in ``model``'s mode, without gradients, as a training step
+    runs it (``capture``: as it is captured into a CUDA graph, see
+    :func:`fusegnn.sparse.dispatch.for_capture`)."""
+    layers = {name: m for name, m in model.named_modules() if name and hasattr(m, "aggregation")}
+    first: dict[str, int] = {}
+    taken: dict[str, list[Decision]] = {}
+    with for_capture(capture), decisions_taken() as log:
+        hooks = []
+        for name, layer in layers.items():
+            hooks.append(layer.register_forward_pre_hook(lambda m, a, name=name: first.__setitem__(name, len(log))))
+            hooks.append(layer.register_forward_hook(
+                lambda m, a, out, name=name: taken.__setitem__(name, log[first[name]:])))
+        try:
+            model(data.x, data.graph)
+        finally:
+            for hook in hooks:
+                hook.remove()
+    return taken
+
+
+def describe(decisions: list[Decision]) -> str:
+    """``label: reason`` of each distinct path in ``decisions`` (a layer's reference
+    composition runs its inner ops on the reference too: said once)."""
+    distinct: dict[str, Decision] = {}
+    for decision in decisions:
+        distinct.setdefault(decision.name, decision)
+    return "; then ".join(f"{PATH_LABELS.get(d.name, d.name)}: {d.reason}" for d in distinct.values()) or "no sparse op"
+
+
+def path_report(args: argparse.Namespace, data: NodeDataset, device: torch.device) -> tuple[list[str], dict]:
+    """The lines that say what runs, and ``{layer: path}`` for the summary."""
+    model = build_model(args, data).to(device)
+    model.train()
+    train = layer_paths(model, data, capture=args.cuda_graph)
+    model.eval()
+    evaluation = layer_paths(model, data, capture=False)  # evaluation stays eager
+    lines = [f"path of each layer (aggregation={args.aggregation}):"]
+    for name, layer in model.named_modules():
+        if name in train:
+            line = f"  {name} {type(layer).__name__} -> {describe(train[name])}"
+            if describe(evaluation[name]) != describe(train[name]):
+                line += f" (training step); evaluation, eager -> {describe(evaluation[name])}"
+            lines.append(line)
+    if device.type == "cpu" and all(d.name == "reference" for ds in train.values() for d in ds):
+        lines.append(CPU_NOTE)
+    elif device.type == "cpu":
+        lines.append("the fused kernels run through Triton's CPU interpreter (TRITON_INTERPRET=1): slow, for testing")
+    return lines, {name: ds[0].name if ds else None for name, ds in train.items()}
+
+
+def fail(err: BaseException, args: argparse.Namespace) -> NoReturn:
+    """One message and exit status 2 (``--debug``: the exception with its traceback)."""
+    if args.debug:
+        raise err
+    print(f"train.py: error: {err}\n(--debug shows the traceback)", file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 @torch.no_grad()
@@ -170,14 +257,21 @@ def main(argv: list[str] | None = None) -> dict:
     kwargs = {}
     if args.dataset.lower() in ("cora", "citeseer", "pubmed"):
         kwargs["normalize_features"] = not args.no_normalize_features
-    data = load_dataset(args.dataset, args.root, **kwargs).to(device)
+    try:
+        data = load_dataset(args.dataset, args.root, **kwargs).to(device)
+        report, paths = path_report(args, data, device)
+    except USER_ERRORS as err:
+        fail(err, args)
     if not args.quiet:
         steps = "training steps replayed as a CUDA graph" if args.cuda_graph else "eager training steps"
         print(f"{data}  on {device}  aggregation={args.aggregation}  ({steps})", file=sys.stderr)
+        print("\n".join(report), file=sys.stderr)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     results = []
-    with tqdm(total=args.runs * args.epochs, disable=args.quiet, desc=f"{args.model} {data.name}") as bar:
+    # disable=None: tqdm turns the bar off when its stream (stderr) is not a terminal
+    bar = tqdm(total=args.runs * args.epochs, disable=True if args.quiet else None, desc=f"{args.model} {data.name}")
+    with bar:
         for run in range(args.runs):
             results.append(train_run(args, data, run, bar))
     test = [r["test_acc"] for r in results]
@@ -192,6 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
         "epoch_ms_median": statistics.median(r["epoch_ms_median"] for r in results),
         "peak_mem_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "aggregation": args.aggregation,
+        "paths": paths,
         "cuda_graph": args.cuda_graph,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "best_epochs": [r["epoch"] for r in results],

@@ -197,6 +197,18 @@ def test_example_quick_run_json(capsys):
     assert abs(d - s) < 0.5
 
 
+def test_example_says_what_runs_once_and_draws_no_bar_into_a_log(capsys):
+    example = _load_example()
+    argv = ["--quick", "--steps", "2", "--seq-len", "64", "--eval-batches", "1", "--log-every", "100"]
+    assert example.main(argv) == 0
+    err = capsys.readouterr().err  # not a terminal: tqdm's bar turns itself off
+    assert err.count("sparse model: ") == 1 and err.count("dense model: ") == 1
+    if not torch.cuda.is_available():
+        assert "sparse model: reference -- q is on cpu" in err
+        assert "need CUDA" in err and "TRITON_INTERPRET=1" in err
+    assert "it/s" not in err and "%|" not in err
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_mha_block_path_on_gpu_matches_reference():
     torch.manual_seed(3)

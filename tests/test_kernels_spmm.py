@@ -418,6 +418,32 @@ def test_supports_cpu_only_under_the_interpreter(monkeypatch):
     assert not backends.supports(graph, x)
 
 
+def test_fused_path_on_cpu_without_interpreter_names_cuda_and_the_interpreter(monkeypatch):
+    graph = Graph(random_graph(10, 50, 22), 10)
+    x = torch.randn(10, 3)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    for path in PATHS:
+        with pytest.raises(ValueError, match=f"aggregation='{path}' cannot run") as info:
+            dispatch.explain(graph, x, aggregation=path)
+        message = str(info.value)
+        assert "CUDA" in message and "TRITON_INTERPRET=1" in message and "'reference' or 'auto'" in message
+
+
+def test_decisions_taken_collects_the_path_of_each_op():
+    graph = _graph(num_nodes=10, num_edges=50, seed=23, hub=0)
+    x, _ = _inputs(graph, None, 3, None, seed=23)
+    with dispatch.decisions_taken() as outer:
+        spmm(graph, x, aggregation="reference")
+        with dispatch.decisions_taken() as inner:
+            spmm(graph, x, aggregation="gar")
+            spmm(graph, x, reduce="max", aggregation="gas")  # handed to the reference
+    assert [d.name for d in inner] == ["gar", "gas", "reference"]
+    assert "reduce='max'" in inner[2].reason
+    assert [d.name for d in outer] == ["reference", "gar", "gas", "reference"]
+    spmm(graph, x, aggregation="gar")  # after the block: not collected
+    assert len(outer) == 4 and dispatch.last_decision().name == "gar"
+
+
 def test_register_without_triton(monkeypatch):
     import importlib.util
 

@@ -210,9 +210,11 @@ def test_reddit_missing_files_clear_error(tmp_path):
 
 def test_reddit_download_failure_is_clear(tmp_path, monkeypatch):
     monkeypatch.setattr(reddit_module, "REDDIT_URL", (tmp_path / "nowhere" / "reddit.zip").as_uri())
+    (tmp_path / "data").mkdir()  # a root must exist (tests/test_data_roots.py)
     with pytest.raises(FileNotFoundError, match="Download of .*reddit.zip failed"):
         Reddit(tmp_path / "data")
     assert not (tmp_path / "data" / "Reddit" / "raw" / "reddit.zip").exists()
+    assert list((tmp_path / "data").iterdir()) == [], "a failed download creates no folder"
 
 
 def test_reddit_download_unpacks_the_zip(tmp_path, monkeypatch, reddit_root, reddit_small):
@@ -221,6 +223,7 @@ def test_reddit_download_unpacks_the_zip(tmp_path, monkeypatch, reddit_root, red
         for name in ("reddit_data.npz", "reddit_graph.npz"):
             zf.write(reddit_root / "Reddit" / "raw" / name, arcname=name)
     monkeypatch.setattr(reddit_module, "REDDIT_URL", archive.as_uri())
+    (tmp_path / "data").mkdir()
     loaded = Reddit(tmp_path / "data")  # nothing there yet: downloads
     assert_same_dataset(loaded, reddit_small)
     assert sorted(p.name for p in (tmp_path / "data" / "Reddit" / "raw").iterdir()) == [
@@ -377,8 +380,10 @@ def test_ogb_missing_files_clear_error(ogb_loader, tmp_path):
 def test_ogb_download_failure_and_success(ogb_loader, arxiv_root, tmp_path, monkeypatch):
     meta = ogb_loader._meta("ogbn-arxiv")
     monkeypatch.setattr(ogb_loader, "_meta", lambda name: dict(meta, url=(tmp_path / "no" / "arxiv.zip").as_uri()))
+    (tmp_path / "data").mkdir()  # a root must exist (tests/test_data_roots.py)
     with pytest.raises(FileNotFoundError, match="Download of .*arxiv.zip failed"):
         ogb_loader.OGBNodeDataset("arxiv", tmp_path / "data")
+    assert list((tmp_path / "data").iterdir()) == [], "a failed download creates no folder"
     archive = tmp_path / "arxiv.zip"
     with zipfile.ZipFile(archive, "w") as zf:  # OGB's zip: one top folder named download_name
         for path in (arxiv_root / "ogbn_arxiv").rglob("*"):

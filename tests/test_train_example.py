@@ -59,6 +59,8 @@ def test_cli_defaults_train_gcn_on_cora_and_print_json():
         assert summary["peak_mem_mib"] is None
     assert summary["aggregation"] == "auto"
     assert 0.0 < summary["test_acc_mean"] <= 1.0 and summary["epoch_ms_median"] > 0
+    assert proc.stderr.count("path of each layer") == 1
+    assert "it/s" not in proc.stderr, "stderr is a pipe: the progress bar turns itself off"
 
 
 @needs_data
@@ -105,8 +107,74 @@ def test_cuda_graph_training_reaches_the_published_accuracy(model, threshold):
 
 def test_unknown_dataset_is_a_clear_error():
     train = _load_train_module()
-    with pytest.raises(ValueError, match="unknown data set"):
-        train.main(["--dataset", "NoSuchGraph", "--runs", "1", "--quiet"])
+    with pytest.raises(ValueError, match="unknown data set"):  # --debug: the exception itself
+        train.main(["--dataset", "NoSuchGraph", "--runs", "1", "--quiet", "--debug"])
+
+
+def _exit_message(capsys, train, argv: list[str]) -> str:
+    """stderr of ``main(argv)``, which must end in exit status 2 without a traceback."""
+    with pytest.raises(SystemExit) as info:
+        train.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: ") and "(--debug shows the traceback)" in err
+    assert "Traceback" not in err
+    return err
+
+
+def test_data_errors_are_one_message_without_traceback(capsys, tmp_path, monkeypatch):
+    import urllib.error
+    import urllib.request
+
+    train = _load_train_module()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("FUSEGNN_DATA", raising=False)
+
+    def offline(url, *args, **kwargs):
+        raise urllib.error.URLError("network is unreachable (test)")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    assert "unknown data set 'NoSuchGraph'" in _exit_message(capsys, train, ["--dataset", "NoSuchGraph"])
+    missing = tmp_path / "nonexistent" / "dir"
+    err = _exit_message(capsys, train, ["--root", str(missing), "--runs", "1"])
+    assert f"data root '{missing}' (root= / --root) does not exist" in err
+    assert not (tmp_path / "nonexistent").exists()
+    (tmp_path / "empty").mkdir()
+    err = _exit_message(capsys, train, ["--root", str(tmp_path / "empty"), "--dataset", "CiteSeer"])
+    assert err.count("Data set 'CiteSeer' not found") == 1
+    assert f"{tmp_path / 'empty' / 'CiteSeer' / 'raw'}: does not exist [root]" in err
+    assert "network is unreachable (test)" in err and "ind.citeseer" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"] and not any((tmp_path / "empty").iterdir())
+    with pytest.raises(FileNotFoundError, match="does not exist"):  # --debug: the exception, traceback and all
+        train.main(["--root", str(missing), "--debug"])
+
+
+@needs_data
+def test_the_path_of_each_layer_is_said_once(capsys):
+    train = _load_train_module()
+    summary = train.main(["--root", str(DATA), "--device", "cpu", "--runs", "2", "--epochs", "2"])
+    err = capsys.readouterr().err
+    assert err.count("path of each layer (aggregation=auto):") == 1
+    for layer in ("conv1", "conv2"):
+        assert f"  {layer} GCNConv -> reference (pure PyTorch): tensors on cpu: auto runs fused kernels on CUDA only" in err
+    assert train.CPU_NOTE in err
+    assert "pure-PyTorch reference path runs" in train.CPU_NOTE and "need CUDA" in train.CPU_NOTE
+    assert "TRITON_INTERPRET=1" in train.CPU_NOTE
+    assert summary["paths"] == {"conv1": "reference", "conv2": "reference"}
+    assert "it/s" not in err and "%|" not in err, "stderr is no terminal here: no progress bar"
+
+
+def test_fused_path_on_the_cpu_is_a_clear_error(capsys, monkeypatch):
+    """--aggregation gas on a CPU without the interpreter: one message naming CUDA and
+    TRITON_INTERPRET=1 (the test's graph is tiny: no data set needed)."""
+    from fusegnn.datasets.synthetic import generate_reddit_like
+
+    train = _load_train_module()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # other test modules may have turned it on
+    tiny = generate_reddit_like(0.0005, seed=0, avg_degree=4)
+    monkeypatch.setattr(train, "load_dataset", lambda *args, **kwargs: tiny)
+    err = _exit_message(capsys, train, ["--device", "cpu", "--aggregation", "gas", "--runs", "1"])
+    assert "aggregation='gas'" in err and "CUDA" in err and "TRITON_INTERPRET=1" in err
 
 
 def _accuracy(dataset: str, model: str) -> dict:

@@ -1,4 +1,4 @@
-r"""ogbn-arxiv and ogbn-products through ``ogb`` (the optional extra ``fusegnn[ogb]``).
+r"""ogbn-arxiv and ogbn-products through ``ogb`` (the optional extra ``ogb``: ``./install.sh ogb``).
 
 From the Open Graph Benchmark (Hu et al., NeurIPS 2020). The files are read by ``ogb``'s
 own :class:`ogb.nodeproppred.NodePropPredDataset` and scored with its
@@ -32,11 +32,17 @@ OGB's layout, ``<base>/ogbn_arxiv/`` (``ogbn_products/``): ``RELEASE_v1.txt``,
 ``raw/num-{node,edge}-list.csv.gz`` (arxiv also ``raw/node_year.csv.gz``),
 ``split/<time|sales_ranking>/{train,valid,test}.csv.gz`` and ``processed/``, where
 ``ogb`` caches its parse (``processed/data_processed``; later loads read only that).
-``<base>`` is searched as for every loader (:mod:`fusegnn.datasets.paths`); with
-``download=True`` a missing data set is fetched from OGB's URL and unpacked into the
-first root (no interactive prompt, unlike ``ogb``'s own download for files over 1 GB);
-offline, a :class:`FileNotFoundError` lists what to put where.
+``<base>`` is searched as for every loader (:mod:`fusegnn.datasets.paths`; ``root`` may
+also name the ``ogbn_arxiv/`` folder itself); with ``download=True`` a missing data set
+is fetched from OGB's URL and unpacked into ``root`` if given, else into the cache (no
+interactive prompt, unlike ``ogb``'s own download for files over 1 GB); offline, a
+:class:`FileNotFoundError` lists what to put where.
 :func:`fusegnn.datasets.synthetic.ogbn_like` writes generated data in this layout.
+
+The parse cache is written only where fusegnn may write: the data set's own
+``processed/`` when it is writable and not inside ``$FUSEGNN_DATA``, else
+``<cache>/ogb-processed/<folder>-<stamp>/data_processed`` (the stamp hashes the folder's
+path and its raw files' sizes and times). A read-only copy is only ever read.
 
 The ``torch.load`` of ``ogb`` 1.3.6
 -----------------------------------
@@ -44,18 +50,19 @@ The ``torch.load`` of ``ogb`` 1.3.6
 defaults to ``weights_only=True``, which refuses the NumPy arrays in the cache, so the
 second load of any data set fails. The loader uses a subclass of
 ``NodePropPredDataset`` whose ``pre_process`` reads the cache itself with
-``weights_only=False`` (the file was written by ``ogb`` from the raw CSVs on this
-machine; do not point ``root`` at caches you do not trust) and otherwise defers to
-``ogb``. Nothing global is patched: ``torch.load``, ``ogb``'s modules and any
-``NodePropPredDataset`` created elsewhere behave as before.
+``weights_only=False`` (the file was written from the raw CSVs on this machine; do not
+point ``root`` at caches you do not trust), or parses the raw CSVs with ``ogb``'s own
+reader and writes the cache where it may (above). Nothing global is patched:
+``torch.load``, ``ogb``'s modules and any ``NodePropPredDataset`` created elsewhere
+behave as before.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -64,8 +71,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fusegnn.datasets import paths
 from fusegnn.datasets.base import NodeDataset
-from fusegnn.datasets.paths import candidate_roots, download_files, find_dataset_dir
 from fusegnn.datasets.reddit import coalesce_edge_index
 
 __all__ = ["OGBNodeDataset", "OGB_NODE_DATASETS", "assemble_ogb_dataset", "make_undirected"]
@@ -86,23 +93,24 @@ def OGBNodeDataset(  # noqa: N802 (named like ogb's classes)
     Args:
         name: ``"ogbn-arxiv"`` or ``"ogbn-products"`` (``"arxiv"``, ``"ogbn_arxiv"``, ...
             are accepted).
-        root: base directory holding ``ogbn_arxiv/`` (``ogbn_products/``); ``None``
-            searches ``$FUSEGNN_DATA`` and the cache.
+        root: base directory holding ``ogbn_arxiv/`` (``ogbn_products/``), or that
+            folder itself; it must exist. ``None`` searches ``$FUSEGNN_DATA`` and the
+            cache.
         to_undirected: symmetrise and coalesce the edges (see the module docstring).
-        download: fetch and unpack OGB's zip into the first root when no searched
-            directory has the data set.
+        download: fetch and unpack OGB's zip into ``root`` (else the cache) when no
+            searched directory has the data set.
 
     Raises:
         ImportError: ``ogb`` is not installed.
         ValueError: unknown ``name``.
-        FileNotFoundError: the files are missing and could not be downloaded.
+        FileNotFoundError: the files are missing and could not be downloaded, or
+            ``root`` does not exist.
     """
     name = _canonical_name(name)
     ogbn = _import_ogb()
     meta = _meta(name)
     directory = _find_dir(name, meta, root, download)
-    (directory / "processed").mkdir(exist_ok=True)  # ogb saves its cache there without creating it
-    dataset = _dataset_class()(name=name, root=str(directory.parent))
+    dataset = _dataset_class()(name=name, meta_dict=dict(meta, dir_path=str(directory)))
     graph, labels = dataset[0]
     split = dataset.get_idx_split()
     x = torch.from_numpy(np.ascontiguousarray(graph["node_feat"], dtype=np.float32))
@@ -185,7 +193,8 @@ def _import_ogb():
         import ogb.nodeproppred as ogbn
     except ImportError as err:
         raise ImportError(
-            "the OGB data sets need the 'ogb' package: pip install 'fusegnn[ogb]' (or pip install ogb)"
+            "the OGB data sets need the 'ogb' package: ./install.sh ogb, or pip install -e '.[ogb]' "
+            "in a fusegnn checkout (or pip install ogb)"
         ) from err
     return ogbn
 
@@ -211,44 +220,65 @@ def _required_files(meta: dict[str, str], cache: bool) -> list[str]:
 def _find_dir(name: str, meta: dict[str, str], root: str | os.PathLike | None, download: bool) -> Path:
     """``<base>/ogbn_<name>`` with the raw files (or ``ogb``'s cache) and the split."""
     dir_name = name.replace("-", "_")
-    try:
-        return find_dataset_dir(dir_name, _required_files(meta, cache=False), root, subdir="")
-    except FileNotFoundError as missing:
-        try:
-            return find_dataset_dir(dir_name, _required_files(meta, cache=True), root, subdir="")
-        except FileNotFoundError:
-            pass
-        if not download:
-            raise missing from None
-        base = candidate_roots(root)[0]
-        try:
-            _download(meta, base, dir_name)
-        except (OSError, zipfile.BadZipFile) as err:
-            raise FileNotFoundError(
-                f"{missing}\nDownload of {meta['url']} failed ({type(err).__name__}: {err})."
-            ) from err
-        return base / dir_name
+    for cache in (False, True):
+        directory = paths.locate_dataset_dir(dir_name, _required_files(meta, cache), root, subdir="")
+        if directory is not None:
+            return directory
+    return paths.find_dataset_dir(
+        dir_name, _required_files(meta, cache=False), root, subdir="",
+        fetch=functools.partial(_download, meta) if download else None, source=meta["url"],
+        how_to_get=lambda missing: f"download {meta['url']} and unzip it; its folder "
+                                   f"{meta['download_name']}/ becomes {dir_name}/",
+    )
 
 
-def _download(meta: dict[str, str], base: Path, dir_name: str) -> None:
-    """Fetch OGB's zip into ``base`` and unpack its top folder as ``base/dir_name``."""
-    base.mkdir(parents=True, exist_ok=True)
-    archive_name = meta["url"].rsplit("/", 1)[-1]
-    download_files({archive_name: meta["url"]}, base)
-    archive = base / archive_name
-    try:
-        with tempfile.TemporaryDirectory(dir=base, prefix=f".{dir_name}.") as tmp:
-            with zipfile.ZipFile(archive) as zf:
-                zf.extractall(tmp)
-            unpacked = Path(tmp) / meta["download_name"]
-            if not unpacked.is_dir():
-                raise OSError(f"{meta['url']} has no top folder {meta['download_name']!r}")
-            if (base / dir_name).exists():  # an incomplete copy: fill it in
-                shutil.copytree(unpacked, base / dir_name, dirs_exist_ok=True)
-            else:
-                os.replace(unpacked, base / dir_name)
-    finally:
-        archive.unlink(missing_ok=True)
+def _download(meta: dict[str, str], target: Path) -> None:
+    """Fetch OGB's zip and unpack its top folder as ``target`` (which is created, or
+    filled in if incomplete, only once the archive is unpacked)."""
+    with paths.staging_dir(target) as tmp:
+        archive = tmp / meta["url"].rsplit("/", 1)[-1]
+        paths.fetch_url(meta["url"], archive)
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(tmp / "unpacked")
+        unpacked = tmp / "unpacked" / meta["download_name"]
+        if not unpacked.is_dir():
+            raise OSError(f"{meta['url']} has no top folder {meta['download_name']!r}")
+        if target.exists():  # an incomplete copy: fill it in
+            shutil.copytree(unpacked, target, dirs_exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(unpacked, target)
+
+
+def _processed_file(directory: Path) -> Path:
+    """Where ``ogb``'s parse of ``directory`` is cached: its own ``processed/`` when that
+    may be written, else a folder of the cache named after ``directory`` and its raw
+    files' sizes and times (so an edited copy does not read a stale parse)."""
+    own = directory / "processed" / "data_processed"
+    if own.is_file() or paths.is_writable(own):
+        return own
+    stamp = hashlib.sha256(str(directory.resolve()).encode())
+    for file in sorted((directory / "raw").glob("*")):
+        info = file.stat()
+        stamp.update(f"{file.name}:{info.st_size}:{info.st_mtime_ns}".encode())
+    return paths.cache_dir() / "ogb-processed" / f"{directory.name}-{stamp.hexdigest()[:16]}" / "data_processed"
+
+
+def _parse_raw(directory: Path, meta: dict[str, str]) -> tuple[dict, np.ndarray]:
+    """``ogb``'s parse of the raw CSV files (what its ``pre_process`` does before saving)."""
+    import pandas as pd  # an ogb dependency
+    from ogb.io.read_graph_raw import read_csv_graph_raw
+
+    def files(key: str) -> list[str]:
+        return [] if meta[key] == "None" else meta[key].split(",")
+
+    raw = directory / "raw"
+    graph = read_csv_graph_raw(
+        str(raw), add_inverse_edge=meta["add_inverse_edge"] == "True",
+        additional_node_files=files("additional node files"), additional_edge_files=files("additional edge files"),
+    )[0]
+    labels = pd.read_csv(raw / "node-label.csv.gz", compression="gzip", header=None).values
+    return graph, labels
 
 
 @functools.lru_cache(maxsize=None)
@@ -258,11 +288,19 @@ def _dataset_class():
 
     class _NodePropPredDataset(NodePropPredDataset):
         def pre_process(self):
-            path = os.path.join(self.root, "processed", "data_processed")
-            if not os.path.exists(path):
-                return super().pre_process()  # parses the raw CSVs, writes the cache
-            loaded = torch.load(path, weights_only=False)  # ogb's own cache (see module docstring)
-            self.graph, self.labels = loaded["graph"], loaded["labels"]
+            path = _processed_file(Path(self.root))
+            if path.is_file():
+                loaded = torch.load(path, weights_only=False)  # ogb's own cache (see module docstring)
+                self.graph, self.labels = loaded["graph"], loaded["labels"]
+                return
+            self.graph, self.labels = _parse_raw(Path(self.root), self.meta_info)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+            try:
+                torch.save({"graph": self.graph, "labels": self.labels}, tmp, pickle_protocol=4)
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
 
         def get_idx_split(self, split_type=None):
             path = os.path.join(self.root, "split", split_type or self.meta_info["split"], "split_dict.pt")

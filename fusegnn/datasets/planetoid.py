@@ -69,8 +69,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fusegnn.datasets import paths
 from fusegnn.datasets.base import NodeDataset
-from fusegnn.datasets.paths import candidate_roots, find_dataset_dir
 
 __all__ = [
     "Planetoid",
@@ -103,7 +103,8 @@ def Planetoid(  # noqa: N802 (named like PyG's class)
     r"""Load Cora, CiteSeer or PubMed from the raw Planetoid files.
 
     Args:
-        root: base directory holding ``<Name>/raw/ind.<name>.*``. Searched first, then
+        root: base directory holding ``<Name>/raw/ind.<name>.*`` (or that folder
+            itself, or its ``raw/``); it must exist. Searched first, then
             ``$FUSEGNN_DATA``, then the cache (``~/.cache/fusegnn``); see
             :mod:`fusegnn.datasets.paths`.
         name: ``"Cora"``, ``"CiteSeer"`` or ``"PubMed"`` (any letter case).
@@ -114,9 +115,9 @@ def Planetoid(  # noqa: N802 (named like PyG's class)
             agrees on Cora / CiteSeer but leaves rows whose sum is below 1 alone).
         num_train_per_class, num_val, num_test: sizes of the ``"random"`` split.
         seed: seed of the ``"random"`` split.
-        download: when no searched directory has all eight files, download the missing
-            ones from the Planetoid repository (:data:`PLANETOID_URL`) into the first
-            searched directory. With
+        download: when no searched directory has all eight files, download the ones
+            missing there from the Planetoid repository (:data:`PLANETOID_URL`) into
+            ``root`` if given, else into the cache (never into ``$FUSEGNN_DATA``). With
             ``False`` (or without network) a :class:`FileNotFoundError` says which
             files to put where.
 
@@ -128,7 +129,8 @@ def Planetoid(  # noqa: N802 (named like PyG's class)
 
     Raises:
         ValueError: unknown ``name`` or ``split``, bad split sizes, or malformed files.
-        FileNotFoundError: files missing and not downloadable (names the missing files).
+        FileNotFoundError: files missing and not downloadable (names the missing files),
+            or ``root`` does not exist.
         ImportError: SciPy is not installed.
     """
     canonical = _canonical_name(name)
@@ -270,39 +272,23 @@ def _check_split(split: str) -> str:
 
 
 def _find_raw_dir(name: str, root: str | os.PathLike | None, download: bool) -> Path:
-    """``find_dataset_dir`` plus an error that says which files are missing where."""
+    """The folder with the eight raw files (downloading the missing ones if allowed);
+    otherwise one :class:`FileNotFoundError` naming the files missing where."""
     files = planetoid_raw_file_names(name)
-    urls = {f: f"{PLANETOID_URL}/{f}" for f in files} if download else None
-    try:
-        return find_dataset_dir(name, files, root, subdir="raw", urls=urls)
-    except FileNotFoundError as err:
-        raise FileNotFoundError(_missing_files_message(name, files, root, download, err)) from None
 
+    def fetch(target: Path) -> None:
+        missing = [f for f in files if not (target / f).is_file()]
+        paths.download_files({f: f"{PLANETOID_URL}/{f}" for f in missing}, target)
 
-def _missing_files_message(
-    name: str, files: Sequence[str], root: str | os.PathLike | None, download: bool, err: Exception
-) -> str:
-    notes: list[str] = []
-    for base in candidate_roots(root):
-        directory = base / name / "raw"
-        missing = [f for f in files if not (directory / f).is_file()]
+    def how_to_get(missing: Sequence[str]) -> str:
         if len(missing) < len(files):
-            notes.append(
-                f"found {name} in {directory} but {', '.join(missing)} "
-                f"{'is' if len(missing) == 1 else 'are'} missing "
-                f"(get {'it' if len(missing) == 1 else 'them'} from "
-                f"{PLANETOID_URL}/{missing[0] if len(missing) == 1 else '<file>'})"
-            )
-        elif base.is_dir():  # a differently-cased folder, e.g. <root>/cora
-            for child in base.iterdir():
-                if child.name.lower() == name.lower() and child.name != name and child.is_dir():
-                    notes.append(f"found {child}, but the folder must be named {name!r}: {base / name / 'raw'}")
-    head = f"Planetoid data set {name!r} is missing raw files."
-    if notes:
-        head += "\n" + "\n".join(f"  * {note}" for note in notes)
-    if not download:
-        head += "\n(download=False: nothing was downloaded.)"
-    return f"{head}\n{err}"
+            return "download " + ", ".join(f"{PLANETOID_URL}/{f}" for f in missing)
+        return f"download each file from {PLANETOID_URL}/<file name>"
+
+    return paths.find_dataset_dir(
+        name, files, root, subdir="raw", fetch=fetch if download else None,
+        source=f"{PLANETOID_URL}/ind.{name.lower()}.*", how_to_get=how_to_get,
+    )
 
 
 def _read_index_file(path: Path) -> np.ndarray:

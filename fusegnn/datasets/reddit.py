@@ -36,7 +36,8 @@ about 1.8 GB as an int64 ``edge_index``.
 If the files are in none of the searched directories (see
 :mod:`fusegnn.datasets.paths`), ``download=True`` fetches ``reddit.zip`` from the
 usual location, https://data.dgl.ai/dataset/reddit.zip, and unpacks the two
-files into ``<first root>/Reddit/raw/``; without network this ends in a
+files into ``<root>/Reddit/raw/`` (``root`` if given, else the cache; the folder is
+created only once both files are unpacked); without network this ends in a
 :class:`FileNotFoundError` that lists the files to put where.
 
 :func:`fusegnn.datasets.synthetic.reddit_like` writes a graph of the same size and
@@ -53,8 +54,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fusegnn.datasets import paths
 from fusegnn.datasets.base import NodeDataset
-from fusegnn.datasets.paths import candidate_roots, download_files, find_dataset_dir
 
 __all__ = ["Reddit", "REDDIT_URL", "REDDIT_FILES", "read_reddit_raw", "coalesce_edge_index"]
 
@@ -72,32 +73,25 @@ def Reddit(  # noqa: N802 (named like PyG's class)
     """Load Reddit as a :class:`~fusegnn.datasets.NodeDataset`.
 
     Args:
-        root: base directory holding ``Reddit/raw/``; ``None`` searches
-            ``$FUSEGNN_DATA`` and the cache (see :mod:`fusegnn.datasets.paths`).
+        root: base directory holding ``Reddit/raw/`` (or that folder itself, or its
+            ``raw/``); it must exist. ``None`` searches ``$FUSEGNN_DATA`` and the cache
+            (see :mod:`fusegnn.datasets.paths`).
         download: when no searched directory has both files, download and unpack
-            :data:`REDDIT_URL` into the first of them.
+            :data:`REDDIT_URL` into ``root`` if given, else into the cache.
 
     Returns:
         ``x`` ``[N, 602]`` float32, ``y`` ``[N]`` int64, the coalesced ``edge_index``
         ``[2, E]`` int64 and the masks ``node_types == 1 / 2 / 3``.
 
     Raises:
-        FileNotFoundError: the files are missing and could not be downloaded.
+        FileNotFoundError: the files are missing and could not be downloaded, or
+            ``root`` does not exist.
         ValueError: the files are inconsistent (shapes, node ids, split codes).
     """
-    try:
-        directory = find_dataset_dir("Reddit", REDDIT_FILES, root)
-    except FileNotFoundError as missing:
-        if not download:
-            raise
-        target = candidate_roots(root)[0] / "Reddit" / "raw"
-        try:
-            _download_reddit(target)
-        except (OSError, zipfile.BadZipFile) as err:
-            raise FileNotFoundError(
-                f"{missing}\nDownload of {REDDIT_URL} failed ({type(err).__name__}: {err})."
-            ) from err
-        directory = target
+    directory = paths.find_dataset_dir(
+        "Reddit", REDDIT_FILES, root, fetch=_download_reddit if download else None, source=REDDIT_URL,
+        how_to_get=lambda missing: f"download {REDDIT_URL} and unzip {' and '.join(REDDIT_FILES)} from it",
+    )
     raw = read_reddit_raw(directory)
     node_types = raw["node_types"]
     return NodeDataset(
@@ -195,22 +189,17 @@ def coalesce_edge_index(edge_index: Tensor, num_nodes: int) -> Tensor:
 
 
 def _download_reddit(target: Path) -> None:
-    """Download :data:`REDDIT_URL` into ``target`` and unpack the two raw files there."""
-    download_files({"reddit.zip": REDDIT_URL}, target)
-    archive = target / "reddit.zip"
-    try:
+    """Download :data:`REDDIT_URL` and unpack the two raw files into ``target`` (created
+    only once both are unpacked; see :func:`fusegnn.datasets.paths.staging_dir`)."""
+    with paths.staging_dir(target) as tmp:
+        archive = tmp / "reddit.zip"
+        paths.fetch_url(REDDIT_URL, archive)
         with zipfile.ZipFile(archive) as zf:
             members = {Path(info.filename).name: info for info in zf.infolist() if not info.is_dir()}
             for name in REDDIT_FILES:
                 if name not in members:
                     raise OSError(f"{REDDIT_URL} has no {name} (it holds {sorted(members)})")
-                tmp = target / f".{name}.part"
-                try:
-                    with zf.open(members[name]) as src, open(tmp, "wb") as dst:
-                        while chunk := src.read(1 << 24):
-                            dst.write(chunk)
-                    os.replace(tmp, target / name)
-                finally:
-                    tmp.unlink(missing_ok=True)
-    finally:
-        archive.unlink(missing_ok=True)
+                with zf.open(members[name]) as src, open(tmp / name, "wb") as dst:
+                    while chunk := src.read(1 << 24):
+                        dst.write(chunk)
+        paths.move_into([tmp / name for name in REDDIT_FILES], target)

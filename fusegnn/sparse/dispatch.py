@@ -31,7 +31,9 @@ Every public op takes ``aggregation``:
 
 **Seeing the choice.** :func:`explain` returns the :class:`Decision` (backend name and
 reason) for given inputs without running anything; :func:`last_decision` /
-:func:`last_backend` give the one taken by the most recent op call. A backend that hands
+:func:`last_backend` give the one taken by the most recent op call, and
+:func:`decisions_taken` collects every decision taken inside a block (e.g. one forward
+of a layer: what path did it take on this graph and input?). A backend that hands
 part of its work to another path (``reduce="max"`` runs the reference) records that with
 :func:`note_path`.
 
@@ -84,6 +86,7 @@ __all__ = [
     "explain",
     "last_decision",
     "last_backend",
+    "decisions_taken",
     "note_path",
     "record_decision",
     "backend_named",
@@ -163,6 +166,8 @@ _BACKENDS: dict[str, Backend] = {}
 _kernels_loaded = False
 _state = threading.local()
 _deterministic_global = False
+_recorders_open = 0  # decisions_taken blocks open in any thread (0: ops skip the look-up)
+_recorders_lock = threading.Lock()
 
 
 # ------------------------------------------------------------------------- registry
@@ -279,12 +284,16 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str =
         if backend is None:
             raise NotImplementedError(
                 f"aggregation={aggregation!r} is not available in this build of fusegnn "
-                f"(available: {tuple(_BACKENDS)}; the fused backends need Triton)"
+                f"(available: {tuple(_BACKENDS)}; the fused backends need Triton, and CUDA or "
+                "Triton's interpreter TRITON_INTERPRET=1 on the CPU)"
             )
         if not backend.can_run(graph, *tensors):
+            why = (": the fused kernels run on CUDA devices, and on the CPU only through Triton's "
+                   "interpreter (TRITON_INTERPRET=1 set before the first fused op; slow, for testing)"
+                   if graph.device.type == "cpu" else "")
             raise ValueError(
                 f"aggregation={aggregation!r} cannot run on these inputs "
-                f"(device {graph.device}, dtypes {[t.dtype for t in tensors]}); "
+                f"(device {graph.device}, dtypes {[t.dtype for t in tensors]}){why}; "
                 "use 'reference' or 'auto'"
             )
         if aggregation == "gas" and is_deterministic():
@@ -349,12 +358,46 @@ def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor, op: st
         if not warns:
             memo[key] = decision
     _state.last = decision
+    if _recorders_open:
+        _collect(decision)
     return _BACKENDS[decision.name]
 
 
 def record_decision(decision: Decision) -> None:
-    """Record ``decision`` as the path of the running op (for :func:`last_decision`)."""
+    """Record ``decision`` as the path of the running op (for :func:`last_decision` and
+    :func:`decisions_taken`)."""
     _state.last = decision
+    if _recorders_open:
+        _collect(decision)
+
+
+def _collect(decision: Decision) -> None:
+    for log in getattr(_state, "recorders", ()):
+        log.append(decision)
+
+
+@contextlib.contextmanager
+def decisions_taken() -> Iterator[list[Decision]]:
+    """Context manager: a list that collects, in order, every :class:`Decision` the ops
+    called inside the block record in this thread (the path each op took, including a
+    backend's hand-over of :func:`note_path`)::
+
+        with decisions_taken() as taken:
+            layer(x, graph)
+        taken[0].name, taken[0].reason   # e.g. "gar", "average degree 492.0 >= 20.0 ..."
+    """
+    global _recorders_open
+    log: list[Decision] = []
+    outer = getattr(_state, "recorders", ())
+    _state.recorders = (*outer, log)
+    with _recorders_lock:
+        _recorders_open += 1
+    try:
+        yield log
+    finally:
+        with _recorders_lock:
+            _recorders_open -= 1
+        _state.recorders = outer
 
 
 def backend_named(name: str) -> Backend:
@@ -364,7 +407,7 @@ def backend_named(name: str) -> Backend:
 
 def note_path(name: str, reason: str) -> None:
     """Record that the running op actually took path ``name`` (a backend delegating)."""
-    _state.last = Decision(name, reason)
+    record_decision(Decision(name, reason))
 
 
 def last_decision() -> Decision | None:
