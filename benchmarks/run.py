@@ -49,8 +49,11 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def default_data_root() -> str:
-    return os.environ.get("FUSEGNN_DATA") or str(_REPO / ".carry" / "planetoid")
+def default_data_root() -> str | None:
+    """``$FUSEGNN_DATA``, else ``.carry/planetoid`` where it exists, else ``None`` (the
+    loaders' own search: the cache, then a download)."""
+    carried = _REPO / ".carry" / "planetoid"
+    return os.environ.get("FUSEGNN_DATA") or (str(carried) if carried.is_dir() else None)
 
 
 def _split_at_sweep(argv: list[str]) -> tuple[list[str], list[str]]:
