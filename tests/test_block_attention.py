@@ -386,9 +386,9 @@ def test_bad_inputs():
     (q, k, v), _ = _inputs(1, 2, 32, 32, 32, seed=0)
     with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
         block_sparse_attention(q.double(), k.double(), v.double(), layout)
-    with pytest.raises(TypeError, match="share a dtype"):
+    with pytest.raises(TypeError, match="same dtype"):
         block_sparse_attention(q, k.half(), v, layout)
-    with pytest.raises(ValueError, match=r"q must be \[B, H, L, D\]"):
+    with pytest.raises(ValueError, match=r"q must be 4-D \[B, H, L, D\]"):
         block_sparse_attention(q[0], k, v, layout)
     with pytest.raises(ValueError, match="layout is for"):
         block_sparse_attention(q[:, :, :16], k, v, layout)

@@ -80,6 +80,7 @@ from fusegnn.attention.block_layout import BlockLayout, check_block_size
 from fusegnn.attention.cost_model import predict_attention_ms
 from fusegnn.attention.masks import Mask
 from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, FLOAT_DTYPES
+from fusegnn.kernels.attention_inputs import check_qkv
 from fusegnn.sparse.dispatch import AGGREGATIONS as _ELEMENT_AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision
 from fusegnn.sparse.ops import edge_softmax, sddmm, spmm
@@ -130,29 +131,6 @@ class AttentionDecision(Decision):
 
 
 # ----------------------------------------------------------------------------- checks
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [B, H, L, D] (SDPA layout), got shape {tuple(t.shape)}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got dtype {t.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must have the same dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}")
-    if q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2]:
-        raise ValueError(
-            "q, k and v must have the same batch and head sizes [B, H, ...], got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if q.size(-1) != k.size(-1):
-        raise ValueError(f"q and k must have the same head dim D, got {q.size(-1)} and {k.size(-1)}")
-    if k.size(2) != v.size(2):
-        raise ValueError(f"k and v must have the same length L_k, got {k.size(2)} and {v.size(2)}")
-
-
 def _check_mask(mask: Any, q: Tensor, k: Tensor) -> None:
     if not isinstance(mask, (Mask, BlockLayout)):
         raise TypeError(
@@ -538,7 +516,7 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
                    block_size, element_aggregation: str) -> Tensor:
     """:func:`sparse_attention` as ``torch.compile`` traces it (see
     :mod:`fusegnn.attention.library`)."""
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, FLOAT_DTYPES)
     _check_mask(mask, q, k)
     scale = _check_scale(scale, q.size(-1))
     if element_aggregation not in _ELEMENT_AGGREGATIONS:
@@ -613,7 +591,7 @@ def _prepare_call(
 ) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
     """Check the arguments, decide the path and return ``run(q, k, v)``, the call on that
     path (every later call with the same :func:`_call_signature` reuses it)."""
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v, FLOAT_DTYPES)
     _check_mask(mask, q, k)
     scale = _check_scale(scale, q.size(-1))
     if element_aggregation not in _ELEMENT_AGGREGATIONS:

@@ -100,6 +100,7 @@ from torch import Tensor
 
 from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, LazyKernel, interpreter_enabled, kernel_helper, next_pow2
 from fusegnn.kernels._launch import launch as fast_launch
+from fusegnn.kernels.attention_inputs import check_qkv
 
 __all__ = [
     "BlockSparseAttentionFunction",
@@ -724,23 +725,9 @@ def _check_dilation(dilation: object) -> int:
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, layout, dilation: int = 1) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be [B, H, L, D], got shape {tuple(t.shape)}")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    check_qkv(q, k, v, SUPPORTED_DTYPES)
     B, H, L_q, D = q.shape
-    if k.shape[:2] != (B, H) or v.shape[:2] != (B, H):
-        raise ValueError(f"k, v must have batch and heads {(B, H)} of q, got {tuple(k.shape)}, {tuple(v.shape)}")
-    if k.shape[3] != D:
-        raise ValueError(f"k must have head dim {D} of q, got {k.shape[3]}")
-    if v.shape[2] != k.shape[2] or v.shape[3] != D:
+    if v.shape[3] != D:
         raise ValueError(f"v must be [B, H, L_k, {D}] like k {tuple(k.shape)}, got {tuple(v.shape)}")
     missing = [f for f in _LAYOUT_FIELDS if not hasattr(layout, f)]
     if missing:
