@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from benchmarks.backends import AggBackend, PaperBackend, build_csr_formats, oracle_rank, small_graph
 from benchmarks.cases import Case

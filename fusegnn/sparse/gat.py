@@ -41,7 +41,6 @@ from __future__ import annotations
 
 from numbers import Real
 
-import torch
 from torch import Tensor
 
 from fusegnn.sparse import library, reference
