@@ -509,6 +509,76 @@ def test_opcheck_every_op():
     del keep
 
 
+# ------------------------------------------------------------------------------ one description per op
+def _gather_scaled(og, x, weight, scale):
+    """A toy op: per edge ``scale * w_e * x[src_e]`` (``w`` the processed graph's weights)."""
+    w = og.weight if og.weight is not None else x.new_ones(og.graph.num_edges)
+    return scale * w.unsqueeze(-1) * x.index_select(0, og.graph.src.long())
+
+
+def _gather_scaled_backward(og, grad, x, weight, need_x, need_weight, scale):
+    w = og.weight if og.weight is not None else grad.new_ones(og.graph.num_edges)
+    gx = grad.new_zeros(x.shape).index_add(0, og.graph.src.long(), scale * w.unsqueeze(-1) * grad) if need_x else None
+    gw = (scale * grad * x.index_select(0, og.graph.src.long())).sum(-1) if need_weight else None
+    return gx, gw
+
+
+@pytest.fixture(scope="module")
+def toy_op():
+    """``fusegnn::_test_gather_scaled``, registered from one :class:`library.OpSpec`."""
+    return library.register_op(library.OpSpec(
+        name="_test_gather_scaled",
+        inputs="Tensor x, Tensor? weight, float scale",
+        outputs=("out",),
+        forward=_gather_scaled,
+        fake=lambda sizes, x, weight, scale: x.new_empty((sizes.edges(),) + tuple(x.shape[1:])),
+        weighted="weight",
+        backward_inputs="Tensor grad, Tensor x, Tensor? weight, bool need_x, bool need_weight, float scale",
+        differentiable=("x", "weight"),
+        backward=_gather_scaled_backward,
+        backward_fake=lambda sizes, grad, x, weight, need_x, need_weight, scale: (
+            x.new_empty(x.shape) if need_x else None,
+            grad.new_empty(grad.shape[:1]) if need_weight else None,
+        ),
+    ))
+
+
+def test_register_op_makes_op_backward_and_autograd(toy_op):
+    """One OpSpec gives the forward op, the backward op (schemas as described), the fakes
+    and the autograd: compiled forward and gradients equal the eager composition, a
+    gradient nobody asks for is not computed, and opcheck passes on both ops."""
+    assert "Tensor x, Tensor? weight, float scale) -> Tensor" in str(ops._test_gather_scaled.default._schema)
+    assert "bool need_weight, float scale) -> (Tensor, Tensor)" in str(
+        ops._test_gather_scaled_backward.default._schema
+    )
+    graph = _graph()
+    keep = graph
+    n, e = graph.num_nodes, graph.num_edges
+    x, w = _rand(n, 3, seed=0), _rand(e, seed=1)
+    args = (graph.uid, None, n, n, e, "")
+
+    def eager(x, w):
+        return 2.5 * w.unsqueeze(-1) * x[graph.src.long()]
+
+    compiled = _compiled(lambda x, w: toy_op(*args, x, w, 2.5))
+    _assert_same(compiled(x, w), eager(x, w), (x, w))
+    # only x asks for a gradient: the backward op is told so and returns a placeholder for w
+    gx, = torch.autograd.grad(toy_op(*args, x, w.detach(), 2.5).sum(), (x,))
+    torch.testing.assert_close(gx, torch.autograd.grad(eager(x, w.detach()).sum(), (x,))[0])
+    _, gw = ops._test_gather_scaled_backward(*args, torch.ones(e, 3, dtype=F64), x.detach(), w.detach(),
+                                             True, False, 2.5)
+    assert gw.shape == (0,)
+    for op, op_args in [
+        (ops._test_gather_scaled.default, args + (x, w, 2.5)),
+        (ops._test_gather_scaled.default, args + (x, None, 0.5)),
+        (ops._test_gather_scaled_backward.default,
+         args + (torch.ones(e, 3, dtype=F64), x.detach(), w.detach(), True, True, 2.5)),
+    ]:
+        result = torch.library.opcheck(op, op_args)
+        assert all(v == "SUCCESS" for v in result.values()), result
+    del keep
+
+
 # ------------------------------------------------------------------------------ GPU
 def _gpu_graph() -> Graph:
     return Graph(random_graph(2000, 24000, seed=0, hub_degree=300, device="cuda"), 2000)
