@@ -295,11 +295,12 @@ def _returns(count: int) -> str:
     return "Tensor" if count == 1 else "(" + ", ".join(["Tensor"] * count) + ")"
 
 
-def _finished(result: Any, like: Optional[Tensor]) -> Any:
-    """An op's return value: every tensor contiguous, a ``None`` gradient the empty placeholder."""
+def _finished(result: Any, like: Optional[Tensor], finish: Callable[[Tensor], Tensor]) -> Any:
+    """An op's return value: ``finish`` applied to every tensor, a ``None`` (a gradient
+    nobody asked for) the empty placeholder."""
     if not isinstance(result, tuple):
-        return result.contiguous() if result is not None else _empty(like)
-    return tuple(r.contiguous() if r is not None else _empty(like) for r in result)
+        return finish(result) if result is not None else _empty(like)
+    return tuple(finish(r) if r is not None else _empty(like) for r in result)
 
 
 def _tensor_slot(value: Any) -> bool:
@@ -311,59 +312,47 @@ def _first_tensor(values: dict) -> Optional[Tensor]:
     return next((v for v in values.values() if isinstance(v, Tensor)), None)
 
 
+def _custom_op(name: str, inputs: str, returns: int, impl: Callable[..., Any], fake: Callable[..., Any],
+               weighted: Optional[str], validate: bool) -> Callable[..., Any]:
+    """``fusegnn::<name>`` with the graph arguments then ``inputs``: runs
+    ``impl(OpGraph, **inputs)`` (every tensor returned contiguous, a ``None`` the empty
+    placeholder), its fake ``fake(Sizes, **inputs)``."""
+    names = _arg_names(inputs)
+
+    def run(*args):
+        graph, edge_index, num_src, num_dst, _, transform = args[:_NUM_GRAPH_ARGS]
+        values = dict(zip(names, args[_NUM_GRAPH_ARGS:]))
+        base = _base_graph(graph, edge_index, num_src, num_dst, validate)
+        processed, weight = _processed(base, transform, values.get(weighted) if weighted else None)
+        result = impl(OpGraph(processed, base, transform, weight), **values)
+        return _finished(result, _first_tensor(values), Tensor.contiguous)
+
+    def run_fake(*args):
+        values = dict(zip(names, args[_NUM_GRAPH_ARGS:]))
+        result = fake(Sizes(*args[2:5]), **values)
+        return _finished(result, _first_tensor(values), lambda t: t)
+
+    op = torch.library.custom_op(
+        f"fusegnn::{name}", run, mutates_args=(), schema=f"({_GRAPH_ARGS}, {inputs}) -> {_returns(returns)}"
+    )
+    op.register_fake(run_fake)
+    return op
+
+
 def register_op(spec: OpSpec) -> Callable[..., Any]:
     """Register ``spec`` as ``fusegnn::<name>`` (and its backward op and autograd); returns
     the forward custom op, called with the graph arguments then the inputs."""
     names = _arg_names(spec.inputs)
-
-    def op_graph(args: tuple, values: dict, validate: bool) -> OpGraph:
-        graph, edge_index, num_src, num_dst, _, transform = args
-        base = _base_graph(graph, edge_index, num_src, num_dst, validate)
-        weight = values.get(spec.weighted) if spec.weighted else None
-        processed, weight = _processed(base, transform, weight)
-        return OpGraph(processed, base, transform, weight)
-
-    def sizes(args: tuple) -> Sizes:
-        return Sizes(args[2], args[3], args[4])
-
-    def forward(*args):
-        values = dict(zip(names, args[_NUM_GRAPH_ARGS:]))
-        return _finished(spec.forward(op_graph(args[:_NUM_GRAPH_ARGS], values, True), **values), None)
-
-    def fake(*args):
-        values = dict(zip(names, args[_NUM_GRAPH_ARGS:]))
-        return spec.fake(sizes(args), **values)
-
-    op = torch.library.custom_op(
-        f"fusegnn::{spec.name}",
-        forward,
-        mutates_args=(),
-        schema=f"({_GRAPH_ARGS}, {spec.inputs}) -> {_returns(len(spec.outputs))}",
-    )
-    op.register_fake(fake)
+    op = _custom_op(spec.name, spec.inputs, len(spec.outputs), spec.forward, spec.fake, spec.weighted, True)
     if spec.backward is None:
         return op
-
+    backward_op = _custom_op(
+        f"{spec.name}_backward", spec.backward_inputs, len(spec.differentiable), spec.backward,
+        spec.backward_fake, spec.weighted, False,
+    )
     backward_names = _arg_names(spec.backward_inputs)
     grad_names = ["grad"] if len(spec.outputs) == 1 else [f"grad_{o}" for o in spec.outputs]
     need_names = [(spec.need_flags or {}).get(n, f"need_{n}") for n in names]
-
-    def backward(*args):
-        values = dict(zip(backward_names, args[_NUM_GRAPH_ARGS:]))
-        grads = spec.backward(op_graph(args[:_NUM_GRAPH_ARGS], values, False), **values)
-        return _finished(grads, _first_tensor(values))
-
-    def backward_fake(*args):
-        values = dict(zip(backward_names, args[_NUM_GRAPH_ARGS:]))
-        return _finished_fake(spec.backward_fake(sizes(args), **values), _first_tensor(values))
-
-    backward_op = torch.library.custom_op(
-        f"fusegnn::{spec.name}_backward",
-        backward,
-        mutates_args=(),
-        schema=f"({_GRAPH_ARGS}, {spec.backward_inputs}) -> {_returns(len(spec.differentiable))}",
-    )
-    backward_op.register_fake(backward_fake)
 
     def setup_context(ctx, inputs, output):
         values = dict(zip(names, inputs[_NUM_GRAPH_ARGS:]))
@@ -401,13 +390,6 @@ def register_op(spec: OpSpec) -> Callable[..., Any]:
 
     op.register_autograd(autograd_backward, setup_context=setup_context)
     return op
-
-
-def _finished_fake(result: Any, like: Optional[Tensor]) -> Any:
-    """A fake backward's return value: a ``None`` gradient the empty placeholder."""
-    if not isinstance(result, tuple):
-        return result if result is not None else _empty(like)
-    return tuple(r if r is not None else _empty(like) for r in result)
 
 
 # ----------------------------------------------------------------------------- spmm
