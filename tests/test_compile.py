@@ -509,6 +509,37 @@ def test_opcheck_every_op():
     del keep
 
 
+# ------------------------------------------------------------------------------ one processing route
+def test_eager_layers_and_ops_share_one_gcn_normalisation(monkeypatch):
+    """The eager GCN layer and the ``fusegnn::spmm`` op's transform normalise through one
+    function, cached once on the input graph; weights that require grad are not cached."""
+    from fusegnn.sparse.processing import gcn_norm, gcn_normalized, transformed
+
+    graph = _graph()
+    normed = gcn_normalized(graph, dtype=F64)
+    assert gcn_normalized(graph, dtype=F64) is normed
+    torch.testing.assert_close(normed.edge_weight, gcn_norm(graph, dtype=F64).edge_weight)
+    g, w = transformed(graph, library.gcn_transform(False, True, F64))
+    assert g is normed and w is normed.edge_weight
+    fresh = _graph(seed=3)
+    layer = GCNConv(4, 3).double()
+    eager_out = layer(_rand(fresh.num_nodes, 4, seed=0), fresh)
+
+    def no_second_normalisation(*args, **kwargs):
+        raise AssertionError("normalised again")
+
+    # the eager layer's normalisation is the one the op's transform finds on the graph
+    monkeypatch.setattr("fusegnn.sparse.processing.gcn_norm", no_second_normalisation)
+    transformed(fresh, library.gcn_transform(False, True, F64))
+    torch.testing.assert_close(layer(_rand(fresh.num_nodes, 4, seed=0), fresh), eager_out)
+    monkeypatch.undo()
+    weighted = graph.with_edge_weight(_rand(graph.num_edges, seed=1).abs())
+    assert gcn_normalized(weighted) is not gcn_normalized(weighted)
+    other = _rand(graph.num_edges, seed=2, requires_grad=False).abs()
+    g2, w2 = transformed(graph, library.gcn_transform(False, True, F64), other)
+    torch.testing.assert_close(w2, gcn_norm(graph, other, dtype=F64).edge_weight)
+
+
 # ------------------------------------------------------------------------------ one description per op
 def _gather_scaled(og, x, weight, scale):
     """A toy op: per edge ``scale * w_e * x[src_e]`` (``w`` the processed graph's weights)."""

@@ -30,8 +30,9 @@ gets an unbacked size). The common leading arguments of every op are::
   code runs in the traced part: ``""`` (none), ``"gat_self_loops"``
   (:func:`~fusegnn.sparse.processing.gat_self_loops`) or ``"gcn_norm:I:L:DTYPE"``
   (:func:`~fusegnn.sparse.processing.gcn_norm` with ``improved=I``, ``add_self_loops=L``,
-  ``dtype``; see :func:`gcn_transform`). Processed graphs are cached on the input graph,
-  exactly as the eager layers cache them, unless the op was given the edge weights to
+  ``dtype``; see :func:`gcn_transform`), both applied by
+  :func:`~fusegnn.sparse.processing.transformed`. Processed graphs are cached on the input graph
+  by the same functions the eager layers call, unless the op was given the edge weights to
   normalise explicitly (weights that require grad): those are normalised on every call.
 
 Dynamo reads ``graph.uid`` like any integer attribute: the first compilation specialises
@@ -94,14 +95,13 @@ from fusegnn.sparse.dispatch import Backend, backend_named, explain, resolve_agg
 from fusegnn.sparse.graph import _REGISTRY, Graph, graph_by_uid
 from fusegnn.sparse.graph_ref import (
     GAT_SELF_LOOPS,
-    GCN_PREFIX,
     GraphRef,
     gcn_params,
     gcn_transform,
     graph_ref,
     with_transform,
 )
-from fusegnn.sparse.processing import gat_self_loops, gcn_norm
+from fusegnn.sparse.processing import transformed
 
 __all__ = [
     "OpSpec",
@@ -145,35 +145,9 @@ def _base_graph(uid: int, edge_index: Optional[Tensor], num_src: int, num_dst: i
     return Graph(edge_index, num_nodes, validate=validate)
 
 
-def _processed(graph: Graph, transform: str, weight: Optional[Tensor] = None) -> tuple[Graph, Optional[Tensor]]:
-    """``(processed graph, the weights an SpMM on it aggregates with)``.
-
-    ``weight`` (in ``graph``'s edge order; ``None``: the graph's own) are the weights to
-    aggregate with, or with a GCN transform to normalise. The normalised graph is cached
-    on ``graph``, like the eager layers cache theirs, when the weights are the graph's
-    own and do not require grad; other weights are normalised on every call.
-    """
-    if transform == "":
-        return graph, weight if weight is not None else graph.edge_weight
-    if transform == GAT_SELF_LOOPS:
-        if weight is not None:
-            raise ValueError("the gat_self_loops transform takes no edge weights")
-        return gat_self_loops(graph), None
-    if transform.startswith(GCN_PREFIX):
-        kwargs = gcn_params(transform)
-        stored = graph.edge_weight
-        own = weight is None or weight is stored
-        if own and (stored is None or not stored.requires_grad):
-            normed = graph.cached("fusegnn." + transform, lambda: gcn_norm(graph, **kwargs))
-        else:
-            normed = gcn_norm(graph, weight, **kwargs)
-        return normed, normed.edge_weight
-    raise ValueError(f"unknown graph transform {transform!r}")
-
-
 def resolve(ref: GraphRef) -> Graph:
     """The processed :class:`Graph` that ``ref`` stands for (at run time, never traced)."""
-    graph, _ = _processed(_base_graph(ref.uid, ref.edge_index, ref.num_src_nodes, ref.num_dst_nodes), ref.transform)
+    graph, _ = transformed(_base_graph(ref.uid, ref.edge_index, ref.num_src_nodes, ref.num_dst_nodes), ref.transform)
     return graph
 
 
@@ -323,7 +297,7 @@ def _custom_op(name: str, inputs: str, returns: int, impl: Callable[..., Any], f
         graph, edge_index, num_src, num_dst, _, transform = args[:_NUM_GRAPH_ARGS]
         values = dict(zip(names, args[_NUM_GRAPH_ARGS:]))
         base = _base_graph(graph, edge_index, num_src, num_dst, validate)
-        processed, weight = _processed(base, transform, values.get(weighted) if weighted else None)
+        processed, weight = transformed(base, transform, values.get(weighted) if weighted else None)
         result = impl(OpGraph(processed, base, transform, weight), **values)
         return _finished(result, _first_tensor(values), Tensor.contiguous)
 
