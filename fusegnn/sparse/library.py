@@ -217,7 +217,7 @@ class OpSpec:
     """A sparse op, described once; :func:`register_op` makes the ``fusegnn::<name>``
     custom op, its fake, ``fusegnn::<name>_backward``, its fake and the autograd glue.
 
-    Every implementation takes keyword arguments named as in its schema. The op schemas
+    Every implementation takes its schema's arguments in order (named as there). The op schemas
     are ``(<graph args>, <inputs>) -> <outputs>`` and, with a backward,
     ``(<graph args>, <backward_inputs>) -> <one Tensor per differentiable input>``.
     A backward input is filled, by name, from: ``grad`` (the gradient of a single output)
@@ -229,15 +229,15 @@ class OpSpec:
         name: the op name in the ``fusegnn`` namespace.
         inputs: the forward schema's arguments after the graph arguments.
         outputs: names of the forward's outputs (all tensors).
-        forward: ``forward(og: OpGraph, **inputs)`` -> output(s).
-        fake: ``fake(sizes: Sizes, **inputs)`` -> empty output(s) of the right shape.
+        forward: ``forward(og: OpGraph, *inputs)`` -> output(s).
+        fake: ``fake(sizes: Sizes, *inputs)`` -> empty output(s) of the right shape.
         weighted: the input holding edge weights that the graph's transform processes
             (:attr:`OpGraph.weight`), or ``None``.
         backward_inputs: the backward schema's arguments after the graph arguments
             (empty: the op is not differentiable).
         differentiable: the inputs the backward returns gradients for, in order.
-        backward: ``backward(og, **backward_inputs)`` -> gradient(s) (``None``: not asked).
-        backward_fake: ``backward_fake(sizes, **backward_inputs)`` -> empty gradient(s).
+        backward: ``backward(og, *backward_inputs)`` -> gradient(s) (``None``: not asked).
+        backward_fake: ``backward_fake(sizes, *backward_inputs)`` -> empty gradient(s).
         need_flags: other names for ``need_<input>`` flags (``{"weight": "need_w"}``).
         save: edits the dict of values kept for the backward (``None`` drops a tensor
             the backward does not need), at forward time.
@@ -260,51 +260,51 @@ class OpSpec:
     grads: Optional[Callable[[dict], None]] = None
 
 
-def _arg_names(args: str) -> list[str]:
-    """Argument names of a schema's argument list (``"Tensor x, str op"`` -> ``[x, op]``)."""
-    return [arg.split()[-1] for arg in args.split(",") if arg.strip()]
+def _args(args: str) -> list[tuple[str, str]]:
+    """``(type, name)`` of a schema's argument list (``"Tensor x, str op"``)."""
+    return [tuple(arg.split()) for arg in args.split(",") if arg.strip()]
 
 
 def _returns(count: int) -> str:
     return "Tensor" if count == 1 else "(" + ", ".join(["Tensor"] * count) + ")"
 
 
-def _finished(result: Any, like: Optional[Tensor], finish: Callable[[Tensor], Tensor]) -> Any:
-    """An op's return value: ``finish`` applied to every tensor, a ``None`` (a gradient
-    nobody asked for) the empty placeholder."""
+def _empty_in_place_of_none(result: Any, values: tuple) -> Any:
+    """An op's gradients with each ``None`` (a gradient nobody asked for) replaced by the
+    empty placeholder (like the op's first tensor argument)."""
+    like = next(v for v in values if isinstance(v, Tensor))
     if not isinstance(result, tuple):
-        return finish(result) if result is not None else _empty(like)
-    return tuple(finish(r) if r is not None else _empty(like) for r in result)
-
-
-def _tensor_slot(value: Any) -> bool:
-    """Whether a kept value goes to ``save_for_backward`` (a tensor or an absent ``Tensor?``)."""
-    return value is None or isinstance(value, Tensor)
-
-
-def _first_tensor(values: dict) -> Optional[Tensor]:
-    return next((v for v in values.values() if isinstance(v, Tensor)), None)
+        return _empty(like)
+    return tuple(r if r is not None else _empty(like) for r in result)
 
 
 def _custom_op(name: str, inputs: str, returns: int, impl: Callable[..., Any], fake: Callable[..., Any],
                weighted: Optional[str], validate: bool) -> Callable[..., Any]:
     """``fusegnn::<name>`` with the graph arguments then ``inputs``: runs
-    ``impl(OpGraph, **inputs)`` (every tensor returned contiguous, a ``None`` the empty
-    placeholder), its fake ``fake(Sizes, **inputs)``."""
-    names = _arg_names(inputs)
+    ``impl(OpGraph, *inputs)`` (every tensor returned contiguous, a ``None`` the empty
+    placeholder), its fake ``fake(Sizes, *inputs)``. Arguments pass by position (the
+    implementations name them as the schema does): this wrapper is on the host path of
+    every compiled call."""
+    names = [n for _, n in _args(inputs)]
+    w_at = _NUM_GRAPH_ARGS + names.index(weighted) if weighted else None
 
     def run(*args):
         graph, edge_index, num_src, num_dst, _, transform = args[:_NUM_GRAPH_ARGS]
-        values = dict(zip(names, args[_NUM_GRAPH_ARGS:]))
         base = _base_graph(graph, edge_index, num_src, num_dst, validate)
-        processed, weight = transformed(base, transform, values.get(weighted) if weighted else None)
-        result = impl(OpGraph(processed, base, transform, weight), **values)
-        return _finished(result, _first_tensor(values), Tensor.contiguous)
+        processed, weight = transformed(base, transform, args[w_at] if w_at is not None else None)
+        result = impl(OpGraph(processed, base, transform, weight), *args[_NUM_GRAPH_ARGS:])
+        if isinstance(result, tuple):
+            if any(r is None for r in result):
+                result = _empty_in_place_of_none(result, args[_NUM_GRAPH_ARGS:])
+            return tuple(r.contiguous() for r in result)
+        if result is None:
+            result = _empty_in_place_of_none(result, args[_NUM_GRAPH_ARGS:])
+        return result.contiguous()
 
     def run_fake(*args):
-        values = dict(zip(names, args[_NUM_GRAPH_ARGS:]))
-        result = fake(Sizes(*args[2:5]), **values)
-        return _finished(result, _first_tensor(values), lambda t: t)
+        result = fake(Sizes(*args[2:5]), *args[_NUM_GRAPH_ARGS:])
+        none = result is None or (isinstance(result, tuple) and any(r is None for r in result))
+        return _empty_in_place_of_none(result, args[_NUM_GRAPH_ARGS:]) if none else result
 
     op = torch.library.custom_op(
         f"fusegnn::{name}", run, mutates_args=(), schema=f"({_GRAPH_ARGS}, {inputs}) -> {_returns(returns)}"
@@ -316,7 +316,8 @@ def _custom_op(name: str, inputs: str, returns: int, impl: Callable[..., Any], f
 def register_op(spec: OpSpec) -> Callable[..., Any]:
     """Register ``spec`` as ``fusegnn::<name>`` (and its backward op and autograd); returns
     the forward custom op, called with the graph arguments then the inputs."""
-    names = _arg_names(spec.inputs)
+    inputs = _args(spec.inputs)
+    names = [n for _, n in inputs]
     op = _custom_op(spec.name, spec.inputs, len(spec.outputs), spec.forward, spec.fake, spec.weighted, True)
     if spec.backward is None:
         return op
@@ -324,42 +325,51 @@ def register_op(spec: OpSpec) -> Callable[..., Any]:
         f"{spec.name}_backward", spec.backward_inputs, len(spec.differentiable), spec.backward,
         spec.backward_fake, spec.weighted, False,
     )
-    backward_names = _arg_names(spec.backward_inputs)
+    backward_names = [n for _, n in _args(spec.backward_inputs)]
     grad_names = ["grad"] if len(spec.outputs) == 1 else [f"grad_{o}" for o in spec.outputs]
     need_names = [(spec.need_flags or {}).get(n, f"need_{n}") for n in names]
+    # Kept for the backward: the tensor inputs and the outputs that it names (save_for_backward),
+    # every non-tensor input (small; the hooks read them too).
+    saved = [n for t, n in inputs if t.startswith("Tensor") and n in backward_names]
+    saved += [o for o in spec.outputs if o in backward_names]
+    kept = [n for t, n in inputs if not t.startswith("Tensor")]
+    saved_at = [names.index(n) if n in names else len(names) + spec.outputs.index(n) for n in saved]
+    kept_at = [names.index(n) for n in kept]
+    # where each backward argument comes from: (source, position)
+    sources = {n: ("saved", i) for i, n in enumerate(saved)}
+    sources.update({n: ("kept", i) for i, n in enumerate(kept)})
+    sources.update({n: ("grads", i) for i, n in enumerate(grad_names)})
+    sources.update({n: ("needs", i) for i, n in enumerate(need_names)})
+    plan = [sources[n] for n in backward_names]
+    returned = [spec.differentiable.index(n) if n in spec.differentiable else -1 for n in names]
 
     def setup_context(ctx, inputs, output):
-        values = dict(zip(names, inputs[_NUM_GRAPH_ARGS:]))
-        outputs = output if isinstance(output, tuple) else (output,)
-        values.update(zip(spec.outputs, outputs))
-        # the tensors the backward names; every non-tensor input (small, and hooks read them)
-        values = {n: v for n, v in values.items() if n in backward_names or not _tensor_slot(v)}
+        values = inputs[_NUM_GRAPH_ARGS:] + (output if isinstance(output, tuple) else (output,))
+        tensors = [values[i] for i in saved_at]
         if spec.save is not None:
-            spec.save(values)
-        tensors = [n for n, v in values.items() if _tensor_slot(v)]
+            by_name = dict(zip(saved + kept, tensors + [values[i] for i in kept_at]))
+            spec.save(by_name)
+            tensors = [by_name[n] for n in saved]
         ctx.graph_args = inputs[:_NUM_GRAPH_ARGS]
-        ctx.kept = {n: v for n, v in values.items() if n not in tensors}
-        ctx.tensor_names = tensors
+        ctx.kept = [values[i] for i in kept_at]
         # the edge list rides along: the backward rebuilds a collected graph from it
-        ctx.save_for_backward(inputs[1], *(values[n] for n in tensors))
+        ctx.save_for_backward(inputs[1], *tensors)
 
     def autograd_backward(ctx, *grads):
-        edge_index, *saved = ctx.saved_tensors
+        edge_index, *tensors = ctx.saved_tensors
         needs = ctx.needs_input_grad[_NUM_GRAPH_ARGS:]
-        values = dict(ctx.kept)
-        values.update(zip(ctx.tensor_names, saved))
-        values.update(zip(grad_names, grads))
-        values.update(zip(need_names, needs))
+        source = {"saved": tensors, "kept": ctx.kept, "grads": grads, "needs": needs}
+        args = [source[where][i] for where, i in plan]
         if spec.grads is not None:
-            spec.grads(values)
+            by_name = dict(zip(saved + kept, tensors + ctx.kept))
+            by_name.update(zip(backward_names, args))
+            spec.grads(by_name)
+            args = [by_name[n] for n in backward_names]
         graph, _, num_src, num_dst, num_edges, transform = ctx.graph_args
-        result = backward_op(
-            graph, edge_index, num_src, num_dst, num_edges, transform, *(values[n] for n in backward_names)
-        )
+        result = backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, *args)
         result = result if isinstance(result, tuple) else (result,)
-        got = dict(zip(spec.differentiable, result))
         return (None,) * _NUM_GRAPH_ARGS + tuple(
-            got[n] if n in got and need else None for n, need in zip(names, needs)
+            result[k] if k >= 0 and need else None for k, need in zip(returned, needs)
         )
 
     op.register_autograd(autograd_backward, setup_context=setup_context)
