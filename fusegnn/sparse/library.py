@@ -272,7 +272,7 @@ def _returns(count: int) -> str:
 def _empty_in_place_of_none(result: Any, values: tuple) -> Any:
     """An op's gradients with each ``None`` (a gradient nobody asked for) replaced by the
     empty placeholder (like the op's first tensor argument)."""
-    like = next(v for v in values if isinstance(v, Tensor))
+    like = values[0] if isinstance(values[0], Tensor) else next(v for v in values if isinstance(v, Tensor))
     if not isinstance(result, tuple):
         return _empty(like)
     return tuple(r if r is not None else _empty(like) for r in result)
@@ -296,7 +296,7 @@ def _custom_op(name: str, inputs: str, returns: int, impl: Callable[..., Any], f
         if isinstance(result, tuple):
             if any(r is None for r in result):
                 result = _empty_in_place_of_none(result, args[_NUM_GRAPH_ARGS:])
-            return tuple(r.contiguous() for r in result)
+            return tuple([r.contiguous() for r in result])
         if result is None:
             result = _empty_in_place_of_none(result, args[_NUM_GRAPH_ARGS:])
         return result.contiguous()
