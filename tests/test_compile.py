@@ -509,6 +509,107 @@ def test_opcheck_every_op():
     del keep
 
 
+# ------------------------------------------------------------------------------ one processing route
+def test_eager_layers_and_ops_share_one_gcn_normalisation(monkeypatch):
+    """The eager GCN layer and the ``fusegnn::spmm`` op's transform normalise through one
+    function, cached once on the input graph; weights that require grad are not cached."""
+    from fusegnn.sparse.processing import gcn_norm, gcn_normalized, transformed
+
+    graph = _graph()
+    normed = gcn_normalized(graph, dtype=F64)
+    assert gcn_normalized(graph, dtype=F64) is normed
+    torch.testing.assert_close(normed.edge_weight, gcn_norm(graph, dtype=F64).edge_weight)
+    g, w = transformed(graph, library.gcn_transform(False, True, F64))
+    assert g is normed and w is normed.edge_weight
+    fresh = _graph(seed=3)
+    layer = GCNConv(4, 3).double()
+    eager_out = layer(_rand(fresh.num_nodes, 4, seed=0), fresh)
+
+    def no_second_normalisation(*args, **kwargs):
+        raise AssertionError("normalised again")
+
+    # the eager layer's normalisation is the one the op's transform finds on the graph
+    monkeypatch.setattr("fusegnn.sparse.processing.gcn_norm", no_second_normalisation)
+    transformed(fresh, library.gcn_transform(False, True, F64))
+    torch.testing.assert_close(layer(_rand(fresh.num_nodes, 4, seed=0), fresh), eager_out)
+    monkeypatch.undo()
+    weighted = graph.with_edge_weight(_rand(graph.num_edges, seed=1).abs())
+    assert gcn_normalized(weighted) is not gcn_normalized(weighted)
+    other = _rand(graph.num_edges, seed=2, requires_grad=False).abs()
+    g2, w2 = transformed(graph, library.gcn_transform(False, True, F64), other)
+    torch.testing.assert_close(w2, gcn_norm(graph, other, dtype=F64).edge_weight)
+
+
+# ------------------------------------------------------------------------------ one description per op
+def _gather_scaled(og, x, weight, scale):
+    """A toy op: per edge ``scale * w_e * x[src_e]`` (``w`` the processed graph's weights)."""
+    w = og.weight if og.weight is not None else x.new_ones(og.graph.num_edges)
+    return scale * w.unsqueeze(-1) * x.index_select(0, og.graph.src.long())
+
+
+def _gather_scaled_backward(og, grad, x, weight, need_x, need_weight, scale):
+    w = og.weight if og.weight is not None else grad.new_ones(og.graph.num_edges)
+    gx = grad.new_zeros(x.shape).index_add(0, og.graph.src.long(), scale * w.unsqueeze(-1) * grad) if need_x else None
+    gw = (scale * grad * x.index_select(0, og.graph.src.long())).sum(-1) if need_weight else None
+    return gx, gw
+
+
+@pytest.fixture(scope="module")
+def toy_op():
+    """``fusegnn::_test_gather_scaled``, registered from one :class:`library.OpSpec`."""
+    return library.register_op(library.OpSpec(
+        name="_test_gather_scaled",
+        inputs="Tensor x, Tensor? weight, float scale",
+        outputs=("out",),
+        forward=_gather_scaled,
+        fake=lambda sizes, x, weight, scale: x.new_empty((sizes.edges(),) + tuple(x.shape[1:])),
+        weighted="weight",
+        backward_inputs="Tensor grad, Tensor x, Tensor? weight, bool need_x, bool need_weight, float scale",
+        differentiable=("x", "weight"),
+        backward=_gather_scaled_backward,
+        backward_fake=lambda sizes, grad, x, weight, need_x, need_weight, scale: (
+            x.new_empty(x.shape) if need_x else None,
+            grad.new_empty(grad.shape[:1]) if need_weight else None,
+        ),
+    ))
+
+
+def test_register_op_makes_op_backward_and_autograd(toy_op):
+    """One OpSpec gives the forward op, the backward op (schemas as described), the fakes
+    and the autograd: compiled forward and gradients equal the eager composition, a
+    gradient nobody asks for is not computed, and opcheck passes on both ops."""
+    assert "Tensor x, Tensor? weight, float scale) -> Tensor" in str(ops._test_gather_scaled.default._schema)
+    assert "bool need_weight, float scale) -> (Tensor, Tensor)" in str(
+        ops._test_gather_scaled_backward.default._schema
+    )
+    graph = _graph()
+    keep = graph
+    n, e = graph.num_nodes, graph.num_edges
+    x, w = _rand(n, 3, seed=0), _rand(e, seed=1)
+    args = (graph.uid, None, n, n, e, "")
+
+    def eager(x, w):
+        return 2.5 * w.unsqueeze(-1) * x[graph.src.long()]
+
+    compiled = _compiled(lambda x, w: toy_op(*args, x, w, 2.5))
+    _assert_same(compiled(x, w), eager(x, w), (x, w))
+    # only x asks for a gradient: the backward op is told so and returns a placeholder for w
+    gx, = torch.autograd.grad(toy_op(*args, x, w.detach(), 2.5).sum(), (x,))
+    torch.testing.assert_close(gx, torch.autograd.grad(eager(x, w.detach()).sum(), (x,))[0])
+    _, gw = ops._test_gather_scaled_backward(*args, torch.ones(e, 3, dtype=F64), x.detach(), w.detach(),
+                                             True, False, 2.5)
+    assert gw.shape == (0,)
+    for op, op_args in [
+        (ops._test_gather_scaled.default, args + (x, w, 2.5)),
+        (ops._test_gather_scaled.default, args + (x, None, 0.5)),
+        (ops._test_gather_scaled_backward.default,
+         args + (torch.ones(e, 3, dtype=F64), x.detach(), w.detach(), True, True, 2.5)),
+    ]:
+        result = torch.library.opcheck(op, op_args)
+        assert all(v == "SUCCESS" for v in result.values()), result
+    del keep
+
+
 # ------------------------------------------------------------------------------ GPU
 def _gpu_graph() -> Graph:
     return Graph(random_graph(2000, 24000, seed=0, hub_degree=300, device="cuda"), 2000)

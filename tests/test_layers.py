@@ -131,13 +131,13 @@ def test_gcn_cached_reuses_the_first_graph(monkeypatch):
     import fusegnn.layers.gcn_conv as gcn_module
 
     calls = []
-    real_norm = gcn_module.gcn_norm
+    real_norm = gcn_module.gcn_normalized
 
     def counting_norm(*args, **kwargs):
         calls.append(1)
         return real_norm(*args, **kwargs)
 
-    monkeypatch.setattr(gcn_module, "gcn_norm", counting_norm)
+    monkeypatch.setattr(gcn_module, "gcn_normalized", counting_norm)
     n = 10
     ei1 = random_graph(n, 30, seed=1)
     ei2 = random_graph(n, 25, seed=2)

@@ -7,8 +7,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fusegnn.layers._utils import check_features, glorot_, graph_for, input_linear
-from fusegnn.sparse import Graph, gcn_norm, spmm
+from fusegnn.sparse import Graph, spmm
 from fusegnn.sparse.dispatch import check_aggregation
+from fusegnn.sparse.processing import gcn_normalized
 
 __all__ = ["GCNConv"]
 
@@ -120,7 +121,7 @@ class GCNConv(nn.Module):
         if edge_weight is not None:
             graph = graph.with_edge_weight(edge_weight)
         if self.normalize:
-            graph = gcn_norm(graph, improved=self.improved, add_self_loops=self.add_self_loops, dtype=x.dtype)
+            graph = gcn_normalized(graph, improved=self.improved, add_self_loops=self.add_self_loops, dtype=x.dtype)
         if self.cached and isinstance(graph, Graph):  # under torch.compile the op caches it on the graph
             self._cached_graph = graph
         return graph

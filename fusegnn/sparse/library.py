@@ -30,8 +30,9 @@ gets an unbacked size). The common leading arguments of every op are::
   code runs in the traced part: ``""`` (none), ``"gat_self_loops"``
   (:func:`~fusegnn.sparse.processing.gat_self_loops`) or ``"gcn_norm:I:L:DTYPE"``
   (:func:`~fusegnn.sparse.processing.gcn_norm` with ``improved=I``, ``add_self_loops=L``,
-  ``dtype``; see :func:`gcn_transform`). Processed graphs are cached on the input graph,
-  exactly as the eager layers cache them, unless the op was given the edge weights to
+  ``dtype``; see :func:`gcn_transform`), both applied by
+  :func:`~fusegnn.sparse.processing.transformed`. Processed graphs are cached on the input graph
+  by the same functions the eager layers call, unless the op was given the edge weights to
   normalise explicitly (weights that require grad): those are normalised on every call.
 
 Dynamo reads ``graph.uid`` like any integer attribute: the first compilation specialises
@@ -41,6 +42,12 @@ of other sizes once more with the sizes symbolic, and from then on every graph r
 the compiled code. The traced part never looks a handle up. Nothing here uses
 ``torch._library.opaque_object`` (private and unstable): plain integers work on every
 torch with ``torch.library.custom_op``.
+
+**One description per op.** Each op is an :class:`OpSpec` (its schema arguments, the
+forward and backward implementations, their fakes, which inputs are differentiable and
+what the backward keeps); :func:`register_op` generates from it the forward custom op, its
+fake, the backward custom op, its fake and the autograd glue. Adding an op means writing
+one :class:`OpSpec`.
 
 **Autograd.** Each op registers a backward (``register_autograd``) that calls a second
 custom op, ``fusegnn::<op>_backward``, so the backward graph is opaque too. A backward
@@ -76,7 +83,8 @@ an input that requires grad (Python autograd wrapper), on one CPU core, which ma
 on small, launch-bound graphs.
 """
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -87,16 +95,19 @@ from fusegnn.sparse.dispatch import Backend, backend_named, explain, resolve_agg
 from fusegnn.sparse.graph import _REGISTRY, Graph, graph_by_uid
 from fusegnn.sparse.graph_ref import (
     GAT_SELF_LOOPS,
-    GCN_PREFIX,
     GraphRef,
     gcn_params,
     gcn_transform,
     graph_ref,
     with_transform,
 )
-from fusegnn.sparse.processing import gat_self_loops, gcn_norm
+from fusegnn.sparse.processing import transformed
 
 __all__ = [
+    "OpSpec",
+    "OpGraph",
+    "Sizes",
+    "register_op",
     "GraphRef",
     "graph_ref",
     "with_transform",
@@ -134,35 +145,9 @@ def _base_graph(uid: int, edge_index: Optional[Tensor], num_src: int, num_dst: i
     return Graph(edge_index, num_nodes, validate=validate)
 
 
-def _processed(graph: Graph, transform: str, weight: Optional[Tensor] = None) -> tuple[Graph, Optional[Tensor]]:
-    """``(processed graph, the weights an SpMM on it aggregates with)``.
-
-    ``weight`` (in ``graph``'s edge order; ``None``: the graph's own) are the weights to
-    aggregate with, or with a GCN transform to normalise. The normalised graph is cached
-    on ``graph``, like the eager layers cache theirs, when the weights are the graph's
-    own and do not require grad; other weights are normalised on every call.
-    """
-    if transform == "":
-        return graph, weight if weight is not None else graph.edge_weight
-    if transform == GAT_SELF_LOOPS:
-        if weight is not None:
-            raise ValueError("the gat_self_loops transform takes no edge weights")
-        return gat_self_loops(graph), None
-    if transform.startswith(GCN_PREFIX):
-        kwargs = gcn_params(transform)
-        stored = graph.edge_weight
-        own = weight is None or weight is stored
-        if own and (stored is None or not stored.requires_grad):
-            normed = graph.cached("fusegnn." + transform, lambda: gcn_norm(graph, **kwargs))
-        else:
-            normed = gcn_norm(graph, weight, **kwargs)
-        return normed, normed.edge_weight
-    raise ValueError(f"unknown graph transform {transform!r}")
-
-
 def resolve(ref: GraphRef) -> Graph:
     """The processed :class:`Graph` that ``ref`` stands for (at run time, never traced)."""
-    graph, _ = _processed(_base_graph(ref.uid, ref.edge_index, ref.num_src_nodes, ref.num_dst_nodes), ref.transform)
+    graph, _ = transformed(_base_graph(ref.uid, ref.edge_index, ref.num_src_nodes, ref.num_dst_nodes), ref.transform)
     return graph
 
 
@@ -189,189 +174,303 @@ def _unknown_edges() -> "int | torch.SymInt":
     return torch.library.get_ctx().new_dynamic_size()
 
 
-# ----------------------------------------------------------------------------- spmm
+# ----------------------------------------------------------------------------- op descriptions
 # SymInt, not int: an ``int`` in an explicit schema makes Dynamo specialise the value
 # (a recompile for every graph); SymInt lets the handle and the sizes go symbolic.
 _GRAPH_ARGS = "SymInt graph, Tensor? edge_index, SymInt num_src, SymInt num_dst, SymInt num_edges, str transform"
+_NUM_GRAPH_ARGS = 6
 
 
-@torch.library.custom_op(
-    "fusegnn::spmm",
-    mutates_args=(),
-    schema=f"({_GRAPH_ARGS}, Tensor x, Tensor? weight, str reduce, str aggregation) -> Tensor",
-)
-def _spmm_op(graph, edge_index, num_src, num_dst, num_edges, transform, x, weight, reduce, aggregation):
-    g, w = _processed(_base_graph(graph, edge_index, num_src, num_dst), transform, weight)
-    backend = resolve_aggregation(aggregation, g, x)
-    return backend.spmm(g, x, w, reduce).contiguous()
+class OpGraph(NamedTuple):
+    """The graph an op implementation runs on (built by :func:`register_op`'s wrapper).
+
+    Attributes:
+        graph: the processed graph (``transform`` applied to ``base``).
+        base: the graph before the transform (a backward needs it to carry a gradient
+            back through a normalisation of given weights).
+        transform: the transform string the op was given.
+        weight: the edge weights an aggregation on ``graph`` uses (the op's
+            :attr:`OpSpec.weighted` input, processed by the transform; else the
+            processed graph's own).
+    """
+
+    graph: Graph
+    base: Graph
+    transform: str
+    weight: Optional[Tensor]
 
 
-@_spmm_op.register_fake
-def _(graph, edge_index, num_src, num_dst, num_edges, transform, x, weight, reduce, aggregation):
-    return x.new_empty((num_dst,) + tuple(x.shape[1:]))
+class Sizes(NamedTuple):
+    """What a fake (meta) implementation knows of the graph: its sizes (``num_edges`` -1
+    when unknown; :meth:`edges` then gives an unbacked size)."""
+
+    num_src: "int | torch.SymInt"
+    num_dst: "int | torch.SymInt"
+    num_edges: "int | torch.SymInt"
+
+    def edges(self) -> "int | torch.SymInt":
+        return self.num_edges if self.num_edges >= 0 else _unknown_edges()
 
 
-@torch.library.custom_op(
-    "fusegnn::spmm_backward",
-    mutates_args=(),
-    schema=(
-        f"({_GRAPH_ARGS}, Tensor grad, Tensor? x, Tensor? weight, bool need_x, bool need_w, "
-        "str reduce, str aggregation) -> (Tensor, Tensor)"
-    ),
-)
-def _spmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, grad, x, weight,
-                      need_x, need_w, reduce, aggregation):
-    base = _base_graph(graph, edge_index, num_src, num_dst, validate=False)
-    g, w = _processed(base, transform, weight)
-    gx, gw = _backend(aggregation, g, grad).spmm_backward(g, grad, x, w, reduce, need_x, need_w)
-    if need_w and transform != "":  # back through the normalisation of the given weights
-        gw = reference_grads.gcn_norm_weight_grad(base, weight, gw, **gcn_params(transform))
-    gx = gx.contiguous() if gx is not None else _empty(grad)
-    gw = gw.contiguous() if gw is not None else _empty(grad)
-    return gx, gw
+@dataclass(frozen=True)
+class OpSpec:
+    """A sparse op, described once; :func:`register_op` makes the ``fusegnn::<name>``
+    custom op, its fake, ``fusegnn::<name>_backward``, its fake and the autograd glue.
+
+    Every implementation takes its schema's arguments in order (named as there). The op schemas
+    are ``(<graph args>, <inputs>) -> <outputs>`` and, with a backward,
+    ``(<graph args>, <backward_inputs>) -> <one Tensor per differentiable input>``.
+    A backward input is filled, by name, from: ``grad`` (the gradient of a single output)
+    or ``grad_<output>``; ``need_<input>`` (whether that input needs a gradient); a
+    forward input or output of that name (kept from the forward: only those the backward
+    names, and of those only what :attr:`save` leaves).
+
+    Attributes:
+        name: the op name in the ``fusegnn`` namespace.
+        inputs: the forward schema's arguments after the graph arguments.
+        outputs: names of the forward's outputs (all tensors).
+        forward: ``forward(og: OpGraph, *inputs)`` -> output(s).
+        fake: ``fake(sizes: Sizes, *inputs)`` -> empty output(s) of the right shape.
+        weighted: the input holding edge weights that the graph's transform processes
+            (:attr:`OpGraph.weight`), or ``None``.
+        backward_inputs: the backward schema's arguments after the graph arguments
+            (empty: the op is not differentiable).
+        differentiable: the inputs the backward returns gradients for, in order.
+        backward: ``backward(og, *backward_inputs)`` -> gradient(s) (``None``: not asked).
+        backward_fake: ``backward_fake(sizes, *backward_inputs)`` -> empty gradient(s).
+        need_flags: other names for ``need_<input>`` flags (``{"weight": "need_w"}``).
+        save: edits the dict of values kept for the backward (``None`` drops a tensor
+            the backward does not need), at forward time.
+        grads: edits the backward's arguments before the call (e.g. fills a gradient
+            that autograd left ``None``).
+    """
+
+    name: str
+    inputs: str
+    outputs: tuple[str, ...]
+    forward: Callable[..., Any]
+    fake: Callable[..., Any]
+    weighted: Optional[str] = None
+    backward_inputs: str = ""
+    differentiable: tuple[str, ...] = ()
+    backward: Optional[Callable[..., Any]] = None
+    backward_fake: Optional[Callable[..., Any]] = None
+    need_flags: Optional[dict[str, str]] = None
+    save: Optional[Callable[[dict], None]] = None
+    grads: Optional[Callable[[dict], None]] = None
 
 
-@_spmm_backward_op.register_fake
-def _(graph, edge_index, num_src, num_dst, num_edges, transform, grad, x, weight, need_x, need_w, reduce, aggregation):
-    gx = grad.new_empty((num_src,) + tuple(grad.shape[1:])) if need_x else _empty(grad)
-    gw = weight.new_empty(weight.shape) if need_w else _empty(grad)
-    return gx, gw
+def _args(args: str) -> list[tuple[str, str]]:
+    """``(type, name)`` of a schema's argument list (``"Tensor x, str op"``)."""
+    return [tuple(arg.split()) for arg in args.split(",") if arg.strip()]
 
 
-def _spmm_setup(ctx, inputs, output):
-    graph, edge_index, num_src, num_dst, num_edges, transform, x, weight, reduce, aggregation = inputs
-    ctx.args = (graph, num_src, num_dst, num_edges, transform, reduce, aggregation)
-    keep_x = (weight is not None and weight.requires_grad) or reduce == "max"
-    ctx.save_for_backward(edge_index, x if keep_x else None, weight)
+def _returns(count: int) -> str:
+    return "Tensor" if count == 1 else "(" + ", ".join(["Tensor"] * count) + ")"
 
 
-def _spmm_autograd(ctx, grad):
-    edge_index, x, weight = ctx.saved_tensors
-    graph, num_src, num_dst, num_edges, transform, reduce, aggregation = ctx.args
-    need_x, need_w = ctx.needs_input_grad[6], ctx.needs_input_grad[7]
-    gx, gw = _spmm_backward_op(
-        graph, edge_index, num_src, num_dst, num_edges, transform, grad, x, weight,
-        need_x, need_w, reduce, aggregation,
+def _empty_in_place_of_none(result: Any, values: tuple) -> Any:
+    """An op's gradients with each ``None`` (a gradient nobody asked for) replaced by the
+    empty placeholder (like the op's first tensor argument)."""
+    like = values[0] if isinstance(values[0], Tensor) else next(v for v in values if isinstance(v, Tensor))
+    if not isinstance(result, tuple):
+        return _empty(like)
+    return tuple(r if r is not None else _empty(like) for r in result)
+
+
+def _custom_op(name: str, inputs: str, returns: int, impl: Callable[..., Any], fake: Callable[..., Any],
+               weighted: Optional[str], validate: bool) -> Callable[..., Any]:
+    """``fusegnn::<name>`` with the graph arguments then ``inputs``: runs
+    ``impl(OpGraph, *inputs)`` (every tensor returned contiguous, a ``None`` the empty
+    placeholder), its fake ``fake(Sizes, *inputs)``. Arguments pass by position (the
+    implementations name them as the schema does): this wrapper is on the host path of
+    every compiled call."""
+    names = [n for _, n in _args(inputs)]
+    w_at = _NUM_GRAPH_ARGS + names.index(weighted) if weighted else None
+
+    def run(*args):
+        graph, edge_index, num_src, num_dst, _, transform = args[:_NUM_GRAPH_ARGS]
+        base = _base_graph(graph, edge_index, num_src, num_dst, validate)
+        processed, weight = transformed(base, transform, args[w_at] if w_at is not None else None)
+        result = impl(OpGraph(processed, base, transform, weight), *args[_NUM_GRAPH_ARGS:])
+        if isinstance(result, tuple):
+            if any(r is None for r in result):
+                result = _empty_in_place_of_none(result, args[_NUM_GRAPH_ARGS:])
+            return tuple([r.contiguous() for r in result])
+        if result is None:
+            result = _empty_in_place_of_none(result, args[_NUM_GRAPH_ARGS:])
+        return result.contiguous()
+
+    def run_fake(*args):
+        result = fake(Sizes(*args[2:5]), *args[_NUM_GRAPH_ARGS:])
+        none = result is None or (isinstance(result, tuple) and any(r is None for r in result))
+        return _empty_in_place_of_none(result, args[_NUM_GRAPH_ARGS:]) if none else result
+
+    op = torch.library.custom_op(
+        f"fusegnn::{name}", run, mutates_args=(), schema=f"({_GRAPH_ARGS}, {inputs}) -> {_returns(returns)}"
     )
-    return None, None, None, None, None, None, gx if need_x else None, gw if need_w else None, None, None
+    op.register_fake(run_fake)
+    return op
 
 
-_spmm_op.register_autograd(_spmm_autograd, setup_context=_spmm_setup)
+def register_op(spec: OpSpec) -> Callable[..., Any]:
+    """Register ``spec`` as ``fusegnn::<name>`` (and its backward op and autograd); returns
+    the forward custom op, called with the graph arguments then the inputs."""
+    inputs = _args(spec.inputs)
+    names = [n for _, n in inputs]
+    op = _custom_op(spec.name, spec.inputs, len(spec.outputs), spec.forward, spec.fake, spec.weighted, True)
+    if spec.backward is None:
+        return op
+    backward_op = _custom_op(
+        f"{spec.name}_backward", spec.backward_inputs, len(spec.differentiable), spec.backward,
+        spec.backward_fake, spec.weighted, False,
+    )
+    backward_names = [n for _, n in _args(spec.backward_inputs)]
+    grad_names = ["grad"] if len(spec.outputs) == 1 else [f"grad_{o}" for o in spec.outputs]
+    need_names = [(spec.need_flags or {}).get(n, f"need_{n}") for n in names]
+    # Kept for the backward: the tensor inputs and the outputs that it names (save_for_backward),
+    # every non-tensor input (small; the hooks read them too).
+    saved = [n for t, n in inputs if t.startswith("Tensor") and n in backward_names]
+    saved += [o for o in spec.outputs if o in backward_names]
+    kept = [n for t, n in inputs if not t.startswith("Tensor")]
+    saved_at = [names.index(n) if n in names else len(names) + spec.outputs.index(n) for n in saved]
+    kept_at = [names.index(n) for n in kept]
+    # where each backward argument comes from: (source, position)
+    sources = {n: ("saved", i) for i, n in enumerate(saved)}
+    sources.update({n: ("kept", i) for i, n in enumerate(kept)})
+    sources.update({n: ("grads", i) for i, n in enumerate(grad_names)})
+    sources.update({n: ("needs", i) for i, n in enumerate(need_names)})
+    plan = [sources[n] for n in backward_names]
+    returned = [spec.differentiable.index(n) if n in spec.differentiable else -1 for n in names]
+
+    def setup_context(ctx, inputs, output):
+        values = inputs[_NUM_GRAPH_ARGS:] + (output if isinstance(output, tuple) else (output,))
+        tensors = [values[i] for i in saved_at]
+        if spec.save is not None:
+            by_name = dict(zip(saved + kept, tensors + [values[i] for i in kept_at]))
+            spec.save(by_name)
+            tensors = [by_name[n] for n in saved]
+        ctx.graph_args = inputs[:_NUM_GRAPH_ARGS]
+        ctx.kept = [values[i] for i in kept_at]
+        # the edge list rides along: the backward rebuilds a collected graph from it
+        ctx.save_for_backward(inputs[1], *tensors)
+
+    def autograd_backward(ctx, *grads):
+        edge_index, *tensors = ctx.saved_tensors
+        needs = ctx.needs_input_grad[_NUM_GRAPH_ARGS:]
+        source = {"saved": tensors, "kept": ctx.kept, "grads": grads, "needs": needs}
+        args = [source[where][i] for where, i in plan]
+        if spec.grads is not None:
+            by_name = dict(zip(saved + kept, tensors + ctx.kept))
+            by_name.update(zip(backward_names, args))
+            spec.grads(by_name)
+            args = [by_name[n] for n in backward_names]
+        graph, _, num_src, num_dst, num_edges, transform = ctx.graph_args
+        result = backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, *args)
+        result = result if isinstance(result, tuple) else (result,)
+        return (None,) * _NUM_GRAPH_ARGS + tuple(
+            result[k] if k >= 0 and need else None for k, need in zip(returned, needs)
+        )
+
+    op.register_autograd(autograd_backward, setup_context=setup_context)
+    return op
+
+
+# ----------------------------------------------------------------------------- spmm
+def _spmm(og: OpGraph, x, weight, reduce, aggregation):
+    return resolve_aggregation(aggregation, og.graph, x).spmm(og.graph, x, og.weight, reduce)
+
+
+def _spmm_fake(sizes: Sizes, x, weight, reduce, aggregation):
+    return x.new_empty((sizes.num_dst,) + tuple(x.shape[1:]))
+
+
+def _spmm_backward(og: OpGraph, grad, x, weight, need_x, need_w, reduce, aggregation):
+    backend = _backend(aggregation, og.graph, grad)
+    gx, gw = backend.spmm_backward(og.graph, grad, x, og.weight, reduce, need_x, need_w)
+    if need_w and og.transform != "":  # back through the normalisation of the given weights
+        gw = reference_grads.gcn_norm_weight_grad(og.base, weight, gw, **gcn_params(og.transform))
+    return gx, gw
+
+
+def _spmm_backward_fake(sizes: Sizes, grad, x, weight, need_x, need_w, reduce, aggregation):
+    gx = grad.new_empty((sizes.num_src,) + tuple(grad.shape[1:])) if need_x else None
+    return gx, weight.new_empty(weight.shape) if need_w else None
+
+
+def _spmm_save(values: dict) -> None:
+    # x serves only the weights' gradient and max's recomputation
+    weight = values["weight"]
+    if not ((weight is not None and weight.requires_grad) or values["reduce"] == "max"):
+        values["x"] = None
+
+
+_spmm_op = register_op(OpSpec(
+    name="spmm",
+    inputs="Tensor x, Tensor? weight, str reduce, str aggregation",
+    outputs=("out",),
+    forward=_spmm,
+    fake=_spmm_fake,
+    weighted="weight",
+    backward_inputs="Tensor grad, Tensor? x, Tensor? weight, bool need_x, bool need_w, str reduce, str aggregation",
+    differentiable=("x", "weight"),
+    need_flags={"weight": "need_w"},
+    backward=_spmm_backward,
+    backward_fake=_spmm_backward_fake,
+    save=_spmm_save,
+))
 
 
 # ----------------------------------------------------------------------------- sddmm
-def _sddmm_shape(a: Tensor, op: str, num_edges) -> tuple:
-    return (num_edges,) + (tuple(a.shape[1:-1]) if op == "dot" else tuple(a.shape[1:]))
+def _sddmm(og: OpGraph, a, b, op, aggregation):
+    return resolve_aggregation(aggregation, og.graph, a, b).sddmm(og.graph, a, b, op)
 
 
-@torch.library.custom_op(
-    "fusegnn::sddmm",
-    mutates_args=(),
-    schema=f"({_GRAPH_ARGS}, Tensor a, Tensor b, str op, str aggregation) -> Tensor",
-)
-def _sddmm_op(graph, edge_index, num_src, num_dst, num_edges, transform, a, b, op, aggregation):
-    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst), transform)
-    backend = resolve_aggregation(aggregation, g, a, b)
-    return backend.sddmm(g, a, b, op).contiguous()
+def _sddmm_fake(sizes: Sizes, a, b, op, aggregation):
+    return a.new_empty((sizes.edges(),) + (tuple(a.shape[1:-1]) if op == "dot" else tuple(a.shape[1:])))
 
 
-@_sddmm_op.register_fake
-def _(graph, edge_index, num_src, num_dst, num_edges, transform, a, b, op, aggregation):
-    return a.new_empty(_sddmm_shape(a, op, num_edges if num_edges >= 0 else _unknown_edges()))
+def _sddmm_backward(og: OpGraph, grad, a, b, op, need_a, need_b, aggregation):
+    return _backend(aggregation, og.graph, a, b).sddmm_backward(og.graph, a, b, grad, op, need_a, need_b)
 
 
-@torch.library.custom_op(
-    "fusegnn::sddmm_backward",
-    mutates_args=(),
-    schema=(
-        f"({_GRAPH_ARGS}, Tensor grad, Tensor a, Tensor b, str op, bool need_a, bool need_b, "
-        "str aggregation) -> (Tensor, Tensor)"
-    ),
-)
-def _sddmm_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, grad, a, b, op,
-                       need_a, need_b, aggregation):
-    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
-    ga, gb = _backend(aggregation, g, a, b).sddmm_backward(g, a, b, grad, op, need_a, need_b)
-    ga = ga.contiguous() if ga is not None else _empty(grad)
-    gb = gb.contiguous() if gb is not None else _empty(grad)
-    return ga, gb
+def _sddmm_backward_fake(sizes: Sizes, grad, a, b, op, need_a, need_b, aggregation):
+    return a.new_empty(a.shape) if need_a else None, b.new_empty(b.shape) if need_b else None
 
 
-@_sddmm_backward_op.register_fake
-def _(graph, edge_index, num_src, num_dst, num_edges, transform, grad, a, b, op, need_a, need_b, aggregation):
-    ga = a.new_empty(a.shape) if need_a else _empty(grad)
-    gb = b.new_empty(b.shape) if need_b else _empty(grad)
-    return ga, gb
-
-
-def _sddmm_setup(ctx, inputs, output):
-    graph, edge_index, num_src, num_dst, num_edges, transform, a, b, op, aggregation = inputs
-    ctx.args = (graph, num_src, num_dst, num_edges, transform, op, aggregation)
-    ctx.save_for_backward(edge_index, a, b)
-
-
-def _sddmm_autograd(ctx, grad):
-    edge_index, a, b = ctx.saved_tensors
-    graph, num_src, num_dst, num_edges, transform, op, aggregation = ctx.args
-    need_a, need_b = ctx.needs_input_grad[6], ctx.needs_input_grad[7]
-    ga, gb = _sddmm_backward_op(
-        graph, edge_index, num_src, num_dst, num_edges, transform, grad, a, b, op,
-        need_a, need_b, aggregation,
-    )
-    return None, None, None, None, None, None, ga if need_a else None, gb if need_b else None, None, None
-
-
-_sddmm_op.register_autograd(_sddmm_autograd, setup_context=_sddmm_setup)
+_sddmm_op = register_op(OpSpec(
+    name="sddmm",
+    inputs="Tensor a, Tensor b, str op, str aggregation",
+    outputs=("out",),
+    forward=_sddmm,
+    fake=_sddmm_fake,
+    backward_inputs="Tensor grad, Tensor a, Tensor b, str op, bool need_a, bool need_b, str aggregation",
+    differentiable=("a", "b"),
+    backward=_sddmm_backward,
+    backward_fake=_sddmm_backward_fake,
+))
 
 
 # ----------------------------------------------------------------------------- edge softmax
-@torch.library.custom_op(
-    "fusegnn::edge_softmax",
-    mutates_args=(),
-    schema=f"({_GRAPH_ARGS}, Tensor scores, str aggregation) -> Tensor",
-)
-def _edge_softmax_op(graph, edge_index, num_src, num_dst, num_edges, transform, scores, aggregation):
-    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst), transform)
-    backend = resolve_aggregation(aggregation, g, scores)
-    return backend.edge_softmax(g, scores).contiguous()
+def _edge_softmax(og: OpGraph, scores, aggregation):
+    return resolve_aggregation(aggregation, og.graph, scores).edge_softmax(og.graph, scores)
 
 
-@_edge_softmax_op.register_fake
-def _(graph, edge_index, num_src, num_dst, num_edges, transform, scores, aggregation):
-    return scores.new_empty(scores.shape)
+def _edge_softmax_backward(og: OpGraph, alpha, grad, aggregation):
+    return _backend(aggregation, og.graph, alpha).edge_softmax_backward(og.graph, alpha, grad)
 
 
-@torch.library.custom_op(
-    "fusegnn::edge_softmax_backward",
-    mutates_args=(),
-    schema=f"({_GRAPH_ARGS}, Tensor alpha, Tensor grad, str aggregation) -> Tensor",
-)
-def _edge_softmax_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, alpha, grad, aggregation):
-    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
-    return _backend(aggregation, g, alpha).edge_softmax_backward(g, alpha, grad).contiguous()
-
-
-@_edge_softmax_backward_op.register_fake
-def _(graph, edge_index, num_src, num_dst, num_edges, transform, alpha, grad, aggregation):
-    return alpha.new_empty(alpha.shape)
-
-
-def _edge_softmax_setup(ctx, inputs, output):
-    graph, edge_index, num_src, num_dst, num_edges, transform, scores, aggregation = inputs
-    ctx.args = (graph, num_src, num_dst, num_edges, transform, aggregation)
-    ctx.save_for_backward(edge_index, output)
-
-
-def _edge_softmax_autograd(ctx, grad):
-    edge_index, alpha = ctx.saved_tensors
-    graph, num_src, num_dst, num_edges, transform, aggregation = ctx.args
-    gs = _edge_softmax_backward_op(
-        graph, edge_index, num_src, num_dst, num_edges, transform, alpha, grad, aggregation
-    )
-    return None, None, None, None, None, None, gs, None
-
-
-_edge_softmax_op.register_autograd(_edge_softmax_autograd, setup_context=_edge_softmax_setup)
+_edge_softmax_op = register_op(OpSpec(
+    name="edge_softmax",
+    inputs="Tensor scores, str aggregation",
+    outputs=("alpha",),
+    forward=_edge_softmax,
+    fake=lambda sizes, scores, aggregation: scores.new_empty(scores.shape),
+    backward_inputs="Tensor alpha, Tensor grad, str aggregation",
+    differentiable=("scores",),
+    backward=_edge_softmax_backward,
+    backward_fake=lambda sizes, alpha, grad, aggregation: alpha.new_empty(alpha.shape),
+))
 
 
 # ----------------------------------------------------------------------------- GAT
@@ -380,17 +479,8 @@ def _lse_dtype(h: Tensor, scores: Tensor) -> torch.dtype:
     return torch.float64 if torch.promote_types(h.dtype, scores.dtype) == torch.float64 else torch.float32
 
 
-@torch.library.custom_op(
-    "fusegnn::gat_attention",
-    mutates_args=(),
-    schema=(
-        f"({_GRAPH_ARGS}, Tensor h, Tensor score_src, Tensor score_dst, Tensor? seed, "
-        "float negative_slope, float p, bool return_alpha, str aggregation) -> (Tensor, Tensor, Tensor)"
-    ),
-)
-def _gat_op(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst, seed,
-            negative_slope, p, return_alpha, aggregation):
-    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst), transform)
+def _gat(og: OpGraph, h, score_src, score_dst, seed, negative_slope, p, return_alpha, aggregation):
+    g = og.graph
     backend = resolve_aggregation(aggregation, g, h, score_src, score_dst)
     heads = h.size(1)
     lse = torch.zeros((g.num_dst_nodes, heads), dtype=_lse_dtype(h, score_src), device=h.device)
@@ -406,99 +496,83 @@ def _gat_op(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_
         out = out[..., :channels]
     if not return_alpha:
         alpha = score_src.new_empty((0, heads))
-    return out.contiguous(), lse, alpha.contiguous()
-
-
-@_gat_op.register_fake
-def _(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst, seed,
-      negative_slope, p, return_alpha, aggregation):
-    heads = h.size(1)
-    out = h.new_empty((num_dst,) + tuple(h.shape[1:]))
-    lse = torch.empty((num_dst, heads), dtype=_lse_dtype(h, score_src), device=h.device)
-    if return_alpha:
-        edges = num_edges if num_edges >= 0 else _unknown_edges()
-        alpha = score_src.new_empty((edges, heads))
-    else:
-        alpha = score_src.new_empty((0, heads))
     return out, lse, alpha
 
 
-@torch.library.custom_op(
-    "fusegnn::gat_attention_backward",
-    mutates_args=(),
-    schema=(
-        f"({_GRAPH_ARGS}, Tensor h, Tensor score_src, Tensor score_dst, Tensor? seed, Tensor out, "
-        "Tensor lse, Tensor alpha, Tensor grad_out, Tensor? grad_alpha, float negative_slope, float p, "
-        "str aggregation) -> (Tensor, Tensor, Tensor)"
-    ),
-)
-def _gat_backward_op(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst,
-                     seed, out, lse, alpha, grad_out, grad_alpha, negative_slope, p, aggregation):
-    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst, validate=False), transform)
+def _gat_fake(sizes: Sizes, h, score_src, score_dst, seed, negative_slope, p, return_alpha, aggregation):
+    heads = h.size(1)
+    out = h.new_empty((sizes.num_dst,) + tuple(h.shape[1:]))
+    lse = torch.empty((sizes.num_dst, heads), dtype=_lse_dtype(h, score_src), device=h.device)
+    alpha = score_src.new_empty((sizes.edges() if return_alpha else 0, heads))
+    return out, lse, alpha
+
+
+def _gat_backward(og: OpGraph, h, score_src, score_dst, seed, out, lse, alpha, grad_out, grad_alpha,
+                  negative_slope, p, aggregation):
+    g = og.graph
     aggregation = _resolved(aggregation, g, h, score_src, score_dst)
     if aggregation == "reference":
-        gh, gs, gt = reference_grads.gat_attention_backward(
+        return reference_grads.gat_attention_backward(
             g, h, score_src, score_dst, negative_slope, p, seed, grad_out, grad_alpha
         )
-    else:  # the fused kernels' backward, on the forward's out and log-sum-exp
-        from fusegnn.kernels.gat_fused import attention_backward, attention_config
+    # the fused kernels' backward, on the forward's out and log-sum-exp
+    from fusegnn.kernels.gat_fused import attention_backward, attention_config
 
-        s_src, s_dst = score_src.contiguous(), score_dst.contiguous()
-        cfg, hp, channels = attention_config(g, h, s_src, negative_slope, p, seed, aggregation)
-        pad = hp.size(2) - channels
-        out_p = F.pad(out, (0, pad)) if pad else out.contiguous()
-        grad_p = F.pad(grad_out, (0, pad)) if pad else grad_out
-        gh, gs, gt = attention_backward(
-            cfg, hp, s_src, s_dst, out_p, lse, grad_p, alpha if grad_alpha is not None else None, grad_alpha
-        )
-        gh = gh[..., :channels]
-    return gh.contiguous(), gs.contiguous(), gt.contiguous()
+    s_src, s_dst = score_src.contiguous(), score_dst.contiguous()
+    cfg, hp, channels = attention_config(g, h, s_src, negative_slope, p, seed, aggregation)
+    pad = hp.size(2) - channels
+    out_p = F.pad(out, (0, pad)) if pad else out.contiguous()
+    grad_p = F.pad(grad_out, (0, pad)) if pad else grad_out
+    gh, gs, gt = attention_backward(
+        cfg, hp, s_src, s_dst, out_p, lse, grad_p, alpha if grad_alpha is not None else None, grad_alpha
+    )
+    return gh[..., :channels], gs, gt
 
 
-@_gat_backward_op.register_fake
-def _(graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst, seed, out, lse,
-      alpha, grad_out, grad_alpha, negative_slope, p, aggregation):
+def _gat_backward_fake(sizes: Sizes, h, score_src, score_dst, seed, out, lse, alpha, grad_out, grad_alpha,
+                       negative_slope, p, aggregation):
     return h.new_empty(h.shape), score_src.new_empty(score_src.shape), score_dst.new_empty(score_dst.shape)
 
 
-def _gat_setup(ctx, inputs, output):
-    (graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst, seed,
-     negative_slope, p, return_alpha, aggregation) = inputs
-    out, lse, alpha = output
-    ctx.args = (graph, num_src, num_dst, num_edges, transform, negative_slope, p, return_alpha, aggregation)
-    ctx.save_for_backward(edge_index, h, score_src, score_dst, seed, out, lse, alpha)
+def _gat_grads(values: dict) -> None:
+    if values["grad_out"] is None:  # only alpha was used
+        values["grad_out"] = torch.zeros_like(values["out"])
+    if not values["return_alpha"]:  # the placeholder alpha carries no gradient
+        values["grad_alpha"] = None
 
 
-def _gat_autograd(ctx, grad_out, grad_lse, grad_alpha):
-    edge_index, h, score_src, score_dst, seed, out, lse, alpha = ctx.saved_tensors
-    graph, num_src, num_dst, num_edges, transform, negative_slope, p, return_alpha, aggregation = ctx.args
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
-    gh, gs, gt = _gat_backward_op(
-        graph, edge_index, num_src, num_dst, num_edges, transform, h, score_src, score_dst, seed,
-        out, lse, alpha, grad_out, grad_alpha if return_alpha else None, negative_slope, p, aggregation,
-    )
-    return (None,) * 6 + (gh, gs, gt) + (None,) * 5
-
-
-_gat_op.register_autograd(_gat_autograd, setup_context=_gat_setup)
+_gat_op = register_op(OpSpec(
+    name="gat_attention",
+    inputs=(
+        "Tensor h, Tensor score_src, Tensor score_dst, Tensor? seed, float negative_slope, float p, "
+        "bool return_alpha, str aggregation"
+    ),
+    outputs=("out", "lse", "alpha"),
+    forward=_gat,
+    fake=_gat_fake,
+    backward_inputs=(
+        "Tensor h, Tensor score_src, Tensor score_dst, Tensor? seed, Tensor out, Tensor lse, Tensor alpha, "
+        "Tensor grad_out, Tensor? grad_alpha, float negative_slope, float p, str aggregation"
+    ),
+    differentiable=("h", "score_src", "score_dst"),
+    backward=_gat_backward,
+    backward_fake=_gat_backward_fake,
+    grads=_gat_grads,
+))
 
 
 # ----------------------------------------------------------------------------- edge list
-@torch.library.custom_op(
-    "fusegnn::edge_index",
-    mutates_args=(),
-    schema=f"({_GRAPH_ARGS}, ScalarType dtype, Device device) -> Tensor",
-)
-def _edge_index_op(graph, edge_index, num_src, num_dst, num_edges, transform, dtype, device):
-    g, _ = _processed(_base_graph(graph, edge_index, num_src, num_dst), transform)
-    return g.edge_index.to(dtype).clone()  # a copy: the graph's own tensor stays the graph's
+def _edge_index(og: OpGraph, dtype, device):
+    return og.graph.edge_index.to(dtype).clone()  # a copy: the graph's own tensor stays the graph's
 
 
-@_edge_index_op.register_fake
-def _(graph, edge_index, num_src, num_dst, num_edges, transform, dtype, device):
-    edges = num_edges if num_edges >= 0 else _unknown_edges()
-    return torch.empty((2, edges), dtype=dtype, device=device)
+_edge_index_op = register_op(OpSpec(
+    name="edge_index",
+    inputs="ScalarType dtype, Device device",
+    outputs=("edge_index",),
+    forward=_edge_index,
+    fake=lambda sizes, dtype, device: torch.empty((2, sizes.edges()), dtype=dtype, device=device),
+))
 
 
 # ----------------------------------------------------------------------------- traced-side API

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
-from fusegnn.sparse.graph_ref import GAT_SELF_LOOPS, GraphRef, gcn_transform, with_transform
+from fusegnn.sparse.graph_ref import GAT_SELF_LOOPS, GCN_PREFIX, GraphRef, gcn_params, gcn_transform, with_transform
 
 __all__ = [
     "remove_self_loops",
@@ -20,6 +20,8 @@ __all__ = [
     "add_remaining_self_loops",
     "gcn_norm",
     "gat_self_loops",
+    "gcn_normalized",
+    "transformed",
     "self_loop_structure",
     "SelfLoopStructure",
 ]
@@ -212,6 +214,57 @@ def gat_self_loops(graph: Graph) -> Graph:
         lambda: add_self_loops(remove_self_loops(graph.with_edge_weight(None))),
         structural=True,
     )
+
+
+def gcn_normalized(graph: Graph, *, improved: bool = False, add_self_loops: bool = True,
+                   dtype: torch.dtype | None = None) -> Graph:
+    """:func:`gcn_norm` of ``graph``'s own weights, cached on ``graph`` when they need no
+    gradient (a graph is immutable: its normalisation is a function of it). The GCN layers
+    and the ``fusegnn::spmm`` op (:func:`transformed`) both normalise through here, so an
+    eager layer and a compiled one share the cached result. A
+    :class:`~fusegnn.sparse.graph_ref.GraphRef` gets the ``gcn_norm`` transform."""
+    def normalise() -> Graph:
+        return gcn_norm(graph, improved=improved, add_self_loops=add_self_loops, dtype=dtype)
+
+    if isinstance(graph, GraphRef) or (graph.edge_weight is not None and graph.edge_weight.requires_grad):
+        return normalise()
+    try:
+        key = gcn_transform(improved, add_self_loops, dtype if dtype is not None else _weight_dtype(graph))
+    except TypeError:  # weights of no float dtype: gcn_norm says what is wrong, or copes
+        return normalise()
+    return graph.cached("fusegnn." + key, normalise)
+
+
+def _weight_dtype(graph: Graph) -> torch.dtype:
+    """The dtype :func:`gcn_norm` gives a graph's weights when no ``dtype`` is asked for."""
+    return graph.edge_weight.dtype if graph.edge_weight is not None else torch.float32
+
+
+def transformed(graph: Graph, transform: str, weight: Tensor | None = None) -> tuple[Graph, Tensor | None]:
+    """``(graph processed by transform, the weights an SpMM on it aggregates with)``: the
+    processing a :class:`~fusegnn.sparse.graph_ref.GraphRef`'s ``transform`` stands for,
+    run by the ``torch.compile`` custom ops (:mod:`fusegnn.sparse.library`) through the
+    same functions as the eager layers (:func:`gat_self_loops`, :func:`gcn_normalized`).
+
+    ``weight`` (in ``graph``'s edge order; ``None``: the graph's own) are the weights to
+    aggregate with, or with a GCN transform to normalise. Normalising the graph's own
+    weights is cached on ``graph`` (:func:`gcn_normalized`); other weights are normalised
+    on every call.
+    """
+    if transform == "":
+        return graph, weight if weight is not None else graph.edge_weight
+    if transform == GAT_SELF_LOOPS:
+        if weight is not None:
+            raise ValueError("the gat_self_loops transform takes no edge weights")
+        return gat_self_loops(graph), None
+    if transform.startswith(GCN_PREFIX):
+        kwargs = gcn_params(transform)
+        if weight is None or weight is graph.edge_weight:
+            normed = gcn_normalized(graph, **kwargs)
+        else:
+            normed = gcn_norm(graph, weight, **kwargs)
+        return normed, normed.edge_weight
+    raise ValueError(f"unknown graph transform {transform!r}")
 
 
 def _fused_norm_unavailable(graph: Graph, edge_weight: Tensor | None, dtype: torch.dtype | None) -> str | None:
