@@ -68,7 +68,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from fusegnn.kernels import gat_fused
-from fusegnn.kernels._triton import LazyKernel, shared_kernel_helper
+from fusegnn.kernels._triton import LazyKernel, kernel_helper, shared_kernel_helper
 from fusegnn.kernels.gat_fused import (
     DEFAULT_CHUNK,
     _combine_sums,
@@ -93,6 +93,61 @@ _work_item = shared_kernel_helper(gat_fused.__name__, "_work_item", __name__)
 _dropout_keep = shared_kernel_helper(gat_fused.__name__, "_dropout_keep", __name__)
 
 
+@kernel_helper
+def _head_channel_tile(H, C, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
+    """``(offs_e, offs_h, mask_h, mask_hc, hc)``: edge and head offsets, the valid heads and
+    (head, channel) entries, and the offsets ``hc`` of an ``[H, C]`` row."""
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_c = tl.arange(0, BLOCK_C)
+    mask_h = offs_h < H
+    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
+    return tl.arange(0, BLOCK_E), offs_h, mask_h, mask_hc, offs_h[:, None] * C + offs_c[None, :]
+
+
+@kernel_helper
+def _edge_scores(z, a, edge, cid, hc, m3, slope, H, C, HAS_EDGE: tl.constexpr, ACC: tl.constexpr):
+    """For a tile of edges with ``z = x_l[j] + x_r[i]`` ``[E, H, C]``: adds the edge features
+    (``HAS_EDGE``, rows ``cid``) and returns ``(z, LeakyReLU(z), score [E, H])``."""
+    if HAS_EDGE:
+        z += tl.load(edge + cid[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
+    lr = tl.where(z > 0, z, z * slope)
+    return z, lr, tl.sum(lr * a[None, :, :], axis=2)
+
+
+@kernel_helper
+def _target_row_tile(e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
+                     HAS_EDGE: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr):
+    """The tile of a target row's edges from position ``e0`` (before ``end``): ``(me, meh,
+    m3, j, cid, x_l[j], z, LeakyReLU(z), score)`` -- masks of the edges, (edge, head) and
+    (edge, head, channel) entries, the sources, the COO edge ids (read only with
+    ``HAS_EDGE`` or ``DROPOUT``), the gathered source rows and the scores."""
+    pos = e0 + offs_e
+    me = pos < end
+    meh = me[:, None] & mask_h[None, :]
+    m3 = me[:, None, None] & mask_hc[None, :, :]
+    j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
+    xj = tl.load(xl + j[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
+    cid = pos
+    if HAS_EDGE or DROPOUT:
+        cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
+    z, lr, s = _edge_scores(xj + xr_i[None, :, :], a, edge, cid, hc, m3, slope, H, C, HAS_EDGE, ACC)
+    return me, meh, m3, j, cid, xj, z, lr, s
+
+
+@kernel_helper
+def _edge_grads(alpha, dp, d, z, a, slope, keep, scale, DROPOUT: tl.constexpr):
+    """Back through dropout, the softmax and the LeakyReLU for a tile of edges: ``(w, ds,
+    dz)`` with ``w`` the applied coefficient, ``ds = alpha (dP - D)`` and
+    ``dz = ds a LeakyReLU'(z)``; ``dp`` is ``g_i . x_l[j]`` (before the mask), ``keep``
+    read only with ``DROPOUT``."""
+    w = alpha
+    if DROPOUT:
+        dp = tl.where(keep, dp * scale, 0.0)
+        w = tl.where(keep, alpha * scale, 0.0)
+    ds = alpha * (dp - d)
+    return w, ds, ds[:, :, None] * tl.where(z > 0, a[None, :, :], a[None, :, :] * slope)
+
+
 # ---------------------------------------------------------------------------- kernels
 def _gatv2_fwd_kernel(
     ptr, idx, perm,
@@ -113,31 +168,18 @@ def _gatv2_fwd_kernel(
     if DROPOUT:
         seed = tl.load(seed_ptr)
     row, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
-    offs_e = tl.arange(0, BLOCK_E)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_c = tl.arange(0, BLOCK_C)
-    mask_h = offs_h < H
-    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
-    hc = offs_h[:, None] * C + offs_c[None, :]
+    offs_e, offs_h, mask_h, mask_hc, hc = _head_channel_tile(H, C, BLOCK_E, BLOCK_H, BLOCK_C)
     xr_i = tl.load(xr + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
     a = tl.load(att + hc, mask=mask_hc, other=0.0).to(ACC)
     m = tl.full([BLOCK_H], float("-inf"), ACC)
     l = tl.zeros([BLOCK_H], ACC)
     acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
     for e0 in range(start, end, BLOCK_E):
-        pos = e0 + offs_e
-        me = pos < end
-        meh = me[:, None] & mask_h[None, :]
-        m3 = me[:, None, None] & mask_hc[None, :, :]
-        j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
-        xj = tl.load(xl + j[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
-        z = xj + xr_i[None, :, :]
-        if HAS_EDGE or DROPOUT:
-            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-        if HAS_EDGE:
-            z += tl.load(edge + cid[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
-        lr = tl.where(z > 0, z, z * slope)
-        s = tl.where(meh, tl.sum(lr * a[None, :, :], axis=2), float("-inf"))
+        me, meh, m3, j, cid, xj, z, lr, s = _target_row_tile(
+            e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
+            HAS_EDGE, DROPOUT, ACC,
+        )
+        s = tl.where(meh, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         rescale = tl.exp(m - m_safe)
@@ -179,12 +221,7 @@ def _gatv2_bwd_row_kernel(
     if DROPOUT:
         seed = tl.load(seed_ptr)
     row, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
-    offs_e = tl.arange(0, BLOCK_E)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_c = tl.arange(0, BLOCK_C)
-    mask_h = offs_h < H
-    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
-    hc = offs_h[:, None] * C + offs_c[None, :]
+    offs_e, offs_h, mask_h, mask_hc, hc = _head_channel_tile(H, C, BLOCK_E, BLOCK_H, BLOCK_C)
     xr_i = tl.load(xr + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
     a = tl.load(att + hc, mask=mask_hc, other=0.0).to(ACC)
     g = tl.load(grad_out + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
@@ -194,28 +231,16 @@ def _gatv2_bwd_row_kernel(
     dxr = tl.zeros([BLOCK_H, BLOCK_C], ACC)
     datt = tl.zeros([BLOCK_H, BLOCK_C], ACC)
     for e0 in range(start, end, BLOCK_E):
-        pos = e0 + offs_e
-        me = pos < end
-        meh = me[:, None] & mask_h[None, :]
-        m3 = me[:, None, None] & mask_hc[None, :, :]
-        j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
-        xj = tl.load(xl + j[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
-        z = xj + xr_i[None, :, :]
-        if HAS_EDGE or DROPOUT:
-            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-        if HAS_EDGE:
-            z += tl.load(edge + cid[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
-        lr = tl.where(z > 0, z, z * slope)
-        s = tl.sum(lr * a[None, :, :], axis=2)
+        me, meh, m3, j, cid, xj, z, lr, s = _target_row_tile(
+            e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
+            HAS_EDGE, DROPOUT, ACC,
+        )
         alpha = tl.where(meh, tl.exp(s - lse_i[None, :]), 0.0)
-        dp = tl.sum(g[None, :, :] * xj, axis=2)
-        w = alpha
+        keep = meh  # read only with DROPOUT
         if DROPOUT:
             keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
-            dp = tl.where(keep, dp * scale, 0.0)
-            w = tl.where(keep, alpha * scale, 0.0)
-        ds = alpha * (dp - d[None, :])
-        dz = ds[:, :, None] * tl.where(z > 0, a[None, :, :], a[None, :, :] * slope)
+        w, ds, dz = _edge_grads(alpha, tl.sum(g[None, :, :] * xj, axis=2), d[None, :], z, a, slope, keep, scale,
+                                DROPOUT)
         dxr += tl.sum(dz, axis=0)
         datt += tl.sum(ds[:, :, None] * lr, axis=0)
         if HAS_EDGE:
@@ -253,12 +278,7 @@ def _gatv2_bwd_col_kernel(
     if DROPOUT:
         seed = tl.load(seed_ptr)
     col, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
-    offs_e = tl.arange(0, BLOCK_E)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_c = tl.arange(0, BLOCK_C)
-    mask_h = offs_h < H
-    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
-    hc = offs_h[:, None] * C + offs_c[None, :]
+    offs_e, offs_h, mask_h, mask_hc, hc = _head_channel_tile(H, C, BLOCK_E, BLOCK_H, BLOCK_C)
     xj = tl.load(xl + col * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
     a = tl.load(att + hc, mask=mask_hc, other=0.0).to(ACC)
     acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
@@ -269,25 +289,19 @@ def _gatv2_bwd_col_kernel(
         m3 = me[:, None, None] & mask_hc[None, :, :]
         i = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
         rows = i[:, None, None] * (H * C) + hc[None, :, :]
-        z = xj[None, :, :] + tl.load(xr + rows, mask=m3, other=0.0).to(ACC)
+        cid = pos  # read only with HAS_EDGE or DROPOUT
         if HAS_EDGE or DROPOUT:
             cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-        if HAS_EDGE:
-            z += tl.load(edge + cid[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
+        z = xj[None, :, :] + tl.load(xr + rows, mask=m3, other=0.0).to(ACC)
+        z, lr, s = _edge_scores(z, a, edge, cid, hc, m3, slope, H, C, HAS_EDGE, ACC)
         gi = tl.load(grad_out + rows, mask=m3, other=0.0).to(ACC)
         lse_i = tl.load(aux + i[:, None] * (2 * H) + offs_h[None, :], mask=meh, other=0.0)
         d = tl.load(aux + i[:, None] * (2 * H) + H + offs_h[None, :], mask=meh, other=0.0)
-        lr = tl.where(z > 0, z, z * slope)
-        s = tl.sum(lr * a[None, :, :], axis=2)
         alpha = tl.where(meh, tl.exp(s - lse_i), 0.0)
-        dp = tl.sum(gi * xj[None, :, :], axis=2)
-        w = alpha
+        keep = meh  # read only with DROPOUT
         if DROPOUT:
             keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
-            dp = tl.where(keep, dp * scale, 0.0)
-            w = tl.where(keep, alpha * scale, 0.0)
-        ds = alpha * (dp - d)
-        dz = ds[:, :, None] * tl.where(z > 0, a[None, :, :], a[None, :, :] * slope)
+        w, ds, dz = _edge_grads(alpha, tl.sum(gi * xj[None, :, :], axis=2), d, z, a, slope, keep, scale, DROPOUT)
         acc += tl.sum(w[:, :, None] * gi + dz, axis=0)
     if slot < 0:
         tl.store(grad_xl + col * (H * C) + hc, acc, mask=mask_hc)
