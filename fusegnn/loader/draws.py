@@ -10,15 +10,15 @@ All draws are tensor ops on the device of the inputs, vectorised over targets (n
 loop over nodes), and come from one ``torch.Generator``: the same generator state gives
 the same edges.
 
-* :func:`uniform_without_replacement`: a uniformly random ``k``-subset of each target's
+* :func:`uniform`: a uniformly random ``k``-subset of each target's
   edges (all of them when ``deg <= k``), by **Floyd's algorithm** on the positions
   ``0 .. deg - 1``: for ``i = 0 .. k - 1`` with ``j_i = deg - k + i``, draw
   :math:`r_i \sim U\{0, \dots, j_i\}` and take ``r_i``, or ``j_i`` if ``r_i`` was taken
   before. Work ``O(k^2)`` per target, independent of the degree (a hub of 17,000
   edges costs what a node of 26 does). The sequential "taken before" test is resolved
   without a loop over ``i`` (see :func:`floyd_positions`).
-* :func:`uniform_with_replacement`: ``k`` independent uniform draws per target with
-  ``deg > 0`` (PyG's ``replace=True``: exactly ``k`` edges, repeats possible).
+  With ``replace=True``: ``k`` independent uniform draws per target with ``deg > 0``
+  (PyG's ``replace=True``: exactly ``k`` edges, repeats possible).
 * :func:`weighted_without_replacement`: Efraimidis-Spirakis: each edge gets the key
   :math:`E_e / w_e` with :math:`E_e \sim \mathrm{Exp}(1)`; the ``k`` smallest keys of a
   target are a weighted random sample without replacement (an edge is drawn first with
@@ -39,8 +39,7 @@ from torch import Tensor
 __all__ = [
     "all_edges",
     "floyd_positions",
-    "uniform_with_replacement",
-    "uniform_without_replacement",
+    "uniform",
     "weighted_with_replacement",
     "weighted_without_replacement",
 ]
@@ -92,32 +91,21 @@ def floyd_positions(deg: Tensor, k: int, u: Tensor) -> Tensor:
     return torch.where(found, j, r)
 
 
-def uniform_without_replacement(
-    start: Tensor, deg: Tensor, k: int, generator: torch.Generator | None
+def uniform(
+    start: Tensor, deg: Tensor, k: int, generator: torch.Generator | None, *, replace: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """Up to ``k`` distinct edges per target, uniformly (all of them when ``deg <= k``)."""
-    num_targets = deg.numel()
-    if k == 0 or num_targets == 0:
+    """Up to ``k`` distinct edges per target, uniformly (all of them when ``deg <= k``);
+    with ``replace``, exactly ``k`` independent uniform draws per target with ``deg > 0``."""
+    u = _uniforms(deg, k, generator)
+    if u is None:
         return _empty(deg.device)
-    u = torch.rand(num_targets, k, generator=generator, device=deg.device, dtype=torch.float64)
-    slots = torch.arange(k, device=deg.device)
-    offset = torch.where((deg <= k).unsqueeze(1), slots, floyd_positions(deg, k, u))
-    valid = slots < deg.unsqueeze(1)
-    return _flatten(start, offset, valid)
-
-
-def uniform_with_replacement(
-    start: Tensor, deg: Tensor, k: int, generator: torch.Generator | None
-) -> tuple[Tensor, Tensor]:
-    """Exactly ``k`` uniform draws per target with ``deg > 0``."""
-    num_targets = deg.numel()
-    if k == 0 or num_targets == 0:
-        return _empty(deg.device)
-    u = torch.rand(num_targets, k, generator=generator, device=deg.device, dtype=torch.float64)
     high = deg.unsqueeze(1)
-    offset = torch.minimum((u * high).to(torch.int64), (high - 1).clamp(min=0))
-    valid = (high > 0).expand(num_targets, k)
-    return _flatten(start, offset, valid)
+    if replace:
+        offset = torch.minimum((u * high).to(torch.int64), (high - 1).clamp(min=0))
+        return _flatten(start, offset, (high > 0).expand_as(offset))
+    slots = torch.arange(k, device=deg.device)
+    offset = torch.where(high <= k, slots, floyd_positions(deg, k, u))
+    return _flatten(start, offset, slots < high)
 
 
 def weighted_without_replacement(
@@ -150,19 +138,25 @@ def weighted_with_replacement(
     """Exactly ``k`` draws per target of positive total weight, edge ``e`` with
     probability ``w_e / sum(w)``. ``cumulative`` is ``[E + 1]`` float64: ``0`` then the
     running sum of the weights in the grouped edge order."""
-    num_targets = deg.numel()
-    if k == 0 or num_targets == 0:
+    u = _uniforms(deg, k, generator)
+    if u is None:
         return _empty(deg.device)
     low = cumulative[start]
     total = cumulative[start + deg] - low
-    u = torch.rand(num_targets, k, generator=generator, device=deg.device, dtype=torch.float64)
     level = low.unsqueeze(1) + u * total.unsqueeze(1)
     # the edge e with cumulative[e] <= level < cumulative[e + 1]
     pos = torch.searchsorted(cumulative, level, right=True) - 1
     last = (start + deg - 1).unsqueeze(1)
     pos = torch.minimum(torch.maximum(pos, start.unsqueeze(1)), last)
-    valid = (total > 0).unsqueeze(1).expand(num_targets, k)
+    valid = (total > 0).unsqueeze(1).expand_as(pos)
     return _flatten(torch.zeros_like(start), pos, valid)
+
+
+def _uniforms(deg: Tensor, k: int, generator: torch.Generator | None) -> Tensor | None:
+    """``[T, k]`` float64 uniforms in ``[0, 1)``, one per slot; ``None`` when there is no slot."""
+    if k == 0 or deg.numel() == 0:
+        return None
+    return torch.rand(deg.numel(), k, generator=generator, device=deg.device, dtype=torch.float64)
 
 
 def _flatten(start: Tensor, offset: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:

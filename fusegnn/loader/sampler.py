@@ -205,8 +205,7 @@ class NeighborSampler:
                 return row[keep], pos[keep]
             return draws.all_edges(start, deg)
         if self._weight is None:
-            sample = draws.uniform_with_replacement if self.replace else draws.uniform_without_replacement
-            return sample(start, deg, fanout, generator)
+            return draws.uniform(start, deg, fanout, generator, replace=self.replace)
         if self.replace:
             return draws.weighted_with_replacement(start, deg, fanout, self._cumulative, generator)
         return draws.weighted_without_replacement(start, deg, fanout, self._weight, generator)
