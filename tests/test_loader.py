@@ -71,6 +71,17 @@ def test_floyd_positions_match_the_sequential_algorithm():
             assert len(set(expected)) == k and max(expected) < int(deg[t])
 
 
+def test_floyd_positions_in_chunks_match_the_sequential_algorithm():
+    """Large fanouts compare their draws in row chunks (here 1677 rows of 100 x 100)."""
+    k, rows = 100, 2000
+    gen = torch.Generator().manual_seed(2)
+    deg = torch.randint(k + 1, 2 * k, (rows,), generator=gen)
+    u = torch.rand(rows, k, generator=gen, dtype=torch.float64)
+    got = floyd_positions(deg, k, u)
+    for t in (0, 1676, 1677, 1999):
+        assert got[t].tolist() == sequential_floyd(int(deg[t]), k, u[t].tolist())
+
+
 def test_floyd_subsets_are_uniform():
     """All 10 two-element subsets of 5 positions come up equally often (chi-square)."""
     n, k, trials = 5, 2, 20000

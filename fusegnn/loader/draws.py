@@ -80,7 +80,11 @@ def floyd_positions(deg: Tensor, k: int, u: Tensor) -> Tensor:
     r = (u * (j + 1).clamp(min=1)).to(torch.int64)
     r = torch.minimum(r, j)  # float rounding could reach j + 1
     earlier = slots.unsqueeze(1) > slots.unsqueeze(0)  # [k, k]: i' < i
-    repeat = ((r.unsqueeze(2) == r.unsqueeze(1)) & earlier).any(2)  # an earlier r_i' == r_i
+    # an earlier r_i' == r_i; the [rows, k, k] comparison in chunks of ~2^24 entries
+    rows = max(1, (1 << 24) // (k * k))
+    repeat = torch.cat([
+        ((part.unsqueeze(2) == part.unsqueeze(1)) & earlier).any(2) for part in r.split(rows)
+    ]) if r.numel() else torch.zeros_like(r, dtype=torch.bool)
     parent = r - base
     has_parent = (parent >= 0) & (parent < slots)
     link = torch.where(has_parent, parent, slots.expand_as(parent))  # no parent: itself
