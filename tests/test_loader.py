@@ -399,5 +399,7 @@ def test_statistics_match_pyg_neighbor_loader():
         return nodes, edges
 
     (n_ours, e_ours), (n_pyg, e_pyg) = means(ours), means(theirs)
-    assert torch.allclose(e_ours, e_pyg, rtol=0.02)
-    assert torch.allclose(n_ours, n_pyg, rtol=0.05)
+    # hop 1 covers every node once per epoch: sum(min(deg, 6)) in both; later hops are random
+    assert e_ours[0] == e_pyg[0] and n_ours[0] == n_pyg[0]
+    assert torch.allclose(e_ours, e_pyg, rtol=0.1)
+    assert torch.allclose(n_ours, n_pyg, rtol=0.1)
