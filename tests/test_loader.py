@@ -403,3 +403,26 @@ def test_statistics_match_pyg_neighbor_loader():
     assert e_ours[0] == e_pyg[0] and n_ours[0] == n_pyg[0]
     assert torch.allclose(e_ours, e_pyg, rtol=0.1)
     assert torch.allclose(n_ours, n_pyg, rtol=0.1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the lead's GPU check)")
+@pytest.mark.parametrize("pin_features", [False, True])
+def test_cuda_loader_samples_on_the_gpu(pin_features):
+    """On CUDA: sampling on the device, features from the GPU or through pinned memory,
+    reproducible with a seed, blocks on the device."""
+    graph = random_graph(num_nodes=500, num_edges=20000, seed=4)
+    x = torch.randn(graph.num_nodes, 8)
+    y = torch.arange(graph.num_nodes)
+
+    def epoch():
+        loader = NeighborLoader(graph, [5, 3], batch_size=64, x=x, y=y, seed=1, device="cuda",
+                                pin_features=pin_features)
+        assert (loader.x.device.type == "cpu") == pin_features
+        return list(loader)
+
+    first, second = epoch(), epoch()
+    for a, b in zip(first, second):
+        assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+        assert a.x.is_cuda and torch.equal(a.x.cpu(), x[a.n_id.cpu()]) and torch.equal(a.y.cpu(), a.n_id[:a.batch_size].cpu())
+        assert all(block.device.type == "cuda" for block in a.blocks)
+        assert edge_set(graph) >= set(map(tuple, a.n_id[a.edge_index].t().cpu().tolist()))
