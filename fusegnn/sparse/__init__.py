@@ -21,6 +21,7 @@ from fusegnn.sparse.dispatch import (
 from fusegnn.sparse.gat import gat_attention, gat_layer
 from fusegnn.sparse.graph import CompressedEdges, Graph
 from fusegnn.sparse.ops import as_graph, edge_index_of, edge_softmax, graph_arg, sddmm, spmm
+from fusegnn.sparse.propagate import propagate
 from fusegnn.sparse.processing import (
     add_remaining_self_loops,
     add_self_loops,
@@ -57,6 +58,7 @@ __all__ = [
     "gat_layer",
     "gcn_norm",
     "library",
+    "propagate",
     "register_backend",
     "remove_self_loops",
     "resolve_aggregation",
