@@ -55,6 +55,10 @@ class APPNP(nn.Module):
         ``x`` ``[N, F]``; ``edge_index_or_graph`` an ``edge_index``, a
         :class:`~fusegnn.sparse.Graph` or a ``torch.sparse`` ``adj_t`` (rows are targets;
         float values are edge weights); ``edge_weight`` ``[E]`` (optional) -> ``[N, F]``.
+
+    A ``torch.sparse`` ``adj_t`` is normalised like an ``edge_index``: self-loops are added
+    to the nodes that have none. (PyG's sparse-matrix path adds :math:`I` to every node,
+    so the two differ on nodes that already have a self-loop.)
     """
 
     def __init__(

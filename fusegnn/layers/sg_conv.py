@@ -37,9 +37,10 @@ class SGConv(nn.Module):
         cached: as PyG's, keep the propagated features :math:`\hat{A}^K X` of the first
             call and reuse them (detached: no gradient reaches ``x`` from later calls)
             whatever ``x`` and graph come next (transductive learning on one fixed graph
-            and input). Under ``torch.compile`` the features are not stored (a compiled
-            call propagates again; the normalised graph is cached on the input graph);
-            features an eager call stored are used.
+            and input); with ``K=0`` nothing is cached, as in PyG. Under
+            ``torch.compile`` the features are not stored (a compiled call propagates
+            again; the normalised graph is cached on the input graph); features an eager
+            call stored are used.
         add_self_loops: add the remaining self-loops before normalising.
         bias: learn an additive bias.
         aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``
@@ -50,6 +51,10 @@ class SGConv(nn.Module):
         :class:`~fusegnn.sparse.Graph` or a ``torch.sparse`` ``adj_t`` (rows are targets;
         float values are edge weights); ``edge_weight`` ``[E]`` (optional)
         -> ``[N, out_channels]``.
+
+    A ``torch.sparse`` ``adj_t`` is normalised like an ``edge_index``: self-loops are added
+    to the nodes that have none. (PyG's sparse-matrix path adds :math:`I` to every node,
+    so the two differ on nodes that already have a self-loop.)
     """
 
     def __init__(
@@ -88,7 +93,7 @@ class SGConv(nn.Module):
             self, x, edge_index_or_graph, edge_weight, cached=False, add_self_loops=self.add_self_loops
         )
         weight, bias = self.lin.weight, self.lin.bias
-        if self.cached and not torch.compiler.is_compiling():
+        if self.cached and self.K > 0 and not torch.compiler.is_compiling():  # PyG caches after a step
             h = propagate(graph, x, self.K, aggregation=self.aggregation)
             self._cached_x = h.detach()
             return F.linear(h, weight, bias)
