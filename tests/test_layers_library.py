@@ -393,6 +393,12 @@ def test_lazy_in_channels():
             assert p.dim() == 1 or p.size(1) == width, name
         with pytest.raises(ValueError, match="x has 4 features per node but the layer takes 5"):
             layer(x[:, :4], ei)
+    # a state dict loaded into a lazy layer gives its widths (the first forward keeps them)
+    loaded = SAGEConv(-1, 3).double()
+    loaded.load_state_dict(SAGEConv(5, 3).double().state_dict())
+    assert loaded(x, ei).shape == (n, 3)
+    with pytest.raises(ValueError, match="x has 4 features per node but the layer takes 5"):
+        loaded(x[:, :4], ei)
     bip = SAGEConv((-1, -1), 3).double()
     assert bip((x, x[:6, :2]), random_graph(n, 20, seed=2, num_dst_nodes=6)).shape == (6, 3)
     assert bip.lin_l.weight.shape == (3, 5) and bip.lin_r.weight.shape == (3, 2)
@@ -898,6 +904,19 @@ def test_compiled_forward_and_backward(make):
     g2 = torch.autograd.grad(out2, [x2, *layer.parameters()], grad)
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_compiled_lazy_layer_needs_an_eager_call_first():
+    spec = SPECS[1]
+    graph = Graph(spec.build(), spec.num_nodes)
+    layer = SAGEConv(-1, 3).double()
+    x = _randn(spec.num_nodes, 4, seed=1)
+    with pytest.raises(Exception, match="initialised at its first forward"):
+        torch.compile(layer, backend="aot_eager", fullgraph=True)(x, graph)
+    expected = layer(x, graph)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(layer, backend="aot_eager", fullgraph=True)(x, graph), expected)
 
 
 @pytest.mark.usefixtures("fresh_dynamo")

@@ -94,14 +94,14 @@ def check_linear_input(x: Tensor, linear: nn.Linear, layer: nn.Module, what: str
     uniform bias), its own dtype and device; create the optimizer after that call."""
     name = type(layer).__name__
     check_node_features(x, name, what)
-    if is_lazy(linear.weight):
+    if isinstance(linear, nn.LazyLinear):  # until its first call, even with weights loaded
         if torch.compiler.is_compiling():
             raise RuntimeError(
                 f"{name}(in_channels=-1) is initialised at its first forward, which torch.compile "
-                "cannot trace: run one eager forward (or load a state dict) before compiling"
+                "cannot trace: run one eager forward before compiling"
             )
-        with torch.no_grad():
-            linear.initialize_parameters(x.to(linear.weight.dtype))
+        with torch.no_grad():  # the module's own first call: materialised, then an nn.Linear
+            linear(x[:1].to(linear.weight.dtype))
     if x.size(1) != linear.in_features:
         raise ValueError(
             f"{name}: {what} has {x.size(1)} features per node but the layer takes "
