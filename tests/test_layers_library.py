@@ -33,7 +33,7 @@ from fusegnn.sparse import Graph, propagate, spmm  # noqa: E402
 from fusegnn.sparse.dispatch import decisions_taken  # noqa: E402
 from fusegnn.sparse.processing import gcn_normalized  # noqa: E402
 from tests.graphs import nasty_specs, random_graph, random_weights  # noqa: E402
-from tests.test_layers import dense_gcn_matrix  # noqa: E402
+from tests.test_layers import dense_gcn_matrix, pyg_nn, requires_pyg  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -604,17 +604,6 @@ def test_layer_constructor_arguments():
 
 
 # ---------------------------------------------------------------------------- PyG
-try:
-    import torch_geometric.nn as pyg_nn
-
-    _PYG_REASON = ""
-except Exception as err:  # pragma: no cover - exercised only without PyG
-    pyg_nn = None
-    _PYG_REASON = f"torch_geometric is not importable ({type(err).__name__}: {err})"
-
-requires_pyg = pytest.mark.skipif(pyg_nn is None, reason=_PYG_REASON or "torch_geometric missing")
-
-
 def _same_as_pyg(ours, theirs, x, *args, **kwargs):
     """Load our (random-bias) state dict into PyG's layer, run both, compare the outputs and
     the gradients of the input(s) and of every parameter."""

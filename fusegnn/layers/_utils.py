@@ -233,25 +233,48 @@ def bipartite_graph_for(
     return graph
 
 
-def pair_and_graph(
-    x: Tensor | tuple, edge_index_or_graph, layer: str, size: tuple[int, int] | None = None
+def layer_inputs(
+    layer: nn.Module,
+    x: Tensor | tuple,
+    edge_index_or_graph,
+    size: tuple[int, int] | None = None,
+    *,
+    lin_src: nn.Linear | None = None,
+    lin_dst: nn.Linear | None = None,
+    dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor | None, Graph]:
-    """``(x_src, x_dst, graph)`` of a layer taking PyG's node input (:func:`node_pair`): a
-    square graph over one tensor ``x`` (:func:`graph_for`), or the bipartite graph of a
-    pair (:func:`bipartite_graph_for`; ``size`` ``(N_src, N_dst)``, PyG's ``size``, gives
-    the target count when ``x_dst`` is ``None``). Call after the features are checked."""
-    x_src, x_dst = node_pair(x, layer)
+    """``(x_src, x_dst, graph)`` of a layer taking PyG's node input :func:`node_pair`, checked.
+
+    Each of ``x_src`` and ``x_dst`` (when not ``None``) is checked against the linear map
+    it feeds (:func:`check_linear_input`, which also materialises a lazy one), else as a
+    floating ``[N, F]`` tensor of ``dtype`` (unless ``None``). The graph is the square
+    graph over one tensor ``x`` (:func:`graph_for`), or the bipartite graph of a pair
+    (:func:`bipartite_graph_for`; ``size`` ``(N_src, N_dst)``, PyG's ``size``, gives the
+    target count when ``x_dst`` is ``None``). Errors name the layer and ``x`` (one
+    tensor) or ``x_src`` / ``x_dst`` (a pair)."""
+    name = type(layer).__name__
+    x_src, x_dst = node_pair(x, name)
+    pair = not isinstance(x, Tensor)
+    for t, lin, what in ((x_src, lin_src, "x_src" if pair else "x"), (x_dst, lin_dst, "x_dst" if pair else "x")):
+        if t is None:
+            continue
+        if lin is not None:
+            check_linear_input(t, lin, layer, what)
+        else:
+            check_node_features(t, name, what)
+            if dtype is not None:
+                check_dtype(t, dtype, name, what)
     if size is not None:
         if not (isinstance(size, (tuple, list)) and len(size) == 2):
-            raise ValueError(f"{layer}: size must be a pair (num_src_nodes, num_dst_nodes), got {size!r}")
+            raise ValueError(f"{name}: size must be a pair (num_src_nodes, num_dst_nodes), got {size!r}")
         if size[0] is not None and size[0] != x_src.size(0):
-            raise ValueError(f"{layer}: size[0] = {size[0]} but x_src has {x_src.size(0)} rows")
+            raise ValueError(f"{name}: size[0] = {size[0]} but x_src has {x_src.size(0)} rows")
         if x_dst is not None and size[1] is not None and size[1] != x_dst.size(0):
-            raise ValueError(f"{layer}: size[1] = {size[1]} but x_dst has {x_dst.size(0)} rows")
-    if isinstance(x, Tensor) and size is None:
-        return x_src, x_dst, graph_for(x, edge_index_or_graph, layer)
+            raise ValueError(f"{name}: size[1] = {size[1]} but x_dst has {x_dst.size(0)} rows")
+    if not pair and size is None:
+        return x_src, x_dst, graph_for(x, edge_index_or_graph, name)
     num_dst = x_dst.size(0) if x_dst is not None else (size[1] if size is not None else None)
-    return x_src, x_dst, bipartite_graph_for(x_src, num_dst, edge_index_or_graph, layer)
+    return x_src, x_dst, bipartite_graph_for(x_src, num_dst, edge_index_or_graph, name)
 
 
 def normalized_graph(

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from fusegnn.layers._utils import check_dtype, check_node_features, node_pair, pair_and_graph, reset_module
+from fusegnn.layers._utils import layer_inputs, reset_module
 from fusegnn.sparse import Graph, spmm
 from fusegnn.sparse.dispatch import check_aggregation
 
@@ -68,19 +68,12 @@ class GINConv(nn.Module):
         self, x: Tensor | tuple[Tensor, Tensor | None], edge_index_or_graph: Graph | Tensor,
         size: tuple[int, int] | None = None,
     ) -> Tensor:
-        name = type(self).__name__
-        x_src, x_dst = node_pair(x, name)
-        pair = not isinstance(x, Tensor)
-        for what, t in (("x_src" if pair else "x", x_src), ("x_dst", x_dst if pair else None)):
-            if t is not None:
-                check_node_features(t, name, what)
-                check_dtype(t, self.eps.dtype, name, what)
+        x_src, x_dst, graph = layer_inputs(self, x, edge_index_or_graph, size, dtype=self.eps.dtype)
         if x_dst is not None and x_dst.size(1) != x_src.size(1):
             raise ValueError(
-                f"{name}: x_dst has {x_dst.size(1)} features per node but x_src has {x_src.size(1)} "
-                "(the root term (1 + eps) x_i is added to the sum of the x_j)"
+                f"{type(self).__name__}: x_dst has {x_dst.size(1)} features per node but x_src has "
+                f"{x_src.size(1)} (the root term (1 + eps) x_i is added to the sum of the x_j)"
             )
-        x_src, x_dst, graph = pair_and_graph(x, edge_index_or_graph, name, size)
         out = spmm(graph, x_src, aggregation=self.aggregation)
         if x_dst is not None:
             out = out + (1 + self.eps) * x_dst

@@ -10,8 +10,7 @@ from fusegnn.layers._utils import (
     check_linear_input,
     check_reduce,
     input_linear,
-    node_pair,
-    pair_and_graph,
+    layer_inputs,
 )
 from fusegnn.sparse import Graph
 from fusegnn.sparse.dispatch import check_aggregation
@@ -81,13 +80,9 @@ class GraphConv(nn.Module):
         self, x: Tensor | tuple[Tensor, Tensor | None], edge_index_or_graph: Graph | Tensor,
         edge_weight: Tensor | None = None, size: tuple[int, int] | None = None,
     ) -> Tensor:
-        name = type(self).__name__
-        x_src, x_dst = node_pair(x, name)
-        pair = not isinstance(x, Tensor)
-        check_linear_input(x_src, self.lin_rel, self, "x_src" if pair else "x")
-        if x_dst is not None:
-            check_linear_input(x_dst, self.lin_root, self, "x_dst" if pair else "x")
-        x_src, x_dst, graph = pair_and_graph(x, edge_index_or_graph, name, size)
+        x_src, x_dst, graph = layer_inputs(
+            self, x, edge_index_or_graph, size, lin_src=self.lin_rel, lin_dst=self.lin_root
+        )
         out = aggregate_linear(graph, x_src, self.lin_rel, self.reduce, self.aggregation, edge_weight)
         if x_dst is not None:
             out = out + self.lin_root(x_dst)

@@ -11,8 +11,7 @@ from fusegnn.layers._utils import (
     check_linear_input,
     check_reduce,
     input_linear,
-    node_pair,
-    pair_and_graph,
+    layer_inputs,
 )
 from fusegnn.sparse import Graph
 from fusegnn.sparse.dispatch import check_aggregation
@@ -108,18 +107,13 @@ class SAGEConv(nn.Module):
         self, x: Tensor | tuple[Tensor, Tensor | None], edge_index_or_graph: Graph | Tensor,
         size: tuple[int, int] | None = None,
     ) -> Tensor:
-        name = type(self).__name__
-        x_src, x_dst = node_pair(x, name)
-        pair = not isinstance(x, Tensor)
-        check_linear_input(x_src, self.lin_l, self, "x_src" if pair else "x")
-        use_root = self.lin_r is not None and x_dst is not None
-        if use_root:
-            check_linear_input(x_dst, self.lin_r, self, "x_dst" if pair else "x")
-        x_src, x_dst, graph = pair_and_graph(x, edge_index_or_graph, name, size)
+        x_src, x_dst, graph = layer_inputs(
+            self, x, edge_index_or_graph, size, lin_src=self.lin_l, lin_dst=self.lin_r
+        )
         if self.lin is not None:
             x_src = F.relu(self.lin(x_src))
         out = aggregate_linear(graph, x_src, self.lin_l, self.reduce, self.aggregation)
-        if use_root:
+        if self.lin_r is not None and x_dst is not None:
             out = out + self.lin_r(x_dst)
         if self.normalize:
             out = F.normalize(out, p=2.0, dim=-1)
