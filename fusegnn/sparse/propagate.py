@@ -35,7 +35,7 @@ from torch import Tensor
 from fusegnn.sparse.dispatch import check_aggregation
 from fusegnn.sparse.graph import Graph, as_graph
 from fusegnn.sparse.graph_ref import GraphRef, graph_ref
-from fusegnn.sparse.ops import spmm
+from fusegnn.sparse.ops import check_node_tensor, spmm
 
 __all__ = ["propagate", "check_propagation"]
 
@@ -85,6 +85,7 @@ def propagate(
             f"propagate needs a square graph (A x feeds the next step), got {graph.num_src_nodes} x "
             f"{graph.num_dst_nodes} nodes"
         )
+    check_node_tensor(x, graph, graph.num_src_nodes, "x", (2, 3))
     if K == 0:
         return x
     weight = graph.edge_weight
