@@ -931,6 +931,8 @@ def test_compiled_appnp_edge_dropout_is_refused():
     ("sage-max", lambda agg: SAGEConv(32, 16, aggr="max", aggregation=agg),
      lambda: pyg_nn.SAGEConv(32, 16, aggr="max")),
     ("graph-conv", lambda agg: GraphConv(32, 16, aggregation=agg), lambda: pyg_nn.GraphConv(32, 16)),
+    ("gin", lambda agg: GINConv(_mlp(32, 16), train_eps=True, aggregation=agg),
+     lambda: pyg_nn.GINConv(_mlp(32, 16), train_eps=True)),
     ("sgc", lambda agg: SGConv(32, 16, K=3, aggregation=agg), lambda: pyg_nn.SGConv(32, 16, K=3)),
     ("appnp", lambda agg: APPNP(5, 0.1, aggregation=agg), lambda: pyg_nn.APPNP(5, 0.1)),
 ], ids=lambda c: c[0])
