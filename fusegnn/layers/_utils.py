@@ -101,7 +101,7 @@ def check_linear_input(x: Tensor, linear: nn.Linear, layer: nn.Module, what: str
                 "cannot trace: run one eager forward before compiling"
             )
         with torch.no_grad():  # the module's own first call: materialised, then an nn.Linear
-            linear(x[:1].to(linear.weight.dtype))
+            linear(torch.zeros(1, x.size(1), dtype=linear.weight.dtype, device=linear.weight.device))
     if x.size(1) != linear.in_features:
         raise ValueError(
             f"{name}: {what} has {x.size(1)} features per node but the layer takes "
