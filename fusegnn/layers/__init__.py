@@ -1,8 +1,24 @@
 """``nn.Module`` layers built on :mod:`fusegnn.sparse` (never on kernels directly)."""
 
+from fusegnn.layers.appnp import APPNP
 from fusegnn.layers.attention import SparseMultiheadAttention, SparseTransformerEncoderLayer
 from fusegnn.layers.gat_conv import GATConv
 from fusegnn.layers.gatv2_conv import GATv2Conv
 from fusegnn.layers.gcn_conv import GCNConv
+from fusegnn.layers.gin_conv import GINConv
+from fusegnn.layers.graph_conv import GraphConv
+from fusegnn.layers.sage_conv import SAGEConv
+from fusegnn.layers.sg_conv import SGConv
 
-__all__ = ["GCNConv", "GATConv", "GATv2Conv", "SparseMultiheadAttention", "SparseTransformerEncoderLayer"]
+__all__ = [
+    "APPNP",
+    "GCNConv",
+    "GATConv",
+    "GATv2Conv",
+    "GINConv",
+    "GraphConv",
+    "SAGEConv",
+    "SGConv",
+    "SparseMultiheadAttention",
+    "SparseTransformerEncoderLayer",
+]

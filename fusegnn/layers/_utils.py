@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
-from fusegnn.sparse import Graph, graph_arg
+from fusegnn.sparse import Graph, graph_arg, spmm
+from fusegnn.sparse.processing import gcn_normalized
 
 
 def glorot_(tensor: Tensor) -> Tensor:
@@ -21,24 +23,25 @@ def glorot_(tensor: Tensor) -> Tensor:
         return tensor.uniform_(-stdv, stdv)
 
 
-def input_linear(in_channels: int, out_features: int, layer: str) -> nn.Linear:
-    """A layer's bias-free input transform ``lin``: ``nn.Linear(in_channels, out_features)``,
-    or for ``in_channels=-1`` (PyG's lazy initialisation) an ``nn.LazyLinear`` whose weight
-    :func:`check_features` materialises at the first forward. ``in_channels`` must be a
-    positive int or -1."""
+def input_linear(in_channels: int, out_features: int, layer: str, *, bias: bool = False) -> nn.Linear:
+    """A layer's input transform: ``nn.Linear(in_channels, out_features, bias=bias)`` (bias-free
+    by default), or for ``in_channels=-1`` (PyG's lazy initialisation) an ``nn.LazyLinear``
+    whose weight :func:`check_features` (Glorot) or :func:`check_linear_input` (``nn.Linear``'s
+    own init, PyG's ``Linear`` default) materialises at the first forward. ``in_channels``
+    must be a positive int or -1."""
     if isinstance(in_channels, bool) or not isinstance(in_channels, int):
         raise TypeError(
             f"{layer}: in_channels must be an int (a feature width, or -1 to infer it at the first "
             f"forward), got {type(in_channels).__name__}"
         )
     if in_channels == -1:
-        return nn.LazyLinear(out_features, bias=False)
+        return nn.LazyLinear(out_features, bias=bias)
     if in_channels <= 0:
         raise ValueError(
             f"{layer}: in_channels must be positive, or -1 to infer it from x at the first forward, "
             f"got {in_channels}"
         )
-    return nn.Linear(in_channels, out_features, bias=False)
+    return nn.Linear(in_channels, out_features, bias=bias)
 
 
 def check_features(x: Tensor, layer: nn.Module) -> None:
@@ -51,12 +54,7 @@ def check_features(x: Tensor, layer: nn.Module) -> None:
     becomes ``x.size(1)`` (or the width of a weight that ``load_state_dict`` brought in).
     Optimizers are therefore created after that first forward, as with PyG."""
     name = type(layer).__name__
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name}: x must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name}: x must be a floating tensor, got dtype {x.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"{name}: x must have shape [num_nodes, in_channels], got {tuple(x.shape)}")
+    check_node_features(x, name)
     if layer.in_channels == -1:
         _initialize_lazy(layer, x)
     if x.size(1) != layer.in_channels:
@@ -64,12 +62,84 @@ def check_features(x: Tensor, layer: nn.Module) -> None:
             f"{name}: x has {x.size(1)} features per node but the layer was built with "
             f"in_channels={layer.in_channels}"
         )
-    dtype = layer.lin.weight.dtype
+    check_dtype(x, layer.lin.weight.dtype, name)
+
+
+def check_node_features(x: Tensor, layer: str, what: str = "x") -> None:
+    """``x`` is a floating ``[num_nodes, in_channels]`` tensor (errors name ``layer`` and ``what``)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{layer}: {what} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{layer}: {what} must be a floating tensor, got dtype {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{layer}: {what} must have shape [num_nodes, in_channels], got {tuple(x.shape)}")
+
+
+def check_dtype(x: Tensor, dtype: torch.dtype, layer: str, what: str = "x") -> None:
+    """``x`` has the layer's parameter dtype ``dtype`` (autocast, which casts inside the
+    layer's ops, excepted)."""
     if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
         raise TypeError(
-            f"{name}: x has dtype {x.dtype} but the layer's parameters are {dtype}; convert one "
-            f"of them (x.to({dtype}) or layer.to({x.dtype}))"
+            f"{layer}: {what} has dtype {x.dtype} but the layer's parameters are {dtype}; convert one "
+            f"of them ({what}.to({dtype}) or layer.to({x.dtype}))"
         )
+
+
+def check_linear_input(x: Tensor, linear: nn.Linear, layer: nn.Module, what: str = "x") -> None:
+    """``x`` is a floating ``[N, linear.in_features]`` tensor of ``linear``'s dtype (for
+    layers whose input transforms are PyG ``Linear`` layers with their default init).
+
+    An ``nn.LazyLinear`` (``in_channels=-1``) is materialised here at the first forward,
+    with ``nn.Linear``'s initialisation (PyG's ``Linear`` default: Kaiming-uniform weight,
+    uniform bias), its own dtype and device; create the optimizer after that call."""
+    name = type(layer).__name__
+    check_node_features(x, name, what)
+    if isinstance(linear, nn.LazyLinear):  # until its first call, even with weights loaded
+        if torch.compiler.is_compiling():
+            raise RuntimeError(
+                f"{name}(in_channels=-1) is initialised at its first forward, which torch.compile "
+                "cannot trace: run one eager forward before compiling"
+            )
+        with torch.no_grad():  # the module's own first call: materialised, then an nn.Linear
+            linear(torch.zeros(1, x.size(1), dtype=linear.weight.dtype, device=linear.weight.device))
+    if x.size(1) != linear.in_features:
+        raise ValueError(
+            f"{name}: {what} has {x.size(1)} features per node but the layer takes "
+            f"{linear.in_features} (in_channels={layer.in_channels})"
+        )
+    check_dtype(x, linear.weight.dtype, name, what)
+
+
+def channel_pair(in_channels: int | tuple[int, int], layer: str) -> tuple[int, int]:
+    """PyG's ``in_channels`` of a layer with source and target inputs: one int for both,
+    or a pair ``(in_src, in_dst)`` (either ``-1``: inferred at the first forward)."""
+    if isinstance(in_channels, (tuple, list)):
+        if len(in_channels) != 2:
+            raise ValueError(
+                f"{layer}: in_channels must be an int or a pair (in_src, in_dst), got {in_channels!r}"
+            )
+        return in_channels[0], in_channels[1]
+    return in_channels, in_channels
+
+
+_REDUCE_OF_AGGR = {"add": "sum", "sum": "sum", "mean": "mean", "max": "max"}
+
+
+def check_reduce(aggr: str, layer: str) -> str:
+    """The :func:`~fusegnn.sparse.spmm` ``reduce`` of PyG's ``aggr`` string (``"add"`` is
+    ``"sum"``)."""
+    if not isinstance(aggr, str) or aggr not in _REDUCE_OF_AGGR:
+        raise ValueError(f"{layer}: aggr must be one of {tuple(_REDUCE_OF_AGGR)}, got {aggr!r}")
+    return _REDUCE_OF_AGGR[aggr]
+
+
+def reset_module(module) -> None:
+    """PyG's ``reset``: ``module.reset_parameters()``, else that of each child in turn."""
+    if hasattr(module, "reset_parameters"):
+        module.reset_parameters()
+    elif isinstance(module, nn.Module):
+        for child in module.children():
+            reset_module(child)
 
 
 def _initialize_lazy(layer: nn.Module, x: Tensor) -> None:
@@ -161,3 +231,88 @@ def bipartite_graph_for(
             f"{layer}: x is on {x_src.device} but the graph is on {graph.device}; move them to the same device"
         )
     return graph
+
+
+def layer_inputs(
+    layer: nn.Module,
+    x: Tensor | tuple,
+    edge_index_or_graph,
+    size: tuple[int, int] | None = None,
+    *,
+    lin_src: nn.Linear | None = None,
+    lin_dst: nn.Linear | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor | None, Graph]:
+    """``(x_src, x_dst, graph)`` of a layer taking PyG's node input :func:`node_pair`, checked.
+
+    Each of ``x_src`` and ``x_dst`` (when not ``None``) is checked against the linear map
+    it feeds (:func:`check_linear_input`, which also materialises a lazy one), else as a
+    floating ``[N, F]`` tensor of ``dtype`` (unless ``None``). The graph is the square
+    graph over one tensor ``x`` (:func:`graph_for`), or the bipartite graph of a pair
+    (:func:`bipartite_graph_for`; ``size`` ``(N_src, N_dst)``, PyG's ``size``, gives the
+    target count when ``x_dst`` is ``None``). Errors name the layer and ``x`` (one
+    tensor) or ``x_src`` / ``x_dst`` (a pair)."""
+    name = type(layer).__name__
+    x_src, x_dst = node_pair(x, name)
+    pair = not isinstance(x, Tensor)
+    for t, lin, what in ((x_src, lin_src, "x_src" if pair else "x"), (x_dst, lin_dst, "x_dst" if pair else "x")):
+        if t is None:
+            continue
+        if lin is not None:
+            check_linear_input(t, lin, layer, what)
+        else:
+            check_node_features(t, name, what)
+            if dtype is not None:
+                check_dtype(t, dtype, name, what)
+    if size is not None:
+        if not (isinstance(size, (tuple, list)) and len(size) == 2):
+            raise ValueError(f"{name}: size must be a pair (num_src_nodes, num_dst_nodes), got {size!r}")
+        if size[0] is not None and size[0] != x_src.size(0):
+            raise ValueError(f"{name}: size[0] = {size[0]} but x_src has {x_src.size(0)} rows")
+        if x_dst is not None and size[1] is not None and size[1] != x_dst.size(0):
+            raise ValueError(f"{name}: size[1] = {size[1]} but x_dst has {x_dst.size(0)} rows")
+    if not pair and size is None:
+        return x_src, x_dst, graph_for(x, edge_index_or_graph, name)
+    num_dst = x_dst.size(0) if x_dst is not None else (size[1] if size is not None else None)
+    return x_src, x_dst, bipartite_graph_for(x_src, num_dst, edge_index_or_graph, name)
+
+
+def normalized_graph(
+    layer: nn.Module,
+    x: Tensor,
+    edge_index_or_graph: Graph | Tensor,
+    edge_weight: Tensor | None,
+    *,
+    cached: bool,
+    normalize: bool = True,
+    improved: bool = False,
+    add_self_loops: bool = True,
+) -> Graph:
+    """The graph a GCN-style layer aggregates over: ``edge_weight`` (if given) replacing the
+    graph's weights, then, with ``normalize``, :func:`~fusegnn.sparse.processing.gcn_normalized`
+    in ``x``'s dtype. With ``cached`` the first result is stored on the layer
+    (``layer._cached_graph``) and returned from then on; under ``torch.compile`` the
+    normalisation runs (and is cached on the input graph) inside the ``fusegnn::spmm`` op, so
+    nothing is stored, and a graph an eager call stored is used as it is."""
+    if cached and layer._cached_graph is not None:
+        return layer._cached_graph
+    graph = graph_for(x, edge_index_or_graph, type(layer).__name__)
+    if edge_weight is not None:
+        graph = graph.with_edge_weight(edge_weight)
+    if normalize:
+        graph = gcn_normalized(graph, improved=improved, add_self_loops=add_self_loops, dtype=x.dtype)
+    if cached and isinstance(graph, Graph):  # under torch.compile the op caches it on the graph
+        layer._cached_graph = graph
+    return graph
+
+
+def aggregate_linear(
+    graph: Graph, x: Tensor, lin: nn.Linear, reduce: str, aggregation: str, edge_weight: Tensor | None = None
+) -> Tensor:
+    r""":math:`\mathrm{lin}(\bigoplus_{j \to i} w_{ji} x_j)`: for a sum or a mean, which
+    commute with the linear map, at the narrower of its input and output widths (the
+    bias then in the aggregation's epilogue); for a max, aggregating ``x`` first."""
+    weight, bias = lin.weight, lin.bias
+    if reduce != "max" and weight.size(0) < weight.size(1):
+        return spmm(graph, F.linear(x, weight), edge_weight, reduce, bias=bias, aggregation=aggregation)
+    return F.linear(spmm(graph, x, edge_weight, reduce, aggregation=aggregation), weight, bias)

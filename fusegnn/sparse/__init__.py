@@ -22,6 +22,7 @@ from fusegnn.sparse.gat import gat_attention, gat_layer
 from fusegnn.sparse.gatv2 import gatv2_attention
 from fusegnn.sparse.graph import CompressedEdges, Graph
 from fusegnn.sparse.ops import as_graph, edge_index_of, edge_softmax, graph_arg, sddmm, spmm
+from fusegnn.sparse.propagate import propagate
 from fusegnn.sparse.processing import (
     add_remaining_self_loops,
     add_self_loops,
@@ -59,6 +60,7 @@ __all__ = [
     "gatv2_attention",
     "gcn_norm",
     "library",
+    "propagate",
     "register_backend",
     "remove_self_loops",
     "resolve_aggregation",
