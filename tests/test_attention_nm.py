@@ -297,3 +297,26 @@ def test_gpu_vs_reference(name, nm, dtype):
     torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
     for a, b in zip(grads, (qd.grad, kd.grad, vd.grad)):
         torch.testing.assert_close(a.double(), b, atol=4 * tol, rtol=4 * tol)
+
+
+def test_attention_suite_nm_backend(tmp_path):
+    """The suite's opt-in ``full`` cases and ``fusegnn-nm`` backend (CPU smoke run: the
+    interpreter): checked against SDPA given the 2:4 selection, ``vs_block`` filled."""
+    import json
+
+    from benchmarks import attention as bench
+    from benchmarks.run import main
+
+    assert not any(c.mask == "full" for c in bench.select_attention_cases(None, quick=False))
+    assert "full-L4096-fwdbwd" in {c.name for c in bench.select_attention_cases(["full-*"], quick=False)}
+    args = ["--suite", "attention", "--allow-cpu", "--device", "cpu", "--steps", "1", "--warmup", "1", "--quiet",
+            "--no-png", "--out", str(tmp_path), "--cases", "full-L256-fwdbwd",
+            "--backends", "sdpa,fusegnn-block,fusegnn-nm"]
+    assert main(args) == 0
+    doc = json.loads((tmp_path / "attention" / "cpu.json").read_text())
+    records = {r["backend"]: r for r in doc["records"]}
+    nm = records["fusegnn-nm"]
+    assert nm["ok"], nm["error"]
+    assert nm["rel_err"] < 1e-4 and "2:4 selection" in nm["checked_against"]
+    assert nm["block_size"].endswith("nm 2:4") and nm["vs_block"] > 0
+    assert records["fusegnn-block"]["ok"] and records["fusegnn-block"]["vs_block"] is None
