@@ -320,3 +320,27 @@ def test_attention_suite_nm_backend(tmp_path):
     assert nm["rel_err"] < 1e-4 and "2:4 selection" in nm["checked_against"]
     assert nm["block_size"].endswith("nm 2:4") and nm["vs_block"] > 0
     assert records["fusegnn-block"]["ok"] and records["fusegnn-block"]["vs_block"] is None
+
+
+def test_example_nm_run_writes_json(tmp_path):
+    """``examples/sparse_transformer.py --nm 2:4``: every model's layers get nm, the
+    summary (loss curves included) goes to ``--json-out``; a bad pattern is refused."""
+    import json
+
+    from tests.test_attention_layers import _load_example
+
+    example = _load_example()
+    out = tmp_path / "nm.json"
+    argv = ["--quick", "--steps", "2", "--seq-len", "64", "--eval-batches", "1", "--quiet", "--nm", "2:4",
+            "--json-out", str(out)]
+    assert example.main(argv) == 0
+    summary = json.loads(out.read_text())
+    assert summary["nm"] == "2:4" and summary["config"]["nm"] == [2, 4]
+    assert set(summary["models"]) == {"dense", "sparse"}
+    assert all(len(m["loss_curve"]) == 2 for m in summary["models"].values())
+    assert summary["sparse_path"] == ("block" if CUDA else "reference")
+    args = example.parse_args(["--quick", "--nm", "2:4"])
+    model = example.RetrievalEncoder(args, None)
+    assert all(layer.self_attn.nm == (2, 4) for layer in model.layers)
+    with pytest.raises(SystemExit):
+        example.parse_args(["--nm", "2:2"])
