@@ -1,13 +1,18 @@
-"""Train a two-layer GCN or GAT for full-graph node classification.
+"""Train a GNN (GCN, GAT, GraphSAGE, GIN, GATv2, SGC, APPNP) for full-graph node classification.
 
     python examples/train.py                                   # GCN on Cora, 10 runs
     python examples/train.py --dataset CiteSeer --model gat
+    python examples/train.py --model appnp                     # also sage, gin, gatv2, sgc
     python examples/train.py --dataset Reddit --root /data --device cuda --runs 1
     python examples/train.py --device cuda --no-cuda-graph     # eager training steps (no CUDA graph)
 
 The published recipes are the defaults (GCN: hidden 16, dropout 0.5, lr 0.01, weight decay
 5e-4, 200 epochs; GAT: 8 heads x 8, dropout 0.6, lr 0.005, weight decay 5e-4, one output
-head (8 on PubMed), early stopping on validation loss with patience 100). Each run reports
+head (8 on PubMed), early stopping on validation loss with patience 100; GATv2: GAT's;
+SGC: K = 2, lr 0.2, weight decay 5e-3, 100 epochs (PyG's example); APPNP: an MLP of hidden
+64, dropout 0.5, K = 10, alpha = 0.1, lr 0.01, weight decay 5e-4 (PyG's citation
+benchmark); GraphSAGE (mean) and GIN, for which no citation-graph recipe is published:
+hidden 64, dropout 0.5, lr 0.01, weight decay 5e-4, 200 epochs). Each run reports
 the test accuracy of the epoch with the best validation accuracy (ties: lower validation
 loss): the model is selected on validation only, never on test.
 
@@ -55,13 +60,18 @@ except ImportError:  # running from a source checkout without installing
 
 from fusegnn.capture import graphed_step
 from fusegnn.datasets import DATASETS, NodeDataset, load_dataset
-from fusegnn.models import GAT, GCN
+from fusegnn.models import GAT, GCN, GIN, SGC, APPNPNet, GATv2, GraphSAGE
 from fusegnn.sparse import AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision, decisions_taken, for_capture
 
 RECIPES = {
     "gcn": dict(hidden=16, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200, patience=None),
     "gat": dict(hidden=8, dropout=0.6, lr=0.005, weight_decay=5e-4, epochs=1000, patience=100),
+    "gatv2": dict(hidden=8, dropout=0.6, lr=0.005, weight_decay=5e-4, epochs=1000, patience=100),
+    "sage": dict(hidden=64, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200, patience=None),
+    "gin": dict(hidden=64, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200, patience=None),
+    "sgc": dict(hidden=None, dropout=0.0, lr=0.2, weight_decay=5e-3, epochs=100, patience=None),
+    "appnp": dict(hidden=64, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200, patience=None),
 }
 
 
@@ -69,9 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="Cora", help=f"one of {', '.join(DATASETS)}")
     p.add_argument("--model", choices=sorted(RECIPES), default="gcn")
-    p.add_argument("--hidden", type=int, help="hidden width (per head for GAT)")
-    p.add_argument("--heads", type=int, default=8, help="GAT heads in the first layer")
-    p.add_argument("--out-heads", type=int, help="GAT heads in the output layer (1; 8 on PubMed)")
+    p.add_argument("--hidden", type=int, help="hidden width (per head for GAT / GATv2; SGC has none)")
+    p.add_argument("--heads", type=int, default=8, help="GAT / GATv2 heads in the first layer")
+    p.add_argument("--out-heads", type=int, help="GAT / GATv2 heads in the output layer (1; 8 on PubMed)")
+    p.add_argument("--K", type=int, help="SGC / APPNP propagation steps (SGC: 2, APPNP: 10)")
+    p.add_argument("--alpha", type=float, default=0.1, help="APPNP teleport probability")
+    p.add_argument("--aggr", choices=("mean", "max", "sum"), default="mean", help="GraphSAGE aggregation")
     p.add_argument("--epochs", type=int)
     p.add_argument("--patience", type=int, help="early-stopping patience on validation loss (GAT: 100)")
     p.add_argument("--lr", type=float)
@@ -96,6 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.out_heads is None:
         args.out_heads = 8 if args.dataset.lower() == "pubmed" else 1
+    if args.K is None:
+        args.K = 2 if args.model == "sgc" else 10
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     on_cuda = torch.device(args.device).type == "cuda"
@@ -107,12 +122,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_model(args: argparse.Namespace, data: NodeDataset) -> torch.nn.Module:
+    features, classes, agg = data.num_features, data.num_classes, args.aggregation
     if args.model == "gcn":
-        return GCN(data.num_features, args.hidden, data.num_classes, args.dropout, aggregation=args.aggregation)
-    return GAT(
-        data.num_features, args.hidden, data.num_classes, heads=args.heads,
-        out_heads=args.out_heads, dropout=args.dropout, aggregation=args.aggregation,
-    )
+        return GCN(features, args.hidden, classes, args.dropout, aggregation=agg)
+    if args.model in ("gat", "gatv2"):
+        return (GAT if args.model == "gat" else GATv2)(
+            features, args.hidden, classes, heads=args.heads, out_heads=args.out_heads,
+            dropout=args.dropout, aggregation=agg,
+        )
+    if args.model == "sage":
+        return GraphSAGE(features, args.hidden, classes, args.dropout, aggr=args.aggr, aggregation=agg)
+    if args.model == "gin":
+        return GIN(features, args.hidden, classes, args.dropout, aggregation=agg)
+    if args.model == "sgc":
+        return SGC(features, classes, K=args.K, aggregation=agg)
+    return APPNPNet(features, args.hidden, classes, K=args.K, alpha=args.alpha, dropout=args.dropout, aggregation=agg)
 
 
 PATH_LABELS = {
