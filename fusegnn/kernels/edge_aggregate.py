@@ -241,7 +241,7 @@ _max_combine = LazyKernel(_max_combine_kernel)
 # --------------------------------------------------------------------------- host side
 def _flat(t: Tensor | None) -> Tensor | None:
     """``[N, (H,) F]`` rows as contiguous ``[N, C]``."""
-    return None if t is None else t.reshape(t.size(0), -1).contiguous()
+    return None if t is None else t.reshape(t.size(0), math.prod(t.shape[1:])).contiguous()
 
 
 def _flat_weight(w: Tensor | None) -> tuple[Tensor | None, int]:
@@ -339,7 +339,7 @@ def edge_aggregate_backward(
     like = x if x is not None else edge_attr
     if reduce == "mean":
         grad = grad / _mean_count(graph, grad)
-    g2 = grad.reshape(grad.size(0), -1).contiguous()
+    g2 = _flat(grad)
     x2, e2 = _flat(x), _flat(edge_attr)
     w2, heads = _flat_weight(weight)
     cols = g2.size(1)
@@ -362,7 +362,7 @@ def edge_aggregate_backward(
         any_x = x2 if x2 is not None else g2
         _ea_backward[(plan.num_segments * heads * num_fblocks,)](
             g2, any_x, e2 if e2 is not None else g2, w2 if w2 is not None else g2,
-            argmax.reshape(argmax.size(0), -1) if argmax is not None else g2,
+            _flat(argmax) if argmax is not None else g2,
             plan.index, plan.perm, plan.seg_row, plan.seg_start, plan.seg_end, plan.seg_slot,
             gx if need_x else g2, part, ge if need_e else g2, gw_part if need_w else g2,
             plan.num_segments, feat, cols, num_fblocks, heads,

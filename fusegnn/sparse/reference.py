@@ -102,7 +102,9 @@ def max_and_argmax(graph: Graph, messages: Tensor) -> tuple[Tensor, Tensor]:
         )
         argmax = torch.where(argmax == num_edges, -1, argmax)
     found = argmax >= 0
-    out = messages.gather(0, argmax.clamp(min=0)) if num_edges else messages.new_zeros(shape)
+    if num_edges == 0:  # zeros, still a function of the (empty) messages for autograd
+        return messages.new_zeros(shape).index_add(0, dst, messages), argmax
+    out = messages.gather(0, argmax.clamp(min=0))
     return torch.where(found, out, torch.zeros_like(out)), argmax
 
 
