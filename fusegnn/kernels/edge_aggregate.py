@@ -119,10 +119,10 @@ def _ea_forward_kernel(
             acc += z
     if MAX:
         top = tl.max(best, axis=0)
-        none = tl.full([BLOCK_E, BLOCK_F], _INT32_MAX, pos_t)
+        none = tl.full([BLOCK_E, BLOCK_F], 2147483647, pos_t)  # no edge (a literal: kernels read no globals)
         cand = tl.where((best == top[None, :]) & (best_k >= 0), best_k, none)
         top_k = tl.min(cand, axis=0)
-        has = top_k < _INT32_MAX
+        has = top_k < 2147483647
         if slot < 0:
             edge = tl.load(perm_ptr + top_k, mask=has & fmask, other=-1)
             res = tl.where(has, top, 0.0)
