@@ -28,42 +28,29 @@ import torch._dynamo  # noqa: E402
 
 from fusegnn.sparse import Graph, dispatch, edge_aggregate, edge_softmax, reference, reference_grads, sddmm, spmm  # noqa: E402
 from tests.graphs import random_graph, random_weights  # noqa: E402
+from tests.op_cases import DEVICE, F64, PATHS, hub_graph, randn, short_segments  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
 from fusegnn.kernels import edge_aggregate as fused_ea  # noqa: E402
 from fusegnn.kernels import spmm as fused  # noqa: E402
-from fusegnn.kernels.spmm_gar import GarConfig, gar_config  # noqa: E402
+from fusegnn.kernels.spmm_gar import GarConfig  # noqa: E402
 
 CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if CUDA else "cpu")
-F64 = torch.float64
-PATHS = ("gas", "gar")
-SEG_LEN = 8  # short GAR segments: the hub row and several others are split
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(autouse=True)
 def _short_segments():
-    with fused.tuning(gar=lambda feat, es, dot: gar_config(feat, es, dot=dot)._replace(seg_len=SEG_LEN)):
+    with short_segments():
         yield
-
-
-def _graph(n=14, e=90, seed=1, hub=40, num_dst=None) -> Graph:
-    ei = random_graph(n, e, seed, hub_degree=hub, num_dst_nodes=num_dst)
-    return Graph(ei.to(DEVICE), n if num_dst is None else (n, num_dst))
-
-
-def _randn(*shape, seed, dtype=F64):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=gen, dtype=F64).to(DEVICE, dtype)
 
 
 def _inputs(graph, heads, feat, *, use_x=True, use_e=True, weight="e", seed=0):
     trail = (feat,) if heads is None else (heads, feat)
-    x = _randn(graph.num_src_nodes, *trail, seed=seed) if use_x else None
-    e = _randn(graph.num_edges, *trail, seed=seed + 1) if use_e else None
+    x = randn(graph.num_src_nodes, *trail, seed=seed) if use_x else None
+    e = randn(graph.num_edges, *trail, seed=seed + 1) if use_e else None
     w = None
     if weight == "e":
         w = random_weights(graph.num_edges, seed + 2, positive=False).to(DEVICE)
@@ -112,7 +99,7 @@ IDS = ["gine", "transformer", "edge-only", "x-only-relu", "F7-weighted-relu"]
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_reference_equals_loops(case, reduce):
-    graph = _graph(n=9, e=40, seed=2, hub=12)
+    graph = hub_graph(n=9, e=40, seed=2, hub=12)
     x, e, w = _inputs(graph, case["heads"], case["feat"], use_x=case["use_x"], use_e=case["use_e"],
                       weight=case["weight"], seed=3)
     out = edge_aggregate(graph, x, e, edge_weight=w, activation=case["activation"], reduce=reduce,
@@ -122,7 +109,7 @@ def test_reference_equals_loops(case, reduce):
 
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
 def test_gradcheck_through_the_reference(reduce):
-    graph = _graph(n=6, e=16, seed=4, hub=5)
+    graph = hub_graph(n=6, e=16, seed=4, hub=5)
     x, e, w = _inputs(graph, 2, 2, weight="eh", seed=5)
     x, e, w = (t.requires_grad_() for t in (x, e, w))
     assert torch.autograd.gradcheck(
@@ -134,7 +121,7 @@ def test_gradcheck_through_the_reference(reduce):
 
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
 def test_reference_closed_form_backward_equals_autograd(reduce):
-    graph = _graph(n=9, e=40, seed=6, hub=12)
+    graph = hub_graph(n=9, e=40, seed=6, hub=12)
     x, e, w = _inputs(graph, 2, 3, weight="eh", seed=7)
     x, e, w = (t.requires_grad_() for t in (x, e, w))
     out = reference.edge_aggregate(graph, x, e, w, "relu", reduce)
@@ -175,7 +162,7 @@ def _check(graph, x, e, w, activation, reduce, path, tol=None):
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_fused_matches_reference(case, reduce, path):
-    graph = _graph()
+    graph = hub_graph()
     x, e, w = _inputs(graph, case["heads"], case["feat"], use_x=case["use_x"], use_e=case["use_e"],
                       weight=case["weight"], seed=case["feat"])
     _check(graph, x, e, w, case["activation"], reduce, path)
@@ -189,7 +176,7 @@ def test_fused_matches_reference(case, reduce, path):
 )
 def test_fused_launch_variants(config, reduce):
     """Weight gradients summed over several feature blocks, many split rows, int64 offsets."""
-    graph = _graph(seed=8)
+    graph = hub_graph(seed=8)
     x, e, w = _inputs(graph, 2, 5, weight="eh", seed=9)
     with fused.tuning(gar=config):
         _check(graph, x, e, w, "relu", reduce, "gar")
@@ -200,7 +187,7 @@ def test_fused_launch_variants(config, reduce):
 
 def test_fused_partial_gradients_and_float32():
     """Only some inputs require grad; fp32 in, fp32 out, within fp32 rounding."""
-    graph = _graph(seed=10)
+    graph = hub_graph(seed=10)
     x, e, w = _inputs(graph, None, 6, weight="e", seed=11)
     xs = x.clone().requires_grad_()
     out = edge_aggregate(graph, xs, e, edge_weight=w, activation="relu", aggregation="gar")
@@ -213,9 +200,9 @@ def test_fused_partial_gradients_and_float32():
 
 def test_plain_backward_recomputes_the_argmax():
     """The compiled op's backward has no saved argmax: it recomputes it, same gradients."""
-    graph = _graph(seed=12)
+    graph = hub_graph(seed=12)
     x, e, w = _inputs(graph, 2, 3, weight="eh", seed=13)
-    grad = _randn(graph.num_dst_nodes, 2, 3, seed=14)
+    grad = randn(graph.num_dst_nodes, 2, 3, seed=14)
     _, argmax = fused_ea.edge_aggregate_forward(graph, x, e, w, "relu", "max")
     kept = fused_ea.edge_aggregate_backward(graph, grad, x, e, w, "relu", "max", argmax, True, True, True)
     again = fused_ea.edge_aggregate_backward(graph, grad, x, e, w, "relu", "max", None, True, True, True)
@@ -228,14 +215,14 @@ def test_plain_backward_recomputes_the_argmax():
 @pytest.mark.parametrize("path", ("reference",) + PATHS)
 def test_empty_graph_and_untouched_inputs(path):
     graph = Graph(torch.empty(2, 0, dtype=torch.int64, device=DEVICE), 5)
-    x = _randn(5, 3, seed=15).requires_grad_()
+    x = randn(5, 3, seed=15).requires_grad_()
     e = torch.zeros(0, 3, dtype=F64, device=DEVICE, requires_grad=True)
     for reduce in ("sum", "mean", "max"):
         out = edge_aggregate(graph, x, e, activation="relu", reduce=reduce, aggregation=path)
         assert torch.equal(out, torch.zeros(5, 3, dtype=F64, device=DEVICE))
         gx, ge = torch.autograd.grad(out, [x, e], torch.ones_like(out))
         assert torch.equal(gx, torch.zeros_like(x)) and ge.shape == (0, 3)
-    graph = _graph(seed=16)
+    graph = hub_graph(seed=16)
     x, e, w = _inputs(graph, None, 4, seed=17)
     before = [t.clone() for t in (x, e, w, graph.edge_index)]
     edge_aggregate(graph, x, e, edge_weight=w, activation="relu", reduce="max", aggregation=path)
@@ -243,7 +230,7 @@ def test_empty_graph_and_untouched_inputs(path):
 
 
 def test_graph_weight_and_edge_index_input():
-    graph = _graph(seed=18)
+    graph = hub_graph(seed=18)
     x, e, w = _inputs(graph, None, 3, seed=19)
     want = reference.edge_aggregate(graph, x, e, w, "relu", "sum")
     torch.testing.assert_close(edge_aggregate(graph.with_edge_weight(w), x, e, activation="relu"), want)
@@ -254,7 +241,7 @@ def test_graph_weight_and_edge_index_input():
 
 # ------------------------------------------------------------------ bad input
 def test_bad_input_errors_name_the_argument():
-    graph = _graph(n=6, e=20, seed=20, hub=0)
+    graph = hub_graph(n=6, e=20, seed=20, hub=0)
     x, e, w = _inputs(graph, None, 3, seed=21)
     cases = [
         (dict(), ValueError, "x or edge_attr"),
@@ -284,9 +271,9 @@ BIPARTITE = [(11, 5), (5, 11)]
 @pytest.mark.parametrize("sizes", BIPARTITE, ids=["more-sources", "more-targets"])
 def test_bipartite_spmm(sizes, path):
     n_src, n_dst = sizes
-    graph = _graph(n=n_src, e=70, seed=22, hub=30, num_dst=n_dst)
+    graph = hub_graph(n=n_src, e=70, seed=22, hub=30, num_dst=n_dst)
     assert graph.num_src_nodes == n_src and graph.num_dst_nodes == n_dst
-    x = _randn(n_src, 2, 3, seed=23)
+    x = randn(n_src, 2, 3, seed=23)
     w = random_weights(graph.num_edges, 24, heads=2, positive=False).to(DEVICE)
     for reduce in ("sum", "mean", "max"):
         xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -304,9 +291,9 @@ def test_bipartite_spmm(sizes, path):
 @pytest.mark.parametrize("sizes", BIPARTITE, ids=["more-sources", "more-targets"])
 def test_bipartite_sddmm_and_edge_softmax(sizes, path):
     n_src, n_dst = sizes
-    graph = _graph(n=n_src, e=70, seed=25, hub=30, num_dst=n_dst)
+    graph = hub_graph(n=n_src, e=70, seed=25, hub=30, num_dst=n_dst)
     for op, shape in (("dot", (2, 3)), ("add", (2,)), ("mul", (5,))):
-        a, b = _randn(n_src, *shape, seed=26), _randn(n_dst, *shape, seed=27)
+        a, b = randn(n_src, *shape, seed=26), randn(n_dst, *shape, seed=27)
         fa, fb = a.clone().requires_grad_(), b.clone().requires_grad_()
         ra, rb = a.clone().requires_grad_(), b.clone().requires_grad_()
         out = sddmm(graph, fa, fb, op, aggregation=path)
@@ -315,7 +302,7 @@ def test_bipartite_sddmm_and_edge_softmax(sizes, path):
         grad = torch.randn_like(ref)
         for g1, g2 in zip(torch.autograd.grad(out, [fa, fb], grad), torch.autograd.grad(ref, [ra, rb], grad)):
             torch.testing.assert_close(g1, g2, rtol=1e-12, atol=1e-12)
-    scores = _randn(graph.num_edges, 2, seed=28)
+    scores = randn(graph.num_edges, 2, seed=28)
     fs, rs = scores.clone().requires_grad_(), scores.clone().requires_grad_()
     alpha = edge_softmax(graph, fs, aggregation=path)
     ref = reference.edge_softmax(graph, rs)
@@ -329,7 +316,7 @@ def test_bipartite_sddmm_and_edge_softmax(sizes, path):
 @pytest.mark.parametrize("sizes", BIPARTITE, ids=["more-sources", "more-targets"])
 def test_bipartite_edge_aggregate(sizes, path):
     n_src, n_dst = sizes
-    graph = _graph(n=n_src, e=70, seed=29, hub=30, num_dst=n_dst)
+    graph = hub_graph(n=n_src, e=70, seed=29, hub=30, num_dst=n_dst)
     x, e, w = _inputs(graph, 2, 3, weight="eh", seed=30)
     for reduce in ("sum", "mean", "max"):
         _check(graph, x, e, w, "relu", reduce, path)
@@ -349,8 +336,8 @@ def _compiled(fn):
 def test_compiled_edge_aggregate_and_max(aggregation):
     torch._dynamo.reset()
     graph = Graph(random_graph(14, 48, seed=31, hub_degree=6), 14)
-    x = _randn(14, 2, 3, seed=32).cpu().requires_grad_()
-    e = _randn(48, 2, 3, seed=33).cpu().requires_grad_()
+    x = randn(14, 2, 3, seed=32).cpu().requires_grad_()
+    e = randn(48, 2, 3, seed=33).cpu().requires_grad_()
     w = random_weights(48, 34, heads=2, positive=False).requires_grad_()
 
     def fn(x, e, w, graph):
@@ -378,8 +365,8 @@ def test_compiled_edge_aggregate_and_max(aggregation):
 
 def test_opcheck_edge_aggregate():
     graph = Graph(random_graph(10, 30, seed=35, hub_degree=5), 10)
-    x = _randn(10, 2, 3, seed=36).cpu().requires_grad_()
-    e = _randn(30, 2, 3, seed=37).cpu().requires_grad_()
+    x = randn(10, 2, 3, seed=36).cpu().requires_grad_()
+    e = randn(30, 2, 3, seed=37).cpu().requires_grad_()
     w = random_weights(30, 38, heads=2, positive=False).requires_grad_()
     ops = torch.ops.fusegnn
     base = (graph.uid, None, 10, 10, 30, "")

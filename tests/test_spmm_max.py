@@ -21,37 +21,22 @@ if not torch.cuda.is_available():  # run the Triton kernels on the CPU
 import pytest  # noqa: E402
 
 from fusegnn.sparse import Graph, dispatch, reference, spmm  # noqa: E402
-from tests.graphs import random_graph, random_weights  # noqa: E402
+from tests.graphs import random_weights  # noqa: E402
+from tests.op_cases import DEVICE, F64, PATHS, hub_graph, randn, short_segments  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
 from fusegnn.kernels import edge_aggregate as fused_ea  # noqa: E402
 from fusegnn.kernels import spmm as fused  # noqa: E402
-from fusegnn.kernels.spmm_gar import GarConfig, gar_config  # noqa: E402
-
-CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if CUDA else "cpu")
-F64 = torch.float64
-PATHS = ("gas", "gar")
-SEG_LEN = 8  # short GAR segments: the hub row and several others are split
+from fusegnn.kernels.spmm_gar import GarConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(autouse=True)
 def _short_segments():
-    with fused.tuning(gar=lambda feat, es, dot: gar_config(feat, es, dot=dot)._replace(seg_len=SEG_LEN)):
+    with short_segments():
         yield
-
-
-def _graph(n=14, e=90, seed=1, hub=40, num_dst=None) -> Graph:
-    ei = random_graph(n, e, seed, hub_degree=hub, num_dst_nodes=num_dst)
-    return Graph(ei.to(DEVICE), n if num_dst is None else (n, num_dst))
-
-
-def _randn(*shape, seed, dtype=F64):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=gen, dtype=F64).to(DEVICE, dtype)
 
 
 def _max_loops(graph: Graph, x: torch.Tensor, w: torch.Tensor | None):
@@ -83,8 +68,8 @@ def _max_loops(graph: Graph, x: torch.Tensor, w: torch.Tensor | None):
 # ------------------------------------------------------------------ the reference and its tie rule
 @pytest.mark.parametrize("heads, feat, weight", [(None, 3, "e"), (None, 5, None), (2, 3, "eh"), (2, 1, "e")])
 def test_reference_equals_loops(heads, feat, weight):
-    graph = _graph(n=9, e=40, seed=2, hub=12)
-    x = _randn(*((9, feat) if heads is None else (9, heads, feat)), seed=3)
+    graph = hub_graph(n=9, e=40, seed=2, hub=12)
+    x = randn(*((9, feat) if heads is None else (9, heads, feat)), seed=3)
     w = None
     if weight is not None:
         w = random_weights(graph.num_edges, 4, heads=heads if weight == "eh" else None, positive=False).to(DEVICE)
@@ -116,8 +101,8 @@ def test_ties_go_to_the_lowest_edge_id_and_so_does_the_gradient():
 
 
 def test_reference_closed_form_backward_equals_autograd():
-    graph = _graph(n=9, e=40, seed=5, hub=12)
-    x = _randn(9, 2, 3, seed=6).requires_grad_()
+    graph = hub_graph(n=9, e=40, seed=5, hub=12)
+    x = randn(9, 2, 3, seed=6).requires_grad_()
     w = random_weights(graph.num_edges, 7, heads=2, positive=False).to(DEVICE).requires_grad_()
     out = reference.spmm(graph, x, w, "max")
     grad = torch.randn_like(out)
@@ -134,8 +119,8 @@ def reference_grads_spmm(graph, grad, x, w):
 
 
 def test_gradcheck_through_the_reference():
-    graph = _graph(n=6, e=16, seed=8, hub=5)
-    x = _randn(6, 3, seed=9).requires_grad_()
+    graph = hub_graph(n=6, e=16, seed=8, hub=5)
+    x = randn(6, 3, seed=9).requires_grad_()
     w = random_weights(graph.num_edges, 10, positive=False).to(DEVICE).requires_grad_()
     assert torch.autograd.gradcheck(lambda x, w: spmm(graph, x, w, "max", aggregation="reference"), (x, w))
 
@@ -180,8 +165,8 @@ def _check(graph, x, w, path, bias=None, tol=None):
     ids=["F1-unweighted", "F7", "H3-perhead", "H2-shared", "F3-unweighted-ties"],
 )
 def test_fused_matches_reference(path, heads, feat, weight):
-    graph = _graph()
-    x = _randn(*((14, feat) if heads is None else (14, heads, feat)), seed=feat)
+    graph = hub_graph()
+    x = randn(*((14, feat) if heads is None else (14, heads, feat)), seed=feat)
     w = None
     if weight is not None:
         w = random_weights(graph.num_edges, feat + 1, heads=heads if weight == "eh" else None, positive=False)
@@ -191,8 +176,8 @@ def test_fused_matches_reference(path, heads, feat, weight):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_fused_argmax_equals_the_reference(path):
-    graph = _graph(seed=11)
-    x = _randn(14, 2, 3, seed=12)
+    graph = hub_graph(seed=11)
+    x = randn(14, 2, 3, seed=12)
     w = random_weights(graph.num_edges, 13, heads=2, positive=False).to(DEVICE)
     out, arg = fused_ea.edge_aggregate_forward(graph, x, None, w, None, "max")
     want, want_arg = reference.max_and_argmax(graph, x.index_select(0, graph.src) * w.unsqueeze(-1))
@@ -207,8 +192,8 @@ def test_fused_argmax_equals_the_reference(path):
 )
 def test_fused_launch_variants(config):
     """Several feature blocks per head and many split rows; also the int64 offsets."""
-    graph = _graph(seed=14)
-    x = _randn(14, 2, 5, seed=15)
+    graph = hub_graph(seed=14)
+    x = randn(14, 2, 5, seed=15)
     w = random_weights(graph.num_edges, 16, heads=2, positive=False).to(DEVICE)
     with fused.tuning(gar=config):
         _check(graph, x, w, "gar")
@@ -219,10 +204,10 @@ def test_fused_launch_variants(config):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_bias_float32_and_untouched_inputs(path):
-    graph = _graph(seed=17)
-    x = _randn(14, 6, seed=18)
+    graph = hub_graph(seed=17)
+    x = randn(14, 6, seed=18)
     w = random_weights(graph.num_edges, 19, positive=False).to(DEVICE)
-    bias = _randn(6, seed=20)
+    bias = randn(6, seed=20)
     before = x.clone(), w.clone(), graph.edge_index.clone()
     _check(graph, x, w, path, bias=bias)
     assert torch.equal(x, before[0]) and torch.equal(w, before[1]) and torch.equal(graph.edge_index, before[2])
@@ -230,9 +215,9 @@ def test_bias_float32_and_untouched_inputs(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_empty_graph(path):
+def test_emptyhub_graph(path):
     graph = Graph(torch.empty(2, 0, dtype=torch.int64, device=DEVICE), 5)
-    x = _randn(5, 3, seed=21).requires_grad_()
+    x = randn(5, 3, seed=21).requires_grad_()
     out = spmm(graph, x, None, "max", aggregation=path)
     assert torch.equal(out, torch.zeros(5, 3, dtype=F64, device=DEVICE))
     (gx,) = torch.autograd.grad(out, [x], torch.ones_like(out))
@@ -240,8 +225,8 @@ def test_empty_graph(path):
 
 
 def test_gar_max_is_bitwise_deterministic_and_mean_is_fused():
-    graph = _graph(seed=22)
-    x = _randn(14, 4, seed=23)
+    graph = hub_graph(seed=22)
+    x = randn(14, 4, seed=23)
     first = spmm(graph, x, None, "max", aggregation="gar")
     assert torch.equal(first, spmm(graph, x, None, "max", aggregation="gar"))
     for path in PATHS:  # mean: the fused sum over the in-degree, on the path asked for

@@ -53,7 +53,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from fusegnn.kernels._triton import LazyKernel
+from fusegnn.kernels._triton import LazyKernel, kernel_helper
 from fusegnn.kernels.partition import SegmentPlan, plan_for
 from fusegnn.kernels.spmm import gar_cfg
 from fusegnn.kernels.spmm_gar import _gar_combine
@@ -66,6 +66,22 @@ INT64_OFFSETS_FROM = 2**31 - 1
 _INT32_MAX = 2**31 - 1
 
 
+@kernel_helper
+def _program_segment(seg_row_ptr, seg_start_ptr, seg_end_ptr, seg_slot_ptr, num_segments, num_fblocks,
+                     IDX64: tl.constexpr):
+    """This program's segment (its row, edge range and slot) and its head and feature
+    block; segments vary fastest (a feature block's segments run together)."""
+    pos_t = tl.int64 if IDX64 else tl.int32
+    pid = tl.program_id(0)
+    seg = pid % num_segments
+    col = pid // num_segments
+    row = tl.load(seg_row_ptr + seg).to(pos_t)
+    start = tl.load(seg_start_ptr + seg).to(pos_t)
+    end = tl.load(seg_end_ptr + seg).to(pos_t)
+    slot = tl.load(seg_slot_ptr + seg).to(pos_t)
+    return row, start, end, slot, col // num_fblocks, col % num_fblocks
+
+
 def _ea_forward_kernel(
     x_ptr, e_ptr, w_ptr, index_ptr, perm_ptr,
     seg_row_ptr, seg_start_ptr, seg_end_ptr, seg_slot_ptr,
@@ -76,15 +92,9 @@ def _ea_forward_kernel(
 ):
     acc_t = tl.float64 if ACC64 else tl.float32
     pos_t = tl.int64 if IDX64 else tl.int32
-    pid = tl.program_id(0)
-    seg = pid % num_segments
-    col = pid // num_segments
-    head = col // num_fblocks
-    fblock = col % num_fblocks
-    row = tl.load(seg_row_ptr + seg).to(pos_t)
-    start = tl.load(seg_start_ptr + seg).to(pos_t)
-    end = tl.load(seg_end_ptr + seg).to(pos_t)
-    slot = tl.load(seg_slot_ptr + seg).to(pos_t)
+    row, start, end, slot, head, fblock = _program_segment(
+        seg_row_ptr, seg_start_ptr, seg_end_ptr, seg_slot_ptr, num_segments, num_fblocks, IDX64
+    )
     f = fblock * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < num_feat
     col0 = head * num_feat
@@ -176,15 +186,9 @@ def _ea_backward_kernel(
 ):
     acc_t = tl.float64 if ACC64 else tl.float32
     pos_t = tl.int64 if IDX64 else tl.int32
-    pid = tl.program_id(0)
-    seg = pid % num_segments
-    col = pid // num_segments
-    head = col // num_fblocks
-    fblock = col % num_fblocks
-    row = tl.load(seg_row_ptr + seg).to(pos_t)
-    start = tl.load(seg_start_ptr + seg).to(pos_t)
-    end = tl.load(seg_end_ptr + seg).to(pos_t)
-    slot = tl.load(seg_slot_ptr + seg).to(pos_t)
+    row, start, end, slot, head, fblock = _program_segment(
+        seg_row_ptr, seg_start_ptr, seg_end_ptr, seg_slot_ptr, num_segments, num_fblocks, IDX64
+    )
     f = fblock * BLOCK_F + tl.arange(0, BLOCK_F)
     fmask = f < num_feat
     col0 = head * num_feat
