@@ -67,10 +67,11 @@ _INT32_MAX = 2**31 - 1
 
 
 @kernel_helper
-def _program_segment(seg_row_ptr, seg_start_ptr, seg_end_ptr, seg_slot_ptr, num_segments, num_fblocks,
-                     IDX64: tl.constexpr):
-    """This program's segment (its row, edge range and slot) and its head and feature
-    block; segments vary fastest (a feature block's segments run together)."""
+def _program_segment(seg_row_ptr, seg_start_ptr, seg_end_ptr, seg_slot_ptr, num_segments, num_fblocks, num_feat,
+                     IDX64: tl.constexpr, BLOCK_F: tl.constexpr):
+    """This program's segment (its row, edge range and slot), head and feature block, the
+    block's features ``f`` (and mask) and the head's first column; segments vary fastest
+    (a feature block's segments run together)."""
     pos_t = tl.int64 if IDX64 else tl.int32
     pid = tl.program_id(0)
     seg = pid % num_segments
@@ -79,7 +80,10 @@ def _program_segment(seg_row_ptr, seg_start_ptr, seg_end_ptr, seg_slot_ptr, num_
     start = tl.load(seg_start_ptr + seg).to(pos_t)
     end = tl.load(seg_end_ptr + seg).to(pos_t)
     slot = tl.load(seg_slot_ptr + seg).to(pos_t)
-    return row, start, end, slot, col // num_fblocks, col % num_fblocks
+    head = col // num_fblocks
+    fblock = col % num_fblocks
+    f = fblock * BLOCK_F + tl.arange(0, BLOCK_F)
+    return row, start, end, slot, head, fblock, f, f < num_feat, head * num_feat
 
 
 def _ea_forward_kernel(
@@ -92,12 +96,9 @@ def _ea_forward_kernel(
 ):
     acc_t = tl.float64 if ACC64 else tl.float32
     pos_t = tl.int64 if IDX64 else tl.int32
-    row, start, end, slot, head, fblock = _program_segment(
-        seg_row_ptr, seg_start_ptr, seg_end_ptr, seg_slot_ptr, num_segments, num_fblocks, IDX64
+    row, start, end, slot, head, fblock, f, fmask, col0 = _program_segment(
+        seg_row_ptr, seg_start_ptr, seg_end_ptr, seg_slot_ptr, num_segments, num_fblocks, num_feat, IDX64, BLOCK_F
     )
-    f = fblock * BLOCK_F + tl.arange(0, BLOCK_F)
-    fmask = f < num_feat
-    col0 = head * num_feat
     if MAX:
         best = tl.full([BLOCK_E, BLOCK_F], float("-inf"), acc_t)
         best_k = tl.full([BLOCK_E, BLOCK_F], -1, pos_t)
@@ -186,12 +187,9 @@ def _ea_backward_kernel(
 ):
     acc_t = tl.float64 if ACC64 else tl.float32
     pos_t = tl.int64 if IDX64 else tl.int32
-    row, start, end, slot, head, fblock = _program_segment(
-        seg_row_ptr, seg_start_ptr, seg_end_ptr, seg_slot_ptr, num_segments, num_fblocks, IDX64
+    row, start, end, slot, head, fblock, f, fmask, col0 = _program_segment(
+        seg_row_ptr, seg_start_ptr, seg_end_ptr, seg_slot_ptr, num_segments, num_fblocks, num_feat, IDX64, BLOCK_F
     )
-    f = fblock * BLOCK_F + tl.arange(0, BLOCK_F)
-    fmask = f < num_feat
-    col0 = head * num_feat
     if HAS_X and NEED_Z:
         xr = tl.load(x_ptr + (row * row_stride + col0 + f), mask=fmask, other=0.0).to(acc_t)
     if NEED_X:
