@@ -2,6 +2,7 @@
 
 from fusegnn.layers.attention import SparseMultiheadAttention, SparseTransformerEncoderLayer
 from fusegnn.layers.gat_conv import GATConv
+from fusegnn.layers.gatv2_conv import GATv2Conv
 from fusegnn.layers.gcn_conv import GCNConv
 
-__all__ = ["GCNConv", "GATConv", "SparseMultiheadAttention", "SparseTransformerEncoderLayer"]
+__all__ = ["GCNConv", "GATConv", "GATv2Conv", "SparseMultiheadAttention", "SparseTransformerEncoderLayer"]

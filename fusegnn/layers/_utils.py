@@ -111,3 +111,53 @@ def graph_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> Gra
             "move them to the same device"
         )
     return graph
+
+
+def node_pair(x: Tensor | tuple, layer: str) -> tuple[Tensor, Tensor | None]:
+    """``x`` as PyG's layers take it: one ``[N, F]`` tensor (the same nodes are sources and
+    targets: ``(x, x)``) or a bipartite pair ``(x_src, x_dst)``, ``x_dst`` possibly ``None``
+    (target nodes without features of their own). Returns ``(x_src, x_dst)``."""
+    if isinstance(x, Tensor):
+        return x, x
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise ValueError(f"{layer}: x must be a tensor or a pair (x_src, x_dst), got {len(x)} items")
+        x_src, x_dst = x
+        if not isinstance(x_src, Tensor):
+            raise TypeError(f"{layer}: x_src (x[0]) must be a torch.Tensor, got {type(x_src).__name__}")
+        if x_dst is not None and not isinstance(x_dst, Tensor):
+            raise TypeError(f"{layer}: x_dst (x[1]) must be a torch.Tensor or None, got {type(x_dst).__name__}")
+        return x_src, x_dst
+    raise TypeError(f"{layer}: x must be a torch.Tensor or a pair (x_src, x_dst), got {type(x).__name__}")
+
+
+def bipartite_graph_for(
+    x_src: Tensor, num_dst: int | None, edge_index_or_graph: Graph | Tensor, layer: str
+) -> Graph:
+    """The graph from ``x_src``'s rows (sources) to ``num_dst`` targets, checked against
+    them and ``x_src``'s device: any input :func:`graph_for` takes, where a
+    :class:`~fusegnn.sparse.Graph` or a sparse ``adj_t`` ``[N_dst, N_src]`` carries its own
+    sizes and an ``edge_index`` gets ``num_nodes=(x_src.size(0), num_dst)``. ``num_dst``
+    ``None`` (no target features: PyG's ``(x_src, None)``) takes the graph's own target
+    count, or ``x_src.size(0)`` for an ``edge_index``."""
+    if num_dst is None and isinstance(edge_index_or_graph, Tensor) and edge_index_or_graph.layout == torch.strided:
+        num_dst = x_src.size(0)
+    num_nodes = (x_src.size(0), num_dst) if num_dst is not None else None
+    if torch.compiler.is_compiling():
+        graph = graph_arg(edge_index_or_graph, num_nodes, name="edge_index_or_graph", device=x_src.device)
+    else:
+        try:
+            graph = graph_arg(edge_index_or_graph, num_nodes, name="edge_index_or_graph", device=x_src.device)
+        except (TypeError, ValueError, IndexError) as err:
+            raise type(err)(f"{layer}: {err}") from None
+    if graph.num_src_nodes != x_src.size(0) or (num_dst is not None and graph.num_dst_nodes != num_dst):
+        expected = f"{x_src.size(0)} x {num_dst if num_dst is not None else '?'}"
+        raise ValueError(
+            f"{layer}: the graph has {graph.num_src_nodes} x {graph.num_dst_nodes} (source x target) "
+            f"nodes but the features give {expected}"
+        )
+    if graph.device != x_src.device:
+        raise ValueError(
+            f"{layer}: x is on {x_src.device} but the graph is on {graph.device}; move them to the same device"
+        )
+    return graph

@@ -20,6 +20,7 @@ from fusegnn.sparse.dispatch import (
     resolve_aggregation,
 )
 from fusegnn.sparse.gat import gat_attention, gat_layer
+from fusegnn.sparse.gatv2 import gatv2_attention
 from fusegnn.sparse.graph import CompressedEdges, Graph
 from fusegnn.sparse.ops import as_graph, edge_aggregate, edge_index_of, edge_softmax, graph_arg, sddmm, spmm
 from fusegnn.sparse.processing import (
@@ -59,6 +60,7 @@ __all__ = [
     "edge_softmax",
     "gat_attention",
     "gat_layer",
+    "gatv2_attention",
     "gcn_norm",
     "library",
     "register_backend",

@@ -119,6 +119,7 @@ __all__ = [
     "edge_softmax",
     "edge_aggregate",
     "gat_attention",
+    "gatv2_attention",
     "edge_index",
 ]
 
@@ -614,6 +615,76 @@ _gat_op = register_op(OpSpec(
 ))
 
 
+# ----------------------------------------------------------------------------- GATv2
+def _gatv2_reference_path(backend: Backend, return_alpha: bool) -> bool:
+    """Whether a GATv2 op runs the reference: asked for, or the coefficients are returned
+    (the fused kernels do not return them; the eager op does the same)."""
+    return backend.name == "reference" or return_alpha
+
+
+def _gatv2(og: OpGraph, x_l, x_r, att, edge_attr, seed, negative_slope, p, return_alpha, aggregation):
+    g = og.graph
+    backend = resolve_aggregation(aggregation, g, x_l, x_r)
+    heads = x_l.size(1)
+    lse = torch.zeros((g.num_dst_nodes, heads), dtype=_lse_dtype(x_l, att), device=x_l.device)
+    if _gatv2_reference_path(backend, return_alpha):
+        out, alpha = reference.gatv2_attention(g, x_l, x_r, att, edge_attr, negative_slope, p, seed)
+        return out, lse, (alpha if return_alpha else att.new_empty((0, heads)))
+    from fusegnn.kernels.gatv2_fused import gatv2_config, gatv2_forward
+
+    cfg = gatv2_config(g, x_l, att, negative_slope, p, seed, backend.name)
+    edge = edge_attr.contiguous() if edge_attr is not None else None
+    out, lse = gatv2_forward(cfg, x_l.contiguous(), x_r.contiguous(), att.contiguous(), edge)
+    return out, lse, att.new_empty((0, heads))
+
+
+def _gatv2_fake(sizes: Sizes, x_l, x_r, att, edge_attr, seed, negative_slope, p, return_alpha, aggregation):
+    heads = x_l.size(1)
+    out = x_l.new_empty((sizes.num_dst,) + tuple(x_l.shape[1:]))
+    lse = torch.empty((sizes.num_dst, heads), dtype=_lse_dtype(x_l, att), device=x_l.device)
+    return out, lse, att.new_empty((sizes.edges() if return_alpha else 0, heads))
+
+
+def _gatv2_backward(og: OpGraph, x_l, x_r, att, edge_attr, seed, out, lse, grad_out, grad_alpha,
+                    negative_slope, p, return_alpha, aggregation):
+    g = og.graph
+    if _gatv2_reference_path(backend_named(_resolved(aggregation, g, x_l, x_r)), return_alpha):
+        return reference_grads.gatv2_attention_backward(
+            g, x_l, x_r, att, edge_attr, negative_slope, p, seed, grad_out, grad_alpha
+        )
+    from fusegnn.kernels.gatv2_fused import gatv2_backward, gatv2_config
+
+    cfg = gatv2_config(g, x_l, att, negative_slope, p, seed, _resolved(aggregation, g, x_l, x_r))
+    edge = edge_attr.contiguous() if edge_attr is not None else None
+    return gatv2_backward(cfg, x_l.contiguous(), x_r.contiguous(), att.contiguous(), edge, out, lse, grad_out)
+
+
+def _gatv2_backward_fake(sizes: Sizes, x_l, x_r, att, edge_attr, seed, out, lse, grad_out, grad_alpha,
+                         negative_slope, p, return_alpha, aggregation):
+    grad_edge = edge_attr.new_empty(edge_attr.shape) if edge_attr is not None else None
+    return x_l.new_empty(x_l.shape), x_r.new_empty(x_r.shape), att.new_empty(att.shape), grad_edge
+
+
+_gatv2_op = register_op(OpSpec(
+    name="gatv2_attention",
+    inputs=(
+        "Tensor x_l, Tensor x_r, Tensor att, Tensor? edge_attr, Tensor? seed, float negative_slope, float p, "
+        "bool return_alpha, str aggregation"
+    ),
+    outputs=("out", "lse", "alpha"),
+    forward=_gatv2,
+    fake=_gatv2_fake,
+    backward_inputs=(
+        "Tensor x_l, Tensor x_r, Tensor att, Tensor? edge_attr, Tensor? seed, Tensor out, Tensor lse, "
+        "Tensor grad_out, Tensor? grad_alpha, float negative_slope, float p, bool return_alpha, str aggregation"
+    ),
+    differentiable=("x_l", "x_r", "att", "edge_attr"),
+    backward=_gatv2_backward,
+    backward_fake=_gatv2_backward_fake,
+    grads=_gat_grads,
+))
+
+
 # ----------------------------------------------------------------------------- edge list
 def _edge_index(og: OpGraph, dtype, device):
     return og.graph.edge_index.to(dtype).clone()  # a copy: the graph's own tensor stays the graph's
@@ -679,3 +750,16 @@ def gat_attention(ref: GraphRef, h: Tensor, score_src: Tensor, score_dst: Tensor
 def edge_index(ref: GraphRef) -> Tensor:
     """``fusegnn::edge_index``: a copy of the processed graph's ``edge_index``."""
     return _edge_index_op(*_graph_args(ref), ref.index_dtype, ref.device)
+
+
+def gatv2_attention(ref: GraphRef, x_l: Tensor, x_r: Tensor, att: Tensor, edge_attr: Optional[Tensor],
+                    negative_slope: float, p: float, return_alpha: bool,
+                    aggregation: str) -> tuple[Tensor, Optional[Tensor]]:
+    """``fusegnn::gatv2_attention``: :func:`fusegnn.sparse.gatv2_attention` on ``ref``
+    (arguments checked; ``p`` the dropout probability, 0 outside training)."""
+    seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=x_l.device) if p > 0.0 else None
+    out, _, alpha = _gatv2_op(
+        *_graph_args(ref), x_l, x_r, att, edge_attr, seed, float(negative_slope), float(p),
+        bool(return_alpha), aggregation,
+    )
+    return out, (alpha if return_alpha else None)

@@ -20,6 +20,8 @@ __all__ = [
     "add_remaining_self_loops",
     "gcn_norm",
     "gat_self_loops",
+    "gat_self_loop_edge_attr",
+    "self_loop_attr",
     "gcn_normalized",
     "transformed",
     "self_loop_structure",
@@ -214,6 +216,85 @@ def gat_self_loops(graph: Graph) -> Graph:
         lambda: add_self_loops(remove_self_loops(graph.with_edge_weight(None))),
         structural=True,
     )
+
+
+# PyG's string fill values and the scatter reduction each is (min / max / mul as its scatter's)
+_LOOP_ATTR_REDUCES = {"add": "sum", "sum": "sum", "mean": "mean", "min": "amin", "max": "amax", "mul": "prod"}
+
+
+def self_loop_attr(graph: Graph, edge_attr: Tensor, fill_value: float | Tensor | str | None = "mean") -> Tensor:
+    r"""The edge features of the self-loops that a layer adds, one row per target node
+    (PyG's ``compute_loop_attr``):
+
+    * ``None``: ones; a number: that value everywhere; a tensor: that feature vector
+      (``edge_attr.shape[1:]``) for every loop;
+    * ``"add"`` / ``"sum"``, ``"mean"``, ``"min"``, ``"max"``, ``"mul"``: the reduction of
+      each node's incoming edges' features,
+      :math:`e_{ii} = igoplus_{(j 	o i) \in E} e_{ji}`; a node without incoming edges
+      gets zeros (ones for ``"mul"``, as PyG's ``scatter``).
+
+    Differentiable with respect to ``edge_attr`` (and a tensor ``fill_value``).
+    Returns ``[N_dst, *edge_attr.shape[1:]]``.
+    """
+    if not isinstance(edge_attr, Tensor):
+        raise TypeError(f"edge_attr must be a torch.Tensor, got {type(edge_attr).__name__}")
+    if edge_attr.dim() == 0 or edge_attr.size(0) != graph.num_edges:
+        raise ValueError(
+            f"edge_attr must have one row per edge ({graph.num_edges}), got shape {tuple(edge_attr.shape)}"
+        )
+    size = (graph.num_dst_nodes,) + tuple(edge_attr.shape[1:])
+    if fill_value is None:
+        return edge_attr.new_ones(size)
+    if isinstance(fill_value, bool):
+        raise TypeError("fill_value must be a number, a tensor, a reduction name or None, got a bool")
+    if isinstance(fill_value, (int, float)):
+        return edge_attr.new_full(size, float(fill_value))
+    if isinstance(fill_value, Tensor):
+        loop = fill_value.to(edge_attr.device, edge_attr.dtype)
+        if loop.dim() != edge_attr.dim():
+            loop = loop.unsqueeze(0)
+        try:
+            return loop.expand(size).contiguous()
+        except RuntimeError:
+            raise ValueError(
+                f"fill_value of shape {tuple(fill_value.shape)} does not fit edge features of shape "
+                f"{tuple(edge_attr.shape[1:])}"
+            ) from None
+    if isinstance(fill_value, str):
+        reduce = _LOOP_ATTR_REDUCES.get(fill_value)
+        if reduce is None:
+            raise ValueError(f"fill_value must be one of {tuple(_LOOP_ATTR_REDUCES)} as a string, got {fill_value!r}")
+        index = graph.dst.long().view((-1,) + (1,) * (edge_attr.dim() - 1)).expand_as(edge_attr)
+        initial = edge_attr.new_ones(size) if reduce == "prod" else edge_attr.new_zeros(size)
+        return initial.scatter_reduce(0, index, edge_attr, reduce=reduce, include_self=reduce == "prod")
+    raise TypeError(f"fill_value must be a number, a tensor, a reduction name or None, got {type(fill_value).__name__}")
+
+
+def gat_self_loop_edge_attr(graph: Graph, edge_attr: Tensor, fill_value: float | Tensor | str | None = "mean") -> Tensor:
+    """``edge_attr`` in the edge order of :func:`gat_self_loops` ``(graph)``: the features of
+    the edges that are not self-loops in their order, then one loop per node with
+    :func:`self_loop_attr` of those edges (PyG's ``remove_self_loops`` then
+    ``add_self_loops(..., fill_value)`` on ``edge_attr``, as its ``GATConv`` and
+    ``GATv2Conv`` do). Eager only: under ``torch.compile`` the edge count is data-dependent."""
+    if isinstance(graph, GraphRef):
+        raise NotImplementedError(
+            "edge features with self-loops need the graph itself: call the layer eagerly, or pass a graph "
+            "that already has its self-loops and add_self_loops=False under torch.compile"
+        )
+    _require_square(graph, "gat_self_loop_edge_attr")
+    if not isinstance(edge_attr, Tensor):
+        raise TypeError(f"edge_attr must be a torch.Tensor, got {type(edge_attr).__name__}")
+    if edge_attr.dim() == 0 or edge_attr.size(0) != graph.num_edges:
+        raise ValueError(
+            f"edge_attr must have one row per edge ({graph.num_edges}), got shape {tuple(edge_attr.shape)}"
+        )
+    keep = graph.cached(
+        "fusegnn.non_loop_edges", lambda: torch.nonzero(graph.src != graph.dst).flatten(), structural=True
+    )
+    kept_attr = edge_attr.index_select(0, keep)
+    without_loops = remove_self_loops(graph.with_edge_weight(None))
+    loops = self_loop_attr(without_loops, kept_attr, fill_value)
+    return torch.cat([kept_attr, loops], dim=0)
 
 
 def gcn_normalized(graph: Graph, *, improved: bool = False, add_self_loops: bool = True,

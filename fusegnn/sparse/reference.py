@@ -33,7 +33,7 @@ from torch import Tensor
 from fusegnn.sparse.graph import Graph
 
 __all__ = [
-    "spmm", "sddmm", "edge_softmax", "gat_attention", "per_edge", "seeded_dropout_scale",
+    "spmm", "sddmm", "edge_softmax", "gat_attention", "gatv2_attention", "per_edge", "seeded_dropout_scale",
     "edge_aggregate", "edge_messages", "reduce_messages", "max_and_argmax",
 ]
 
@@ -215,3 +215,29 @@ def gat_attention(
     if p > 0.0:
         alpha = F.dropout(alpha, p=p) if seed is None else alpha * seeded_dropout_scale(alpha, p, seed)
     return spmm(graph, h, alpha), alpha
+
+
+def gatv2_attention(
+    graph: Graph, x_l: Tensor, x_r: Tensor, att: Tensor, edge_attr: Tensor | None, negative_slope: float,
+    p: float = 0.0, seed: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    r"""GATv2 attention (Brody et al., 2022) as gathers, an edge softmax and an SpMM:
+
+    .. math::
+        s_{ji} = a \cdot \mathrm{LeakyReLU}\big(x^l_j + x^r_i \,(+\, e_{ji})\big), \quad
+        \alpha_{ji} = \operatorname{dropout}_p\big(\operatorname{softmax}_{j \to i} s_{ji}\big), \quad
+        \mathrm{out}_i = \sum_{j \to i} \alpha_{ji} x^l_j
+
+    per head, with ``x_l`` ``[N_src, H, C]``, ``x_r`` ``[N_dst, H, C]``, ``att``
+    ``[1, H, C]`` and ``edge_attr`` ``[E, H, C]`` or ``None``. Materialises ``[E, H, C]``.
+    Returns ``(out, alpha)`` (``alpha`` ``[E, H]`` after dropout; the mask as in
+    :func:`gat_attention`).
+    """
+    z = sddmm(graph, x_l, x_r, "add")
+    if edge_attr is not None:
+        z = z + edge_attr
+    scores = (F.leaky_relu(z, negative_slope) * att.reshape(1, *x_l.shape[1:])).sum(-1)
+    alpha = edge_softmax(graph, scores)
+    if p > 0.0:
+        alpha = F.dropout(alpha, p=p) if seed is None else alpha * seeded_dropout_scale(alpha, p, seed)
+    return spmm(graph, x_l, alpha), alpha

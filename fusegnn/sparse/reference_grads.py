@@ -23,7 +23,10 @@ from fusegnn.sparse.graph import Graph
 from fusegnn.sparse.processing import self_loop_structure
 from fusegnn.sparse.reference import per_edge
 
-__all__ = ["spmm_backward", "edge_aggregate_backward", "sddmm_backward", "edge_softmax_backward", "gat_attention_backward", "gcn_norm_weight_grad"]
+__all__ = [
+    "spmm_backward", "edge_aggregate_backward", "sddmm_backward", "edge_softmax_backward",
+    "gat_attention_backward", "gatv2_attention_backward", "gcn_norm_weight_grad",
+]
 
 
 def spmm_backward(
@@ -123,6 +126,21 @@ def edge_softmax_backward(graph: Graph, alpha: Tensor, grad: Tensor) -> Tensor:
     return weighted - alpha * totals.index_select(0, dst)
 
 
+def _score_grad(graph: Graph, alpha: Tensor, scale: Tensor, grad_out: Tensor, messages: Tensor,
+                grad_alpha: Tensor | None) -> Tensor:
+    r"""Gradient of the pre-softmax scores of attention ``out_i = sum_j alpha_ji scale_ji m_j``
+    (``m`` = ``messages``): :math:`dA = (g_i \cdot m_j + \bar w) \cdot scale`,
+    :math:`\alpha (dA - \sum_k \alpha_{ki} dA_{ki})` (``grad_alpha`` :math:`\bar w`: the
+    gradient of the returned coefficients, or ``None``)."""
+    src, dst = graph.src.long(), graph.dst.long()
+    d_w = (grad_out.index_select(0, dst) * messages.index_select(0, src)).sum(-1).to(alpha.dtype)
+    if grad_alpha is not None:
+        d_w = d_w + grad_alpha.to(alpha.dtype)
+    d_a = d_w * scale
+    row = alpha.new_zeros((graph.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, alpha * d_a)
+    return alpha * (d_a - row.index_select(0, dst))
+
+
 def gat_attention_backward(
     graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float, p: float, seed: Tensor | None,
     grad_out: Tensor, grad_alpha: Tensor | None,
@@ -144,12 +162,7 @@ def gat_attention_backward(
     scale = reference.seeded_dropout_scale(alpha, p, seed) if p > 0.0 else torch.ones_like(alpha)
     w = alpha * scale
     grad_h = reference.spmm(graph.reversed(), grad_out, w, "sum")
-    d_w = (grad_out.index_select(0, dst) * h.index_select(0, src)).sum(-1).to(alpha.dtype)
-    if grad_alpha is not None:
-        d_w = d_w + grad_alpha.to(alpha.dtype)
-    d_a = d_w * scale
-    row = alpha.new_zeros((graph.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, alpha * d_a)
-    d_e = alpha * (d_a - row.index_select(0, dst))
+    d_e = _score_grad(graph, alpha, scale, grad_out, h, grad_alpha)
     d_z = torch.where(z > 0, d_e, d_e * negative_slope)
     grad_src = torch.zeros_like(s_src).index_add(0, src, d_z.to(s_src.dtype))
     grad_dst = torch.zeros_like(s_dst).index_add(0, dst, d_z.to(s_dst.dtype))
@@ -203,3 +216,34 @@ def gcn_norm_weight_grad(
     else:
         grad_w = g_loops
     return grad_w.to(weight.dtype)
+
+
+def gatv2_attention_backward(
+    graph: Graph, x_l: Tensor, x_r: Tensor, att: Tensor, edge_attr: Tensor | None, negative_slope: float,
+    p: float, seed: Tensor | None, grad_out: Tensor, grad_alpha: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    r"""``(grad_x_l, grad_x_r, grad_att, grad_edge_attr or None)`` of
+    :func:`fusegnn.sparse.reference.gatv2_attention` (with a ``seed``) in closed form.
+
+    Recomputes :math:`z = x^l_j + x^r_i (+ e_{ji})`, the scores, the softmax and the mask;
+    then with :math:`w = \alpha M / (1-p)`: :math:`dA = (g_i \cdot x^l_j + \bar w) M/(1-p)`,
+    :math:`ds = \alpha (dA - \sum_k \alpha_{ki} dA_{ki})`,
+    :math:`dz = ds\, a \odot \mathrm{LeakyReLU}'(z)`; :math:`\partial x^l_j = \sum_i w_{ji} g_i + dz_{ji}`,
+    :math:`\partial x^r_i = \sum_j dz_{ji}`, :math:`\partial a = \sum ds \, \mathrm{LeakyReLU}(z)`,
+    :math:`\partial e = dz`.
+    """
+    src, dst = graph.src.long(), graph.dst.long()
+    att3 = att.reshape(1, *x_l.shape[1:])
+    z = reference.sddmm(graph, x_l, x_r, "add")
+    if edge_attr is not None:
+        z = z + edge_attr
+    lr = F.leaky_relu(z, negative_slope)
+    alpha = reference.edge_softmax(graph, (lr * att3).sum(-1))
+    scale = reference.seeded_dropout_scale(alpha, p, seed) if p > 0.0 else torch.ones_like(alpha)
+    d_s = _score_grad(graph, alpha, scale, grad_out, x_l, grad_alpha)
+    d_z = d_s.unsqueeze(-1) * torch.where(z > 0, att3, att3 * negative_slope)
+    grad_l = reference.spmm(graph.reversed(), grad_out, alpha * scale, "sum").index_add(0, src, d_z.to(grad_out.dtype))
+    grad_r = torch.zeros_like(x_r).index_add(0, dst, d_z.to(x_r.dtype))
+    grad_att = (d_s.unsqueeze(-1) * lr).sum(0).reshape(att.shape)
+    grad_e = d_z.to(edge_attr.dtype) if edge_attr is not None else None
+    return grad_l.to(x_l.dtype), grad_r, grad_att.to(att.dtype), grad_e
