@@ -59,8 +59,8 @@ forward's saved output and log-sum-exp); for the reference the closed-form gradi
 :mod:`fusegnn.sparse.reference_grads`. All backward code is
 plain tensor code (no autograd inside an op: a custom op's implementation runs below
 the autograd dispatch keys). **Recomputation**, where the eager path keeps intermediates
-that a custom op cannot hand to its backward: ``spmm`` with ``reduce="max"`` recomputes
-its messages and maxima; the reference GAT recomputes its scores and softmax
+that a custom op cannot hand to its backward: ``spmm`` and ``edge_aggregate`` with
+``reduce="max"`` recompute their argmax (a forward pass); the reference GAT recomputes its scores and softmax
 (E-sized; the fused GAT recomputes nothing: its kernels regenerate coefficients from
 the log-sum-exp, as eagerly); a GCN normalisation of weights that require grad is
 recomputed to carry the gradient back to the raw weights. Gradients flow to everything
@@ -117,6 +117,7 @@ __all__ = [
     "spmm",
     "sddmm",
     "edge_softmax",
+    "edge_aggregate",
     "gat_attention",
     "gatv2_attention",
     "edge_index",
@@ -422,6 +423,58 @@ _spmm_op = register_op(OpSpec(
 ))
 
 
+# ----------------------------------------------------------------------------- edge_aggregate
+def _edge_aggregate_backend(og: OpGraph, aggregation: str, *tensors: Optional[Tensor]) -> Backend:
+    if og.transform != "":
+        raise ValueError(f"edge_aggregate takes a graph without processing, got transform {og.transform!r}")
+    return resolve_aggregation(aggregation, og.graph, *[t for t in tensors if t is not None])
+
+
+def _edge_aggregate(og: OpGraph, x, edge_attr, weight, activation, reduce, aggregation):
+    backend = _edge_aggregate_backend(og, aggregation, x, edge_attr)
+    return backend.edge_aggregate(og.graph, x, edge_attr, og.weight, activation or None, reduce)
+
+
+def _edge_aggregate_fake(sizes: Sizes, x, edge_attr, weight, activation, reduce, aggregation):
+    like = x if x is not None else edge_attr
+    return like.new_empty((sizes.num_dst,) + tuple(like.shape[1:]))
+
+
+def _edge_aggregate_backward(og: OpGraph, grad, x, edge_attr, weight, need_x, need_edge_attr, need_w,
+                             activation, reduce, aggregation):
+    backend = _backend(aggregation, og.graph, *[t for t in (x, edge_attr) if t is not None])
+    return backend.edge_aggregate_backward(
+        og.graph, grad, x, edge_attr, og.weight, activation or None, reduce, need_x, need_edge_attr, need_w
+    )
+
+
+def _edge_aggregate_backward_fake(sizes: Sizes, grad, x, edge_attr, weight, need_x, need_edge_attr, need_w,
+                                  activation, reduce, aggregation):
+    return (
+        x.new_empty(x.shape) if need_x and x is not None else None,
+        edge_attr.new_empty(edge_attr.shape) if need_edge_attr and edge_attr is not None else None,
+        weight.new_empty(weight.shape) if need_w and weight is not None else None,
+    )
+
+
+_edge_aggregate_op = register_op(OpSpec(
+    name="edge_aggregate",
+    inputs="Tensor? x, Tensor? edge_attr, Tensor? weight, str activation, str reduce, str aggregation",
+    outputs=("out",),
+    forward=_edge_aggregate,
+    fake=_edge_aggregate_fake,
+    weighted="weight",
+    backward_inputs=(
+        "Tensor grad, Tensor? x, Tensor? edge_attr, Tensor? weight, bool need_x, bool need_edge_attr, "
+        "bool need_w, str activation, str reduce, str aggregation"
+    ),
+    differentiable=("x", "edge_attr", "weight"),
+    need_flags={"weight": "need_w"},
+    backward=_edge_aggregate_backward,
+    backward_fake=_edge_aggregate_backward_fake,
+))
+
+
 # ----------------------------------------------------------------------------- sddmm
 def _sddmm(og: OpGraph, a, b, op, aggregation):
     return resolve_aggregation(aggregation, og.graph, a, b).sddmm(og.graph, a, b, op)
@@ -655,6 +708,13 @@ def spmm(ref: GraphRef, x: Tensor, weight: Optional[Tensor], reduce: str, aggreg
     """``fusegnn::spmm``: :func:`fusegnn.sparse.spmm` on ``ref`` (arguments checked by the
     caller). ``weight`` ``None`` aggregates with the processed graph's own weights."""
     return _spmm_op(*_graph_args(ref), x, weight, reduce, aggregation)
+
+
+def edge_aggregate(ref: GraphRef, x: Optional[Tensor], edge_attr: Optional[Tensor], weight: Optional[Tensor],
+                   activation: Optional[str], reduce: str, aggregation: str) -> Tensor:
+    """``fusegnn::edge_aggregate``: :func:`fusegnn.sparse.edge_aggregate` on ``ref``
+    (arguments checked; ``activation`` ``None`` travels as ``""``)."""
+    return _edge_aggregate_op(*_graph_args(ref), x, edge_attr, weight, activation or "", reduce, aggregation)
 
 
 def sddmm(ref: GraphRef, a: Tensor, b: Tensor, op: str, aggregation: str) -> Tensor:

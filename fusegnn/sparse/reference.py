@@ -13,6 +13,8 @@ Shapes (``E`` edges ``j -> i``, ``H`` heads, ``F`` features):
 * :func:`sddmm`: ``a`` ``[N_src, *S]``, ``b`` ``[N_dst, *S]`` -> ``[E, *S]`` (elementwise
   ops) or ``[E, *S[:-1]]`` (``"dot"``);
 * :func:`edge_softmax`: ``scores`` ``[E, *S]`` -> ``[E, *S]``;
+* :func:`edge_aggregate`: ``x`` ``[N_src, (H,) F]`` and / or ``edge_attr`` ``[E, (H,) F]``,
+  ``edge_weight`` ``[E]`` or ``[E, H]`` -> ``[N_dst, (H,) F]``;
 * :func:`gat_attention`: ``h`` ``[N_src, H, C]``, scores ``[N_src, H]`` / ``[N_dst, H]``
   -> ``([N_dst, H, C], alpha [E, H])``.
 
@@ -30,7 +32,10 @@ from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
 
-__all__ = ["spmm", "sddmm", "edge_softmax", "gat_attention", "gatv2_attention", "per_edge", "seeded_dropout_scale"]
+__all__ = [
+    "spmm", "sddmm", "edge_softmax", "gat_attention", "gatv2_attention", "per_edge", "seeded_dropout_scale",
+    "edge_aggregate", "edge_messages", "reduce_messages", "max_and_argmax",
+]
 
 
 def per_edge(weight: Tensor, like: Tensor) -> Tensor:
@@ -47,29 +52,91 @@ def spmm(
         \mathrm{out}_i = \bigoplus_{(j \to i) \in E} w_{ji} \, x_j \; + \; b
 
     with :math:`\bigoplus` a sum (``"sum"``), a mean over the incoming edges (``"mean"``)
-    or an elementwise maximum (``"max"``); targets without incoming edges get zeros
-    (then ``b``).
+    or an elementwise maximum (``"max"``, ties to the lowest edge id:
+    :func:`max_and_argmax`); targets without incoming edges get zeros (then ``b``).
     """
     out = _aggregate(graph, x, edge_weight, reduce)
     return out if bias is None else out + bias.reshape(x.shape[1:])
 
 
 def _aggregate(graph: Graph, x: Tensor, edge_weight: Tensor | None, reduce: str) -> Tensor:
-    src, dst = graph.src.long(), graph.dst.long()
-    messages = x.index_select(0, src)
+    messages = x.index_select(0, graph.src.long())
     if edge_weight is not None:
         messages = messages * per_edge(edge_weight.to(x.dtype), messages)
-    out_shape = (graph.num_dst_nodes,) + tuple(x.shape[1:])
+    return reduce_messages(graph, messages, reduce)
+
+
+def reduce_messages(graph: Graph, messages: Tensor, reduce: str) -> Tensor:
+    """Reduce per-edge ``messages`` (``[E, ...]``) into their targets (``[N_dst, ...]``) by
+    ``"sum"``, ``"mean"`` or ``"max"`` (:func:`max_and_argmax`); zeros where no edge arrives."""
     if reduce == "max":
-        index = dst.reshape((-1,) + (1,) * (x.dim() - 1)).expand_as(messages)
-        return x.new_zeros(out_shape).scatter_reduce(
-            0, index, messages, reduce="amax", include_self=False
-        )
-    out = x.new_zeros(out_shape).index_add(0, dst, messages)
+        return max_and_argmax(graph, messages)[0]
+    dst = graph.dst.long()
+    out = messages.new_zeros((graph.num_dst_nodes,) + tuple(messages.shape[1:])).index_add(0, dst, messages)
     if reduce == "mean":
-        count = graph.in_degree.clamp(min=1).to(x.dtype)
-        out = out / count.reshape((-1,) + (1,) * (x.dim() - 1))
+        count = graph.in_degree.clamp(min=1).to(messages.dtype)
+        out = out / count.reshape((-1,) + (1,) * (messages.dim() - 1))
     return out
+
+
+def max_and_argmax(graph: Graph, messages: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Elementwise maximum of each target's incoming ``messages`` and the edge that gives it.
+
+    Returns ``(out, argmax)``, both ``[N_dst, ...]``: ``argmax`` holds COO edge ids (int64),
+    ``-1`` where no edge arrives (``out`` is 0 there). **Ties go to the lowest edge id**
+    (the fused kernels' rule: :mod:`fusegnn.kernels.edge_aggregate`), and the gradient of
+    ``out`` flows to that one message only (``out`` is a ``gather`` of it).
+    """
+    dst = graph.dst.long()
+    num_edges = messages.size(0)
+    shape = (graph.num_dst_nodes,) + tuple(messages.shape[1:])
+    index = dst.reshape((-1,) + (1,) * (messages.dim() - 1)).expand_as(messages)
+    with torch.no_grad():
+        top = messages.new_full(shape, float("-inf")).scatter_reduce(
+            0, index, messages.detach(), reduce="amax", include_self=True
+        )
+        ids = torch.arange(num_edges, device=messages.device).reshape(index.shape[:1] + (1,) * (messages.dim() - 1))
+        candidates = torch.where(messages.detach() == top.index_select(0, dst), ids, num_edges)
+        argmax = torch.full(shape, num_edges, dtype=torch.int64, device=messages.device).scatter_reduce(
+            0, index, candidates.expand_as(messages), reduce="amin", include_self=True
+        )
+        argmax = torch.where(argmax == num_edges, -1, argmax)
+    found = argmax >= 0
+    if num_edges == 0:  # zeros, still a function of the (empty) messages for autograd
+        return messages.new_zeros(shape).index_add(0, dst, messages), argmax
+    out = messages.gather(0, argmax.clamp(min=0))
+    return torch.where(found, out, torch.zeros_like(out)), argmax
+
+
+def edge_messages(
+    graph: Graph, x: Tensor | None, edge_attr: Tensor | None, edge_weight: Tensor | None, activation: str | None
+) -> Tensor:
+    r"""The per-edge messages :math:`m_{ji} = w_{ji}\,\mathrm{act}(x_j + e_{ji})` (``[E, ...]``;
+    a missing ``x`` or ``edge_attr`` is a zero term, a missing weight 1)."""
+    z = x.index_select(0, graph.src.long()) if x is not None else None
+    if edge_attr is not None:
+        z = edge_attr if z is None else z + edge_attr
+    if activation == "relu":
+        z = F.relu(z)
+    if edge_weight is not None:
+        z = z * per_edge(edge_weight.to(z.dtype), z)
+    return z
+
+
+def edge_aggregate(
+    graph: Graph, x: Tensor | None = None, edge_attr: Tensor | None = None, edge_weight: Tensor | None = None,
+    activation: str | None = None, reduce: str = "sum",
+) -> Tensor:
+    r"""Aggregate per-edge messages built from source rows and edge rows.
+
+    .. math::
+        \mathrm{out}_i = \bigoplus_{(j \to i) \in E} w_{ji}\, \mathrm{act}(x_j + e_{ji})
+
+    with :math:`\bigoplus` as in :func:`spmm` (``"max"``: :func:`max_and_argmax`). ``x``
+    ``[N_src, (H,) F]`` and ``edge_attr`` ``[E, (H,) F]`` (either may be ``None``),
+    ``edge_weight`` ``[E]`` or ``[E, H]``, ``activation`` ``None`` or ``"relu"``.
+    """
+    return reduce_messages(graph, edge_messages(graph, x, edge_attr, edge_weight, activation), reduce)
 
 
 def sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:

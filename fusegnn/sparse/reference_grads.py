@@ -24,8 +24,8 @@ from fusegnn.sparse.processing import self_loop_structure
 from fusegnn.sparse.reference import per_edge
 
 __all__ = [
-    "spmm_backward", "sddmm_backward", "edge_softmax_backward", "gat_attention_backward",
-    "gatv2_attention_backward", "gcn_norm_weight_grad",
+    "spmm_backward", "edge_aggregate_backward", "sddmm_backward", "edge_softmax_backward",
+    "gat_attention_backward", "gatv2_attention_backward", "gcn_norm_weight_grad",
 ]
 
 
@@ -34,28 +34,13 @@ def spmm_backward(
 ) -> tuple[Tensor | None, Tensor | None]:
     """``(grad_x, grad_w)`` of :func:`fusegnn.sparse.reference.spmm` in closed form.
 
-    ``"max"`` recomputes the messages and the maxima (the forward; nothing of size ``E``
-    is kept) and shares each target's gradient equally among the messages that attain
-    its maximum. (Eager ``scatter_reduce(..., include_self=False)`` also counts the
-    excluded zero initial value as a tie when a maximum is exactly 0, which halves such
-    gradients; the rule here counts only the reduced messages.)
+    ``"max"`` recomputes the messages and their argmax (the forward; nothing of size ``E``
+    is kept) and gives each target's gradient to the one message that is its maximum
+    (ties: the lowest edge id, :func:`fusegnn.sparse.reference.max_and_argmax`).
     """
     src, dst = graph.src.long(), graph.dst.long()
     if reduce == "max":
-        messages = x.index_select(0, src)
-        if w is not None:
-            messages = messages * per_edge(w.to(x.dtype), messages)
-        out = reference.spmm(graph, x, w, "max")
-        is_max = (messages == out.index_select(0, dst)).to(grad.dtype)
-        ties = torch.zeros_like(out, dtype=grad.dtype).index_add(0, dst, is_max)
-        g_msg = is_max * (grad / ties.clamp(min=1)).index_select(0, dst)  # d L / d message
-        gx = gw = None
-        if need_x:
-            weighted = g_msg * per_edge(w.to(g_msg.dtype), g_msg) if w is not None else g_msg
-            gx = torch.zeros_like(x, dtype=grad.dtype).index_add(0, src, weighted)
-        if need_w:
-            prod = g_msg * x.index_select(0, src)
-            gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
+        gx, _, gw = edge_aggregate_backward(graph, grad, x, None, w, None, "max", need_x, False, need_w)
         return gx, gw
     if reduce == "mean":
         count = graph.in_degree.clamp(min=1).to(grad.dtype)
@@ -67,6 +52,45 @@ def spmm_backward(
         prod = x.index_select(0, src) * grad.index_select(0, dst)
         gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
     return gx, gw
+
+
+def edge_aggregate_backward(
+    graph: Graph, grad: Tensor, x: Tensor | None, edge_attr: Tensor | None, w: Tensor | None,
+    activation: str | None, reduce: str, need_x: bool, need_e: bool, need_w: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    r"""``(grad_x, grad_edge_attr, grad_w)`` of :func:`fusegnn.sparse.reference.edge_aggregate`
+    in closed form. With :math:`z = x_j + e_{ji}`, :math:`g_e` the gradient of edge
+    ``e``'s message (its target's output gradient; divided by the in-degree for
+    ``"mean"``; for ``"max"`` zero where another edge is the argmax, which is recomputed):
+    :math:`\delta_e = w_e g_e \odot \mathrm{act}'(z_e)`, ``grad_x`` sums
+    :math:`\delta_e` into the sources, ``grad_edge_attr`` is :math:`\delta`, and
+    ``grad_w`` is :math:`\langle \mathrm{act}(z_e), g_e \rangle` per head.
+    """
+    src, dst = graph.src.long(), graph.dst.long()
+    z = x.index_select(0, src) if x is not None else None
+    if edge_attr is not None:
+        z = edge_attr if z is None else z + edge_attr
+    z = z.to(grad.dtype)
+    act = F.relu(z) if activation == "relu" else z
+    if reduce == "mean":
+        count = graph.in_degree.clamp(min=1).to(grad.dtype)
+        grad = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
+    g = grad.index_select(0, dst)
+    if reduce == "max":
+        messages = act * per_edge(w.to(act.dtype), act) if w is not None else act
+        _, argmax = reference.max_and_argmax(graph, messages)
+        ids = torch.arange(graph.num_edges, device=g.device).reshape((-1,) + (1,) * (g.dim() - 1))
+        g = torch.where(argmax.index_select(0, dst) == ids, g, torch.zeros_like(g))
+    delta = g * per_edge(w.to(g.dtype), g) if w is not None else g
+    if activation == "relu":
+        delta = torch.where(z > 0, delta, torch.zeros_like(delta))
+    gx = torch.zeros_like(x).index_add(0, src, delta.to(x.dtype)) if need_x and x is not None else None
+    ge = delta.to(edge_attr.dtype) if need_e and edge_attr is not None else None
+    gw = None
+    if need_w and w is not None:
+        prod = act * g
+        gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
+    return gx, ge, gw
 
 
 def sddmm_backward(
