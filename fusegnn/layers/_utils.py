@@ -87,6 +87,44 @@ def _initialize_lazy(layer: nn.Module, x: Tensor) -> None:
     lin.in_features = layer.in_channels = lin.weight.size(1)
 
 
+def check_linear_input(x: Tensor, lin: nn.Linear, layer: str, name: str = "x") -> None:
+    """``x`` is a floating ``[N, lin.in_features]`` tensor of ``lin.weight``'s dtype
+    (autocast excepted), the input of one of a layer's transforms (``x_src`` of
+    ``lin_src``, ``edge_attr`` of ``lin_edge``, ...); errors name ``layer`` and ``name``.
+
+    A lazy ``lin`` (an ``nn.LazyLinear`` of ``in_channels=-1``) is materialised to
+    ``x.size(1)`` input features here, its weight Glorot-initialised as PyG's lazy layers
+    do (:func:`check_features`); a bias it has keeps ``nn.Linear``'s initialisation."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{layer}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{layer}: {name} must be a floating tensor, got dtype {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{layer}: {name} must have shape [rows, features], got {tuple(x.shape)}")
+    if is_lazy(lin.weight):
+        if torch.compiler.is_compiling():
+            raise RuntimeError(
+                f"{layer} with in_channels=-1 is initialised at its first forward, which torch.compile "
+                "cannot trace: run one eager forward (or load a state dict) before compiling"
+            )
+        with torch.no_grad():
+            lin.weight.materialize((lin.out_features, x.size(1)))
+            if lin.bias is not None and is_lazy(lin.bias):
+                lin.bias.materialize((lin.out_features,))
+                bound = 1.0 / math.sqrt(x.size(1))
+                lin.bias.uniform_(-bound, bound)
+        glorot_(lin.weight)
+    lin.in_features = lin.weight.size(1)
+    if x.size(1) != lin.in_features:
+        raise ValueError(f"{layer}: {name} has {x.size(1)} features but the layer expects {lin.in_features}")
+    dtype = lin.weight.dtype
+    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"{layer}: {name} has dtype {x.dtype} but the layer's parameters are {dtype}; convert one "
+            f"of them ({name}.to({dtype}) or layer.to({x.dtype}))"
+        )
+
+
 def graph_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> Graph:
     """The square graph over ``x``'s nodes, checked against ``x``'s rows and device: any
     graph input :func:`~fusegnn.sparse.graph.coerce_graph` accepts (an ``edge_index``, a
