@@ -300,7 +300,7 @@ class GATConv(nn.Module):
         return out, alpha
 
     def _attend_pair(self, x_src: Tensor, x_dst: Tensor | None, graph: Graph, score_edge, return_alpha):
-        """Separate source and target features (or transforms): ``(out [N_dst, H, C],
+        r"""Separate source and target features (or transforms): ``(out [N_dst, H, C],
         alpha or None)``. Target scores :math:`(\Theta_{dst}^\top a_t) \cdot x_i` need no
         transformed target features; ``x_dst`` ``None`` scores sources (and edges) only."""
         H, C = self.heads, self.out_channels
