@@ -3,5 +3,6 @@
 from fusegnn.layers.attention import SparseMultiheadAttention, SparseTransformerEncoderLayer
 from fusegnn.layers.gat_conv import GATConv
 from fusegnn.layers.gcn_conv import GCNConv
+from fusegnn.layers.transformer_conv import TransformerConv
 
-__all__ = ["GCNConv", "GATConv", "SparseMultiheadAttention", "SparseTransformerEncoderLayer"]
+__all__ = ["GCNConv", "GATConv", "TransformerConv", "SparseMultiheadAttention", "SparseTransformerEncoderLayer"]

@@ -87,14 +87,15 @@ def _initialize_lazy(layer: nn.Module, x: Tensor) -> None:
     lin.in_features = layer.in_channels = lin.weight.size(1)
 
 
-def check_linear_input(x: Tensor, lin: nn.Linear, layer: str, name: str = "x") -> None:
+def check_linear_input(x: Tensor, lin: nn.Linear, layer: str, name: str = "x", *, glorot: bool = True) -> None:
     """``x`` is a floating ``[N, lin.in_features]`` tensor of ``lin.weight``'s dtype
     (autocast excepted), the input of one of a layer's transforms (``x_src`` of
     ``lin_src``, ``edge_attr`` of ``lin_edge``, ...); errors name ``layer`` and ``name``.
 
     A lazy ``lin`` (an ``nn.LazyLinear`` of ``in_channels=-1``) is materialised to
-    ``x.size(1)`` input features here, its weight Glorot-initialised as PyG's lazy layers
-    do (:func:`check_features`); a bias it has keeps ``nn.Linear``'s initialisation."""
+    ``x.size(1)`` input features here with ``nn.Linear``'s initialisation (that of PyG's
+    ``Linear`` without a ``weight_initializer``), the weight then Glorot-initialised with
+    ``glorot`` (PyG's ``weight_initializer='glorot'``, as in :func:`check_features`)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{layer}: {name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -107,13 +108,14 @@ def check_linear_input(x: Tensor, lin: nn.Linear, layer: str, name: str = "x") -
                 f"{layer} with in_channels=-1 is initialised at its first forward, which torch.compile "
                 "cannot trace: run one eager forward (or load a state dict) before compiling"
             )
+        lin.in_features = x.size(1)
         with torch.no_grad():
             lin.weight.materialize((lin.out_features, x.size(1)))
             if lin.bias is not None and is_lazy(lin.bias):
                 lin.bias.materialize((lin.out_features,))
-                bound = 1.0 / math.sqrt(x.size(1))
-                lin.bias.uniform_(-bound, bound)
-        glorot_(lin.weight)
+        lin.reset_parameters()
+        if glorot:
+            glorot_(lin.weight)
     lin.in_features = lin.weight.size(1)
     if x.size(1) != lin.in_features:
         raise ValueError(f"{layer}: {name} has {x.size(1)} features but the layer expects {lin.in_features}")
