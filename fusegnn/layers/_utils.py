@@ -102,7 +102,7 @@ def check_linear_input(x: Tensor, lin: nn.Linear, layer: str, name: str = "x", *
         raise TypeError(f"{layer}: {name} must be a floating tensor, got dtype {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"{layer}: {name} must have shape [rows, features], got {tuple(x.shape)}")
-    if is_lazy(lin.weight):
+    if isinstance(lin.weight, nn.parameter.UninitializedParameter):  # (is_lazy, which Dynamo can trace)
         if torch.compiler.is_compiling():
             raise RuntimeError(
                 f"{layer} with in_channels=-1 is initialised at its first forward, which torch.compile "
