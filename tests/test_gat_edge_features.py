@@ -271,14 +271,22 @@ def test_layer_matches_the_dense_formula(name):
 @pytest.mark.parametrize("name", ["edge_mean", "edge_widen", "bipartite", "edge_no_loops"])
 def test_fused_layer_with_edge_features_matches_the_reference(name, aggregation):
     layer, x, x_src, x_dst, ei, edge_attr, n_dst = _case(name)
-    fused = GATConv(layer.in_channels, layer.out_channels, **CASES[name]["kw"], aggregation=aggregation).double()
+    layer = layer.to(DEVICE)  # the same inputs and weights on the kernels' device
+    x_src = x_src.detach().to(DEVICE).requires_grad_()
+    x_dst = x_src if x_dst is x else (None if x_dst is None else x_dst.detach().to(DEVICE))
+    x = x_src if isinstance(x, torch.Tensor) else (x_src, x_dst)
+    edge_attr = edge_attr.detach().to(DEVICE).requires_grad_() if edge_attr is not None else None
+    ei = ei.to(DEVICE)
+    fused = GATConv(layer.in_channels, layer.out_channels, **CASES[name]["kw"], aggregation=aggregation)
+    fused = fused.double().to(DEVICE)
     fused.load_state_dict(layer.state_dict())
     results = []
     for module in (fused, layer):
-        out = module(x, ei.to(DEVICE), edge_attr)
-        out_alpha, (_, alpha) = module(x, ei.to(DEVICE), edge_attr, return_attention_weights=True)
+        out = module(x, ei, edge_attr)
+        out_alpha, (_, alpha) = module(x, ei, edge_attr, return_attention_weights=True)
         torch.testing.assert_close(out_alpha, out, atol=1e-12, rtol=1e-10)
-        loss = (out * _randn(*out.shape, seed=5)).sum() + (alpha * _randn(*alpha.shape, seed=6)).sum()
+        g_out, g_alpha = _randn(*out.shape, seed=5).to(DEVICE), _randn(*alpha.shape, seed=6).to(DEVICE)
+        loss = (out * g_out).sum() + (alpha * g_alpha).sum()
         inputs = [v for v in (x_src, edge_attr) if v is not None] + list(module.parameters())
         results.append((out, alpha, torch.autograd.grad(loss, inputs)))
     (out, alpha, grads), (ref_out, ref_alpha, ref_grads) = results

@@ -130,11 +130,17 @@ def test_matches_the_dense_formula(name):
 def test_fused_ops_match_the_reference(name, aggregation):
     layer, x, x_src, x_dst, ei, edge_attr, _ = _case(name)
     fused, *_ = _case(name, aggregation)
+    layer, fused = layer.to(DEVICE), fused.to(DEVICE)  # the same inputs and weights on the kernels' device
     fused.load_state_dict(layer.state_dict())
+    x_src = x_src.detach().to(DEVICE).requires_grad_()
+    x_dst = x_src if x_dst is x else x_dst.detach().to(DEVICE).requires_grad_()
+    x = x_src if isinstance(x, torch.Tensor) else (x_src, x_dst)
+    edge_attr = edge_attr.detach().to(DEVICE).requires_grad_() if edge_attr is not None else None
     results = []
     for module in (fused, layer):
         out, (_, alpha) = module(x, ei.to(DEVICE), edge_attr, return_attention_weights=True)
-        loss = (out * _randn(*out.shape, seed=5)).sum() + (alpha * _randn(*alpha.shape, seed=6)).sum()
+        g_out, g_alpha = _randn(*out.shape, seed=5).to(DEVICE), _randn(*alpha.shape, seed=6).to(DEVICE)
+        loss = (out * g_out).sum() + (alpha * g_alpha).sum()
         results.append((out, alpha, torch.autograd.grad(loss, _inputs_of(x_src, x_dst, edge_attr))))
     (out, alpha, grads), (ref_out, ref_alpha, ref_grads) = results
     torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-10)

@@ -127,6 +127,28 @@ def check_linear_input(x: Tensor, lin: nn.Linear, layer: str, name: str = "x", *
         )
 
 
+def check_attention_args(layer: str, heads: int, dropout: float, edge_dim: int | None) -> None:
+    """The constructor arguments the attention layers share: ``heads >= 1``, ``dropout``
+    in ``[0, 1)``, ``edge_dim`` a positive int or ``None``."""
+    if heads < 1:
+        raise ValueError(f"{layer}: heads must be >= 1, got {heads}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"{layer}: dropout must be in [0, 1), got {dropout}")
+    if edge_dim is not None and (isinstance(edge_dim, bool) or not isinstance(edge_dim, int) or edge_dim < 1):
+        raise ValueError(f"{layer}: edge_dim must be a positive int or None, got {edge_dim!r}")
+
+
+def check_edge_features(edge_attr: Tensor, lin_edge: nn.Linear, graph: Graph, layer: str) -> None:
+    """``edge_attr`` is ``[E, lin_edge.in_features]`` (:func:`check_linear_input`) with one
+    row per edge of ``graph`` (not checked while the count is unknown, under compilation)
+    on its device."""
+    check_linear_input(edge_attr, lin_edge, layer, "edge_attr")
+    if graph.num_edges >= 0 and edge_attr.size(0) != graph.num_edges:
+        raise ValueError(f"{layer}: edge_attr has {edge_attr.size(0)} rows but the graph has {graph.num_edges} edges")
+    if edge_attr.device != graph.device:
+        raise ValueError(f"{layer}: edge_attr is on {edge_attr.device} but the graph is on {graph.device}")
+
+
 def graph_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> Graph:
     """The square graph over ``x``'s nodes, checked against ``x``'s rows and device: any
     graph input :func:`~fusegnn.sparse.graph.coerce_graph` accepts (an ``edge_index``, a

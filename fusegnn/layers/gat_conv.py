@@ -7,6 +7,8 @@ from torch import Tensor, nn
 
 from fusegnn.layers._utils import (
     bipartite_graph_for,
+    check_attention_args,
+    check_edge_features,
     check_features,
     check_linear_input,
     glorot_,
@@ -125,12 +127,7 @@ class GATConv(nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        if heads < 1:
-            raise ValueError(f"heads must be >= 1, got {heads}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        if edge_dim is not None and (isinstance(edge_dim, bool) or not isinstance(edge_dim, int) or edge_dim < 1):
-            raise ValueError(f"{name}: edge_dim must be a positive int or None, got {edge_dim!r}")
+        check_attention_args(name, heads, dropout, edge_dim)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -223,13 +220,7 @@ class GATConv(nn.Module):
             raise ValueError(f"{name}: edge_attr was given but the layer was built without edge_dim")
         if isinstance(edge_attr, Tensor) and edge_attr.dim() == 1:
             edge_attr = edge_attr.view(-1, 1)
-        check_linear_input(edge_attr, self.lin_edge, name, "edge_attr")
-        if graph.num_edges >= 0 and edge_attr.size(0) != graph.num_edges:
-            raise ValueError(
-                f"{name}: edge_attr has {edge_attr.size(0)} rows but the graph has {graph.num_edges} edges"
-            )
-        if edge_attr.device != graph.device:
-            raise ValueError(f"{name}: edge_attr is on {edge_attr.device} but the graph is on {graph.device}")
+        check_edge_features(edge_attr, self.lin_edge, graph, name)
         if self.add_self_loops:
             edge_attr = attention_self_loop_edge_attr(graph, edge_attr, self.fill_value)
         H, C = self.heads, self.out_channels

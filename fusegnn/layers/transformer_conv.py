@@ -8,7 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fusegnn.layers._utils import bipartite_graph_for, check_linear_input, graph_for, node_pair
+from fusegnn.layers._utils import (
+    bipartite_graph_for,
+    check_attention_args,
+    check_edge_features,
+    check_linear_input,
+    graph_for,
+    node_pair,
+)
 from fusegnn.sparse import Graph, edge_index_of, edge_softmax, sddmm, spmm
 from fusegnn.sparse.dispatch import check_aggregation
 
@@ -115,12 +122,7 @@ class TransformerConv(nn.Module):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        if heads < 1:
-            raise ValueError(f"{name}: heads must be >= 1, got {heads}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"{name}: dropout must be in [0, 1), got {dropout}")
-        if edge_dim is not None and (isinstance(edge_dim, bool) or not isinstance(edge_dim, int) or edge_dim < 1):
-            raise ValueError(f"{name}: edge_dim must be a positive int or None, got {edge_dim!r}")
+        check_attention_args(name, heads, dropout, edge_dim)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -182,11 +184,7 @@ class TransformerConv(nn.Module):
             return None
         if edge_attr is None:
             raise ValueError(f"{name}: the layer was built with edge_dim={self.edge_dim} and needs edge_attr")
-        check_linear_input(edge_attr, self.lin_edge, name, "edge_attr")
-        if graph.num_edges >= 0 and edge_attr.size(0) != graph.num_edges:
-            raise ValueError(f"{name}: edge_attr has {edge_attr.size(0)} rows but the graph has {graph.num_edges} edges")
-        if edge_attr.device != graph.device:
-            raise ValueError(f"{name}: edge_attr is on {edge_attr.device} but the graph is on {graph.device}")
+        check_edge_features(edge_attr, self.lin_edge, graph, name)
         return self.lin_edge(edge_attr).view(-1, self.heads, self.out_channels)
 
     def forward(
