@@ -9,6 +9,7 @@ from fusegnn.layers.gin_conv import GINConv
 from fusegnn.layers.graph_conv import GraphConv
 from fusegnn.layers.sage_conv import SAGEConv
 from fusegnn.layers.sg_conv import SGConv
+from fusegnn.layers.transformer_conv import TransformerConv
 
 __all__ = [
     "APPNP",
@@ -19,6 +20,7 @@ __all__ = [
     "GraphConv",
     "SAGEConv",
     "SGConv",
+    "TransformerConv",
     "SparseMultiheadAttention",
     "SparseTransformerEncoderLayer",
 ]

@@ -157,6 +157,68 @@ def _initialize_lazy(layer: nn.Module, x: Tensor) -> None:
     lin.in_features = layer.in_channels = lin.weight.size(1)
 
 
+def check_linear_input(x: Tensor, lin: nn.Linear, layer: str, name: str = "x", *, glorot: bool = True) -> None:
+    """``x`` is a floating ``[N, lin.in_features]`` tensor of ``lin.weight``'s dtype
+    (autocast excepted), the input of one of a layer's transforms (``x_src`` of
+    ``lin_src``, ``edge_attr`` of ``lin_edge``, ...); errors name ``layer`` and ``name``.
+
+    A lazy ``lin`` (an ``nn.LazyLinear`` of ``in_channels=-1``) is materialised to
+    ``x.size(1)`` input features here with ``nn.Linear``'s initialisation (that of PyG's
+    ``Linear`` without a ``weight_initializer``), the weight then Glorot-initialised with
+    ``glorot`` (PyG's ``weight_initializer='glorot'``, as in :func:`check_features`)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{layer}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{layer}: {name} must be a floating tensor, got dtype {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{layer}: {name} must have shape [rows, features], got {tuple(x.shape)}")
+    if isinstance(lin.weight, nn.parameter.UninitializedParameter):  # (is_lazy, which Dynamo can trace)
+        if torch.compiler.is_compiling():
+            raise RuntimeError(
+                f"{layer} with in_channels=-1 is initialised at its first forward, which torch.compile "
+                "cannot trace: run one eager forward (or load a state dict) before compiling"
+            )
+        lin.in_features = x.size(1)
+        with torch.no_grad():
+            lin.weight.materialize((lin.out_features, x.size(1)))
+            if lin.bias is not None and is_lazy(lin.bias):
+                lin.bias.materialize((lin.out_features,))
+        lin.reset_parameters()
+        if glorot:
+            glorot_(lin.weight)
+    lin.in_features = lin.weight.size(1)
+    if x.size(1) != lin.in_features:
+        raise ValueError(f"{layer}: {name} has {x.size(1)} features but the layer expects {lin.in_features}")
+    dtype = lin.weight.dtype
+    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"{layer}: {name} has dtype {x.dtype} but the layer's parameters are {dtype}; convert one "
+            f"of them ({name}.to({dtype}) or layer.to({x.dtype}))"
+        )
+
+
+def check_attention_args(layer: str, heads: int, dropout: float, edge_dim: int | None) -> None:
+    """The constructor arguments the attention layers share: ``heads >= 1``, ``dropout``
+    in ``[0, 1)``, ``edge_dim`` a positive int or ``None``."""
+    if heads < 1:
+        raise ValueError(f"{layer}: heads must be >= 1, got {heads}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"{layer}: dropout must be in [0, 1), got {dropout}")
+    if edge_dim is not None and (isinstance(edge_dim, bool) or not isinstance(edge_dim, int) or edge_dim < 1):
+        raise ValueError(f"{layer}: edge_dim must be a positive int or None, got {edge_dim!r}")
+
+
+def check_edge_features(edge_attr: Tensor, lin_edge: nn.Linear, graph: Graph, layer: str) -> None:
+    """``edge_attr`` is ``[E, lin_edge.in_features]`` (:func:`check_linear_input`) with one
+    row per edge of ``graph`` (not checked while the count is unknown, under compilation)
+    on its device."""
+    check_linear_input(edge_attr, lin_edge, layer, "edge_attr")
+    if graph.num_edges >= 0 and edge_attr.size(0) != graph.num_edges:
+        raise ValueError(f"{layer}: edge_attr has {edge_attr.size(0)} rows but the graph has {graph.num_edges} edges")
+    if edge_attr.device != graph.device:
+        raise ValueError(f"{layer}: edge_attr is on {edge_attr.device} but the graph is on {graph.device}")
+
+
 def graph_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> Graph:
     """The square graph over ``x``'s nodes, checked against ``x``'s rows and device: any
     graph input :func:`~fusegnn.sparse.graph.coerce_graph` accepts (an ``edge_index``, a

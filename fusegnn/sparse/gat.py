@@ -3,13 +3,14 @@ r"""GAT-style graph attention as one op: scores, LeakyReLU, edge softmax, dropou
 For every head :math:`k` and edge :math:`j \to i`:
 
 .. math::
-    e^{(k)}_{ji} = \mathrm{LeakyReLU}\big(s^{(k)}_j + t^{(k)}_i\big), \qquad
+    e^{(k)}_{ji} = \mathrm{LeakyReLU}\big(s^{(k)}_j + t^{(k)}_i + u^{(k)}_{ji}\big), \qquad
     \alpha^{(k)}_{ji} = \operatorname{dropout}_p\Big(\operatorname{softmax}_{j \to i}\, e^{(k)}_{ji}\Big),
     \qquad
     \mathrm{out}^{(k)}_i = \sum_{j \to i} \alpha^{(k)}_{ji} \, h^{(k)}_j
 
 with :math:`s = ` ``score_src`` (:math:`a_s \cdot h_j` in GAT), :math:`t = ` ``score_dst``
-(:math:`a_t \cdot h_i`) and dropout applied to the normalised coefficients (kept ones
+(:math:`a_t \cdot h_i`), the optional per-edge addend :math:`u = ` ``score_edge``
+(:math:`a_e \cdot W_e e_{ji}` for GAT with edge features; 0 without) and dropout applied to the normalised coefficients (kept ones
 scaled by :math:`1/(1-p)`), as in PyG's ``GATConv``.
 
 Two implementations:
@@ -52,6 +53,28 @@ from fusegnn.sparse.ops import check_node_tensor, graph_arg
 __all__ = ["gat_attention", "gat_layer"]
 
 
+def _check_score_edge(score_edge: Tensor | None, graph: Graph | GraphRef, reference: Tensor, heads: int | None) -> None:
+    """``score_edge`` is ``None`` or ``[E, H]`` (``[E]`` when ``heads`` is ``None``: one
+    head, 2-D ``h``) of ``reference``'s dtype (the node scores') on the graph's device; the
+    edge count is not checked while it is unknown (under compilation, after a transform)."""
+    if score_edge is None:
+        return
+    if not isinstance(score_edge, Tensor):
+        raise TypeError(f"score_edge must be a torch.Tensor or None, got {type(score_edge).__name__}")
+    shape = (graph.num_edges,) if heads is None else (graph.num_edges, heads)
+    if score_edge.dim() != len(shape) or (graph.num_edges >= 0 and score_edge.size(0) != graph.num_edges) or (
+        heads is not None and score_edge.size(1) != heads
+    ):
+        expected = "[E]" if heads is None else f"[E, {heads}]"
+        raise ValueError(
+            f"score_edge must be {expected} with one row per edge (E={graph.num_edges}), got {tuple(score_edge.shape)}"
+        )
+    if score_edge.dtype != reference.dtype:
+        raise TypeError(f"score_edge must have the node scores' dtype {reference.dtype}, got {score_edge.dtype}")
+    if score_edge.device != graph.device:
+        raise ValueError(f"score_edge is on {score_edge.device} but the graph is on {graph.device}")
+
+
 def gat_attention(
     graph: Graph | Tensor,
     h: Tensor,
@@ -63,6 +86,7 @@ def gat_attention(
     training: bool = False,
     aggregation: str = "auto",
     return_alpha: bool = False,
+    score_edge: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     r"""Multi-head graph attention ``out_i = sum_j alpha_ji h_j`` (see the module docstring).
 
@@ -80,10 +104,14 @@ def gat_attention(
             (see :mod:`fusegnn.sparse.dispatch`).
         return_alpha: also return the coefficients actually applied (after dropout),
             ``[E, H]`` (``[E]`` with a 2-D ``h``) in the graph's edge order.
+        score_edge: optional per-edge score addend :math:`u` ``[E, H]`` (``[E]`` with a
+            2-D ``h``) in the graph's edge order, dtype of the node scores; added to the
+            logits before the LeakyReLU (inside the fused kernels).
 
     Returns:
         ``out`` ``[N_dst, H, C]`` (``[N_dst, C]``), or ``(out, alpha)``. Differentiable
-        with respect to ``h``, ``score_src`` and ``score_dst`` (and through ``alpha``).
+        with respect to ``h``, ``score_src``, ``score_dst`` and ``score_edge`` (and through
+        ``alpha``).
         Targets without incoming edges get zeros.
     """
     if not isinstance(h, Tensor):
@@ -103,6 +131,7 @@ def gat_attention(
         raise TypeError(
             f"score_src and score_dst must have the same dtype, got {score_src.dtype} and {score_dst.dtype}"
         )
+    _check_score_edge(score_edge, graph, score_src, None if single else h.size(1))
     if isinstance(negative_slope, bool) or not isinstance(negative_slope, Real):
         raise TypeError(f"negative_slope must be a real number, got {type(negative_slope).__name__}")
     if isinstance(dropout, bool) or not isinstance(dropout, Real):
@@ -117,13 +146,15 @@ def gat_attention(
     p = float(dropout) if training else 0.0
     if isinstance(graph, GraphRef):
         out, alpha = library.gat_attention(
-            graph, h, score_src, score_dst, float(negative_slope), p, return_alpha, aggregation
+            graph, h, score_src, score_dst, float(negative_slope), p, return_alpha, aggregation, score_edge
         )
         return (out, alpha) if return_alpha else out
 
     backend = resolve_aggregation(aggregation, graph, h, score_src, score_dst)
     if backend.name == "reference":
-        out, alpha = reference.gat_attention(graph, h, score_src, score_dst, float(negative_slope), p)
+        out, alpha = reference.gat_attention(
+            graph, h, score_src, score_dst, float(negative_slope), p, score_edge=score_edge
+        )
     else:
         from fusegnn.kernels.gat_fused import fused_gat_attention
 
@@ -131,13 +162,14 @@ def gat_attention(
             out, alpha = fused_gat_attention(
                 graph, h.unsqueeze(1), score_src.unsqueeze(1), score_dst.unsqueeze(1),
                 float(negative_slope), p, return_alpha=return_alpha, aggregation=backend.name,
+                score_edge=score_edge.unsqueeze(1) if score_edge is not None else None,
             )
             out = out.squeeze(1)
             alpha = alpha.squeeze(1) if alpha is not None else None
         else:
             out, alpha = fused_gat_attention(
                 graph, h, score_src, score_dst, float(negative_slope), p,
-                return_alpha=return_alpha, aggregation=backend.name,
+                return_alpha=return_alpha, aggregation=backend.name, score_edge=score_edge,
             )
     return (out, alpha) if return_alpha else out
 
@@ -154,6 +186,7 @@ def gat_layer(
     dropout: float = 0.0,
     training: bool = False,
     aggregation: str = "auto",
+    score_edge: Tensor | None = None,
 ) -> Tensor:
     r"""The sparse part of a ``GATConv`` layer as one op, from the transformed features to
     the layer's output:
@@ -173,7 +206,8 @@ def gat_layer(
         att_src, att_dst: ``[1, H, C]`` attention vectors :math:`\mathbf{a}_s, \mathbf{a}_t`.
         bias: ``[H * C]`` (``concat``) or ``[C]``, or ``None``.
         concat: concatenate the heads (``[N, H * C]``) or average them (``[N, C]``).
-        negative_slope, dropout, training, aggregation: as for :func:`gat_attention`.
+        negative_slope, dropout, training, aggregation, score_edge: as for
+            :func:`gat_attention` (``score_edge`` ``[E, H]``, h's dtype).
     """
     graph = graph_arg(graph, h.size(0) if isinstance(h, Tensor) and h.dim() > 0 else None)
     check_node_tensor(h, graph, graph.num_src_nodes, "h", (3,))
@@ -188,11 +222,13 @@ def gat_layer(
         raise ValueError(f"bias must be a [{width}] tensor on h's device, got {getattr(bias, 'shape', bias)}")
     if not 0.0 <= float(dropout) < 1.0:
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    _check_score_edge(score_edge, graph, h, H)
     p = float(dropout) if training else 0.0
     if isinstance(graph, GraphRef):  # under torch.compile: the scores, then one fusegnn::gat_attention op
         score_src, score_dst = (h * att_src).sum(dim=-1), (h * att_dst).sum(dim=-1)
         out, _ = library.gat_attention(
-            graph, h, score_src, score_dst, float(negative_slope), p, False, check_aggregation(aggregation)
+            graph, h, score_src, score_dst, float(negative_slope), p, False, check_aggregation(aggregation),
+            score_edge,
         )
     else:
         backend = resolve_aggregation(aggregation, graph, h)
@@ -201,9 +237,9 @@ def gat_layer(
 
             return fused_gat_layer(
                 graph, h, att_src, att_dst, bias, concat=bool(concat),
-                negative_slope=float(negative_slope), dropout=p, aggregation=backend.name,
+                negative_slope=float(negative_slope), dropout=p, aggregation=backend.name, score_edge=score_edge,
             )
         score_src, score_dst = (h * att_src).sum(dim=-1), (h * att_dst).sum(dim=-1)
-        out, _ = reference.gat_attention(graph, h, score_src, score_dst, float(negative_slope), p)
+        out, _ = reference.gat_attention(graph, h, score_src, score_dst, float(negative_slope), p, score_edge=score_edge)
     out = out.reshape(-1, H * C) if concat else out.mean(dim=1)
     return out if bias is None else out + bias

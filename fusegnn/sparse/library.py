@@ -65,7 +65,7 @@ that a custom op cannot hand to its backward: ``spmm`` and ``edge_aggregate`` wi
 the log-sum-exp, as eagerly); a GCN normalisation of weights that require grad is
 recomputed to carry the gradient back to the raw weights. Gradients flow to everything
 they flow to eagerly: node features, edge weights (raw or per-head), SDDMM operands,
-edge scores, GAT's ``h``, ``score_src`` and ``score_dst`` (and through the returned
+edge scores, GAT's ``h``, ``score_src``, ``score_dst`` and ``score_edge`` (and through the returned
 coefficients). The backward ops are not differentiable (double backward raises), as on
 the fused eager path.
 
@@ -533,27 +533,28 @@ def _lse_dtype(h: Tensor, scores: Tensor) -> torch.dtype:
     return torch.float64 if torch.promote_types(h.dtype, scores.dtype) == torch.float64 else torch.float32
 
 
-def _gat(og: OpGraph, h, score_src, score_dst, seed, negative_slope, p, return_alpha, aggregation):
+def _gat(og: OpGraph, h, score_src, score_dst, score_edge, seed, negative_slope, p, return_alpha, aggregation):
     g = og.graph
     backend = resolve_aggregation(aggregation, g, h, score_src, score_dst)
     heads = h.size(1)
     lse = torch.zeros((g.num_dst_nodes, heads), dtype=_lse_dtype(h, score_src), device=h.device)
     alpha = None
     if backend.name == "reference":
-        out, alpha = reference.gat_attention(g, h, score_src, score_dst, negative_slope, p, seed)
+        out, alpha = reference.gat_attention(g, h, score_src, score_dst, negative_slope, p, seed, score_edge)
     else:
         from fusegnn.kernels.gat_fused import attention_config, attention_forward
 
         s_src, s_dst = score_src.contiguous(), score_dst.contiguous()
+        s_edge = score_edge.contiguous() if score_edge is not None else None
         cfg, hp, channels = attention_config(g, h, s_src, negative_slope, p, seed, backend.name)
-        out, lse, alpha = attention_forward(cfg, hp, s_src, s_dst, return_alpha)
+        out, lse, alpha = attention_forward(cfg, hp, s_src, s_dst, return_alpha, s_edge)
         out = out[..., :channels]
     if not return_alpha:
         alpha = score_src.new_empty((0, heads))
     return out, lse, alpha
 
 
-def _gat_fake(sizes: Sizes, h, score_src, score_dst, seed, negative_slope, p, return_alpha, aggregation):
+def _gat_fake(sizes: Sizes, h, score_src, score_dst, score_edge, seed, negative_slope, p, return_alpha, aggregation):
     heads = h.size(1)
     out = h.new_empty((sizes.num_dst,) + tuple(h.shape[1:]))
     lse = torch.empty((sizes.num_dst, heads), dtype=_lse_dtype(h, score_src), device=h.device)
@@ -561,31 +562,33 @@ def _gat_fake(sizes: Sizes, h, score_src, score_dst, seed, negative_slope, p, re
     return out, lse, alpha
 
 
-def _gat_backward(og: OpGraph, h, score_src, score_dst, seed, out, lse, alpha, grad_out, grad_alpha,
+def _gat_backward(og: OpGraph, h, score_src, score_dst, score_edge, seed, out, lse, alpha, grad_out, grad_alpha,
                   negative_slope, p, aggregation):
     g = og.graph
     aggregation = _resolved(aggregation, g, h, score_src, score_dst)
     if aggregation == "reference":
         return reference_grads.gat_attention_backward(
-            g, h, score_src, score_dst, negative_slope, p, seed, grad_out, grad_alpha
+            g, h, score_src, score_dst, negative_slope, p, seed, grad_out, grad_alpha, score_edge
         )
     # the fused kernels' backward, on the forward's out and log-sum-exp
     from fusegnn.kernels.gat_fused import attention_backward, attention_config
 
     s_src, s_dst = score_src.contiguous(), score_dst.contiguous()
+    s_edge = score_edge.contiguous() if score_edge is not None else None
     cfg, hp, channels = attention_config(g, h, s_src, negative_slope, p, seed, aggregation)
     pad = hp.size(2) - channels
     out_p = F.pad(out, (0, pad)) if pad else out.contiguous()
     grad_p = F.pad(grad_out, (0, pad)) if pad else grad_out
-    gh, gs, gt = attention_backward(
-        cfg, hp, s_src, s_dst, out_p, lse, grad_p, alpha if grad_alpha is not None else None, grad_alpha
+    gh, gs, gt, ge = attention_backward(
+        cfg, hp, s_src, s_dst, out_p, lse, grad_p, alpha if grad_alpha is not None else None, grad_alpha, s_edge
     )
-    return gh[..., :channels], gs, gt
+    return gh[..., :channels], gs, gt, ge
 
 
-def _gat_backward_fake(sizes: Sizes, h, score_src, score_dst, seed, out, lse, alpha, grad_out, grad_alpha,
-                       negative_slope, p, aggregation):
-    return h.new_empty(h.shape), score_src.new_empty(score_src.shape), score_dst.new_empty(score_dst.shape)
+def _gat_backward_fake(sizes: Sizes, h, score_src, score_dst, score_edge, seed, out, lse, alpha, grad_out,
+                       grad_alpha, negative_slope, p, aggregation):
+    ge = score_edge.new_empty(score_edge.shape) if score_edge is not None else None
+    return h.new_empty(h.shape), score_src.new_empty(score_src.shape), score_dst.new_empty(score_dst.shape), ge
 
 
 def _gat_grads(values: dict) -> None:
@@ -598,17 +601,17 @@ def _gat_grads(values: dict) -> None:
 _gat_op = register_op(OpSpec(
     name="gat_attention",
     inputs=(
-        "Tensor h, Tensor score_src, Tensor score_dst, Tensor? seed, float negative_slope, float p, "
-        "bool return_alpha, str aggregation"
+        "Tensor h, Tensor score_src, Tensor score_dst, Tensor? score_edge, Tensor? seed, float negative_slope, "
+        "float p, bool return_alpha, str aggregation"
     ),
     outputs=("out", "lse", "alpha"),
     forward=_gat,
     fake=_gat_fake,
     backward_inputs=(
-        "Tensor h, Tensor score_src, Tensor score_dst, Tensor? seed, Tensor out, Tensor lse, Tensor alpha, "
-        "Tensor grad_out, Tensor? grad_alpha, float negative_slope, float p, str aggregation"
+        "Tensor h, Tensor score_src, Tensor score_dst, Tensor? score_edge, Tensor? seed, Tensor out, Tensor lse, "
+        "Tensor alpha, Tensor grad_out, Tensor? grad_alpha, float negative_slope, float p, str aggregation"
     ),
-    differentiable=("h", "score_src", "score_dst"),
+    differentiable=("h", "score_src", "score_dst", "score_edge"),
     backward=_gat_backward,
     backward_fake=_gat_backward_fake,
     grads=_gat_grads,
@@ -728,18 +731,21 @@ def edge_softmax(ref: GraphRef, scores: Tensor, aggregation: str) -> Tensor:
 
 
 def gat_attention(ref: GraphRef, h: Tensor, score_src: Tensor, score_dst: Tensor, negative_slope: float,
-                  p: float, return_alpha: bool, aggregation: str) -> tuple[Tensor, Optional[Tensor]]:
+                  p: float, return_alpha: bool, aggregation: str,
+                  score_edge: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
     """``fusegnn::gat_attention``: :func:`fusegnn.sparse.gat_attention` on ``ref``
-    (arguments checked; ``p`` the dropout probability, 0 outside training). Returns
-    ``(out, alpha or None)`` with the shapes of the eager op."""
+    (arguments checked; ``p`` the dropout probability, 0 outside training; ``score_edge``
+    the optional per-edge score addend). Returns ``(out, alpha or None)`` with the shapes
+    of the eager op."""
     single = h.dim() == 2
     if single:
         h, score_src, score_dst = h.unsqueeze(1), score_src.unsqueeze(1), score_dst.unsqueeze(1)
+        score_edge = score_edge.unsqueeze(1) if score_edge is not None else None
     seed = (
         torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=h.device) if p > 0.0 else None
     )
     out, _, alpha = _gat_op(
-        *_graph_args(ref), h, score_src, score_dst, seed, float(negative_slope), float(p),
+        *_graph_args(ref), h, score_src, score_dst, score_edge, seed, float(negative_slope), float(p),
         bool(return_alpha), aggregation,
     )
     if single:

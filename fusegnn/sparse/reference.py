@@ -197,21 +197,25 @@ def seeded_dropout_scale(alpha: Tensor, p: float, seed: Tensor) -> Tensor:
 
 def gat_attention(
     graph: Graph, h: Tensor, score_src: Tensor, score_dst: Tensor, negative_slope: float, p: float = 0.0,
-    seed: Tensor | None = None,
+    seed: Tensor | None = None, score_edge: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    r"""GAT attention as the composition ``sddmm(add) -> leaky_relu -> edge_softmax ->
-    dropout -> spmm``:
+    r"""GAT attention as the composition ``sddmm(add) -> (+ score_edge) -> leaky_relu ->
+    edge_softmax -> dropout -> spmm``:
 
     .. math::
         \alpha_{ji} = \operatorname{dropout}_p\big(\operatorname{softmax}_{j \to i}
-        \mathrm{LeakyReLU}(s_j + t_i)\big), \qquad \mathrm{out}_i = \sum_{j \to i} \alpha_{ji} h_j
+        \mathrm{LeakyReLU}(s_j + t_i + u_{ji})\big), \qquad \mathrm{out}_i = \sum_{j \to i} \alpha_{ji} h_j
+
+    with :math:`u` = ``score_edge`` (``[E, H]`` in the graph's edge order; 0 when ``None``).
 
     Returns ``(out, alpha)`` (``alpha`` after dropout). The dropout mask comes from torch's
     global generator (``F.dropout``), or, given a ``seed``, from
     :func:`seeded_dropout_scale` (what the compiled op and its backward draw).
     """
-    scores = F.leaky_relu(sddmm(graph, score_src, score_dst, "add"), negative_slope)
-    alpha = edge_softmax(graph, scores)
+    z = sddmm(graph, score_src, score_dst, "add")
+    if score_edge is not None:
+        z = z + score_edge
+    alpha = edge_softmax(graph, F.leaky_relu(z, negative_slope))
     if p > 0.0:
         alpha = F.dropout(alpha, p=p) if seed is None else alpha * seeded_dropout_scale(alpha, p, seed)
     return spmm(graph, h, alpha), alpha

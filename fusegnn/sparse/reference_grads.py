@@ -143,9 +143,11 @@ def _score_grad(graph: Graph, alpha: Tensor, scale: Tensor, grad_out: Tensor, me
 
 def gat_attention_backward(
     graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float, p: float, seed: Tensor | None,
-    grad_out: Tensor, grad_alpha: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    r"""``(grad_h, grad_score_src, grad_score_dst)`` of :func:`fusegnn.sparse.reference.gat_attention` (with a ``seed``) in closed form.
+    grad_out: Tensor, grad_alpha: Tensor | None, s_edge: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    r"""``(grad_h, grad_score_src, grad_score_dst, grad_score_edge)`` of
+    :func:`fusegnn.sparse.reference.gat_attention` (with a ``seed``) in closed form; the
+    last is ``None`` without a per-edge addend ``s_edge``.
 
     The coefficients are recomputed (the forward's scores and softmax, E-sized, and the
     same dropout mask from ``seed``); then, with :math:`g` the output gradient,
@@ -154,10 +156,12 @@ def gat_attention_backward(
     :math:`dW = g_i \cdot h_j + \bar w`, :math:`dA = dW\, M/(1-p)`,
     :math:`dE = \alpha (dA - \sum_k \alpha_{ki} dA_{ki})`,
     :math:`dZ = dE \cdot (1 \text{ if } z > 0 \text{ else slope})`, summed into sources
-    and targets for the two score gradients.
+    and targets for the two score gradients; :math:`dZ` itself is the gradient of ``s_edge``.
     """
     src, dst = graph.src.long(), graph.dst.long()
     z = reference.sddmm(graph, s_src, s_dst, "add")
+    if s_edge is not None:
+        z = z + s_edge
     alpha = reference.edge_softmax(graph, F.leaky_relu(z, negative_slope))
     scale = reference.seeded_dropout_scale(alpha, p, seed) if p > 0.0 else torch.ones_like(alpha)
     w = alpha * scale
@@ -166,7 +170,8 @@ def gat_attention_backward(
     d_z = torch.where(z > 0, d_e, d_e * negative_slope)
     grad_src = torch.zeros_like(s_src).index_add(0, src, d_z.to(s_src.dtype))
     grad_dst = torch.zeros_like(s_dst).index_add(0, dst, d_z.to(s_dst.dtype))
-    return grad_h.to(h.dtype), grad_src, grad_dst
+    grad_edge = d_z.to(s_edge.dtype) if s_edge is not None else None
+    return grad_h.to(h.dtype), grad_src, grad_dst, grad_edge
 
 
 def gcn_norm_weight_grad(
