@@ -41,7 +41,7 @@ from fusegnn.distributed.partition import Partition
 from fusegnn.sparse.graph import Graph, as_graph
 from fusegnn.sparse.halo import HaloGraph
 
-__all__ = ["DistGraph", "ExchangeLog"]
+__all__ = ["DistGraph", "ExchangeLog", "share_of"]
 
 
 @dataclass
@@ -121,7 +121,7 @@ class DistGraph:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         if partition.parts.numel() != graph.num_nodes:
             raise ValueError(f"the partition covers {partition.parts.numel()} nodes, the graph has {graph.num_nodes}")
-        share = _share(graph.src.cpu().numpy(), graph.dst.cpu().numpy(), partition, rank)
+        share = share_of(graph.src.cpu().numpy(), graph.dst.cpu().numpy(), partition, rank)
         device = torch.device(device)
         return cls(
             rank=rank, world_size=world_size, owned=share["owned"], halo=share["halo"],
@@ -184,8 +184,11 @@ class DistGraph:
         return out
 
 
-def _share(src: np.ndarray, dst: np.ndarray, partition: Partition, rank: int) -> dict:
-    """The index sets of worker ``rank``'s share (host numpy in, torch int64 out)."""
+def share_of(src: np.ndarray, dst: np.ndarray, partition: Partition, rank: int) -> dict:
+    """The index sets of worker ``rank``'s share, from the global edges on the host
+    (numpy in, torch int64 out): ``owned``, ``halo`` (global ids), ``edge_index`` (local
+    ids), ``send_index`` (local ids), ``send_counts``, ``recv_counts``. No process group
+    is needed (a benchmark sizes other partitions with it)."""
     parts = partition.parts.numpy()
     perm = partition.perm.numpy()
     offsets = partition.offsets.numpy()
