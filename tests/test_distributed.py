@@ -225,3 +225,31 @@ def test_halo_graph_processing_and_errors():
         GCNConv(FEATURES, 2)(torch.zeros(NUM_NODES, FEATURES), dg)
     with pytest.raises(TypeError, match="eagerly"):
         graph_ref(dg)
+
+
+# ---------------------------------------------------------------------------------- the example
+def test_example_on_two_cpu_workers():
+    """``torchrun --nproc-per-node 2 examples/train_distributed.py --device cpu`` trains GCN
+    on Cora (gloo) and rank 0 prints the JSON summary."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    data = os.environ.get("FUSEGNN_DATA") or str(repo.parent / "shared" / "data" / "planetoid")
+    if not (Path(data) / "Cora" / "raw" / "ind.cora.graph").is_file():
+        pytest.skip("Planetoid raw files not found ($FUSEGNN_DATA or ../shared/data/planetoid)")
+    env = dict(os.environ, FUSEGNN_DATA=data, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+         str(repo / "examples" / "train_distributed.py"), "--device", "cpu", "--runs", "1", "--epochs", "3",
+         "--json", "--quiet"],
+        capture_output=True, text=True, env=env, timeout=300, cwd=repo,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summaries = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 1  # rank 0 only
+    summary = json.loads(summaries[0])
+    assert summary["world_size"] == 2 and summary["dataset"] == "Cora" and summary["model"] == "gcn"
+    assert summary["partition"]["edge_cut"] > 0 and min(summary["halo_nodes"]) > 0
+    assert summary["bytes_sent_per_step_rank0"] > 0 and 0.0 <= summary["test_acc_mean"] <= 1.0
