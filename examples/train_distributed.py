@@ -114,8 +114,8 @@ def train_run(args, data, dg: DistGraph, tensors: dict, run: int, bar) -> dict:
     y_train = y.index_select(0, train_index)
     train_count = global_count(masks["train"])
     cuda = dg.device.type == "cuda"
-    best = {"val_acc": -1.0, "val_loss": float("inf")}
-    best_val_loss, since_best, epoch_ms, step_bytes = float("inf"), 0, [], []
+    selection = single.Selection(args.patience)
+    epoch_ms, step_bytes = [], []
     for epoch in range(1, args.epochs + 1):
         if cuda:
             torch.cuda.synchronize(dg.device)
@@ -134,17 +134,10 @@ def train_run(args, data, dg: DistGraph, tensors: dict, run: int, bar) -> dict:
         epoch_ms.append((time.perf_counter() - start) * 1e3)
         step_bytes.append(dg.log.bytes_sent)
         metrics = evaluate(model, x, dg, y, masks)
-        if (metrics["val_acc"], -metrics["val_loss"]) > (best["val_acc"], -best["val_loss"]):
-            best = dict(metrics, epoch=epoch)
-        if metrics["val_loss"] < best_val_loss:
-            best_val_loss, since_best = metrics["val_loss"], 0
-        else:
-            since_best += 1
-        bar.update(1)
-        bar.set_postfix(run=run, loss=f"{float(global_sum(loss)):.3f}", val=f"{metrics['val_acc']:.3f}")
-        if args.patience is not None and since_best >= args.patience:
-            bar.update(args.epochs - epoch)
+        # the same global metrics everywhere, so every process stops at the same epoch
+        if selection.update(metrics, epoch, bar, run=run, loss=float(global_sum(loss)), epochs=args.epochs):
             break
+    best = selection.best
     # the slowest process sets the pace: the step time is the maximum over processes
     best["epoch_ms_median"] = float(_max_over_processes(statistics.median(epoch_ms)))
     best["bytes_sent_per_step"] = statistics.median(step_bytes)
