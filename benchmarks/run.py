@@ -7,6 +7,7 @@
     python -m benchmarks.run --suite attention --sweep calibrate   # a tuning sweep (benchmarks.sweeps)
     python -m benchmarks.run --suite overhead           # host microseconds per call (benchmarks.overhead)
     python -m benchmarks.run --suite sampled            # neighbour-sampled training (benchmarks.sampled)
+    python -m benchmarks.run --suite dist               # full-graph training on 1..N GPUs (benchmarks.dist)
 
 Writes ``<out>/<suite>/<gpu-slug>.json`` after every record, then ``.md`` and ``.png``,
 and prints the markdown table last. See ``benchmarks/README.md``.
@@ -70,7 +71,7 @@ def _split_at_sweep(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    p.add_argument("--suite", choices=(*SUITES, "attention", "overhead", "sampled", "all"), default="paper")
+    p.add_argument("--suite", choices=(*SUITES, "attention", "overhead", "sampled", "dist", "all"), default="paper")
     p.add_argument("--out", type=Path, default=_REPO / "benchmarks" / "results",
                    help="results directory; files go to <out>/<suite>/<gpu-slug>.* (default benchmarks/results)")
     p.add_argument("--cases", type=_csv, help="comma-separated case names or globs, e.g. 'gcn-*,gat-cora-*'")
@@ -243,6 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             _list_sweeps("attention")
         return code
+    if args.suite == "dist":  # several GPUs: launches its own workers, see benchmarks/dist.py
+        from benchmarks.dist import CASES, main_from_harness as dist_main
+
+        if args.list:
+            print("suite dist: " + ", ".join(CASES) + "; backends fusegnn-1gpu, fusegnn-2gpu, fusegnn-<N>gpu")
+            return 0
+        return dist_main(args, resolve_device(args))
     if args.suite == "overhead":  # host cost per call: its own probes, see benchmarks/overhead.py
         if args.list:
             print("suite overhead: host microseconds per call (primitives, spmm, layers, sparse_attention)")

@@ -225,6 +225,31 @@ def evaluate(model, data: NodeDataset) -> dict[str, float]:
     return result
 
 
+class Selection:
+    """The epoch whose metrics a run reports (best validation accuracy; ties: lower
+    validation loss) and early stopping after ``patience`` epochs without a lower
+    validation loss (``None``: never)."""
+
+    def __init__(self, patience: int | None) -> None:
+        self.patience = patience
+        self.best: dict = {"val_acc": -1.0, "val_loss": float("inf")}
+        self.best_val_loss, self.since_best = float("inf"), 0
+
+    def update(self, metrics: dict[str, float], epoch: int, bar, *, run: int, loss: float, epochs: int) -> bool:
+        """Take one epoch's metrics (and advance the progress ``bar``, to its end when
+        stopping); ``True`` when training should stop."""
+        if (metrics["val_acc"], -metrics["val_loss"]) > (self.best["val_acc"], -self.best["val_loss"]):
+            self.best = dict(metrics, epoch=epoch)
+        if metrics["val_loss"] < self.best_val_loss:
+            self.best_val_loss, self.since_best = metrics["val_loss"], 0
+        else:
+            self.since_best += 1
+        stop = self.patience is not None and self.since_best >= self.patience
+        bar.update(1 + (epochs - epoch if stop else 0))
+        bar.set_postfix(run=run, loss=f"{loss:.3f}", val=f"{metrics['val_acc']:.3f}")
+        return stop
+
+
 def train_run(args: argparse.Namespace, data: NodeDataset, run: int, bar) -> dict[str, float]:
     torch.manual_seed(args.seed + run)
     model = build_model(args, data).to(data.x.device)
@@ -246,8 +271,7 @@ def train_run(args: argparse.Namespace, data: NodeDataset, run: int, bar) -> dic
 
     step = graphed_step(train_step, optimizer) if args.cuda_graph else train_step
     cuda = data.x.is_cuda
-    best = {"val_acc": -1.0, "val_loss": float("inf")}
-    best_val_loss, since_best = float("inf"), 0
+    selection = Selection(args.patience)
     epoch_ms = []
     for epoch in range(1, args.epochs + 1):
         if cuda:
@@ -259,17 +283,9 @@ def train_run(args: argparse.Namespace, data: NodeDataset, run: int, bar) -> dic
             torch.cuda.synchronize()
         epoch_ms.append((time.perf_counter() - start) * 1e3)
         metrics = evaluate(model, data)
-        if (metrics["val_acc"], -metrics["val_loss"]) > (best["val_acc"], -best["val_loss"]):
-            best = dict(metrics, epoch=epoch)
-        if metrics["val_loss"] < best_val_loss:
-            best_val_loss, since_best = metrics["val_loss"], 0
-        else:
-            since_best += 1
-        bar.update(1)
-        bar.set_postfix(run=run, loss=f"{loss.item():.3f}", val=f"{metrics['val_acc']:.3f}")
-        if args.patience is not None and since_best >= args.patience:
-            bar.update(args.epochs - epoch)
+        if selection.update(metrics, epoch, bar, run=run, loss=loss.item(), epochs=args.epochs):
             break
+    best = selection.best
     best["epoch_ms_median"] = statistics.median(epoch_ms)
     best["epochs_run"] = epoch
     return best

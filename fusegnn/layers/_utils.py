@@ -11,6 +11,7 @@ from torch.nn.parameter import is_lazy
 
 from fusegnn.sparse import Graph, graph_arg, spmm
 from fusegnn.sparse.processing import gcn_normalized
+from fusegnn.sparse.halo import HaloGraph
 
 
 def glorot_(tensor: Tensor) -> Tensor:
@@ -224,7 +225,9 @@ def graph_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> Gra
     graph input :func:`~fusegnn.sparse.graph.coerce_graph` accepts (an ``edge_index``, a
     :class:`~fusegnn.sparse.Graph`, a ``torch.sparse`` adjacency, a networkx graph, the
     latter built on ``x``'s device); under ``torch.compile`` a reference to it
-    (:func:`fusegnn.sparse.graph_arg`)."""
+    (:func:`fusegnn.sparse.graph_arg`). On a :class:`fusegnn.distributed.DistGraph` it
+    is the worker's :class:`~fusegnn.sparse.halo.HaloGraph` and ``x`` holds the owned
+    nodes' rows: the ops fetch the halo rows they aggregate, so the layer runs unchanged."""
     if torch.compiler.is_compiling():  # its errors as they are (see coerce_graph)
         graph = graph_arg(edge_index_or_graph, x.size(0), name="edge_index_or_graph", device=x.device)
     else:
@@ -232,7 +235,13 @@ def graph_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> Gra
             graph = graph_arg(edge_index_or_graph, x.size(0), name="edge_index_or_graph", device=x.device)
         except (TypeError, ValueError, IndexError) as err:
             raise type(err)(f"{layer}: {err}") from None
-    if graph.is_bipartite or graph.num_nodes != x.size(0):
+    if isinstance(graph, HaloGraph):  # a worker's share of a distributed graph: x holds its owned nodes
+        if graph.num_own != x.size(0):
+            raise ValueError(
+                f"{layer}: this worker owns {graph.num_own} nodes of the distributed graph but x has "
+                f"{x.size(0)} rows (pass the owned nodes' rows)"
+            )
+    elif graph.is_bipartite or graph.num_nodes != x.size(0):
         raise ValueError(
             f"{layer}: the graph has {graph.num_src_nodes} x {graph.num_dst_nodes} nodes "
             f"but x has {x.size(0)} rows"

@@ -22,6 +22,7 @@ from fusegnn.sparse.dispatch import (
 from fusegnn.sparse.gat import gat_attention, gat_layer
 from fusegnn.sparse.gatv2 import gatv2_attention
 from fusegnn.sparse.graph import CompressedEdges, Graph
+from fusegnn.sparse.halo import HaloGraph
 from fusegnn.sparse.ops import as_graph, edge_aggregate, edge_index_of, edge_softmax, graph_arg, sddmm, spmm
 from fusegnn.sparse.propagate import propagate
 from fusegnn.sparse.processing import (
@@ -51,6 +52,7 @@ __all__ = [
     "Backend",
     "CompressedEdges",
     "Graph",
+    "HaloGraph",
     "add_remaining_self_loops",
     "add_self_loops",
     "as_graph",

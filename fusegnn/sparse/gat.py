@@ -42,12 +42,14 @@ from __future__ import annotations
 
 from numbers import Real
 
+import torch
 from torch import Tensor
 
 from fusegnn.sparse import library, reference
 from fusegnn.sparse.dispatch import check_aggregation, resolve_aggregation
 from fusegnn.sparse.graph import Graph
 from fusegnn.sparse.graph_ref import GraphRef
+from fusegnn.sparse.halo import HaloGraph, held_graph, with_halo_rows
 from fusegnn.sparse.ops import check_node_tensor, graph_arg
 
 __all__ = ["gat_attention", "gat_layer"]
@@ -113,9 +115,15 @@ def gat_attention(
         with respect to ``h``, ``score_src``, ``score_dst`` and ``score_edge`` (and through
         ``alpha``).
         Targets without incoming edges get zeros.
+
+    On a worker's share of a distributed graph (a :class:`~fusegnn.sparse.halo.HaloGraph`)
+    ``h`` and ``score_src`` hold the owned nodes' rows; their halo rows are fetched first
+    (one exchange for both).
     """
     if not isinstance(h, Tensor):
         raise TypeError(f"h must be a torch.Tensor, got {type(h).__name__}")
+    if isinstance(score_src, Tensor):
+        graph, h, score_src = with_halo_rows(graph, h, score_src)
     graph = graph_arg(graph, h.size(0) if h.dim() > 0 else None)
     check_node_tensor(h, graph, graph.num_src_nodes, "h", (2, 3))
     single = h.dim() == 2
@@ -208,7 +216,17 @@ def gat_layer(
         concat: concatenate the heads (``[N, H * C]``) or average them (``[N, C]``).
         negative_slope, dropout, training, aggregation, score_edge: as for
             :func:`gat_attention` (``score_edge`` ``[E, H]``, h's dtype).
+
+    On a worker's share of a distributed graph (a :class:`~fusegnn.sparse.halo.HaloGraph`,
+    whose targets are its first sources) ``h`` holds the owned nodes' rows: their halo
+    rows are fetched, and the layer runs as :func:`gat_attention` with the target scores
+    of the owned rows.
     """
+    held = held_graph(graph)
+    if isinstance(held, HaloGraph) and not torch.compiler.is_compiling():
+        return _halo_gat_layer(held, h, att_src, att_dst, bias, concat=concat, negative_slope=negative_slope,
+                               dropout=dropout, training=training, aggregation=aggregation,
+                               score_edge=score_edge)
     graph = graph_arg(graph, h.size(0) if isinstance(h, Tensor) and h.dim() > 0 else None)
     check_node_tensor(h, graph, graph.num_src_nodes, "h", (3,))
     if graph.is_bipartite:
@@ -243,3 +261,30 @@ def gat_layer(
         out, _ = reference.gat_attention(graph, h, score_src, score_dst, float(negative_slope), p, score_edge=score_edge)
     out = out.reshape(-1, H * C) if concat else out.mean(dim=1)
     return out if bias is None else out + bias
+
+
+def _halo_gat_layer(graph: HaloGraph, h: Tensor, att_src: Tensor, att_dst: Tensor, bias: Tensor | None, *,
+                    concat: bool, negative_slope: float, dropout: float, training: bool,
+                    aggregation: str, score_edge: Tensor | None = None) -> Tensor:
+    """:func:`gat_layer` on a worker's share of a distributed graph: the source scores of
+    every source (owned and halo) from the exchanged ``h``, the target scores from the
+    owned rows, then :func:`gat_attention` (the fused layer needs a square graph)."""
+    graph.check_owned_rows(h, "h")
+    if not isinstance(h, Tensor) or h.dim() != 3:
+        raise ValueError(f"h must be [N, H, C], got shape {tuple(getattr(h, 'shape', ()))}")
+    H, C = h.size(1), h.size(2)
+    for name, att in (("att_src", att_src), ("att_dst", att_dst)):
+        if not isinstance(att, Tensor) or att.shape != (1, H, C) or att.dtype != h.dtype or att.device != h.device:
+            raise ValueError(f"{name} must be a [1, {H}, {C}] tensor of h's dtype and device")
+    local, h_all = with_halo_rows(graph, h)
+    out = gat_attention(
+        local, h_all, (h_all * att_src).sum(dim=-1), (h * att_dst).sum(dim=-1), negative_slope=negative_slope,
+        dropout=dropout, training=training, aggregation=aggregation, score_edge=score_edge,
+    )
+    out = out.reshape(-1, H * C) if concat else out.mean(dim=1)
+    if bias is not None:
+        width = H * C if concat else C
+        if not isinstance(bias, Tensor) or bias.shape != (width,) or bias.device != h.device:
+            raise ValueError(f"bias must be a [{width}] tensor on h's device, got {getattr(bias, 'shape', bias)}")
+        out = out + bias
+    return out

@@ -43,6 +43,7 @@ from fusegnn.sparse.dispatch import (
 )
 from fusegnn.sparse.graph import Graph, as_graph, check_edge_weight
 from fusegnn.sparse.graph_ref import GraphRef, graph_ref
+from fusegnn.sparse.halo import with_halo_rows
 
 __all__ = ["spmm", "sddmm", "edge_softmax", "edge_aggregate", "as_graph", "graph_arg", "edge_index_of"]
 
@@ -127,7 +128,11 @@ def spmm(
 
     Returns:
         ``[N_dst, F]`` or ``[N_dst, H, F]``.
+
+    On a worker's share of a distributed graph (a :class:`~fusegnn.sparse.halo.HaloGraph`)
+    ``x`` holds the owned nodes' rows; the halo rows are fetched first.
     """
+    graph, x = with_halo_rows(graph, x)
     if torch.compiler.is_compiling():
         graph = graph_ref(graph, x.size(0) if isinstance(x, Tensor) else None)
     elif (type(graph) is Graph and type(x) is Tensor and _plain(edge_weight) and _plain(bias)
@@ -217,10 +222,12 @@ def sddmm(
         op: ``"dot"`` (reduces the last axis: ``[E, *S[:-1]]``, e.g. ``q_i . k_j`` per
             head) or elementwise ``"add"``, ``"sub"``, ``"mul"`` (``[E, *S]``, e.g. GAT's
             ``a_src . h_j + a_dst . h_i``).
-        aggregation: backend choice, as for :func:`spmm`.
+        aggregation: backend choice, as for :func:`spmm` (and a distributed graph's ``a``:
+            the owned rows, as there).
     """
     if not isinstance(a, Tensor):
         raise TypeError(f"a must be a torch.Tensor, got {type(a).__name__}")
+    graph, a = with_halo_rows(graph, a)
     graph = graph_arg(graph, a.size(0))
     check_node_tensor(a, graph, graph.num_src_nodes, "a", (1, 2, 3))
     check_node_tensor(b, graph, graph.num_dst_nodes, "b", (1, 2, 3))
@@ -251,7 +258,7 @@ def edge_softmax(graph: Graph | Tensor, scores: Tensor, *, aggregation: str = "a
             are all masked gets zeros, never NaN.
         aggregation: backend choice, as for :func:`spmm`.
     """
-    graph = graph_arg(graph)
+    graph = graph_arg(with_halo_rows(graph)[0])
     if not isinstance(scores, Tensor):
         raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
     check_node_tensor(scores, graph, graph.num_edges, "scores", (1, 2))

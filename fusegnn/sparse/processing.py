@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
+from fusegnn.sparse.halo import HaloGraph
 from fusegnn.sparse.graph_ref import GAT_SELF_LOOPS, GCN_PREFIX, GraphRef, gcn_params, gcn_transform, with_transform
 
 __all__ = [
@@ -30,16 +31,28 @@ __all__ = [
 
 
 def _require_square(graph: Graph, what: str) -> int:
+    """The nodes that can have a self-loop ``i -> i``: all of a square graph's, a
+    :class:`~fusegnn.sparse.halo.HaloGraph`'s owned nodes (source ``i`` is target ``i``);
+    any other bipartite graph is a ``ValueError``."""
+    if isinstance(graph, HaloGraph):
+        return graph.num_own
     if graph.is_bipartite:
         raise ValueError(f"{what} needs a square graph, got a bipartite one ({graph!r})")
     return graph.num_nodes
+
+
+def _with_edges(graph: Graph, edge_index: Tensor, weight: Tensor | None = None) -> Graph:
+    """A graph of ``edge_index`` between ``graph``'s nodes (a halo graph stays one)."""
+    if isinstance(graph, HaloGraph):
+        return graph.with_edges(edge_index, weight)
+    return Graph(edge_index, (graph.num_src_nodes, graph.num_dst_nodes), weight, validate=False)
 
 
 def remove_self_loops(graph: Graph) -> Graph:
     """The graph without its self-loops ``i -> i`` (weights follow their edges)."""
     keep = graph.src != graph.dst
     weight = graph.edge_weight[keep] if graph.edge_weight is not None else None
-    return Graph(graph.edge_index[:, keep], (graph.num_src_nodes, graph.num_dst_nodes), weight, validate=False)
+    return _with_edges(graph, graph.edge_index[:, keep], weight)
 
 
 def add_self_loops(graph: Graph, fill_value: float = 1.0) -> Graph:
@@ -51,7 +64,7 @@ def add_self_loops(graph: Graph, fill_value: float = 1.0) -> Graph:
     if graph.edge_weight is not None:
         w = graph.edge_weight
         weight = torch.cat([w, w.new_full((n,) + tuple(w.shape[1:]), fill_value)], dim=0)
-    return Graph(edge_index, n, weight, validate=False)
+    return _with_edges(graph, edge_index, weight)
 
 
 class SelfLoopStructure(NamedTuple):
@@ -90,7 +103,7 @@ def self_loop_structure(graph: Graph) -> SelfLoopStructure:
         loop = torch.arange(n, device=graph.device, dtype=graph.index_dtype)
         edge_index = torch.cat([graph.edge_index.index_select(1, keep), loop.unsqueeze(0).expand(2, n)], dim=1)
         return SelfLoopStructure(
-            graph=Graph(edge_index, n, validate=False),
+            graph=_with_edges(graph, edge_index),
             keep=keep,
             loop_node=loop_node,
             loop_edge=last.index_select(0, loop_node),
@@ -111,7 +124,7 @@ def add_remaining_self_loops(graph: Graph, fill_value: float = 1.0, edge_weight:
     re-normalising the same graph with other weights converts nothing again.
     """
     structure = self_loop_structure(graph)
-    n = graph.num_nodes
+    n = _require_square(graph, "add_remaining_self_loops")
     w = edge_weight if edge_weight is not None else graph.edge_weight
     if w is None:
         w = torch.ones(graph.num_edges, device=graph.device)
@@ -179,7 +192,9 @@ def gcn_norm(
     deg = edge_weight.new_zeros(graph.num_dst_nodes).index_add(0, dst, edge_weight)
     deg_inv_sqrt = deg.pow(-0.5)
     deg_inv_sqrt = torch.where(torch.isinf(deg_inv_sqrt), torch.zeros_like(deg_inv_sqrt), deg_inv_sqrt)
-    norm = deg_inv_sqrt.index_select(0, src) * edge_weight * deg_inv_sqrt.index_select(0, dst)
+    # a halo graph's sources owned elsewhere: their owners' degrees (one exchange)
+    src_inv_sqrt = graph.source_rows(deg_inv_sqrt) if isinstance(graph, HaloGraph) else deg_inv_sqrt
+    norm = src_inv_sqrt.index_select(0, src) * edge_weight * deg_inv_sqrt.index_select(0, dst)
     return graph.with_edge_weight(norm)
 
 
@@ -352,6 +367,8 @@ def _fused_norm_unavailable(graph: Graph, edge_weight: Tensor | None, dtype: tor
     """Why the fused normalisation kernels cannot run on these inputs (``None``: they can)."""
     from fusegnn.kernels._triton import FLOAT_DTYPES, fused_can_run
 
+    if isinstance(graph, HaloGraph):
+        return "the graph is a worker's share of a distributed graph (its sources' degrees come from their owners)"
     weight = edge_weight if edge_weight is not None else graph.edge_weight
     if weight is not None and weight.dim() != 1:
         return f"edge_weight must be [E], got shape {tuple(weight.shape)}"
