@@ -5,6 +5,7 @@
     python examples/train.py --model appnp                     # also sage, gin, gatv2, sgc
     python examples/train.py --dataset Reddit --root /data --device cuda --runs 1
     python examples/train.py --device cuda --no-cuda-graph     # eager training steps (no CUDA graph)
+    python examples/train.py --dataset Reddit --model sage --sampled --num-neighbors 25,10 --batch-size 1024
 
 The published recipes are the defaults (GCN: hidden 16, dropout 0.5, lr 0.01, weight decay
 5e-4, 200 epochs; GAT: 8 heads x 8, dropout 0.6, lr 0.005, weight decay 5e-4, one output
@@ -25,6 +26,14 @@ where the time goes; the results are the same up to rounding and dropout draws (
 mask at every replay). Evaluation stays eager. The loss is computed on index tensors of
 the training nodes (``mask.nonzero()`` once, outside the step): boolean-mask indexing
 reads a size back to the host, which a capture cannot record.
+
+With ``--sampled`` each epoch trains on mini-batches instead of the full graph: batches
+of ``--batch-size`` training nodes with their sampled neighbourhoods
+(:class:`fusegnn.loader.NeighborLoader`, ``--num-neighbors`` incoming neighbours per hop,
+uniformly without replacement, on the data's device). The model runs on each batch's
+merged subgraph and the loss is taken on its seeds (PyG's convention: the first
+``batch_size`` rows); graph caches are off (each batch is a new graph) and so is the CUDA
+graph (each batch has its own shapes). Evaluation stays full-graph.
 
 Before training it says which path each layer takes -- GAS or GAR (the fused Triton
 kernels) or the pure-PyTorch reference -- and why (the op layer's own reason,
@@ -60,6 +69,7 @@ except ImportError:  # running from a source checkout without installing
 
 from fusegnn.capture import graphed_step
 from fusegnn.datasets import DATASETS, NodeDataset, load_dataset
+from fusegnn.loader import NeighborLoader
 from fusegnn.models import GAT, GCN, GIN, SGC, APPNPNet, GATv2, GraphSAGE
 from fusegnn.sparse import AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision, decisions_taken, for_capture
@@ -98,6 +108,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="capture the training step into a CUDA graph and replay it every epoch "
                         "(default: on CUDA devices; --no-cuda-graph for eager steps)")
+    p.add_argument("--sampled", action="store_true",
+                   help="train on neighbour-sampled mini-batches (fusegnn.loader.NeighborLoader)")
+    p.add_argument("--num-neighbors", default="25,10",
+                   help="with --sampled: neighbours drawn per hop, comma-separated (-1: all)")
+    p.add_argument("--batch-size", type=int, default=1024, help="with --sampled: seed nodes per batch")
     p.add_argument("--no-normalize-features", action="store_true", help="keep raw Planetoid features")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--quiet", action="store_true",
@@ -114,6 +129,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     on_cuda = torch.device(args.device).type == "cuda"
+    try:
+        args.num_neighbors = [int(k) for k in str(args.num_neighbors).split(",")]
+    except ValueError:
+        p.error(f"--num-neighbors must be comma-separated integers, got {args.num_neighbors!r}")
+    if args.sampled and args.cuda_graph:
+        p.error("--cuda-graph cannot capture sampled training (every batch has its own shapes)")
+    if args.sampled:
+        args.cuda_graph = False
     if args.cuda_graph and not on_cuda:
         p.error(f"--cuda-graph needs a CUDA device (--device is {args.device!r}: a CUDA graph captures CUDA work only)")
     if args.cuda_graph is None:
@@ -123,8 +146,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_model(args: argparse.Namespace, data: NodeDataset) -> torch.nn.Module:
     features, classes, agg = data.num_features, data.num_classes, args.aggregation
+    cached = not getattr(args, "sampled", False)  # a sampled batch is a new graph each time
     if args.model == "gcn":
-        return GCN(features, args.hidden, classes, args.dropout, aggregation=agg)
+        return GCN(features, args.hidden, classes, args.dropout, cached=cached, aggregation=agg)
     if args.model in ("gat", "gatv2"):
         return (GAT if args.model == "gat" else GATv2)(
             features, args.hidden, classes, heads=args.heads, out_heads=args.out_heads,
@@ -135,8 +159,9 @@ def build_model(args: argparse.Namespace, data: NodeDataset) -> torch.nn.Module:
     if args.model == "gin":
         return GIN(features, args.hidden, classes, args.dropout, aggregation=agg)
     if args.model == "sgc":
-        return SGC(features, classes, K=args.K, aggregation=agg)
-    return APPNPNet(features, args.hidden, classes, K=args.K, alpha=args.alpha, dropout=args.dropout, aggregation=agg)
+        return SGC(features, classes, K=args.K, cached=cached, aggregation=agg)
+    return APPNPNet(features, args.hidden, classes, K=args.K, alpha=args.alpha, dropout=args.dropout,
+                    cached=cached, aggregation=agg)
 
 
 PATH_LABELS = {
@@ -250,6 +275,27 @@ class Selection:
         return stop
 
 
+def sampled_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: NeighborLoader):
+    """One epoch over ``loader``'s batches: the model on each batch's merged subgraph, the
+    loss on its seeds (the first ``batch_size`` rows). Returns the mean training loss (a
+    tensor, not read)."""
+
+    def epoch() -> torch.Tensor:
+        total, seeds = None, 0
+        for batch in loader:
+            optimizer.zero_grad(set_to_none=True)
+            out = model(batch.x, batch.graph)[: batch.batch_size]
+            loss = F.cross_entropy(out, batch.y)
+            loss.backward()
+            optimizer.step()
+            part = loss.detach() * batch.batch_size
+            total = part if total is None else total + part
+            seeds += batch.batch_size
+        return total / seeds
+
+    return epoch
+
+
 def train_run(args: argparse.Namespace, data: NodeDataset, run: int, bar) -> dict[str, float]:
     torch.manual_seed(args.seed + run)
     model = build_model(args, data).to(data.x.device)
@@ -269,7 +315,13 @@ def train_run(args: argparse.Namespace, data: NodeDataset, run: int, bar) -> dic
         optimizer.step()
         return loss
 
-    step = graphed_step(train_step, optimizer) if args.cuda_graph else train_step
+    if args.sampled:
+        step = sampled_epoch(model, optimizer, NeighborLoader(
+            data, args.num_neighbors, args.batch_size, input_nodes=train_index, shuffle=True,
+            seed=args.seed + run,
+        ))
+    else:
+        step = graphed_step(train_step, optimizer) if args.cuda_graph else train_step
     cuda = data.x.is_cuda
     selection = Selection(args.patience)
     epoch_ms = []
@@ -328,6 +380,7 @@ def main(argv: list[str] | None = None) -> dict:
         "aggregation": args.aggregation,
         "paths": paths,
         "cuda_graph": args.cuda_graph,
+        "sampled": {"num_neighbors": args.num_neighbors, "batch_size": args.batch_size} if args.sampled else None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "best_epochs": [r["epoch"] for r in results],
         "test_accs": test,

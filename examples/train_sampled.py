@@ -41,35 +41,8 @@ except ImportError:  # running from a source checkout without installing
 
 from fusegnn.datasets import NodeDataset, generate_ogbn_like, generate_reddit_like, load_dataset
 from fusegnn.loader import NeighborLoader
-from fusegnn.sparse import Graph, spmm
-
-
-class MeanSAGEConv(nn.Module):
-    r"""GraphSAGE with mean aggregation (PyG's ``SAGEConv``, ``aggr="mean"``):
-
-    .. math:: h_i = W_l \operatorname{mean}_{j \to i} x_j + b + W_r x_i
-
-    on a bipartite graph: ``x = (x_src, x_dst)``, ``graph`` with
-    ``num_nodes=(N_src, N_dst)``. The fallback for when ``fusegnn.layers.SAGEConv`` is
-    not there (see :func:`sage_conv`)."""
-
-    def __init__(self, in_channels: int, out_channels: int) -> None:
-        super().__init__()
-        self.lin_l = nn.Linear(in_channels, out_channels)
-        self.lin_r = nn.Linear(in_channels, out_channels, bias=False)
-
-    def forward(self, x: tuple[Tensor, Tensor], graph: Graph) -> Tensor:
-        x_src, x_dst = x
-        return self.lin_l(spmm(graph, x_src, reduce="mean")) + self.lin_r(x_dst)
-
-
-def sage_conv(in_channels: int, out_channels: int) -> nn.Module:
-    """``fusegnn.layers.SAGEConv`` (mean aggregation) where it exists, else :class:`MeanSAGEConv`."""
-    try:
-        from fusegnn.layers import SAGEConv
-    except ImportError:
-        return MeanSAGEConv(in_channels, out_channels)
-    return SAGEConv(in_channels, out_channels)
+from fusegnn.layers import SAGEConv
+from fusegnn.sparse import Graph
 
 
 class SAGE(nn.Module):
@@ -78,7 +51,7 @@ class SAGE(nn.Module):
     def __init__(self, in_channels: int, hidden: int, out_channels: int, num_layers: int = 2, dropout: float = 0.5):
         super().__init__()
         widths = [in_channels] + [hidden] * (num_layers - 1) + [out_channels]
-        self.convs = nn.ModuleList(sage_conv(a, b) for a, b in zip(widths[:-1], widths[1:]))
+        self.convs = nn.ModuleList(SAGEConv(a, b) for a, b in zip(widths[:-1], widths[1:]))
         self.dropout = dropout
 
     def forward(self, x: Tensor, blocks: list[Graph]) -> Tensor:

@@ -344,7 +344,7 @@ def test_bad_edge_input():
         GATConv(5, 3, heads=2).double()(x, ei, edge_attr)
     with pytest.raises(ValueError, match=r"GATConv: edge_attr has 29 rows but the graph has 30 edges"):
         layer(x, ei, edge_attr[:-1])
-    with pytest.raises(ValueError, match="GATConv: edge_attr has 2 features but the layer expects 3"):
+    with pytest.raises(ValueError, match="GATConv: edge_attr has 2 features per edge but the layer takes 3"):
         layer(x, ei, edge_attr[:, :2])
     with pytest.raises(TypeError, match="GATConv: edge_attr must be a floating tensor"):
         layer(x, ei, torch.ones(ei.size(1), 3, dtype=torch.int64))
@@ -355,7 +355,7 @@ def test_bad_edge_input():
     with pytest.raises(ValueError, match="fill_value must be one of"):
         GATConv(5, 3, edge_dim=3, fill_value="median").double()(x, ei, edge_attr)
     bip, xb, *_ = _case("bipartite")
-    with pytest.raises(ValueError, match="GATConv: x_dst has 3 features but the layer expects 4"):
+    with pytest.raises(ValueError, match="GATConv: x_dst has 3 features per node but the layer takes 4"):
         bip((xb[0], _randn(5, 3, seed=1)), _bipartite())
     with pytest.raises(ValueError, match=r"the graph has 7 x 5 \(source x target\) nodes but the features give 7 x 4"):
         bip((xb[0], _randn(4, 4, seed=1)), Graph(_bipartite(), (7, 5)))

@@ -16,8 +16,9 @@ if not torch.cuda.is_available():  # run the Triton kernels on the CPU
 import pytest  # noqa: E402
 
 from fusegnn import Graph  # noqa: E402
+from fusegnn.sparse import edge_aggregate  # noqa: E402
 from fusegnn.layers import TransformerConv  # noqa: E402
-from fusegnn.layers.transformer_conv import _edge_value_sum, _query_edge_scores  # noqa: E402
+from fusegnn.layers.transformer_conv import _query_edge_scores  # noqa: E402
 from tests.graphs import random_graph  # noqa: E402
 
 F64 = torch.float64
@@ -150,7 +151,7 @@ def test_fused_ops_match_the_reference(name, aggregation):
 
 
 def test_edge_terms():
-    # the two private edge terms against loops, and their gradients by gradcheck
+    # the query-edge logit term against loops; the fused value term (edge_aggregate) against loops
     graph = Graph(random_graph(6, 15, 1), 6)
     q = _randn(6, 2, 3, seed=1).requires_grad_()
     e = _randn(15, 2, 3, seed=2).requires_grad_()
@@ -159,12 +160,14 @@ def test_edge_terms():
     scores = _query_edge_scores(graph, q, e)
     for n in range(15):
         torch.testing.assert_close(scores[n], (q[dst[n]] * e[n]).sum(-1))
-    summed = _edge_value_sum(graph, alpha, e)
+    v = _randn(6, 2, 3, seed=4).requires_grad_()
+    summed = edge_aggregate(graph, v, e, edge_weight=alpha)
     for i in range(6):
-        want = sum((alpha[n].unsqueeze(-1) * e[n] for n in range(15) if dst[n] == i), torch.zeros(2, 3, dtype=F64))
+        want = sum((alpha[n].unsqueeze(-1) * (v[src[n]] + e[n]) for n in range(15) if dst[n] == i),
+                   torch.zeros(2, 3, dtype=F64))
         torch.testing.assert_close(summed[i], want)
     assert torch.autograd.gradcheck(lambda q, e: _query_edge_scores(graph, q, e), (q, e))
-    assert torch.autograd.gradcheck(lambda a, e: _edge_value_sum(graph, a, e), (alpha, e))
+    assert torch.autograd.gradcheck(lambda a, v, e: edge_aggregate(graph, v, e, edge_weight=a), (alpha, v, e))
 
 
 def test_dropout_keeps_returned_alpha_and_changes_output():
@@ -221,11 +224,11 @@ def test_bad_input():
         layer(x, ei)
     with pytest.raises(ValueError, match="TransformerConv: edge_attr has 31 rows but the graph has 32 edges"):
         layer(x, ei, edge_attr[:-1])
-    with pytest.raises(ValueError, match="TransformerConv: edge_attr has 1 features but the layer expects 2"):
+    with pytest.raises(ValueError, match="TransformerConv: edge_attr has 1 features per edge but the layer takes 2"):
         layer(x, ei, edge_attr[:, :1])
     with pytest.raises(TypeError, match="TransformerConv: edge_attr has dtype torch.float32"):
         layer(x, ei, edge_attr.float())
-    with pytest.raises(ValueError, match="TransformerConv: x has 4 features but the layer expects 5"):
+    with pytest.raises(ValueError, match="TransformerConv: x has 4 features per node but the layer takes 5"):
         layer(x[:, :4], ei, edge_attr)
     with pytest.raises(ValueError, match=r"TransformerConv: x_dst \(x\[1\]\) is needed"):
         layer((x, None), ei, edge_attr)

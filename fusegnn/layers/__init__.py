@@ -6,6 +6,7 @@ from fusegnn.layers.gat_conv import GATConv
 from fusegnn.layers.gatv2_conv import GATv2Conv
 from fusegnn.layers.gcn_conv import GCNConv
 from fusegnn.layers.gin_conv import GINConv
+from fusegnn.layers.gine_conv import GINEConv
 from fusegnn.layers.graph_conv import GraphConv
 from fusegnn.layers.sage_conv import SAGEConv
 from fusegnn.layers.sg_conv import SGConv
@@ -17,6 +18,7 @@ __all__ = [
     "GATConv",
     "GATv2Conv",
     "GINConv",
+    "GINEConv",
     "GraphConv",
     "SAGEConv",
     "SGConv",

@@ -86,31 +86,6 @@ def check_dtype(x: Tensor, dtype: torch.dtype, layer: str, what: str = "x") -> N
         )
 
 
-def check_linear_input(x: Tensor, linear: nn.Linear, layer: nn.Module, what: str = "x") -> None:
-    """``x`` is a floating ``[N, linear.in_features]`` tensor of ``linear``'s dtype (for
-    layers whose input transforms are PyG ``Linear`` layers with their default init).
-
-    An ``nn.LazyLinear`` (``in_channels=-1``) is materialised here at the first forward,
-    with ``nn.Linear``'s initialisation (PyG's ``Linear`` default: Kaiming-uniform weight,
-    uniform bias), its own dtype and device; create the optimizer after that call."""
-    name = type(layer).__name__
-    check_node_features(x, name, what)
-    if isinstance(linear, nn.LazyLinear):  # until its first call, even with weights loaded
-        if torch.compiler.is_compiling():
-            raise RuntimeError(
-                f"{name}(in_channels=-1) is initialised at its first forward, which torch.compile "
-                "cannot trace: run one eager forward before compiling"
-            )
-        with torch.no_grad():  # the module's own first call: materialised, then an nn.Linear
-            linear(torch.zeros(1, x.size(1), dtype=linear.weight.dtype, device=linear.weight.device))
-    if x.size(1) != linear.in_features:
-        raise ValueError(
-            f"{name}: {what} has {x.size(1)} features per node but the layer takes "
-            f"{linear.in_features} (in_channels={layer.in_channels})"
-        )
-    check_dtype(x, linear.weight.dtype, name, what)
-
-
 def channel_pair(in_channels: int | tuple[int, int], layer: str) -> tuple[int, int]:
     """PyG's ``in_channels`` of a layer with source and target inputs: one int for both,
     or a pair ``(in_src, in_dst)`` (either ``-1``: inferred at the first forward)."""
@@ -158,21 +133,23 @@ def _initialize_lazy(layer: nn.Module, x: Tensor) -> None:
     lin.in_features = layer.in_channels = lin.weight.size(1)
 
 
-def check_linear_input(x: Tensor, lin: nn.Linear, layer: str, name: str = "x", *, glorot: bool = True) -> None:
+def check_linear_input(
+    x: Tensor, lin: nn.Linear, layer: nn.Module | str, name: str = "x", *, glorot: bool = True
+) -> None:
     """``x`` is a floating ``[N, lin.in_features]`` tensor of ``lin.weight``'s dtype
     (autocast excepted), the input of one of a layer's transforms (``x_src`` of
-    ``lin_src``, ``edge_attr`` of ``lin_edge``, ...); errors name ``layer`` and ``name``.
+    ``lin_src``, ``edge_attr`` of ``lin_edge``, ...); errors name ``layer`` (a layer or
+    its name) and ``name``.
 
     A lazy ``lin`` (an ``nn.LazyLinear`` of ``in_channels=-1``) is materialised to
     ``x.size(1)`` input features here with ``nn.Linear``'s initialisation (that of PyG's
     ``Linear`` without a ``weight_initializer``), the weight then Glorot-initialised with
-    ``glorot`` (PyG's ``weight_initializer='glorot'``, as in :func:`check_features`)."""
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{layer}: {name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{layer}: {name} must be a floating tensor, got dtype {x.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"{layer}: {name} must have shape [rows, features], got {tuple(x.shape)}")
+    ``glorot`` (PyG's ``weight_initializer='glorot'``, as in :func:`check_features`);
+    ``glorot=False`` keeps ``nn.Linear``'s (PyG's ``Linear`` default: Kaiming-uniform weight,
+    uniform bias). Create the optimizer after that first call."""
+    if not isinstance(layer, str):
+        layer = type(layer).__name__
+    check_node_features(x, layer, name)
     if isinstance(lin.weight, nn.parameter.UninitializedParameter):  # (is_lazy, which Dynamo can trace)
         if torch.compiler.is_compiling():
             raise RuntimeError(
@@ -189,13 +166,11 @@ def check_linear_input(x: Tensor, lin: nn.Linear, layer: str, name: str = "x", *
             glorot_(lin.weight)
     lin.in_features = lin.weight.size(1)
     if x.size(1) != lin.in_features:
-        raise ValueError(f"{layer}: {name} has {x.size(1)} features but the layer expects {lin.in_features}")
-    dtype = lin.weight.dtype
-    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
-        raise TypeError(
-            f"{layer}: {name} has dtype {x.dtype} but the layer's parameters are {dtype}; convert one "
-            f"of them ({name}.to({dtype}) or layer.to({x.dtype}))"
+        per = "edge" if name == "edge_attr" else "node"
+        raise ValueError(
+            f"{layer}: {name} has {x.size(1)} features per {per} but the layer takes {lin.in_features}"
         )
+    check_dtype(x, lin.weight.dtype, layer, name)
 
 
 def check_attention_args(layer: str, heads: int, dropout: float, edge_dim: int | None) -> None:
@@ -330,7 +305,7 @@ def layer_inputs(
         if t is None:
             continue
         if lin is not None:
-            check_linear_input(t, lin, layer, what)
+            check_linear_input(t, lin, layer, what, glorot=False)
         else:
             check_node_features(t, name, what)
             if dtype is not None:

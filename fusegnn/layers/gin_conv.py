@@ -5,13 +5,40 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fusegnn.layers._utils import layer_inputs, reset_module
 from fusegnn.sparse import Graph, spmm
 from fusegnn.sparse.dispatch import check_aggregation
 
-__all__ = ["GINConv"]
+__all__ = ["GINConv", "check_root_width", "eps_parameter"]
+
+
+def eps_parameter(layer: nn.Module, train_eps: bool) -> None:
+    r"""GIN's :math:`\epsilon` on ``layer``: a parameter ``eps`` ``[1]`` when learnt, else a
+    buffer of that name (as PyG's); filled by ``reset_parameters``."""
+    if train_eps:
+        layer.eps = torch.nn.Parameter(torch.empty(1))
+    else:
+        layer.register_buffer("eps", torch.empty(1))
+
+
+def check_root_width(x_src: Tensor, x_dst: Tensor | None, layer: str) -> None:
+    r"""The root term :math:`(1 + \epsilon) x_i` is added to the sum of the :math:`x_j`:
+    ``x_dst`` has ``x_src``'s width."""
+    if x_dst is not None and x_dst.size(1) != x_src.size(1):
+        raise ValueError(
+            f"{layer}: x_dst has {x_dst.size(1)} features per node but x_src has "
+            f"{x_src.size(1)} (the root term (1 + eps) x_i is added to the sum of the x_j)"
+        )
+
+
+def _leading_linear(module) -> nn.Linear | None:
+    """The ``nn.Linear`` that ``module`` (an ``nn.Sequential``) starts with, else ``None``."""
+    if isinstance(module, nn.Sequential) and len(module) > 0 and type(module[0]) is nn.Linear:
+        return module[0]
+    return None
 
 
 class GINConv(nn.Module):
@@ -28,6 +55,11 @@ class GINConv(nn.Module):
     any: a float ``adj_t``'s values, as on PyG's sparse-matrix path). For a bipartite pair
     ``(x_src, x_dst)`` the root term uses ``x_dst`` (same width as ``x_src``) and is left
     out when ``x_dst`` is ``None``.
+
+    When ``nn`` is an ``nn.Sequential`` that starts with a narrowing ``nn.Linear``
+    (``out_features < in_features``), that map is applied before the sum (it commutes with
+    it: :math:`W((1 + \epsilon) x_i + \sum_j x_j) + b = (1 + \epsilon) W x_i + \sum_j W x_j + b`),
+    so the aggregation runs at the narrower width, with the bias as its epilogue.
 
     Args:
         nn: the module applied to the aggregated features (its ``reset_parameters``, or its
@@ -53,10 +85,7 @@ class GINConv(nn.Module):
         self.nn = nn
         self.initial_eps = eps
         self.aggregation = check_aggregation(aggregation)
-        if train_eps:
-            self.eps = torch.nn.Parameter(torch.empty(1))
-        else:
-            self.register_buffer("eps", torch.empty(1))
+        eps_parameter(self, train_eps)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -69,11 +98,17 @@ class GINConv(nn.Module):
         size: tuple[int, int] | None = None,
     ) -> Tensor:
         x_src, x_dst, graph = layer_inputs(self, x, edge_index_or_graph, size, dtype=self.eps.dtype)
-        if x_dst is not None and x_dst.size(1) != x_src.size(1):
-            raise ValueError(
-                f"{type(self).__name__}: x_dst has {x_dst.size(1)} features per node but x_src has "
-                f"{x_src.size(1)} (the root term (1 + eps) x_i is added to the sum of the x_j)"
-            )
+        check_root_width(x_src, x_dst, type(self).__name__)
+        first = _leading_linear(self.nn)
+        if first is not None and first.out_features < first.in_features and x_src.size(1) == first.in_features:
+            # nn starts with a narrowing Linear W: W((1 + eps) x_i + sum_j x_j) + b is
+            # (1 + eps) x_i W^T + sum_j x_j W^T + b, so aggregate at the narrower width
+            h_src = F.linear(x_src, first.weight)
+            h_dst = None if x_dst is None else h_src if x_dst is x_src else F.linear(x_dst, first.weight)
+            out = spmm(graph, h_src, bias=first.bias, aggregation=self.aggregation)
+            if h_dst is not None:
+                out = out + (1 + self.eps) * h_dst
+            return self.nn[1:](out)
         out = spmm(graph, x_src, aggregation=self.aggregation)
         if x_dst is not None:
             out = out + (1 + self.eps) * x_dst

@@ -7,7 +7,6 @@ from torch import Tensor, nn
 from fusegnn.layers._utils import (
     aggregate_linear,
     channel_pair,
-    check_linear_input,
     check_reduce,
     input_linear,
     layer_inputs,

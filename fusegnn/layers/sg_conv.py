@@ -86,7 +86,7 @@ class SGConv(nn.Module):
     def forward(
         self, x: Tensor, edge_index_or_graph: Graph | Tensor, edge_weight: Tensor | None = None
     ) -> Tensor:
-        check_linear_input(x, self.lin, self)
+        check_linear_input(x, self.lin, self, glorot=False)
         if self._cached_x is not None:
             return self.lin(self._cached_x)
         graph = normalized_graph(

@@ -16,7 +16,7 @@ from fusegnn.layers._utils import (
     graph_for,
     node_pair,
 )
-from fusegnn.sparse import Graph, edge_index_of, edge_softmax, sddmm, spmm
+from fusegnn.sparse import Graph, edge_aggregate, edge_index_of, edge_softmax, sddmm, spmm
 from fusegnn.sparse.dispatch import check_aggregation
 
 __all__ = ["TransformerConv"]
@@ -41,15 +41,6 @@ def _query_edge_scores(graph: Graph, query: Tensor, edge_values: Tensor) -> Tens
     features, in the graph's edge order). Plain differentiable tensor ops (a gather)."""
     dst = edge_index_of(graph)[1].long()
     return (query.index_select(0, dst) * edge_values).sum(dim=-1)
-
-
-def _edge_value_sum(graph: Graph, alpha: Tensor, edge_values: Tensor) -> Tensor:
-    r"""The edge part of the output, :math:`\sum_{j \to i} \alpha_{ji} e'_{ji}`: ``[N_dst, H, C]``
-    from ``alpha`` ``[E, H]`` and ``edge_values`` ``[E, H, C]``, scattered into a fresh
-    tensor with ``index_add`` (differentiable in both)."""
-    dst = edge_index_of(graph)[1].long()
-    out = edge_values.new_zeros((graph.num_dst_nodes,) + tuple(edge_values.shape[1:]))
-    return out.index_add(0, dst, alpha.unsqueeze(-1) * edge_values)
 
 
 class TransformerConv(nn.Module):
@@ -79,9 +70,10 @@ class TransformerConv(nn.Module):
 
     The node part is the op path of sparse attention: ``sddmm(graph, k, q, "dot")`` ->
     :func:`~fusegnn.sparse.edge_softmax` -> :func:`~fusegnn.sparse.spmm` with per-head
-    weights ``[E, H]``. The edge terms (:math:`\mathbf{q}_i \cdot \mathbf{e}'_{ji}` in the
-    logits and :math:`\sum_j \alpha_{ji} \mathbf{e}'_{ji}` in the output) are gathers and a
-    scatter of ``[E, H, C]`` tensors (:func:`_query_edge_scores`, :func:`_edge_value_sum`).
+    weights ``[E, H]``. With edge features the logits gain
+    :math:`\mathbf{q}_i \cdot \mathbf{e}'_{ji}` (a gather, :func:`_query_edge_scores`) and
+    the output :math:`\sum_j \alpha_{ji} (\mathbf{v}_j + \mathbf{e}'_{ji})` is one fused
+    :func:`~fusegnn.sparse.edge_aggregate` (no ``[E, H, C]`` message tensor).
 
     Args:
         in_channels: input width, ``-1`` (inferred at the first forward) or a pair
@@ -206,9 +198,10 @@ class TransformerConv(nn.Module):
             scores = scores + _query_edge_scores(graph, query, edge_values)
         alpha = edge_softmax(graph, scores / math.sqrt(C), aggregation=agg)
         weights = F.dropout(alpha, p=self.dropout, training=self.training)
-        out = spmm(graph, value, weights, aggregation=agg)  # [N_dst, H, C]
-        if edge_values is not None:
-            out = out + _edge_value_sum(graph, weights, edge_values)
+        if edge_values is None:
+            out = spmm(graph, value, weights, aggregation=agg)  # [N_dst, H, C]
+        else:  # sum_j alpha_ji (v_j + e'_ji) in one fused pass over each target's edges
+            out = edge_aggregate(graph, value, edge_values, edge_weight=weights, aggregation=agg)
         out = out.reshape(-1, H * C) if self.concat else out.mean(dim=1)
         if self.root_weight:
             skip = self.lin_skip(x_dst)
