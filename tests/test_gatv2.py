@@ -279,7 +279,7 @@ def test_op_rejects_bad_arguments(kwargs, error, match):
 @pytest.mark.parametrize("aggregation", ["reference", "gar"])
 def test_op_compiled_fullgraph(aggregation):
     torch._dynamo.reset()
-    graph = Graph(random_graph(14, 48, seed=1, hub_degree=6), 14)
+    graph = Graph(random_graph(14, 48, seed=1, hub_degree=6).to(DEVICE), 14)
     values = _inputs(graph, 2, 3, seed=1)
 
     def fn(xl, xr, att, e, graph):
@@ -373,8 +373,8 @@ def test_layer_graph_inputs_and_attention_weights():
     assert torch.equal(got_ei, want_ei)
     torch.testing.assert_close(out, want)
     torch.testing.assert_close(alpha, want_alpha)
-    adj_t = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.size(1), dtype=torch.float64), (15, 15),
-                                    check_invariants=True)
+    adj_t = torch.sparse_coo_tensor(ei.flip(0), torch.ones(ei.size(1), dtype=torch.float64, device=DEVICE),
+                                    (15, 15), check_invariants=True)
     for graph in (Graph(ei, 15), adj_t, adj_t.to_sparse_csr()):
         torch.testing.assert_close(ours(x, graph), want)
 
@@ -394,9 +394,9 @@ def test_layer_lazy_in_channels():
 
 
 def test_layer_dropout_and_modes():
-    ei = random_graph(15, 60, 3, hub_degree=10)
-    x = torch.randn(15, 6, dtype=torch.float64)
-    layer = GATv2Conv(6, 4, heads=2, dropout=0.5, aggregation="gar").double()
+    ei = random_graph(15, 60, 3, hub_degree=10).to(DEVICE)
+    x = torch.randn(15, 6, dtype=torch.float64, device=DEVICE)
+    layer = GATv2Conv(6, 4, heads=2, dropout=0.5, aggregation="gar").double().to(DEVICE)
     layer.eval()
     ref = layer(x, ei)
     layer.train()
