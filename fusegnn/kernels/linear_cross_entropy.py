@@ -1,0 +1,265 @@
+r"""Linear + cross-entropy without the ``[M, C]`` logits: chunked GEMMs and one fused row kernel.
+
+For rows :math:`h_i` (``[K]``), a classifier :math:`W` (``[C, K]``), bias :math:`b` and
+targets :math:`y_i`, with label smoothing :math:`\varepsilon`:
+
+.. math::
+    z_i = W h_i + b, \qquad \ell_i = \operatorname{lse}(z_i) - (1-\varepsilon)\, z_{i y_i}
+          - \frac{\varepsilon}{C} \sum_c z_{ic},
+
+and (loss elimination, thesis ch. 6, Eq. 6.1: the gradient needs no loss value)
+
+.. math::
+    \frac{\partial L}{\partial z_{ic}} = s_i \Big(\operatorname{softmax}(z_i)_c
+        - (1-\varepsilon)[c = y_i] - \frac{\varepsilon}{C}\Big),
+
+with :math:`s_i` = ``1 / n_valid`` (mean), ``1`` (sum) or the incoming per-row gradient
+(``reduction="none"``), and :math:`s_i = 0` on rows whose target is ``ignore_index``. Then
+:math:`\partial h_i = \sum_c \partial z_{ic} W_c`, :math:`\partial W = \partial z^\top h`,
+:math:`\partial b = \sum_i \partial z_i`.
+
+The rows are processed in chunks of ``R`` rows, so the only logits ever in memory are one
+``[R, C]`` buffer in the input dtype (its size is a budget, :data:`CHUNK_BYTES`):
+
+1. ``logits = h_chunk @ W^T + b`` (cuBLAS, fp32 accumulation, one rounding to the dtype --
+   as ``F.linear`` does);
+2. :data:`rows_kernel` (Triton), one pass per row block: an online log-sum-exp in the
+   accumulation dtype over class tiles, the target logit, the sum of logits (label
+   smoothing) -> the per-row loss; a second sweep writes :math:`\partial z` **over the
+   logits buffer in place** (no second buffer);
+3. ``dh_chunk = dz @ W`` and ``dW += dz^T @ h_chunk`` (cuBLAS), ``db += dz.sum(0)``.
+
+With ``index`` the rows that count are ``h[index]`` (repeats count each time); a chunk's
+rows are gathered into an ``[R, K]`` workspace for the GEMM (never an ``[len(index), K]``
+copy), the kernel reads targets through ``index``, and ``dh`` receives the rows with
+``index_add_`` (repeats add up). ``dW`` is accumulated in float32 when ``C x K`` float32 fits
+the chunk budget (GNN heads: exact to one final rounding); otherwise (language-model heads)
+in the weight's dtype, one rounding per chunk.
+
+:func:`linear_cross_entropy_reference` is the pure-PyTorch definition the fused path must
+match (``F.cross_entropy(F.linear(h[index], W, b), target[index], ...)``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fusegnn.kernels._edge_utils import acc_dtype
+from fusegnn.kernels._triton import LazyKernel, next_pow2
+
+__all__ = [
+    "CHUNK_BYTES",
+    "LossAndGrads",
+    "chunk_rows_for",
+    "fused_linear_cross_entropy",
+    "linear_cross_entropy_reference",
+    "rows_kernel",
+]
+
+#: byte budget of the one ``[R, C]`` logits buffer (and of a float32 ``dW`` accumulator)
+CHUNK_BYTES = 128 * 2**20
+#: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``)
+_TILE = 4096
+
+
+def _rows_kernel(
+    z_ptr, stride_z, target_ptr, index_ptr, scale_ptr, loss_ptr,
+    row0, n_rows, num_classes, ignore_index, smoothing: tl.float64,
+    HAS_INDEX: tl.constexpr, SCALE_PER_ROW: tl.constexpr, WRITE_GRAD: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
+):
+    """Rows ``row0 + [pid*BLOCK_R, +BLOCK_R)`` of the chunk whose logits are ``z`` (row
+    ``r`` of the chunk is ``z[r - row0]``): per-row loss, and the logits' gradient in place."""
+    local = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    # per row; passed as float64 so that float64 inputs get it exactly
+    eps = (tl.zeros([BLOCK_R], ACC) + smoothing).to(ACC)
+    in_rows = local < n_rows
+    if HAS_INDEX:
+        src = tl.load(index_ptr + row0 + local, mask=in_rows, other=0).to(tl.int64)
+    else:
+        src = row0 + local
+    y = tl.load(target_ptr + src, mask=in_rows, other=ignore_index).to(tl.int64)
+    valid = in_rows & (y != ignore_index)
+    zrow = z_ptr + local[:, None] * stride_z
+    cols0 = tl.arange(0, BLOCK_C)
+    neg_inf = float("-inf")
+    m = tl.full([BLOCK_R], neg_inf, ACC)
+    s = tl.zeros([BLOCK_R], ACC)
+    z_y = tl.zeros([BLOCK_R], ACC)
+    z_sum = tl.zeros([BLOCK_R], ACC)
+    for c0 in range(0, num_classes, BLOCK_C):
+        cols = c0 + cols0
+        mask = in_rows[:, None] & (cols < num_classes)[None, :]
+        z = tl.load(zrow + cols[None, :], mask=mask, other=neg_inf).to(ACC)
+        m_new = tl.maximum(m, tl.max(z, axis=1))
+        m_safe = tl.where(m_new == neg_inf, 0.0, m_new)  # a row of padding only
+        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
+        m = m_new
+        z_y += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
+        z_sum += tl.sum(tl.where(mask, z, 0.0), axis=1)
+    m_safe = tl.where(m == neg_inf, 0.0, m)
+    lse = m_safe + tl.log(tl.where(s > 0.0, s, 1.0))
+    loss = lse - (1.0 - eps) * z_y - (eps / num_classes) * z_sum
+    tl.store(loss_ptr + row0 + local, tl.where(valid, loss, 0.0).to(loss_ptr.dtype.element_ty), mask=in_rows)
+    if WRITE_GRAD:
+        if SCALE_PER_ROW:
+            scale = tl.load(scale_ptr + row0 + local, mask=in_rows, other=0.0).to(ACC)
+        else:
+            scale = tl.zeros([BLOCK_R], ACC) + tl.load(scale_ptr).to(ACC)
+        scale = tl.where(valid, scale, 0.0)
+        uniform = eps / num_classes
+        for c0 in range(0, num_classes, BLOCK_C):
+            cols = c0 + cols0
+            mask = in_rows[:, None] & (cols < num_classes)[None, :]
+            z = tl.load(zrow + cols[None, :], mask=mask, other=0.0).to(ACC)
+            p = tl.exp(z - lse[:, None])
+            onehot = tl.where(cols[None, :] == y[:, None], (1.0 - eps)[:, None], 0.0)
+            dz = (p - onehot - uniform[:, None]) * scale[:, None]
+            tl.store(zrow + cols[None, :], dz.to(z_ptr.dtype.element_ty), mask=mask)
+
+
+#: ``triton.language``, bound at the first launch (the kernel's body reads it when it is
+#: jitted); importing this module imports no Triton, so the reference needs none and
+#: ``TRITON_INTERPRET`` may still be set after the import.
+tl = None
+
+rows_kernel = LazyKernel(_rows_kernel)
+
+_TL_NAMES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+def _launch_rows(z: Tensor, target: Tensor, index: Tensor | None, scale: Tensor, loss: Tensor,
+                 row0: int, ignore_index: int, smoothing: float, write_grad: bool, per_row: bool) -> None:
+    global tl
+    import triton.language as language
+
+    tl = language
+    n_rows, num_classes = z.shape
+    block_c = min(next_pow2(num_classes), _TILE)
+    block_r = max(1, min(_TILE // block_c, 64, next_pow2(n_rows)))
+    grid = ((n_rows + block_r - 1) // block_r,)
+    acc = getattr(language, _TL_NAMES[acc_dtype(z.dtype)])
+    dummy = target
+    rows_kernel[grid](
+        z, z.stride(0), target, index if index is not None else dummy, scale, loss,
+        row0, n_rows, num_classes, ignore_index, float(smoothing),
+        HAS_INDEX=index is not None, SCALE_PER_ROW=per_row, WRITE_GRAD=write_grad,
+        BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, num_warps=4 if block_c * block_r <= 2048 else 8,
+    )
+
+
+def chunk_rows_for(num_rows: int, num_classes: int, dtype: torch.dtype, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Rows per chunk: as many as fit ``chunk_bytes`` of ``[R, C]`` logits (a multiple of
+    64 when that is more than 64), at least one, at most ``num_rows``."""
+    per_row = max(num_classes, 1) * torch.empty((), dtype=dtype).element_size()
+    rows = max(1, chunk_bytes // per_row)
+    if rows > 64:
+        rows -= rows % 64
+    return max(1, min(rows, num_rows))
+
+
+class LossAndGrads:
+    """What :func:`fused_linear_cross_entropy` returns: per-row losses (``[M]``, accumulation
+    dtype, 0 on ignored rows) and, when asked for, the gradients (``None`` otherwise)."""
+
+    __slots__ = ("loss", "grad_h", "grad_weight", "grad_bias")
+
+    def __init__(self, loss, grad_h=None, grad_weight=None, grad_bias=None) -> None:
+        self.loss, self.grad_h, self.grad_weight, self.grad_bias = loss, grad_h, grad_weight, grad_bias
+
+
+def fused_linear_cross_entropy(
+    h: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None,
+    index: Tensor | None,
+    ignore_index: int,
+    smoothing: float,
+    scale: Tensor | None,
+    *,
+    grads: tuple[bool, bool, bool] = (False, False, False),
+    chunk_rows: int | None = None,
+) -> LossAndGrads:
+    r"""Per-row losses and (optionally) gradients of ``scale``-weighted losses, chunk by chunk.
+
+    Args:
+        h: ``[N, K]`` rows (contiguous). weight: ``[C, K]``. bias: ``[C]`` or ``None``.
+        target: ``[N]`` int64 class ids (``ignore_index`` rows count for nothing; ids are
+            **not** range-checked here: the op layer does it).
+        index: ``[M]`` int64 rows of ``h`` / ``target`` that count, or ``None`` (all ``N``).
+        scale: :math:`s` of the module docstring: a one-element tensor (every row) or an
+            ``[M]`` tensor (per row); only read when a gradient is asked for.
+        grads: which of ``(dh, dW, db)`` to compute (``db`` only with a bias).
+        chunk_rows: rows per chunk (default :func:`chunk_rows_for`).
+
+    All inputs share one floating dtype; losses come back in its accumulation dtype, the
+    gradients in the input dtype.
+    """
+    num_rows = index.numel() if index is not None else h.shape[0]
+    num_classes, features = weight.shape
+    acc = acc_dtype(h.dtype)
+    loss = torch.empty(num_rows, dtype=acc, device=h.device)
+    want_h, want_w, want_b = grads
+    want_b = want_b and bias is not None
+    any_grad = want_h or want_w or want_b
+    grad_h = grad_w = grad_w_acc = grad_b = None
+    if want_h:
+        grad_h = (torch.zeros_like(h) if index is not None else torch.empty_like(h))
+    if want_w:
+        exact = num_classes * features * 4 <= CHUNK_BYTES and h.dtype != torch.float64
+        grad_w_acc = torch.zeros(weight.shape, dtype=torch.float32 if exact else h.dtype, device=h.device)
+    if want_b:
+        grad_b = torch.zeros(num_classes, dtype=acc, device=h.device)
+    if scale is None:
+        scale = torch.ones(1, dtype=acc, device=h.device)
+    per_row = scale.numel() != 1
+    rows = chunk_rows or chunk_rows_for(num_rows, num_classes, h.dtype)
+    wt = weight.t()
+    for r0 in range(0, num_rows, rows):
+        r1 = min(r0 + rows, num_rows)
+        idx = index[r0:r1] if index is not None else None
+        h_rows = h.index_select(0, idx) if idx is not None else h[r0:r1]
+        z = torch.addmm(bias, h_rows, wt) if bias is not None else torch.mm(h_rows, wt)
+        _launch_rows(z, target, index, scale, loss, r0, ignore_index, smoothing, any_grad, per_row)
+        if not any_grad:
+            continue
+        if want_h:
+            if idx is None:
+                torch.mm(z, weight, out=grad_h[r0:r1])
+            else:
+                grad_h.index_add_(0, idx, torch.mm(z, weight))
+        if want_w:
+            if grad_w_acc.dtype == h.dtype:
+                grad_w_acc.addmm_(z.t(), h_rows)
+            else:
+                grad_w_acc += torch.mm(z.t(), h_rows)
+        if want_b:
+            grad_b += z.sum(0, dtype=acc)
+    if want_w:
+        grad_w = grad_w_acc if grad_w_acc.dtype == h.dtype else grad_w_acc.to(h.dtype)
+    if want_b:
+        grad_b = grad_b.to(h.dtype)
+    return LossAndGrads(loss, grad_h, grad_w, grad_b)
+
+
+def linear_cross_entropy_reference(
+    h: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None = None,
+    *,
+    index: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """``F.cross_entropy(F.linear(h[index], weight, bias), target[index], ...)``: the
+    definition (differentiable through PyTorch's autograd; materialises the logits)."""
+    if index is not None:
+        h, target = h.index_select(0, index), target.index_select(0, index)
+    logits = F.linear(h, weight, bias)
+    return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)
