@@ -6,6 +6,7 @@
     python -m benchmarks.run --list                     # cases and backends, no run
     python -m benchmarks.run --suite attention --sweep calibrate   # a tuning sweep (benchmarks.sweeps)
     python -m benchmarks.run --suite overhead           # host microseconds per call (benchmarks.overhead)
+    python -m benchmarks.run --suite loss               # linear + cross-entropy heads (benchmarks.loss)
 
 Writes ``<out>/<suite>/<gpu-slug>.json`` after every record, then ``.md`` and ``.png``,
 and prints the markdown table last. See ``benchmarks/README.md``.
@@ -69,7 +70,7 @@ def _split_at_sweep(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    p.add_argument("--suite", choices=(*SUITES, "attention", "overhead", "all"), default="paper")
+    p.add_argument("--suite", choices=(*SUITES, "attention", "overhead", "loss", "all"), default="paper")
     p.add_argument("--out", type=Path, default=_REPO / "benchmarks" / "results",
                    help="results directory; files go to <out>/<suite>/<gpu-slug>.* (default benchmarks/results)")
     p.add_argument("--cases", type=_csv, help="comma-separated case names or globs, e.g. 'gcn-*,gat-cora-*'")
@@ -249,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.overhead import main_from_harness as overhead_main
 
         return overhead_main(args, resolve_device(args))
+    if args.suite == "loss":  # linear + cross-entropy heads: its own grid, see benchmarks/loss.py
+        from benchmarks.loss import main_from_harness as loss_main
+
+        cpu = args.list and not torch.cuda.is_available()
+        return loss_main(args, torch.device("cpu") if cpu else resolve_device(args))
     if args.list:
         cpu = not torch.cuda.is_available()
         _list(args, torch.device("cpu") if cpu else resolve_device(args))
