@@ -51,15 +51,22 @@ from fusegnn.kernels._triton import LazyKernel, next_pow2
 
 __all__ = [
     "CHUNK_BYTES",
+    "HEAD_CHUNK_BYTES",
+    "HEAD_MAX_CLASSES",
     "LossAndGrads",
     "chunk_rows_for",
     "fused_linear_cross_entropy",
+    "head_kernel",
     "linear_cross_entropy_reference",
     "rows_kernel",
 ]
 
 #: byte budget of the one ``[R, C]`` logits buffer (and of a float32 ``dW`` accumulator)
 CHUNK_BYTES = 128 * 2**20
+#: classes up to which :data:`head_kernel` keeps a row block's logits on chip (GNN heads)
+HEAD_MAX_CLASSES = 512
+#: byte budget of the head path's per-chunk buffers (``dz`` rows; ``dh`` rows with ``index``)
+HEAD_CHUNK_BYTES = 32 * 2**20
 #: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``)
 _TILE = 4096
 
@@ -127,6 +134,78 @@ tl = None
 
 rows_kernel = LazyKernel(_rows_kernel)
 
+
+def _head_kernel(
+    h_ptr, stride_h, w_ptr, b_ptr, target_ptr, index_ptr, scale_ptr, loss_ptr, dz_ptr, stride_dz,
+    dh_ptr, stride_dh, row0, n_rows, num_classes, features, ignore_index, smoothing: tl.float64,
+    HAS_INDEX: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
+    WRITE_DZ: tl.constexpr, WRITE_DH: tl.constexpr, DH_BY_CHUNK_ROW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr,
+):
+    """Rows ``row0 + [pid*BLOCK_M, +BLOCK_M)`` with every class on chip (``C <= BLOCK_C``):
+    logits ``h W^T + b`` (tensor cores, ``ACC`` accumulation), log-sum-exp, per-row loss;
+    then ``dz`` (stored for the ``dW`` GEMM when ``WRITE_DZ``) and ``dh = dz W`` (stored at
+    the row of ``h``, or at the chunk row when ``DH_BY_CHUNK_ROW``)."""
+    local = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_rows = local < n_rows
+    if HAS_INDEX:
+        src = tl.load(index_ptr + row0 + local, mask=in_rows, other=0).to(tl.int64)
+    else:
+        src = row0 + local
+    y = tl.load(target_ptr + src, mask=in_rows, other=ignore_index).to(tl.int64)
+    valid = in_rows & (y != ignore_index)
+    eps = (tl.zeros([BLOCK_M], ACC) + smoothing).to(ACC)
+    cols = tl.arange(0, BLOCK_C)
+    in_cols = cols < num_classes
+    ks = tl.arange(0, BLOCK_K)
+    z = tl.zeros([BLOCK_M, BLOCK_C], ACC)
+    for k0 in range(0, features, BLOCK_K):
+        kk = k0 + ks
+        a = tl.load(h_ptr + src[:, None] * stride_h + kk[None, :],
+                    mask=in_rows[:, None] & (kk < features)[None, :], other=0.0)
+        wt = tl.load(w_ptr + cols[None, :] * features + kk[:, None],
+                     mask=in_cols[None, :] & (kk < features)[:, None], other=0.0)
+        z += tl.dot(a, wt, input_precision="ieee", out_dtype=ACC)
+    if HAS_BIAS:
+        z += tl.load(b_ptr + cols, mask=in_cols, other=0.0).to(ACC)[None, :]
+    z = tl.where(in_cols[None, :], z, float("-inf"))
+    m = tl.max(z, axis=1)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    e = tl.exp(z - m[:, None])
+    lse = m + tl.log(tl.sum(e, axis=1))
+    is_y = cols[None, :] == y[:, None]
+    z_y = tl.sum(tl.where(is_y, z, 0.0), axis=1)
+    z_sum = tl.sum(tl.where(in_cols[None, :], z, 0.0), axis=1)
+    loss = lse - (1.0 - eps) * z_y - (eps / num_classes) * z_sum
+    tl.store(loss_ptr + row0 + local, tl.where(valid, loss, 0.0).to(loss_ptr.dtype.element_ty), mask=in_rows)
+    if WRITE_DZ or WRITE_DH:
+        if SCALE_PER_ROW:
+            scale = tl.load(scale_ptr + row0 + local, mask=in_rows, other=0.0).to(ACC)
+        else:
+            scale = tl.zeros([BLOCK_M], ACC) + tl.load(scale_ptr).to(ACC)
+        scale = tl.where(valid, scale, 0.0)
+        p = e / tl.sum(e, axis=1)[:, None]
+        dz = (p - tl.where(is_y, (1.0 - eps)[:, None], 0.0) - (eps / num_classes)[:, None]) * scale[:, None]
+        dz = tl.where(in_cols[None, :], dz, 0.0).to(dz_ptr.dtype.element_ty)
+        if WRITE_DZ:
+            tl.store(dz_ptr + local[:, None] * stride_dz + cols[None, :], dz,
+                     mask=in_rows[:, None] & in_cols[None, :])
+        if WRITE_DH:
+            if DH_BY_CHUNK_ROW:
+                out_rows = local
+            else:
+                out_rows = src
+            for k0 in range(0, features, BLOCK_K):
+                kk = k0 + ks
+                wk = tl.load(w_ptr + cols[:, None] * features + kk[None, :],
+                             mask=in_cols[:, None] & (kk < features)[None, :], other=0.0)
+                dh = tl.dot(dz, wk, input_precision="ieee", out_dtype=ACC)
+                tl.store(dh_ptr + out_rows[:, None] * stride_dh + kk[None, :], dh.to(dh_ptr.dtype.element_ty),
+                         mask=in_rows[:, None] & (kk < features)[None, :])
+
+
+head_kernel = LazyKernel(_head_kernel)
+
 _TL_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
 
@@ -147,6 +226,36 @@ def _launch_rows(z: Tensor, target: Tensor, index: Tensor | None, scale: Tensor,
         row0, n_rows, num_classes, ignore_index, float(smoothing),
         HAS_INDEX=index is not None, SCALE_PER_ROW=per_row, WRITE_GRAD=write_grad,
         BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, num_warps=4 if block_c * block_r <= 2048 else 8,
+    )
+
+
+def _head_blocks(num_classes: int, features: int) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_C, BLOCK_K, warps)`` of :data:`head_kernel`: about 8K logits on chip."""
+    block_c = max(16, next_pow2(num_classes))
+    block_m = max(16, min(128, 8192 // block_c))
+    block_k = max(16, min(64, next_pow2(features)))
+    return block_m, block_c, block_k, 8 if block_c >= 256 else 4
+
+
+def _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, row0, n_rows, ignore_index, smoothing,
+                 per_row: bool, dh_by_chunk_row: bool) -> None:
+    global tl
+    import triton.language as language
+
+    tl = language
+    num_classes, features = weight.shape
+    block_m, block_c, block_k, warps = _head_blocks(num_classes, features)
+    acc = getattr(language, _TL_NAMES[acc_dtype(h.dtype)])
+    grid = ((n_rows + block_m - 1) // block_m,)
+    head_kernel[grid](
+        h, h.stride(0), weight, bias if bias is not None else weight, target,
+        index if index is not None else target, scale, loss,
+        dz if dz is not None else h, dz.stride(0) if dz is not None else 0,
+        dh if dh is not None else h, dh.stride(0) if dh is not None else 0,
+        row0, n_rows, num_classes, features, ignore_index, float(smoothing),
+        HAS_INDEX=index is not None, HAS_BIAS=bias is not None, SCALE_PER_ROW=per_row,
+        WRITE_DZ=dz is not None, WRITE_DH=dh is not None, DH_BY_CHUNK_ROW=dh_by_chunk_row,
+        BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_K=block_k, ACC=acc, num_warps=warps,
     )
 
 
@@ -204,45 +313,78 @@ def fused_linear_cross_entropy(
     loss = torch.empty(num_rows, dtype=acc, device=h.device)
     want_h, want_w, want_b = grads
     want_b = want_b and bias is not None
-    any_grad = want_h or want_w or want_b
     grad_h = grad_w = grad_w_acc = grad_b = None
     if want_h:
-        grad_h = (torch.zeros_like(h) if index is not None else torch.empty_like(h))
+        grad_h = torch.zeros_like(h) if index is not None else torch.empty_like(h)
     if want_w:
-        exact = num_classes * features * 4 <= CHUNK_BYTES and h.dtype != torch.float64
-        grad_w_acc = torch.zeros(weight.shape, dtype=torch.float32 if exact else h.dtype, device=h.device)
+        exact = num_classes * features * 4 <= CHUNK_BYTES
+        grad_w_acc = torch.zeros(weight.shape, dtype=acc if exact else h.dtype, device=h.device)
     if want_b:
         grad_b = torch.zeros(num_classes, dtype=acc, device=h.device)
     if scale is None:
         scale = torch.ones(1, dtype=acc, device=h.device)
     per_row = scale.numel() != 1
-    rows = chunk_rows or chunk_rows_for(num_rows, num_classes, h.dtype)
-    wt = weight.t()
+    head = num_classes <= HEAD_MAX_CLASSES
+    if head:
+        # dz rows padded to 8 elements: aligned rows for the dW GEMM
+        width = (num_classes + 7) // 8 * 8
+        per_row_bytes = (width + (features if index is not None else 0)) * h.element_size()
+        rows = chunk_rows or chunk_rows_for(num_rows, per_row_bytes, torch.uint8, HEAD_CHUNK_BYTES)
+        dz_buf = torch.empty(min(rows, num_rows), width, dtype=h.dtype, device=h.device) if want_w or want_b else None
+        dh_buf = (torch.empty(min(rows, num_rows), features, dtype=h.dtype, device=h.device)
+                  if want_h and index is not None else None)
+    else:
+        rows = chunk_rows or chunk_rows_for(num_rows, num_classes, h.dtype)
     for r0 in range(0, num_rows, rows):
         r1 = min(r0 + rows, num_rows)
         idx = index[r0:r1] if index is not None else None
-        h_rows = h.index_select(0, idx) if idx is not None else h[r0:r1]
-        z = torch.addmm(bias, h_rows, wt) if bias is not None else torch.mm(h_rows, wt)
-        _launch_rows(z, target, index, scale, loss, r0, ignore_index, smoothing, any_grad, per_row)
-        if not any_grad:
-            continue
-        if want_h:
-            if idx is None:
-                torch.mm(z, weight, out=grad_h[r0:r1])
-            else:
-                grad_h.index_add_(0, idx, torch.mm(z, weight))
+        h_rows = None
+        if head:
+            dz = dz_buf[: r1 - r0, :num_classes] if dz_buf is not None else None
+            dh = grad_h if dh_buf is None else dh_buf[: r1 - r0]
+            _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, r0, r1 - r0, ignore_index,
+                         smoothing, per_row, dh_buf is not None)
+            if dh_buf is not None:
+                grad_h.index_add_(0, idx, dh)
+        else:
+            h_rows = h.index_select(0, idx) if idx is not None else h[r0:r1]
+            dz = torch.addmm(bias, h_rows, weight.t()) if bias is not None else torch.mm(h_rows, weight.t())
+            _launch_rows(dz, target, index, scale, loss, r0, ignore_index, smoothing, any(grads), per_row)
+            if want_h:
+                if idx is None:
+                    torch.mm(dz, weight, out=grad_h[r0:r1])
+                else:
+                    grad_h.index_add_(0, idx, torch.mm(dz, weight))
         if want_w:
-            if grad_w_acc.dtype == h.dtype:
-                grad_w_acc.addmm_(z.t(), h_rows)
-            else:
-                grad_w_acc += torch.mm(z.t(), h_rows)
+            if h_rows is None:
+                h_rows = h.index_select(0, idx) if idx is not None else h[r0:r1]
+            _accumulate_weight_grad(grad_w_acc, dz, h_rows)
         if want_b:
-            grad_b += z.sum(0, dtype=acc)
+            grad_b += dz.sum(0, dtype=acc)
     if want_w:
         grad_w = grad_w_acc if grad_w_acc.dtype == h.dtype else grad_w_acc.to(h.dtype)
     if want_b:
         grad_b = grad_b.to(h.dtype)
     return LossAndGrads(loss, grad_h, grad_w, grad_b)
+
+
+_MM_OUT_DTYPE = {"works": None}
+
+
+def _accumulate_weight_grad(acc: Tensor, dz: Tensor, h_rows: Tensor) -> None:
+    """``acc += dz^T @ h_rows``: in place when ``acc`` has the inputs' dtype, else (a float32
+    accumulator of half inputs) through a float32 GEMM output where cuBLAS offers one."""
+    if acc.dtype == dz.dtype:
+        acc.addmm_(dz.t(), h_rows)
+        return
+    if dz.is_cuda and _MM_OUT_DTYPE["works"] is not False:
+        try:
+            acc += torch.mm(dz.t(), h_rows, out_dtype=acc.dtype)
+            _MM_OUT_DTYPE["works"] = True
+            return
+        except (TypeError, RuntimeError):  # an older torch: no mm(out_dtype=)
+            _MM_OUT_DTYPE["works"] = False
+    acc += torch.mm(dz.t(), h_rows)
 
 
 def linear_cross_entropy_reference(
