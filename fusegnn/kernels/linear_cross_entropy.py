@@ -229,12 +229,16 @@ def _launch_rows(z: Tensor, target: Tensor, index: Tensor | None, scale: Tensor,
     )
 
 
-def _head_blocks(num_classes: int, features: int) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_C, BLOCK_K, warps)`` of :data:`head_kernel`: about 8K logits on chip."""
+def _head_blocks(num_classes: int, features: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_M, BLOCK_C, BLOCK_K, warps, stages)`` of :data:`head_kernel`: about 8K
+    logits on chip; the ``[BLOCK_C, BLOCK_K]`` weight tiles of the pipeline stages must fit
+    the shared memory (228 KiB on an H100)."""
     block_c = max(16, next_pow2(num_classes))
     block_m = max(16, min(128, 8192 // block_c))
     block_k = max(16, min(64, next_pow2(features)))
-    return block_m, block_c, block_k, 8 if block_c >= 256 else 4
+    tile = (block_c + block_m) * block_k * torch.empty((), dtype=dtype).element_size()
+    stages = max(1, min(3, (160 * 1024) // tile))
+    return block_m, block_c, block_k, 8 if block_c >= 256 else 4, stages
 
 
 def _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, row0, n_rows, ignore_index, smoothing,
@@ -244,7 +248,7 @@ def _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, row0, n_ro
 
     tl = language
     num_classes, features = weight.shape
-    block_m, block_c, block_k, warps = _head_blocks(num_classes, features)
+    block_m, block_c, block_k, warps, stages = _head_blocks(num_classes, features, h.dtype)
     acc = getattr(language, _TL_NAMES[acc_dtype(h.dtype)])
     grid = ((n_rows + block_m - 1) // block_m,)
     head_kernel[grid](
@@ -255,7 +259,7 @@ def _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, row0, n_ro
         row0, n_rows, num_classes, features, ignore_index, float(smoothing),
         HAS_INDEX=index is not None, HAS_BIAS=bias is not None, SCALE_PER_ROW=per_row,
         WRITE_DZ=dz is not None, WRITE_DH=dh is not None, DH_BY_CHUNK_ROW=dh_by_chunk_row,
-        BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_K=block_k, ACC=acc, num_warps=warps,
+        BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_K=block_k, ACC=acc, num_warps=warps, num_stages=stages,
     )
 
 
