@@ -57,6 +57,7 @@ __all__ = [
     "chunk_rows_for",
     "fused_linear_cross_entropy",
     "head_kernel",
+    "head_tiled_kernel",
     "linear_cross_entropy_reference",
     "rows_kernel",
 ]
@@ -65,6 +66,12 @@ __all__ = [
 CHUNK_BYTES = 128 * 2**20
 #: classes up to which :data:`head_kernel` keeps a row block's logits on chip (GNN heads)
 HEAD_MAX_CLASSES = 512
+#: above this many (padded) classes the head path streams class tiles (head_tiled_kernel)
+#: when the features fit one tile (``K <= TILED_MAX_FEATURES``)
+TILED_ABOVE_CLASSES = 128
+TILED_MAX_FEATURES = 256
+#: the tiled kernel's launch (an H100 sweep, benchmarks/NOTES-loss.md)
+TILED_CONFIG = {"block_m": 64, "block_c": 64, "warps": 8, "stages": 2}
 #: byte budget of the head path's per-chunk buffers (``dz`` rows; ``dh`` rows with ``index``)
 HEAD_CHUNK_BYTES = 32 * 2**20
 #: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``)
@@ -206,6 +213,88 @@ def _head_kernel(
 
 head_kernel = LazyKernel(_head_kernel)
 
+
+def _head_tiled_kernel(
+    h_ptr, stride_h, w_ptr, b_ptr, target_ptr, index_ptr, scale_ptr, loss_ptr, dz_ptr, stride_dz,
+    dh_ptr, stride_dh, row0, n_rows, num_classes, features, ignore_index, smoothing: tl.float64,
+    HAS_INDEX: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
+    WRITE_DZ: tl.constexpr, WRITE_DH: tl.constexpr, DH_BY_CHUNK_ROW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr,
+):
+    """:data:`head_kernel` for more classes than one tile: the row block (all ``K <= BLOCK_K``
+    features) stays on chip while class tiles stream past twice -- an online
+    log-sum-exp, then the logits again for ``dz`` and ``dh += dz W_tile`` (so a block of
+    ``BLOCK_M`` rows reads ``W`` twice, not once per 16 rows)."""
+    local = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_rows = local < n_rows
+    if HAS_INDEX:
+        src = tl.load(index_ptr + row0 + local, mask=in_rows, other=0).to(tl.int64)
+    else:
+        src = row0 + local
+    y = tl.load(target_ptr + src, mask=in_rows, other=ignore_index).to(tl.int64)
+    valid = in_rows & (y != ignore_index)
+    eps = (tl.zeros([BLOCK_M], ACC) + smoothing).to(ACC)
+    ks = tl.arange(0, BLOCK_K)
+    in_k = ks < features
+    a = tl.load(h_ptr + src[:, None] * stride_h + ks[None, :], mask=in_rows[:, None] & in_k[None, :], other=0.0)
+    cs = tl.arange(0, BLOCK_C)
+    neg_inf = float("-inf")
+    m = tl.full([BLOCK_M], neg_inf, ACC)
+    s = tl.zeros([BLOCK_M], ACC)
+    z_y = tl.zeros([BLOCK_M], ACC)
+    z_sum = tl.zeros([BLOCK_M], ACC)
+    for c0 in range(0, num_classes, BLOCK_C):
+        cols = c0 + cs
+        in_cols = cols < num_classes
+        wt = tl.load(w_ptr + cols[None, :] * features + ks[:, None], mask=in_cols[None, :] & in_k[:, None], other=0.0)
+        z = tl.dot(a, wt, input_precision="ieee", out_dtype=ACC)
+        if HAS_BIAS:
+            z += tl.load(b_ptr + cols, mask=in_cols, other=0.0).to(ACC)[None, :]
+        z_y += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
+        z_sum += tl.sum(tl.where(in_cols[None, :], z, 0.0), axis=1)
+        z = tl.where(in_cols[None, :], z, neg_inf)
+        m_new = tl.maximum(m, tl.max(z, axis=1))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new[:, None]), axis=1)
+        m = m_new
+    lse = m + tl.log(s)
+    loss = lse - (1.0 - eps) * z_y - (eps / num_classes) * z_sum
+    tl.store(loss_ptr + row0 + local, tl.where(valid, loss, 0.0).to(loss_ptr.dtype.element_ty), mask=in_rows)
+    if WRITE_DZ or WRITE_DH:
+        if SCALE_PER_ROW:
+            scale = tl.load(scale_ptr + row0 + local, mask=in_rows, other=0.0).to(ACC)
+        else:
+            scale = tl.zeros([BLOCK_M], ACC) + tl.load(scale_ptr).to(ACC)
+        scale = tl.where(valid, scale, 0.0)
+        lse = tl.where(in_rows, lse, 0.0)
+        dh = tl.zeros([BLOCK_M, BLOCK_K], ACC)
+        for c0 in range(0, num_classes, BLOCK_C):
+            cols = c0 + cs
+            in_cols = cols < num_classes
+            wt = tl.load(w_ptr + cols[None, :] * features + ks[:, None], mask=in_cols[None, :] & in_k[:, None],
+                         other=0.0)
+            z = tl.dot(a, wt, input_precision="ieee", out_dtype=ACC)
+            if HAS_BIAS:
+                z += tl.load(b_ptr + cols, mask=in_cols, other=0.0).to(ACC)[None, :]
+            p = tl.exp(z - lse[:, None])
+            onehot = tl.where(cols[None, :] == y[:, None], (1.0 - eps)[:, None], 0.0)
+            dz = (p - onehot - (eps / num_classes)[:, None]) * scale[:, None]
+            dz = tl.where(in_cols[None, :], dz, 0.0).to(dz_ptr.dtype.element_ty)
+            if WRITE_DZ:
+                tl.store(dz_ptr + local[:, None] * stride_dz + cols[None, :], dz,
+                         mask=in_rows[:, None] & in_cols[None, :])
+            if WRITE_DH:
+                dh += tl.dot(dz, tl.trans(wt), input_precision="ieee", out_dtype=ACC)
+        if WRITE_DH:
+            if DH_BY_CHUNK_ROW:
+                out_rows = local
+            else:
+                out_rows = src
+            tl.store(dh_ptr + out_rows[:, None] * stride_dh + ks[None, :], dh.to(dh_ptr.dtype.element_ty),
+                     mask=in_rows[:, None] & in_k[None, :])
+
+
+head_tiled_kernel = LazyKernel(_head_tiled_kernel)
+
 _TL_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
 
@@ -241,6 +330,12 @@ def _head_blocks(num_classes: int, features: int, dtype: torch.dtype) -> tuple[i
     return block_m, block_c, block_k, 8 if block_c >= 256 else 4, stages
 
 
+def _tiled_blocks(features: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_M, BLOCK_C, BLOCK_K, warps, stages)`` of :data:`head_tiled_kernel`."""
+    block_k = max(16, next_pow2(features))
+    return TILED_CONFIG["block_m"], TILED_CONFIG["block_c"], block_k, TILED_CONFIG["warps"], TILED_CONFIG["stages"]
+
+
 def _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, row0, n_rows, ignore_index, smoothing,
                  per_row: bool, dh_by_chunk_row: bool) -> None:
     global tl
@@ -248,10 +343,14 @@ def _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, row0, n_ro
 
     tl = language
     num_classes, features = weight.shape
-    block_m, block_c, block_k, warps, stages = _head_blocks(num_classes, features, h.dtype)
+    tiled = next_pow2(num_classes) > TILED_ABOVE_CLASSES and next_pow2(features) <= TILED_MAX_FEATURES
+    if tiled:
+        block_m, block_c, block_k, warps, stages = _tiled_blocks(features, h.dtype)
+    else:
+        block_m, block_c, block_k, warps, stages = _head_blocks(num_classes, features, h.dtype)
     acc = getattr(language, _TL_NAMES[acc_dtype(h.dtype)])
     grid = ((n_rows + block_m - 1) // block_m,)
-    head_kernel[grid](
+    (head_tiled_kernel if tiled else head_kernel)[grid](
         h, h.stride(0), weight, bias if bias is not None else weight, target,
         index if index is not None else target, scale, loss,
         dz if dz is not None else h, dz.stride(0) if dz is not None else 0,
