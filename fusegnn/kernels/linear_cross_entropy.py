@@ -71,7 +71,7 @@ HEAD_MAX_CLASSES = 512
 TILED_ABOVE_CLASSES = 128
 TILED_MAX_FEATURES = 256
 #: the tiled kernel's launch (an H100 sweep, benchmarks/NOTES-loss.md)
-TILED_CONFIG = {"block_m": 64, "block_c": 64, "warps": 8, "stages": 2}
+TILED_CONFIG = {"block_m": 64, "block_c": 32, "warps": 4, "stages": 3}
 #: byte budget of the head path's per-chunk buffers (``dz`` rows; ``dh`` rows with ``index``)
 HEAD_CHUNK_BYTES = 32 * 2**20
 #: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``)
