@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fusegnn.kernels._edge_utils import acc_dtype
-from fusegnn.kernels._triton import LazyKernel, next_pow2
+from fusegnn.kernels._triton import LazyKernel, interpreter_enabled, next_pow2
 
 __all__ = [
     "CHUNK_BYTES",
@@ -148,6 +148,7 @@ def _head_kernel(
     HAS_INDEX: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
     WRITE_DZ: tl.constexpr, WRITE_DH: tl.constexpr, DH_BY_CHUNK_ROW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """Rows ``row0 + [pid*BLOCK_M, +BLOCK_M)`` with every class on chip (``C <= BLOCK_C``):
     logits ``h W^T + b`` (tensor cores, ``ACC`` accumulation), log-sum-exp, per-row loss;
@@ -172,6 +173,8 @@ def _head_kernel(
                     mask=in_rows[:, None] & (kk < features)[None, :], other=0.0)
         wt = tl.load(w_ptr + cols[None, :] * features + kk[:, None],
                      mask=in_cols[None, :] & (kk < features)[:, None], other=0.0)
+        if UPCAST:
+            a, wt = a.to(ACC), wt.to(ACC)
         z += tl.dot(a, wt, input_precision="ieee", out_dtype=ACC)
     if HAS_BIAS:
         z += tl.load(b_ptr + cols, mask=in_cols, other=0.0).to(ACC)[None, :]
@@ -206,7 +209,10 @@ def _head_kernel(
                 kk = k0 + ks
                 wk = tl.load(w_ptr + cols[:, None] * features + kk[None, :],
                              mask=in_cols[:, None] & (kk < features)[None, :], other=0.0)
-                dh = tl.dot(dz, wk, input_precision="ieee", out_dtype=ACC)
+                if UPCAST:
+                    dh = tl.dot(dz.to(ACC), wk.to(ACC), input_precision="ieee", out_dtype=ACC)
+                else:
+                    dh = tl.dot(dz, wk, input_precision="ieee", out_dtype=ACC)
                 tl.store(dh_ptr + out_rows[:, None] * stride_dh + kk[None, :], dh.to(dh_ptr.dtype.element_ty),
                          mask=in_rows[:, None] & (kk < features)[None, :])
 
@@ -220,6 +226,7 @@ def _head_tiled_kernel(
     HAS_INDEX: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
     WRITE_DZ: tl.constexpr, WRITE_DH: tl.constexpr, DH_BY_CHUNK_ROW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """:data:`head_kernel` for more classes than one tile: the row block (all ``K <= BLOCK_K``
     features) stays on chip while class tiles stream past twice -- an online
@@ -237,6 +244,8 @@ def _head_tiled_kernel(
     ks = tl.arange(0, BLOCK_K)
     in_k = ks < features
     a = tl.load(h_ptr + src[:, None] * stride_h + ks[None, :], mask=in_rows[:, None] & in_k[None, :], other=0.0)
+    if UPCAST:
+        a = a.to(ACC)
     cs = tl.arange(0, BLOCK_C)
     neg_inf = float("-inf")
     m = tl.full([BLOCK_M], neg_inf, ACC)
@@ -247,6 +256,8 @@ def _head_tiled_kernel(
         cols = c0 + cs
         in_cols = cols < num_classes
         wt = tl.load(w_ptr + cols[None, :] * features + ks[:, None], mask=in_cols[None, :] & in_k[:, None], other=0.0)
+        if UPCAST:
+            wt = wt.to(ACC)
         z = tl.dot(a, wt, input_precision="ieee", out_dtype=ACC)
         if HAS_BIAS:
             z += tl.load(b_ptr + cols, mask=in_cols, other=0.0).to(ACC)[None, :]
@@ -272,6 +283,8 @@ def _head_tiled_kernel(
             in_cols = cols < num_classes
             wt = tl.load(w_ptr + cols[None, :] * features + ks[:, None], mask=in_cols[None, :] & in_k[:, None],
                          other=0.0)
+            if UPCAST:
+                wt = wt.to(ACC)
             z = tl.dot(a, wt, input_precision="ieee", out_dtype=ACC)
             if HAS_BIAS:
                 z += tl.load(b_ptr + cols, mask=in_cols, other=0.0).to(ACC)[None, :]
@@ -283,7 +296,10 @@ def _head_tiled_kernel(
                 tl.store(dz_ptr + local[:, None] * stride_dz + cols[None, :], dz,
                          mask=in_rows[:, None] & in_cols[None, :])
             if WRITE_DH:
-                dh += tl.dot(dz, tl.trans(wt), input_precision="ieee", out_dtype=ACC)
+                if UPCAST:
+                    dh += tl.dot(dz.to(ACC), tl.trans(wt), input_precision="ieee", out_dtype=ACC)
+                else:
+                    dh += tl.dot(dz, tl.trans(wt), input_precision="ieee", out_dtype=ACC)
         if WRITE_DH:
             if DH_BY_CHUNK_ROW:
                 out_rows = local
@@ -359,6 +375,8 @@ def _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, row0, n_ro
         HAS_INDEX=index is not None, HAS_BIAS=bias is not None, SCALE_PER_ROW=per_row,
         WRITE_DZ=dz is not None, WRITE_DH=dh is not None, DH_BY_CHUNK_ROW=dh_by_chunk_row,
         BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_K=block_k, ACC=acc, num_warps=warps, num_stages=stages,
+        # Triton's interpreter multiplies half-precision dot operands wrongly: upcast there
+        UPCAST=interpreter_enabled() and h.dtype in (torch.float16, torch.bfloat16),
     )
 
 

@@ -63,10 +63,9 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
             grads=want if eager_grads else (False, False, False), chunk_rows=chunk_rows,
         )
         ctx.reduction = reduction
-        if eager_grads:
-            ctx.grads = (out.grad_h, out.grad_weight, out.grad_bias)
-        elif any(want):
-            ctx.save_for_backward(h, weight, bias, target, index)
+        ctx.grads = (out.grad_h, out.grad_weight, out.grad_bias) if eager_grads else None
+        if any(want):  # for reduction="none", and for a second backward (retain_graph)
+            ctx.save_for_backward(h, weight, bias, target, index, n_valid)
             ctx.config = (ignore_index, smoothing, chunk_rows)
         if reduction == "mean":
             return (out.loss.sum() / n_valid).to(h.dtype)
@@ -76,19 +75,20 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.reduction != "none":
-            grads = ctx.grads
-            ctx.grads = None
+        if ctx.grads is not None:  # computed by the forward: hand them over, scaled by grad
+            grads, ctx.grads = ctx.grads, None
             if not _is_one(grad):
                 for g in grads:
                     if g is not None:
                         g.mul_(grad.to(g.dtype))
             return (*grads, None, None, None, None, None, None)
-        h, weight, bias, target, index = ctx.saved_tensors
+        h, weight, bias, target, index, n_valid = ctx.saved_tensors
         ignore_index, smoothing, chunk_rows = ctx.config
+        scale = grad.to(n_valid.dtype).reshape(-1)
+        if ctx.reduction == "mean":
+            scale = scale / n_valid
         out = _kernels().fused_linear_cross_entropy(
-            h, weight, target, bias, index, ignore_index, smoothing,
-            grad.to(acc_dtype(h.dtype)).contiguous(),
+            h, weight, target, bias, index, ignore_index, smoothing, scale.contiguous(),
             grads=tuple(ctx.needs_input_grad[:3]), chunk_rows=chunk_rows,
         )
         return out.grad_h, out.grad_weight, out.grad_bias, None, None, None, None, None, None
