@@ -71,23 +71,24 @@ def _check_devices(**tensors) -> None:
 
 
 def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_classes: int, ignore_index: int) -> None:
-    flags = []
+    """Class ids in ``[0, C)`` (or ``ignore_index``) and ``index`` in ``[0, N)``: the minima
+    and maxima of both, read back in one transfer."""
+    parts = []
     if target.numel():
-        bad = (target != ignore_index) & ((target < 0) | (target >= num_classes))
-        flags.append(bad.any())
+        counted = torch.where(target == ignore_index, torch.zeros((), dtype=target.dtype, device=target.device), target)
+        parts.append(torch.stack(torch.aminmax(counted)).to(torch.int64))
     if index is not None and index.numel():
-        flags.append(((index < 0) | (index >= num_rows)).any())
-    if not flags:
+        parts.append(torch.stack(torch.aminmax(index)).to(torch.int64))
+    if not parts:
         return
-    found = torch.stack(flags).tolist()
-    if target.numel() and found[0]:
-        bad = (target != ignore_index) & ((target < 0) | (target >= num_classes))
-        first = int(target[bad][0])
+    bounds = torch.cat(parts).tolist()
+    if target.numel() and not (0 <= bounds[0] and bounds[1] < num_classes):
+        first = bounds[0] if bounds[0] < 0 else bounds[1]
         raise ValueError(
             f"linear_cross_entropy: target holds class id {first}, outside [0, {num_classes}) "
             f"and not ignore_index ({ignore_index})"
         )
-    if found[-1] and index is not None and index.numel():
+    if index is not None and index.numel() and not (0 <= bounds[-2] and bounds[-1] < num_rows):
         raise IndexError(f"linear_cross_entropy: index holds rows outside [0, {num_rows}) (h has {num_rows} rows)")
 
 
