@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fusegnn.kernels._edge_utils import acc_dtype
-from fusegnn.kernels._triton import LazyKernel, interpreter_enabled, next_pow2
+from fusegnn.kernels._triton import LazyKernel, interpreter_enabled, kernel_helper, next_pow2
 
 __all__ = [
     "CHUNK_BYTES",
@@ -78,6 +78,50 @@ HEAD_CHUNK_BYTES = 32 * 2**20
 _TILE = 4096
 
 
+@kernel_helper
+def _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
+                HAS_INDEX: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr):
+    """This program's rows of the chunk: ``(local, in_rows, src, y, valid, eps)`` -- chunk
+    rows, which are real, rows of ``h`` (through ``index``), targets, which count, and the
+    smoothing per row (passed as float64 so that float64 inputs get it exactly)."""
+    local = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    in_rows = local < n_rows
+    if HAS_INDEX:
+        src = tl.load(index_ptr + row0 + local, mask=in_rows, other=0).to(tl.int64)
+    else:
+        src = row0 + local
+    y = tl.load(target_ptr + src, mask=in_rows, other=ignore_index).to(tl.int64)
+    valid = in_rows & (y != ignore_index)
+    eps = (tl.zeros([BLOCK], ACC) + smoothing).to(ACC)
+    return local, in_rows, src, y, valid, eps
+
+
+@kernel_helper
+def _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes):
+    """``loss = lse - (1 - eps) z_y - eps / C * sum(z)`` (0 on ignored rows)."""
+    loss = lse - (1.0 - eps) * z_y - (eps / num_classes) * z_sum
+    tl.store(loss_ptr + row0 + local, tl.where(valid, loss, 0.0).to(loss_ptr.dtype.element_ty), mask=in_rows)
+
+
+@kernel_helper
+def _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW: tl.constexpr, BLOCK: tl.constexpr,
+               ACC: tl.constexpr):
+    """:math:`s_i`: one value or one per row, 0 on ignored rows."""
+    if SCALE_PER_ROW:
+        scale = tl.load(scale_ptr + row0 + local, mask=in_rows, other=0.0).to(ACC)
+    else:
+        scale = tl.zeros([BLOCK], ACC) + tl.load(scale_ptr).to(ACC)
+    return tl.where(valid, scale, 0.0)
+
+
+@kernel_helper
+def _logit_grad(z, lse, cols, y, eps, num_classes, scale):
+    """``dz = s (softmax(z) - (1 - eps) onehot(y) - eps / C)`` of a ``[rows, classes]`` tile."""
+    p = tl.exp(z - lse[:, None])
+    onehot = tl.where(cols[None, :] == y[:, None], (1.0 - eps)[:, None], 0.0)
+    return (p - onehot - (eps / num_classes)[:, None]) * scale[:, None]
+
+
 def _rows_kernel(
     z_ptr, stride_z, target_ptr, index_ptr, scale_ptr, loss_ptr,
     row0, n_rows, num_classes, ignore_index, smoothing: tl.float64,
@@ -86,16 +130,8 @@ def _rows_kernel(
 ):
     """Rows ``row0 + [pid*BLOCK_R, +BLOCK_R)`` of the chunk whose logits are ``z`` (row
     ``r`` of the chunk is ``z[r - row0]``): per-row loss, and the logits' gradient in place."""
-    local = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    # per row; passed as float64 so that float64 inputs get it exactly
-    eps = (tl.zeros([BLOCK_R], ACC) + smoothing).to(ACC)
-    in_rows = local < n_rows
-    if HAS_INDEX:
-        src = tl.load(index_ptr + row0 + local, mask=in_rows, other=0).to(tl.int64)
-    else:
-        src = row0 + local
-    y = tl.load(target_ptr + src, mask=in_rows, other=ignore_index).to(tl.int64)
-    valid = in_rows & (y != ignore_index)
+    local, in_rows, src, y, valid, eps = _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
+                                                     HAS_INDEX, BLOCK_R, ACC)
     zrow = z_ptr + local[:, None] * stride_z
     cols0 = tl.arange(0, BLOCK_C)
     neg_inf = float("-inf")
@@ -115,22 +151,14 @@ def _rows_kernel(
         z_sum += tl.sum(tl.where(mask, z, 0.0), axis=1)
     m_safe = tl.where(m == neg_inf, 0.0, m)
     lse = m_safe + tl.log(tl.where(s > 0.0, s, 1.0))
-    loss = lse - (1.0 - eps) * z_y - (eps / num_classes) * z_sum
-    tl.store(loss_ptr + row0 + local, tl.where(valid, loss, 0.0).to(loss_ptr.dtype.element_ty), mask=in_rows)
+    _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
     if WRITE_GRAD:
-        if SCALE_PER_ROW:
-            scale = tl.load(scale_ptr + row0 + local, mask=in_rows, other=0.0).to(ACC)
-        else:
-            scale = tl.zeros([BLOCK_R], ACC) + tl.load(scale_ptr).to(ACC)
-        scale = tl.where(valid, scale, 0.0)
-        uniform = eps / num_classes
+        scale = _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW, BLOCK_R, ACC)
         for c0 in range(0, num_classes, BLOCK_C):
             cols = c0 + cols0
             mask = in_rows[:, None] & (cols < num_classes)[None, :]
             z = tl.load(zrow + cols[None, :], mask=mask, other=0.0).to(ACC)
-            p = tl.exp(z - lse[:, None])
-            onehot = tl.where(cols[None, :] == y[:, None], (1.0 - eps)[:, None], 0.0)
-            dz = (p - onehot - uniform[:, None]) * scale[:, None]
+            dz = _logit_grad(z, lse, cols, y, eps, num_classes, scale)
             tl.store(zrow + cols[None, :], dz.to(z_ptr.dtype.element_ty), mask=mask)
 
 
@@ -154,15 +182,8 @@ def _head_kernel(
     logits ``h W^T + b`` (tensor cores, ``ACC`` accumulation), log-sum-exp, per-row loss;
     then ``dz`` (stored for the ``dW`` GEMM when ``WRITE_DZ``) and ``dh = dz W`` (stored at
     the row of ``h``, or at the chunk row when ``DH_BY_CHUNK_ROW``)."""
-    local = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_rows = local < n_rows
-    if HAS_INDEX:
-        src = tl.load(index_ptr + row0 + local, mask=in_rows, other=0).to(tl.int64)
-    else:
-        src = row0 + local
-    y = tl.load(target_ptr + src, mask=in_rows, other=ignore_index).to(tl.int64)
-    valid = in_rows & (y != ignore_index)
-    eps = (tl.zeros([BLOCK_M], ACC) + smoothing).to(ACC)
+    local, in_rows, src, y, valid, eps = _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
+                                                     HAS_INDEX, BLOCK_M, ACC)
     cols = tl.arange(0, BLOCK_C)
     in_cols = cols < num_classes
     ks = tl.arange(0, BLOCK_K)
@@ -186,16 +207,10 @@ def _head_kernel(
     is_y = cols[None, :] == y[:, None]
     z_y = tl.sum(tl.where(is_y, z, 0.0), axis=1)
     z_sum = tl.sum(tl.where(in_cols[None, :], z, 0.0), axis=1)
-    loss = lse - (1.0 - eps) * z_y - (eps / num_classes) * z_sum
-    tl.store(loss_ptr + row0 + local, tl.where(valid, loss, 0.0).to(loss_ptr.dtype.element_ty), mask=in_rows)
+    _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
     if WRITE_DZ or WRITE_DH:
-        if SCALE_PER_ROW:
-            scale = tl.load(scale_ptr + row0 + local, mask=in_rows, other=0.0).to(ACC)
-        else:
-            scale = tl.zeros([BLOCK_M], ACC) + tl.load(scale_ptr).to(ACC)
-        scale = tl.where(valid, scale, 0.0)
-        p = e / tl.sum(e, axis=1)[:, None]
-        dz = (p - tl.where(is_y, (1.0 - eps)[:, None], 0.0) - (eps / num_classes)[:, None]) * scale[:, None]
+        scale = _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW, BLOCK_M, ACC)
+        dz = _logit_grad(z, lse, cols, y, eps, num_classes, scale)
         dz = tl.where(in_cols[None, :], dz, 0.0).to(dz_ptr.dtype.element_ty)
         if WRITE_DZ:
             tl.store(dz_ptr + local[:, None] * stride_dz + cols[None, :], dz,
@@ -232,15 +247,8 @@ def _head_tiled_kernel(
     features) stays on chip while class tiles stream past twice -- an online
     log-sum-exp, then the logits again for ``dz`` and ``dh += dz W_tile`` (so a block of
     ``BLOCK_M`` rows reads ``W`` twice, not once per 16 rows)."""
-    local = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_rows = local < n_rows
-    if HAS_INDEX:
-        src = tl.load(index_ptr + row0 + local, mask=in_rows, other=0).to(tl.int64)
-    else:
-        src = row0 + local
-    y = tl.load(target_ptr + src, mask=in_rows, other=ignore_index).to(tl.int64)
-    valid = in_rows & (y != ignore_index)
-    eps = (tl.zeros([BLOCK_M], ACC) + smoothing).to(ACC)
+    local, in_rows, src, y, valid, eps = _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
+                                                     HAS_INDEX, BLOCK_M, ACC)
     ks = tl.arange(0, BLOCK_K)
     in_k = ks < features
     a = tl.load(h_ptr + src[:, None] * stride_h + ks[None, :], mask=in_rows[:, None] & in_k[None, :], other=0.0)
@@ -268,14 +276,9 @@ def _head_tiled_kernel(
         s = s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new[:, None]), axis=1)
         m = m_new
     lse = m + tl.log(s)
-    loss = lse - (1.0 - eps) * z_y - (eps / num_classes) * z_sum
-    tl.store(loss_ptr + row0 + local, tl.where(valid, loss, 0.0).to(loss_ptr.dtype.element_ty), mask=in_rows)
+    _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
     if WRITE_DZ or WRITE_DH:
-        if SCALE_PER_ROW:
-            scale = tl.load(scale_ptr + row0 + local, mask=in_rows, other=0.0).to(ACC)
-        else:
-            scale = tl.zeros([BLOCK_M], ACC) + tl.load(scale_ptr).to(ACC)
-        scale = tl.where(valid, scale, 0.0)
+        scale = _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW, BLOCK_M, ACC)
         lse = tl.where(in_rows, lse, 0.0)
         dh = tl.zeros([BLOCK_M, BLOCK_K], ACC)
         for c0 in range(0, num_classes, BLOCK_C):
@@ -288,9 +291,7 @@ def _head_tiled_kernel(
             z = tl.dot(a, wt, input_precision="ieee", out_dtype=ACC)
             if HAS_BIAS:
                 z += tl.load(b_ptr + cols, mask=in_cols, other=0.0).to(ACC)[None, :]
-            p = tl.exp(z - lse[:, None])
-            onehot = tl.where(cols[None, :] == y[:, None], (1.0 - eps)[:, None], 0.0)
-            dz = (p - onehot - (eps / num_classes)[:, None]) * scale[:, None]
+            dz = _logit_grad(z, lse, cols, y, eps, num_classes, scale)
             dz = tl.where(in_cols[None, :], dz, 0.0).to(dz_ptr.dtype.element_ty)
             if WRITE_DZ:
                 tl.store(dz_ptr + local[:, None] * stride_dz + cols[None, :], dz,
