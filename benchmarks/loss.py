@@ -50,7 +50,8 @@ class LossCase:
 
     def smoke(self) -> "LossCase":
         """The same case, tiny (a CPU smoke run)."""
-        return LossCase(self.name, 96, 16, min(self.classes, 37) if self.classes < 1000 else 301, self.note + " (smoke size)")
+        classes = min(self.classes, 37) if self.classes < 1000 else 301
+        return LossCase(self.name, 96, 16, classes, self.note + " (smoke size)")
 
 
 CASES = {c.name: c for c in (
@@ -206,7 +207,8 @@ def run_case(case: LossCase, names: list[str], device: torch.device, *, steps: i
         fn = BACKENDS[name][0]
         try:
             loss, gh, gw = _step(fn, *inputs)
-            record.update(rel_err_loss=_rel(loss.detach(), ref[0]), rel_err_h=_rel(gh, ref[1]), rel_err_w=_rel(gw, ref[2]))
+            record.update(rel_err_loss=_rel(loss.detach(), ref[0]), rel_err_h=_rel(gh, ref[1]),
+                          rel_err_w=_rel(gw, ref[2]))
             del loss, gh, gw
             worst = max(record["rel_err_loss"], record["rel_err_h"], record["rel_err_w"])
             if not worst <= rtol:
