@@ -15,6 +15,11 @@ then backward of a random ``dO``), batch 4, 12 heads, head dim 64, bfloat16 (iss
 * ``longformer`` -- window ``+-256`` and 64 global tokens;
 * ``dilated`` -- ``|q - k| <= 128 * 2`` and ``(q - k) % 2 == 0`` (the window's span, half its keys).
 
+Opt-in cases (run only when ``--cases`` names them, e.g. ``--cases 'full-*'``):
+
+* ``full`` -- every key (dense attention); with the ``fusegnn-nm`` backend, the dense
+  N:M case of issue 19 (``sdpa`` computes the same unmasked function there).
+
 Each definition is a :mod:`fusegnn.attention.masks` object; FlexAttention gets the same
 predicate through ``mask.mask_mod``.
 
@@ -28,6 +33,13 @@ predicate through ``mask.mask_mod``.
   both modes). Its block layout (and a dense path's boolean mask) is built and cached on
   the mask before timing; ``layout_ms`` is the layout's one-off cost;
 * ``fusegnn-block``, ``fusegnn-element``, ``fusegnn-dense`` (opt-in) -- the paths forced;
+* ``fusegnn-nm`` (opt-in) -- dynamic 2:4 sparse attention (DFSS, issue 19): the block
+  kernel with ``nm=(2, 4)`` (of every 4 consecutive keys the 2 largest allowed scores
+  enter the softmax). It computes a different function than the masked rows, so it is
+  checked against float32 SDPA given the mask *and* the 2:4 selection made on float32
+  scores (``checked_against`` says so); ``vs_block`` = ``fusegnn-block`` ms / its ms
+  (the issue's target: above 1 / 1.15). The issue's comparison:
+  ``--cases 'full-*,bigbird-*,longformer-*' --backends 'sdpa,fusegnn-block,fusegnn-nm'``;
 * ``flex`` -- ``torch.compile(flex_attention)`` with
   ``create_block_mask(mask.mask_mod, None, None, L, L)`` built once outside timing
   (``layout_ms``), FlexAttention's default 128 x 128 blocks;
@@ -107,6 +119,10 @@ __all__ = [
 SUITE = "attention"
 ANCHOR = "sdpa"
 MASKS = ("window", "bigbird", "causal", "longformer", "dilated")
+#: masks of the opt-in cases (selected only by name, ``--cases``)
+OPT_IN_MASKS = ("full",)
+#: the N:M pattern of the ``fusegnn-nm`` backend
+NM = (2, 4)
 MODES = ("fwd", "fwdbwd")
 QUICK = {("window", 4096), ("window", 16384), ("bigbird", 4096), ("bigbird", 16384)}
 MIN_RTOL = 3e-2
@@ -165,7 +181,9 @@ def build_mask(name: str, L: int, sizes: AttnSizes = GPU_SIZES, seed: int = 0):
         return masks.longformer(L, sizes.window, sizes.num_global)
     if name == "dilated":
         return masks.dilated(L, sizes.dilated_window, sizes.dilation)
-    raise ValueError(f"unknown mask {name!r}; known: {MASKS}")
+    if name == "full":
+        return masks.sliding_window(L, L)
+    raise ValueError(f"unknown mask {name!r}; known: {MASKS + OPT_IN_MASKS}")
 
 
 def attention_cases(sizes: AttnSizes = GPU_SIZES) -> list[AttnCase]:
@@ -178,9 +196,16 @@ def attention_cases(sizes: AttnSizes = GPU_SIZES) -> list[AttnCase]:
     ]
 
 
+def opt_in_cases(sizes: AttnSizes = GPU_SIZES) -> list[AttnCase]:
+    """The cases run only when ``--cases`` names them (:data:`OPT_IN_MASKS`)."""
+    return [AttnCase(f"{m}-L{L}-{mode}", m, L, mode, False) for m in OPT_IN_MASKS for L in sizes.lengths
+            for mode in MODES]
+
+
 def select_attention_cases(patterns: list[str] | None, quick: bool, sizes: AttnSizes = GPU_SIZES) -> list[AttnCase]:
     cases = [c for c in attention_cases(sizes) if c.quick or not quick]
     if patterns:
+        cases += opt_in_cases(sizes)
         cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
     return cases
 
@@ -212,6 +237,7 @@ class AttnBackend:
         checked: compare with the float32 masked reference (not for unmasked SDPA).
         graphed: time the step captured into a CUDA graph (replays).
         applies: whether the backend runs a case (others are left out silently).
+        nm: ``(N, M)`` of an N:M backend: its reference also makes the N:M selection.
     """
 
     name: str
@@ -221,42 +247,46 @@ class AttnBackend:
     checked: bool = True
     graphed: bool = False
     applies: Callable[[AttnCase], bool] = field(default=lambda case: True)
+    nm: tuple[int, int] | None = None
 
 
 def _always(device: torch.device) -> str | None:
     return None
 
 
-def _fusegnn(aggregation: str):
+def _fusegnn(aggregation: str, nm: tuple[int, int] | None = None):
     def prepare(prep: Prepared, device: torch.device):
         from fusegnn.attention.sparse_attention import _block_layout, explain_attention, sparse_attention
 
         info: dict = {}
         # the timed calls have inputs that require grad (both modes): decide as they will
-        decision = explain_attention(prep.q, prep.mask, aggregation=aggregation, backward=True)
+        decision = explain_attention(prep.q, prep.mask, aggregation=aggregation, backward=True, nm=nm)
         info["aggregation"] = decision.name if decision.name == "block" else decision.label
         if aggregation == "auto" and device.type == "cuda":  # the rule built (and cached) the layout
             layout = _block_layout(prep.mask, None, device)[0]  # a dilated mask: its sub-sequences' layout
             info["block_density"] = layout.block_density
         if decision.name == "block":
             key = ("layout_ms", aggregation)
+            split = nm is None  # N:M runs the mask's own layout (never its sub-sequences)
+            key = ("layout_ms", aggregation, split)
             if key not in prep.extras:  # build outside timing (cached on the mask), time it once
                 mask = prep.mask
                 start = time.perf_counter()
-                layout = _block_layout(mask, None, device)[0]
+                layout = _block_layout(mask, None, device, split=split)[0]
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 prep.extras[key] = (time.perf_counter() - start) * 1e3
-                prep.extras["layout"] = layout
-            layout = prep.extras["layout"]
+                prep.extras[("layout", split)] = layout
+            layout = prep.extras[("layout", split)]
             dilated = f" dilation {decision.dilation}" if decision.dilation > 1 else ""
-            info.update(layout_ms=prep.extras[key], block_size=f"{layout.BM}x{layout.BN}{dilated}",
+            pattern = f" nm {nm[0]}:{nm[1]}" if nm is not None else ""
+            info.update(layout_ms=prep.extras[key], block_size=f"{layout.BM}x{layout.BN}{dilated}{pattern}",
                         block_density=layout.block_density)
         elif decision.name == "element":
             prep.mask.to_graph(device=device)  # build (cached) outside timing
 
         def fn(q, k, v):
-            return sparse_attention(q, k, v, prep.mask, aggregation=aggregation)
+            return sparse_attention(q, k, v, prep.mask, aggregation=aggregation, nm=nm)
 
         return fn, info
 
@@ -363,6 +393,7 @@ BACKENDS: dict[str, AttnBackend] = {
         AttnBackend("fusegnn-block", False, _fusegnn_unavailable("block"), _fusegnn("block")),
         AttnBackend("fusegnn-element", False, _always, _fusegnn("element")),
         AttnBackend("fusegnn-dense", False, _always, _fusegnn("dense")),
+        AttnBackend("fusegnn-nm", False, _fusegnn_unavailable("block"), _fusegnn("block", NM), nm=NM),
         AttnBackend("sdpa-mask", False, _always, _sdpa_mask),
         AttnBackend("sdpa-causal", False, _always, _sdpa_causal),
     )
@@ -392,10 +423,30 @@ def _rel(x: Tensor, ref: Tensor) -> float:
     return (x.float() - ref).abs().max().item() / (scale if scale > 0 else 1.0)
 
 
-def _reference(prep: Prepared, with_grad: bool) -> tuple[Tensor, tuple[Tensor, ...]]:
-    """float32 SDPA with the dense mask on batch 0, heads 0..CHECK_HEADS-1."""
+def _nm_selection(q: Tensor, k: Tensor, allowed: Tensor, nm: tuple[int, int], rows: int = 2048) -> Tensor:
+    """bool ``[1, H, L, L]``: the N:M selection (:func:`fusegnn.kernels.nm_sparsity.nm_keep`)
+    on the float32 scores of ``q``, ``k`` ``[1, H, L, D]`` under ``allowed`` ``[L, L]``,
+    ``rows`` query rows at a time (the selection's temporaries are ``M`` times the scores)."""
+    from fusegnn.kernels.nm_sparsity import nm_keep
+
+    keep = torch.empty(q.shape[:3] + (k.size(2),), dtype=torch.bool, device=q.device)
+    scale = 1.0 / math.sqrt(q.size(-1))
+    for start in range(0, q.size(2), rows):
+        sl = slice(start, start + rows)
+        scores = (q[:, :, sl] @ k.transpose(-1, -2)) * scale
+        keep[:, :, sl] = nm_keep(scores, allowed[sl], *nm)
+    return keep
+
+
+def _reference(prep: Prepared, with_grad: bool, nm: tuple[int, int] | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """float32 SDPA with the dense mask (and, for ``nm``, the N:M selection made on the
+    float32 scores) on batch 0, heads 0..CHECK_HEADS-1."""
     sl = [t[:1, :CHECK_HEADS].detach().float().requires_grad_(with_grad) for t in (prep.q, prep.k, prep.v)]
-    out = F.scaled_dot_product_attention(*sl, attn_mask=prep.dense_check)
+    allowed = prep.dense_check
+    if nm is not None:
+        with torch.no_grad():
+            allowed = _nm_selection(sl[0], sl[1], allowed, nm)
+    out = F.scaled_dot_product_attention(*sl, attn_mask=allowed)
     if not with_grad:
         return out.detach(), ()
     out.backward(prep.grad[:1, :CHECK_HEADS].float())
@@ -471,7 +522,7 @@ def new_record(case: AttnCase, backend: str) -> dict:
     return {
         "case": case.name, "backend": backend, "ok": False, "error": None, "ms": None, "peak_mem_mib": None,
         "launches": None, "aggregation": None, "block_size": None, "density": None, "block_density": None,
-        "ideal_ms": None, "vs_flex": None, "vs_sdpa": None, "layout_ms": None, "rel_err": None,
+        "ideal_ms": None, "vs_flex": None, "vs_sdpa": None, "vs_block": None, "layout_ms": None, "rel_err": None,
         "checked_against": None, "steps": None, "warmup_steps": None, "ms_alone": None, "replay_rel_err": None,
     }
 
@@ -485,7 +536,7 @@ def run_case(case, backends, prep: Prepared, sizes, args, device, emit) -> None:
     with_grad = case.mode == "fwdbwd"
     density = prep.dense_check.float().mean().item()
     rtol = max(args.rtol, MIN_RTOL)
-    ref = None
+    refs: dict = {}  # per N:M pattern (None: the mask alone)
     records = []
     timed = []  # (record, phases) of the backends timed, for the interleaved pass
     for backend in (b for b in backends if b.applies(case)):
@@ -506,10 +557,14 @@ def run_case(case, backends, prep: Prepared, sizes, args, device, emit) -> None:
             else:
                 phases = _phases(fn, prep, case.mode)
             if backend.checked:
-                if ref is None:
-                    ref = _reference(prep, with_grad)
+                if backend.nm not in refs:
+                    refs[backend.nm] = _reference(prep, with_grad, backend.nm)
+                ref = refs[backend.nm]
                 err = _check(fn, prep, with_grad, ref) if outputs is None else _error_vs_reference(outputs, ref)
-                record["rel_err"], record["checked_against"] = err, "sdpa(float32, dense mask)"
+                against = "sdpa(float32, dense mask)"
+                if backend.nm is not None:
+                    against = f"sdpa(float32, dense mask + {backend.nm[0]}:{backend.nm[1]} selection)"
+                record["rel_err"], record["checked_against"] = err, against
                 if not math.isfinite(err) or err > rtol:
                     record["error"] = f"mismatch: rel err {err:.3g} > {rtol:g}"
                     records.append(record)
@@ -542,6 +597,9 @@ def run_case(case, backends, prep: Prepared, sizes, args, device, emit) -> None:
         if r["ms"]:
             r["vs_sdpa"] = sdpa_ms / r["ms"] if sdpa_ms else None
             r["vs_flex"] = flex_ms / r["ms"] if flex_ms else None
+            block_ms = by_name.get("fusegnn-block", {}).get("ms")
+            if r["backend"] == "fusegnn-nm" and block_ms:
+                r["vs_block"] = block_ms / r["ms"]
         r["ideal_ms"] = sdpa_ms * density if sdpa_ms else None
         emit(r)
 

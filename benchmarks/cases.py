@@ -12,7 +12,12 @@ Figure 5.11), one training step of a 2-layer model per case, named
   (``gat-reddit-8x16``);
 * on CiteSeer the two published recipes only, ``gcn-citeseer-h16`` and
   ``gat-citeseer-8x8`` (the third small graph of the CUDA-graph comparison: on graphs
-  this size a step is bound by kernel launches, not by the sparse kernels).
+  this size a step is bound by kernel launches, not by the sparse kernels);
+* the layer library (issue #14) on Cora, PubMed and Reddit-like: GraphSAGE (mean) and
+  GIN at hidden 16, 64 and 128 (``sage-cora-h16`` ..., ``gin-reddit-h64``) and GATv2 with
+  1 head x 16 and 8 heads x 16 (``gatv2-pubmed-1x16``, ``gatv2-reddit-8x16``); on
+  Reddit-like each also with the input cut to its first 64 features (suffix ``-in64``,
+  ``sage-reddit-h128-in64``): PyG fits in an H100's memory only with the narrow input.
 
 Suite ``agg``: the aggregation alone, ``out = A @ x`` with the GCN-normalised Reddit-like
 adjacency (self-loops included), forward and backward, at ``F`` in 16, 64, 128, 256:
@@ -35,6 +40,10 @@ _PAPER_DATASETS = ("cora", "pubmed", "reddit")
 _PAPER_HIDDEN = (16, 64, 128, 512)  # 128: Figure 5.11 (peak memory)
 _AGG_FEATURES = (16, 64, 128, 256)
 _QUICK_REDDIT_WIDTHS = (16, 128)
+_LIBRARY_HIDDEN = (16, 64, 128)
+# the Reddit-like layer-library cases --quick keeps (the issue's targets)
+_QUICK_LIBRARY = ("sage-reddit-h128", "gin-reddit-h64", "gatv2-reddit-1x16", "gatv2-reddit-8x16")
+NARROW_INPUT = 64  # the "-in64" cases' input width
 
 
 @dataclass(frozen=True)
@@ -47,11 +56,14 @@ class Case:
         suite: ``"paper"`` or ``"agg"``.
         dataset: ``"cora"``, ``"citeseer"``, ``"pubmed"`` or ``"reddit"`` (Reddit-like,
             generated).
-        model: ``"gcn"``, ``"gat"``, or ``"spmm"`` for the ``agg`` suite.
+        model: ``"gcn"``, ``"gat"``, ``"sage"``, ``"gin"``, ``"gatv2"``, or ``"spmm"`` for
+            the ``agg`` suite.
         width: hidden width per head (``paper``) or feature width ``F`` (``agg``).
         heads: attention heads of the first GAT layer (1 otherwise).
         quick: kept by ``--quick``.
         note: where the case comes from.
+        in_features: the input width when the data set's features are cut to their first
+            ``in_features`` columns (``-in64`` cases), else ``None`` (all of them).
     """
 
     name: str
@@ -62,6 +74,7 @@ class Case:
     heads: int = 1
     quick: bool = True
     note: str = ""
+    in_features: int | None = None
 
     def info(self) -> dict:
         """The case's parameters, as stored in the results' ``cases`` table."""
@@ -71,6 +84,7 @@ class Case:
             "model": self.model,
             "width": self.width,
             "heads": self.heads,
+            "in_features": self.in_features,
             "note": self.note,
         }
 
@@ -91,9 +105,27 @@ def _paper_cases() -> list[Case]:
             cases.append(Case(f"gat-{dataset}-1x{hidden}", "paper", dataset, "gat", hidden, 1, quick, note))
         if not small:
             cases.append(Case("gat-reddit-8x16", "paper", dataset, "gat", 16, 8, True, "8 heads on Reddit"))
+        cases.extend(_library_cases(dataset))
         if dataset == "cora":  # CiteSeer: the published recipes, beside the other small graphs
             cases.append(Case("gcn-citeseer-h16", "paper", "citeseer", "gcn", 16, 1, True, "GCN recipe"))
             cases.append(Case("gat-citeseer-8x8", "paper", "citeseer", "gat", 8, 8, True, "GAT recipe (8 heads x 8)"))
+    return cases
+
+
+def _library_cases(dataset: str) -> list[Case]:
+    """GraphSAGE, GIN and GATv2 (issue #14) on ``dataset``."""
+    cases: list[Case] = []
+    small = dataset != "reddit"
+    shapes = [("sage", h, 1) for h in _LIBRARY_HIDDEN] + [("gin", h, 1) for h in _LIBRARY_HIDDEN]
+    shapes += [("gatv2", 16, 1), ("gatv2", 16, 8)]
+    for model, width, heads in shapes:
+        name = f"{model}-{dataset}-{heads}x{width}" if model == "gatv2" else f"{model}-{dataset}-h{width}"
+        quick = small or name in _QUICK_LIBRARY
+        note = "layer library (issue #14)"
+        cases.append(Case(name, "paper", dataset, model, width, heads, quick, note))
+        if not small:
+            cases.append(Case(f"{name}-in{NARROW_INPUT}", "paper", dataset, model, width, heads, quick,
+                              note + f", first {NARROW_INPUT} input features", NARROW_INPUT))
     return cases
 
 

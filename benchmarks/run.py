@@ -6,6 +6,8 @@
     python -m benchmarks.run --list                     # cases and backends, no run
     python -m benchmarks.run --suite attention --sweep calibrate   # a tuning sweep (benchmarks.sweeps)
     python -m benchmarks.run --suite overhead           # host microseconds per call (benchmarks.overhead)
+    python -m benchmarks.run --suite sampled            # neighbour-sampled training (benchmarks.sampled)
+    python -m benchmarks.run --suite dist               # full-graph training on 1..N GPUs (benchmarks.dist)
     python -m benchmarks.run --suite loss               # linear + cross-entropy heads (benchmarks.loss)
 
 Writes ``<out>/<suite>/<gpu-slug>.json`` after every record, then ``.md`` and ``.png``,
@@ -70,7 +72,8 @@ def _split_at_sweep(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    p.add_argument("--suite", choices=(*SUITES, "attention", "overhead", "loss", "all"), default="paper")
+    p.add_argument("--suite", choices=(*SUITES, "attention", "overhead", "sampled", "dist", "loss", "all"),
+                   default="paper")
     p.add_argument("--out", type=Path, default=_REPO / "benchmarks" / "results",
                    help="results directory; files go to <out>/<suite>/<gpu-slug>.* (default benchmarks/results)")
     p.add_argument("--cases", type=_csv, help="comma-separated case names or globs, e.g. 'gcn-*,gat-cora-*'")
@@ -243,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.list:
             _list_sweeps("attention")
         return code
+    if args.suite == "dist":  # several GPUs: launches its own workers, see benchmarks/dist.py
+        from benchmarks.dist import CASES, main_from_harness as dist_main
+
+        if args.list:
+            print("suite dist: " + ", ".join(CASES) + "; backends fusegnn-1gpu, fusegnn-2gpu, fusegnn-<N>gpu")
+            return 0
+        return dist_main(args, resolve_device(args))
     if args.suite == "overhead":  # host cost per call: its own probes, see benchmarks/overhead.py
         if args.list:
             print("suite overhead: host microseconds per call (primitives, spmm, layers, sparse_attention)")
@@ -250,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.overhead import main_from_harness as overhead_main
 
         return overhead_main(args, resolve_device(args))
+    if args.suite == "sampled":  # mini-batch training on sampled neighbourhoods, see benchmarks/sampled.py
+        from benchmarks.sampled import main_from_harness as sampled_main
+
+        return sampled_main(args, torch.device("cpu") if args.list else resolve_device(args))
     if args.suite == "loss":  # linear + cross-entropy heads: its own grid, see benchmarks/loss.py
         from benchmarks.loss import main_from_harness as loss_main
 

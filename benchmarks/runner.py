@@ -194,6 +194,8 @@ def _fusegnn_processing(case: Case, graph) -> Callable[[], Any]:
 
     if case.model == "gcn":
         return lambda: gcn_norm(graph, dtype=torch.float32)
+    if case.model in ("sage", "gin"):  # aggregate over the graph as it is
+        return lambda: graph
     return lambda: add_self_loops(remove_self_loops(graph.with_edge_weight(None)))
 
 
@@ -202,6 +204,8 @@ def _pyg_processing(case: Case, edge_index: Tensor, num_nodes: int) -> Callable[
         from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
         return lambda: gcn_norm(edge_index, None, num_nodes, False, True, "source_to_target", torch.float32)
+    if case.model in ("sage", "gin"):
+        return lambda: edge_index
     from torch_geometric.utils import add_self_loops, remove_self_loops
 
     return lambda: add_self_loops(remove_self_loops(edge_index)[0], num_nodes=num_nodes)
@@ -222,15 +226,18 @@ def _prepare_paper_case(case: Case, backends: list[PaperBackend], data: DatasetC
     device = config.device
     dataset = data.get(case.dataset)
     graph = Graph(dataset.edge_index, dataset.num_nodes)
+    # "-in64" cases: the first columns of the features, as a tensor of their own
+    x = dataset.x if case.in_features is None else dataset.x[:, : case.in_features].contiguous()
+    in_channels = x.size(1)
     norm_ms: dict[str, float | None] = {"fusegnn": None, "pyg": None}
     convert_ms = auto = eager_auto = None
     if any(b.library == "fusegnn" for b in backends):
         process = _fusegnn_processing(case, graph)
         norm_ms["fusegnn"] = timed_ms(process, device)
         processed = process()
-        auto = resolve_aggregation("auto", processed, dataset.x).name
-        if case.model == "gcn":  # an eager GCN step may take the host-bound regime (fusegnn.sparse.dispatch)
-            hidden = torch.empty(processed.num_src_nodes, min(case.width, dataset.num_features), device=device)
+        auto = resolve_aggregation("auto", processed, x).name
+        if case.model in ("gcn", "sage", "gin"):  # an eager step may take the host-bound regime (dispatch)
+            hidden = torch.empty(processed.num_src_nodes, min(case.width, in_channels), device=device)
             eager_auto = resolve_aggregation("auto", processed, hidden, op="spmm").name
         else:
             eager_auto = auto
@@ -241,16 +248,16 @@ def _prepare_paper_case(case: Case, backends: list[PaperBackend], data: DatasetC
     free_memory(device)
 
     torch.manual_seed(config.seed)
-    template = build_fusegnn_model(case, dataset.num_features, dataset.num_classes, "reference")
+    template = build_fusegnn_model(case, in_channels, dataset.num_classes, "reference")
     state = {k: v.detach().to(device).clone() for k, v in template.state_dict().items()}
     train_index = dataset.train_mask.nonzero().view(-1)
     return _PaperCase(
-        x=dataset.x,
+        x=x,
         y_train=dataset.y.index_select(0, train_index),
         train_index=train_index,
         edge_index=dataset.edge_index,
         graph=graph,
-        in_channels=dataset.num_features,
+        in_channels=in_channels,
         num_classes=dataset.num_classes,
         state=state,
         norm_ms=norm_ms,

@@ -3,6 +3,7 @@
     python examples/sparse_transformer.py                      # L = 4096 on a GPU, both models
     python examples/sparse_transformer.py --mask bigbird --seq-len 8192
     python examples/sparse_transformer.py --quick              # tiny CPU configuration (seconds)
+    python examples/sparse_transformer.py --nm 2:4 --json-out nm.json   # N:M sparse attention (DFSS)
 
 **Task** (key-value retrieval; generated on the fly, a fresh batch every step, the same
 batches for both models). A sequence of ``L`` tokens is mostly one filler token; at
@@ -27,10 +28,18 @@ the dense reference on the CPU). The summary's ``sparse_path`` / ``sparse_path_l
 say which path the sparse model's training step takes, ``sparse_path_reason`` why. On
 CUDA both run under bf16 autocast.
 
+``--nm N:M`` (``1:2``, ``2:4``, ``4:8``) makes every model's attention dynamically N:M
+sparse (DFSS, :mod:`fusegnn.kernels.nm_sparsity`): of every ``M`` consecutive keys of a
+query only the ``N`` largest scores enter the softmax -- for the ``dense`` model over all
+keys, for the ``sparse`` one over its mask's. It runs the fused block kernel on a GPU
+(``nm`` forces the block path; dense SDPA cannot drop scores), the reference on the
+CPU. Compare a run with ``--nm 2:4`` against one without (same seed, same batches).
+
 Per step it logs the training loss of both models and their step times (CUDA-event /
 ``perf_counter``, the first ``--warmup`` steps excluded from the mean); at the end it
 evaluates both on held-out batches. ``--json`` prints a JSON summary (curves included)
-as the last line; ``--plot PATH`` draws the loss curves and step times (matplotlib).
+as the last line, ``--json-out PATH`` writes it to a file; ``--plot PATH`` draws the loss
+curves and step times (matplotlib).
 
 **Measured** (NVIDIA H200, torch 2.11, Triton 3.6; defaults otherwise; results in
 ``benchmarks/results/examples/``):
@@ -69,7 +78,7 @@ except ImportError:  # running from a source checkout without installing
 
 from fusegnn.layers import SparseTransformerEncoderLayer
 from fusegnn.attention.masks import Mask, bigbird, longformer
-from fusegnn.attention.sparse_attention import ATTENTION_AGGREGATIONS, AttentionDecision, explain_attention
+from fusegnn.attention.sparse_attention import ATTENTION_AGGREGATIONS, AttentionDecision, check_nm, explain_attention
 
 FILLER, QUERY0 = 0, 1  # token ids: filler, then query tokens (one per key), then records
 
@@ -100,7 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--quick", action="store_true", help="tiny configuration for a CPU smoke run")
+    p.add_argument("--nm", default=None, help="N:M sparse attention for every model, e.g. 2:4 (1:2, 2:4 or 4:8)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    p.add_argument("--json-out", type=Path, help="write the JSON summary (loss curves included) to this file")
     p.add_argument("--plot", type=Path, help="write the loss curves and step times to this PNG")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-step logs")
     args = p.parse_args(argv)
@@ -123,6 +134,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--pairs must be <= --keys (records have distinct keys)")
     if args.pairs + 1 > args.seq_len:
         p.error("--seq-len too short for --pairs records")
+    try:
+        args.nm = check_nm(args.nm)
+    except (TypeError, ValueError) as err:
+        p.error(f"--nm: {err}")
     return args
 
 
@@ -192,7 +207,7 @@ class RetrievalEncoder(nn.Module):
         self.layers = nn.ModuleList(
             SparseTransformerEncoderLayer(
                 args.d_model, args.heads, args.ff, dropout=0.0, activation="gelu", norm_first=True,
-                mask=mask, aggregation=args.aggregation,
+                mask=mask, aggregation=args.aggregation, nm=args.nm,
             )
             for _ in range(args.layers)
         )
@@ -240,13 +255,14 @@ def sparse_path(args: argparse.Namespace, mask: Mask, device: torch.device) -> A
     probe = torch.empty(1, args.heads, args.seq_len, args.d_model // args.heads, device=device,
                         dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
     probe = probe.expand(args.batch, -1, -1, -1)
-    return explain_attention(probe, mask, aggregation=args.aggregation, backward=True)
+    return explain_attention(probe, mask, aggregation=args.aggregation, backward=True, nm=args.nm)
 
 
 def path_lines(args: argparse.Namespace, decision: AttentionDecision | None, device: torch.device) -> list[str]:
     """What runs, said once before training: the sparse model's attention path and why,
     and on the CPU that the fused kernels need CUDA."""
-    lines = ["dense model: PyTorch's SDPA (full attention)"] if "dense" in args.models else []
+    dense = "PyTorch's SDPA (full attention)" if args.nm is None else f"full attention, N:M {args.nm[0]}:{args.nm[1]}"
+    lines = [f"dense model: {dense}"] if "dense" in args.models else []
     if decision is not None:
         lines.append(f"sparse model: {decision.label} -- {decision.reason}")
     if device.type == "cpu":
@@ -312,6 +328,7 @@ def train(args: argparse.Namespace) -> dict:
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "chance_loss": math.log(args.values),
+        "nm": f"{args.nm[0]}:{args.nm[1]}" if args.nm is not None else None,
         "models": {},
     }
     if decision is not None:
@@ -369,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sparse ({summary.get('sparse_path_label')}) is {summary['speedup_sparse_over_dense']:.2f}x the speed of dense")
     if args.plot:
         plot(summary, args.plot)
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(summary))
     if args.json:
         print(json.dumps(summary))
     return 0

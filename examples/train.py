@@ -1,13 +1,19 @@
-"""Train a two-layer GCN or GAT for full-graph node classification.
+"""Train a GNN (GCN, GAT, GraphSAGE, GIN, GATv2, SGC, APPNP) for full-graph node classification.
 
     python examples/train.py                                   # GCN on Cora, 10 runs
     python examples/train.py --dataset CiteSeer --model gat
+    python examples/train.py --model appnp                     # also sage, gin, gatv2, sgc
     python examples/train.py --dataset Reddit --root /data --device cuda --runs 1
     python examples/train.py --device cuda --no-cuda-graph     # eager training steps (no CUDA graph)
+    python examples/train.py --dataset Reddit --model sage --sampled --num-neighbors 25,10 --batch-size 1024
 
 The published recipes are the defaults (GCN: hidden 16, dropout 0.5, lr 0.01, weight decay
 5e-4, 200 epochs; GAT: 8 heads x 8, dropout 0.6, lr 0.005, weight decay 5e-4, one output
-head (8 on PubMed), early stopping on validation loss with patience 100). Each run reports
+head (8 on PubMed), early stopping on validation loss with patience 100; GATv2: GAT's;
+SGC: K = 2, lr 0.2, weight decay 5e-3, 100 epochs (PyG's example); APPNP: an MLP of hidden
+64, dropout 0.5, K = 10, alpha = 0.1, lr 0.01, weight decay 5e-4 (PyG's citation
+benchmark); GraphSAGE (mean) and GIN, for which no citation-graph recipe is published:
+hidden 64, dropout 0.5, lr 0.01, weight decay 5e-4, 200 epochs). Each run reports
 the test accuracy of the epoch with the best validation accuracy (ties: lower validation
 loss): the model is selected on validation only, never on test.
 
@@ -20,6 +26,14 @@ where the time goes; the results are the same up to rounding and dropout draws (
 mask at every replay). Evaluation stays eager. The loss is computed on index tensors of
 the training nodes (``mask.nonzero()`` once, outside the step): boolean-mask indexing
 reads a size back to the host, which a capture cannot record.
+
+With ``--sampled`` each epoch trains on mini-batches instead of the full graph: batches
+of ``--batch-size`` training nodes with their sampled neighbourhoods
+(:class:`fusegnn.loader.NeighborLoader`, ``--num-neighbors`` incoming neighbours per hop,
+uniformly without replacement, on the data's device). The model runs on each batch's
+merged subgraph and the loss is taken on its seeds (PyG's convention: the first
+``batch_size`` rows); graph caches are off (each batch is a new graph) and so is the CUDA
+graph (each batch has its own shapes). Evaluation stays full-graph.
 
 Before training it says which path each layer takes -- GAS or GAR (the fused Triton
 kernels) or the pure-PyTorch reference -- and why (the op layer's own reason,
@@ -55,13 +69,19 @@ except ImportError:  # running from a source checkout without installing
 
 from fusegnn.capture import graphed_step
 from fusegnn.datasets import DATASETS, NodeDataset, load_dataset
-from fusegnn.models import GAT, GCN
+from fusegnn.loader import NeighborLoader
+from fusegnn.models import GAT, GCN, GIN, SGC, APPNPNet, GATv2, GraphSAGE
 from fusegnn.sparse import AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision, decisions_taken, for_capture
 
 RECIPES = {
     "gcn": dict(hidden=16, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200, patience=None),
     "gat": dict(hidden=8, dropout=0.6, lr=0.005, weight_decay=5e-4, epochs=1000, patience=100),
+    "gatv2": dict(hidden=8, dropout=0.6, lr=0.005, weight_decay=5e-4, epochs=1000, patience=100),
+    "sage": dict(hidden=64, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200, patience=None),
+    "gin": dict(hidden=64, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200, patience=None),
+    "sgc": dict(hidden=None, dropout=0.0, lr=0.2, weight_decay=5e-3, epochs=100, patience=None),
+    "appnp": dict(hidden=64, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200, patience=None),
 }
 
 
@@ -69,9 +89,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="Cora", help=f"one of {', '.join(DATASETS)}")
     p.add_argument("--model", choices=sorted(RECIPES), default="gcn")
-    p.add_argument("--hidden", type=int, help="hidden width (per head for GAT)")
-    p.add_argument("--heads", type=int, default=8, help="GAT heads in the first layer")
-    p.add_argument("--out-heads", type=int, help="GAT heads in the output layer (1; 8 on PubMed)")
+    p.add_argument("--hidden", type=int, help="hidden width (per head for GAT / GATv2; SGC has none)")
+    p.add_argument("--heads", type=int, default=8, help="GAT / GATv2 heads in the first layer")
+    p.add_argument("--out-heads", type=int, help="GAT / GATv2 heads in the output layer (1; 8 on PubMed)")
+    p.add_argument("--K", type=int, help="SGC / APPNP propagation steps (SGC: 2, APPNP: 10)")
+    p.add_argument("--alpha", type=float, default=0.1, help="APPNP teleport probability")
+    p.add_argument("--aggr", choices=("mean", "max", "sum"), default="mean", help="GraphSAGE aggregation")
     p.add_argument("--epochs", type=int)
     p.add_argument("--patience", type=int, help="early-stopping patience on validation loss (GAT: 100)")
     p.add_argument("--lr", type=float)
@@ -85,6 +108,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="capture the training step into a CUDA graph and replay it every epoch "
                         "(default: on CUDA devices; --no-cuda-graph for eager steps)")
+    p.add_argument("--sampled", action="store_true",
+                   help="train on neighbour-sampled mini-batches (fusegnn.loader.NeighborLoader)")
+    p.add_argument("--num-neighbors", default="25,10",
+                   help="with --sampled: neighbours drawn per hop, comma-separated (-1: all)")
+    p.add_argument("--batch-size", type=int, default=1024, help="with --sampled: seed nodes per batch")
     p.add_argument("--no-normalize-features", action="store_true", help="keep raw Planetoid features")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--quiet", action="store_true",
@@ -96,9 +124,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.out_heads is None:
         args.out_heads = 8 if args.dataset.lower() == "pubmed" else 1
+    if args.K is None:
+        args.K = 2 if args.model == "sgc" else 10
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     on_cuda = torch.device(args.device).type == "cuda"
+    try:
+        args.num_neighbors = [int(k) for k in str(args.num_neighbors).split(",")]
+    except ValueError:
+        p.error(f"--num-neighbors must be comma-separated integers, got {args.num_neighbors!r}")
+    if args.sampled and args.cuda_graph:
+        p.error("--cuda-graph cannot capture sampled training (every batch has its own shapes)")
+    if args.sampled:
+        args.cuda_graph = False
     if args.cuda_graph and not on_cuda:
         p.error(f"--cuda-graph needs a CUDA device (--device is {args.device!r}: a CUDA graph captures CUDA work only)")
     if args.cuda_graph is None:
@@ -107,12 +145,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_model(args: argparse.Namespace, data: NodeDataset) -> torch.nn.Module:
+    features, classes, agg = data.num_features, data.num_classes, args.aggregation
+    cached = not getattr(args, "sampled", False)  # a sampled batch is a new graph each time
     if args.model == "gcn":
-        return GCN(data.num_features, args.hidden, data.num_classes, args.dropout, aggregation=args.aggregation)
-    return GAT(
-        data.num_features, args.hidden, data.num_classes, heads=args.heads,
-        out_heads=args.out_heads, dropout=args.dropout, aggregation=args.aggregation,
-    )
+        return GCN(features, args.hidden, classes, args.dropout, cached=cached, aggregation=agg)
+    if args.model in ("gat", "gatv2"):
+        return (GAT if args.model == "gat" else GATv2)(
+            features, args.hidden, classes, heads=args.heads, out_heads=args.out_heads,
+            dropout=args.dropout, aggregation=agg,
+        )
+    if args.model == "sage":
+        return GraphSAGE(features, args.hidden, classes, args.dropout, aggr=args.aggr, aggregation=agg)
+    if args.model == "gin":
+        return GIN(features, args.hidden, classes, args.dropout, aggregation=agg)
+    if args.model == "sgc":
+        return SGC(features, classes, K=args.K, cached=cached, aggregation=agg)
+    return APPNPNet(features, args.hidden, classes, K=args.K, alpha=args.alpha, dropout=args.dropout,
+                    cached=cached, aggregation=agg)
 
 
 PATH_LABELS = {
@@ -201,6 +250,52 @@ def evaluate(model, data: NodeDataset) -> dict[str, float]:
     return result
 
 
+class Selection:
+    """The epoch whose metrics a run reports (best validation accuracy; ties: lower
+    validation loss) and early stopping after ``patience`` epochs without a lower
+    validation loss (``None``: never)."""
+
+    def __init__(self, patience: int | None) -> None:
+        self.patience = patience
+        self.best: dict = {"val_acc": -1.0, "val_loss": float("inf")}
+        self.best_val_loss, self.since_best = float("inf"), 0
+
+    def update(self, metrics: dict[str, float], epoch: int, bar, *, run: int, loss: float, epochs: int) -> bool:
+        """Take one epoch's metrics (and advance the progress ``bar``, to its end when
+        stopping); ``True`` when training should stop."""
+        if (metrics["val_acc"], -metrics["val_loss"]) > (self.best["val_acc"], -self.best["val_loss"]):
+            self.best = dict(metrics, epoch=epoch)
+        if metrics["val_loss"] < self.best_val_loss:
+            self.best_val_loss, self.since_best = metrics["val_loss"], 0
+        else:
+            self.since_best += 1
+        stop = self.patience is not None and self.since_best >= self.patience
+        bar.update(1 + (epochs - epoch if stop else 0))
+        bar.set_postfix(run=run, loss=f"{loss:.3f}", val=f"{metrics['val_acc']:.3f}")
+        return stop
+
+
+def sampled_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: NeighborLoader):
+    """One epoch over ``loader``'s batches: the model on each batch's merged subgraph, the
+    loss on its seeds (the first ``batch_size`` rows). Returns the mean training loss (a
+    tensor, not read)."""
+
+    def epoch() -> torch.Tensor:
+        total, seeds = None, 0
+        for batch in loader:
+            optimizer.zero_grad(set_to_none=True)
+            out = model(batch.x, batch.graph)[: batch.batch_size]
+            loss = F.cross_entropy(out, batch.y)
+            loss.backward()
+            optimizer.step()
+            part = loss.detach() * batch.batch_size
+            total = part if total is None else total + part
+            seeds += batch.batch_size
+        return total / seeds
+
+    return epoch
+
+
 def train_run(args: argparse.Namespace, data: NodeDataset, run: int, bar) -> dict[str, float]:
     torch.manual_seed(args.seed + run)
     model = build_model(args, data).to(data.x.device)
@@ -220,10 +315,15 @@ def train_run(args: argparse.Namespace, data: NodeDataset, run: int, bar) -> dic
         optimizer.step()
         return loss
 
-    step = graphed_step(train_step, optimizer) if args.cuda_graph else train_step
+    if args.sampled:
+        step = sampled_epoch(model, optimizer, NeighborLoader(
+            data, args.num_neighbors, args.batch_size, input_nodes=train_index, shuffle=True,
+            seed=args.seed + run,
+        ))
+    else:
+        step = graphed_step(train_step, optimizer) if args.cuda_graph else train_step
     cuda = data.x.is_cuda
-    best = {"val_acc": -1.0, "val_loss": float("inf")}
-    best_val_loss, since_best = float("inf"), 0
+    selection = Selection(args.patience)
     epoch_ms = []
     for epoch in range(1, args.epochs + 1):
         if cuda:
@@ -235,17 +335,9 @@ def train_run(args: argparse.Namespace, data: NodeDataset, run: int, bar) -> dic
             torch.cuda.synchronize()
         epoch_ms.append((time.perf_counter() - start) * 1e3)
         metrics = evaluate(model, data)
-        if (metrics["val_acc"], -metrics["val_loss"]) > (best["val_acc"], -best["val_loss"]):
-            best = dict(metrics, epoch=epoch)
-        if metrics["val_loss"] < best_val_loss:
-            best_val_loss, since_best = metrics["val_loss"], 0
-        else:
-            since_best += 1
-        bar.update(1)
-        bar.set_postfix(run=run, loss=f"{loss.item():.3f}", val=f"{metrics['val_acc']:.3f}")
-        if args.patience is not None and since_best >= args.patience:
-            bar.update(args.epochs - epoch)
+        if selection.update(metrics, epoch, bar, run=run, loss=loss.item(), epochs=args.epochs):
             break
+    best = selection.best
     best["epoch_ms_median"] = statistics.median(epoch_ms)
     best["epochs_run"] = epoch
     return best
@@ -288,6 +380,7 @@ def main(argv: list[str] | None = None) -> dict:
         "aggregation": args.aggregation,
         "paths": paths,
         "cuda_graph": args.cuda_graph,
+        "sampled": {"num_neighbors": args.num_neighbors, "batch_size": args.batch_size} if args.sampled else None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "best_epochs": [r["epoch"] for r in results],
         "test_accs": test,

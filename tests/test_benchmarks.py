@@ -396,6 +396,28 @@ def test_overhead_suite_smoke_on_cpu(tmp_path):
     assert "| spmm reference, forward + backward |" in markdown
 
 
+def test_dist_suite_smoke_on_cpu(tmp_path):
+    """The ``dist`` suite spawns 1 and 2 gloo workers on the CPU, measures a case, adds the
+    modelled 4- and 8-GPU rows and writes its JSON / markdown."""
+    import json
+
+    from benchmarks.dist import run_dist
+
+    markdown = run_dist(torch.device("cpu"), tmp_path, cases=["dist-reddit-gcn-h128"], steps=1, warmup=1,
+                        exchange_reps=1)
+    doc = json.loads((tmp_path / "dist" / "cpu.json").read_text())
+    rows = {(r["backend"], r["modelled"]): r for r in doc["results"]}
+    assert set(rows) == {("fusegnn-1gpu", False), ("fusegnn-2gpu", False), ("fusegnn-4gpu", True),
+                         ("fusegnn-8gpu", True)}, rows
+    for row in rows.values():
+        assert "error" not in row, row
+        assert row["step_ms"] > 0
+    two = rows[("fusegnn-2gpu", False)]
+    assert two["bytes_per_step"] > 0 and two["exchange_ms"] > 0 and two["loss_max_rel_diff"] <= 1e-4
+    assert rows[("fusegnn-1gpu", False)]["bytes_per_step"] == 0
+    assert "*modelled*" in markdown and (tmp_path / "dist" / "cpu.md").is_file()
+
+
 def test_loss_suite_smoke_on_cpu(tmp_path, one_thread):
     """``--suite loss`` on the CPU: every case at its smoke size, checked against float32
     eager and timed; the CUDA-only backends are rows that say why they were skipped."""

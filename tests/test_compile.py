@@ -463,6 +463,7 @@ def _opcheck_cases():
     a, b = _rand(n, 2, 4, seed=4), _rand(n, 2, 4, seed=5)
     scores = _rand(e, 2, seed=6)
     h, s, t = _rand(n, 2, 3, seed=7), _rand(n, 2, seed=8), _rand(n, 2, seed=9)
+    u = _rand(e, 2, seed=12)  # per-edge score addend
     seed = torch.tensor([11])
     base = (uid, None, n, n, e, "")
     gcn = (uid, None, n, n, -1, library.gcn_transform(False, True, F64))
@@ -486,9 +487,10 @@ def _opcheck_cases():
         ("edge_softmax", ops.edge_softmax.default, base + (scores, "auto")),
         ("edge_softmax_backward", ops.edge_softmax_backward.default,
          base + (scores.detach().softmax(0), scores.detach(), "auto")),
-        ("gat", ops.gat_attention.default, base + (h, s, t, None, 0.2, 0.0, True, "auto")),
-        ("gat loops dropout", ops.gat_attention.default, loops + (h, s, t, seed, 0.2, 0.5, False, "auto")),
-        ("gat loops alpha", ops.gat_attention.default, loops + (h, s, t, seed, 0.2, 0.5, True, "auto")),
+        ("gat", ops.gat_attention.default, base + (h, s, t, None, None, 0.2, 0.0, True, "auto")),
+        ("gat loops dropout", ops.gat_attention.default, loops + (h, s, t, None, seed, 0.2, 0.5, False, "auto")),
+        ("gat loops alpha", ops.gat_attention.default, loops + (h, s, t, None, seed, 0.2, 0.5, True, "auto")),
+        ("gat edge scores", ops.gat_attention.default, base + (h, s, t, u, None, 0.2, 0.0, True, "auto")),
         ("edge_index", ops.edge_index.default, loops + (torch.int64, torch.device("cpu"))),
     ]
     return keep, cases
@@ -502,8 +504,8 @@ def test_opcheck_every_op():
     gat_out = ops.gat_attention.default(*cases[13][2])
     out, lse, alpha = (o.detach() for o in gat_out)
     h, s, t = (a.detach() for a in cases[13][2][6:9])
-    args = cases[13][2][:6] + (h, s, t, None, out, lse, alpha, torch.ones_like(out), torch.ones_like(alpha),
-                              0.2, 0.0, "auto")
+    args = cases[13][2][:6] + (h, s, t, None, None, out, lse, alpha, torch.ones_like(out), torch.ones_like(alpha),
+                               0.2, 0.0, "auto")
     result = torch.library.opcheck(ops.gat_attention_backward.default, args)
     assert all(v == "SUCCESS" for v in result.values()), result
     del keep

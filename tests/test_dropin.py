@@ -307,6 +307,14 @@ def test_in_channels_must_be_positive_or_minus_one(cls):
     for bad in (0, -2):
         with pytest.raises(ValueError, match=rf"{cls.__name__}: in_channels must be positive, or -1 .* got {bad}"):
             cls(bad, 3)
+    if cls is GATConv:  # a pair (in_src, in_dst) is PyG's bipartite form: lin_src / lin_dst
+        layer = cls((4, 5), 3)
+        assert layer.lin is None and layer.lin_src.in_features == 4 and layer.lin_dst.in_features == 5
+        with pytest.raises(ValueError, match=rf"{cls.__name__}: in_channels must be positive, or -1 .* got 0"):
+            cls((4, 0), 3)
+        with pytest.raises(ValueError, match=rf"{cls.__name__}: in_channels must be an int or a pair"):
+            cls((4, 5, 6), 3)
+        return
     with pytest.raises(TypeError, match=rf"{cls.__name__}: in_channels must be an int .* got tuple"):
         cls((4, 5), 3)
 

@@ -150,12 +150,14 @@ def test_mean(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_max_is_delegated_to_the_reference(path):
+def test_max_runs_gar_fused(path):
+    """reduce='max' runs GAR's fused max on both backends (GAS hands it over and says so)."""
     graph = _graph(num_nodes=10, num_edges=50, seed=10, hub=0)
     x, w = _inputs(graph, None, 3, "e", seed=10)
     out = spmm(graph, x, w, "max", aggregation=path)
-    assert dispatch.last_backend() == "reference"
-    assert "max" in dispatch.last_decision().reason
+    assert dispatch.last_backend() == "gar"
+    if path == "gas":
+        assert "max" in dispatch.last_decision().reason
     torch.testing.assert_close(out, reference.spmm(graph, x, w, "max"))
 
 
@@ -436,10 +438,10 @@ def test_decisions_taken_collects_the_path_of_each_op():
         spmm(graph, x, aggregation="reference")
         with dispatch.decisions_taken() as inner:
             spmm(graph, x, aggregation="gar")
-            spmm(graph, x, reduce="max", aggregation="gas")  # handed to the reference
-    assert [d.name for d in inner] == ["gar", "gas", "reference"]
+            spmm(graph, x, reduce="max", aggregation="gas")  # handed to GAR's fused max
+    assert [d.name for d in inner] == ["gar", "gas", "gar"]
     assert "reduce='max'" in inner[2].reason
-    assert [d.name for d in outer] == ["reference", "gar", "gas", "reference"]
+    assert [d.name for d in outer] == ["reference", "gar", "gas", "gar"]
     spmm(graph, x, aggregation="gar")  # after the block: not collected
     assert len(outer) == 4 and dispatch.last_decision().name == "gar"
 

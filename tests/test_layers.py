@@ -128,7 +128,7 @@ def test_gcn_graph_input_equals_edge_index_input():
 
 
 def test_gcn_cached_reuses_the_first_graph(monkeypatch):
-    import fusegnn.layers.gcn_conv as gcn_module
+    import fusegnn.layers._utils as gcn_module  # GCNConv's graph processing (normalized_graph)
 
     calls = []
     real_norm = gcn_module.gcn_normalized

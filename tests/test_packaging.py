@@ -194,7 +194,7 @@ def test_an_installed_torch_that_fails_to_import_is_an_error(tmp_path, python_wi
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("nope",), "EXTRAS: unknown extra 'nope' (known: test,ogb,scatter,bench)"),
+        (("nope",), "EXTRAS: unknown extra 'nope' (known: test,ogb,scatter,bench,metis)"),
         (("test,nope",), "EXTRAS: unknown extra 'nope'"),
         (("test", "ogb"), "EXTRAS given twice ('test', 'ogb')"),
         (("--cpu",), "unknown option '--cpu'"),

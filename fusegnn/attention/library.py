@@ -13,7 +13,7 @@ built with host reads). So, under compilation, :func:`compiled_sparse_attention`
 2. runs the path: dense SDPA, the reference and the element path (whose ``sddmm`` /
    ``edge_softmax`` / ``spmm`` are the GNN custom ops) are traced as they are; the block
    path is one op, ``fusegnn::block_attention(q, k, v, layout, scale, precision,
-   dilation) -> (out, lse)``, whose backward is ``fusegnn::block_attention_backward``
+   dilation, nm_n, nm_m) -> (out, lse)`` (``nm_m = 0``: no N:M sparsity), whose backward is ``fusegnn::block_attention_backward``
    (the same kernels as the eager ``BlockSparseAttentionFunction``).
 
 Objects travel as integer handles (:mod:`fusegnn.attention.handles`): the model must keep
@@ -32,51 +32,57 @@ __all__ = ["block_attention", "block_attention_backward"]
 
 @torch.library.custom_op("fusegnn::block_attention", mutates_args=())
 def block_attention(q: Tensor, k: Tensor, v: Tensor, layout: int, scale: float, precision: str,
-                    dilation: int) -> tuple[Tensor, Tensor]:
-    """Block-sparse attention of the layout with handle ``layout``: ``(out, lse)``."""
+                    dilation: int, nm_n: int = 0, nm_m: int = 0) -> tuple[Tensor, Tensor]:
+    """Block-sparse attention of the layout with handle ``layout``: ``(out, lse)``
+    (N:M sparse when ``nm_m > 0``)."""
     from fusegnn.kernels.block_attention import _forward, _last_contiguous
 
     out, lse = _forward(_last_contiguous(q), _last_contiguous(k), _last_contiguous(v),
-                        handles.lookup(layout), scale, precision, None, dilation)
+                        handles.lookup(layout), scale, precision, None, dilation, _nm(nm_n, nm_m))
     return out, lse
 
 
+def _nm(nm_n: int, nm_m: int) -> tuple[int, int] | None:
+    return (nm_n, nm_m) if nm_m > 0 else None
+
+
 @block_attention.register_fake
-def _(q, k, v, layout, scale, precision, dilation):
+def _(q, k, v, layout, scale, precision, dilation, nm_n=0, nm_m=0):
     out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
     return out, q.new_empty(tuple(q.shape[:-1]), dtype=torch.float32)
 
 
 @torch.library.custom_op("fusegnn::block_attention_backward", mutates_args=())
 def block_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                             layout: int, scale: float, precision: str, dilation: int) -> tuple[Tensor, Tensor, Tensor]:
+                             layout: int, scale: float, precision: str, dilation: int, nm_n: int = 0,
+                             nm_m: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of :func:`block_attention` for ``grad = dL/dout``."""
     from fusegnn.kernels.block_attention import _backward, _last_contiguous
 
     dq, dk, dv = _backward(
         grad.contiguous(), _last_contiguous(q), _last_contiguous(k), _last_contiguous(v), out, lse,
-        handles.lookup(layout), scale, precision, True, True, None, dilation,
+        handles.lookup(layout), scale, precision, True, True, None, dilation, _nm(nm_n, nm_m),
     )
     return dq, dk, dv
 
 
 @block_attention_backward.register_fake
-def _(grad, q, k, v, out, lse, layout, scale, precision, dilation):
+def _(grad, q, k, v, out, lse, layout, scale, precision, dilation, nm_n=0, nm_m=0):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, layout, scale, precision, dilation = inputs
+    q, k, v, layout, scale, precision, dilation, nm_n, nm_m = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.args = (layout, scale, precision, dilation)
+    ctx.args = (layout, scale, precision, dilation, nm_n, nm_m)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.fusegnn.block_attention_backward(grad_out, q, k, v, out, lse, *ctx.args)
-    return dq, dk, dv, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 block_attention.register_autograd(_backward, setup_context=_setup)

@@ -55,6 +55,15 @@ mask is considered only while the mask has at most
 materialised, and SDPA turns it into an additive bias of the same size).
 :func:`explain_attention` gives the decision, its reason and the predicted times.
 
+**N:M sparsity** (``nm=(N, M)``, DFSS; :mod:`fusegnn.kernels.nm_sparsity`): of every ``M``
+consecutive keys of a row only the ``N`` largest allowed scores enter the softmax (ties
+to the lower key index; groups aligned to multiples of ``M``; a partial last group's
+missing keys count as masked). Only ``"block"`` (the selection inside the fused kernel's
+score tiles, forward and backward) and ``"reference"`` compute it; ``"auto"`` takes the
+block kernel on CUDA (dense SDPA and the element path cannot drop scores) and the
+reference elsewhere. A mask that splits into sub-sequences runs its own layout (the
+groups are of consecutive keys, which a dilated call interleaves).
+
 The mask is a :class:`~fusegnn.attention.masks.Mask` or a prebuilt
 :class:`~fusegnn.attention.block_layout.BlockLayout`. Layouts built from a mask are cached
 on the mask per (block size, device), graphs per device, so a mask reused across calls
@@ -66,7 +75,7 @@ constants are read when a mask first meets a configuration.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Real
 from typing import Any, Callable
 
@@ -81,6 +90,7 @@ from fusegnn.attention.cost_model import predict_attention_ms
 from fusegnn.attention.masks import Mask
 from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, FLOAT_DTYPES
 from fusegnn.kernels.attention_inputs import check_qkv
+from fusegnn.kernels.nm_sparsity import check_nm, nm_keep
 from fusegnn.sparse.dispatch import AGGREGATIONS as _ELEMENT_AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision
 from fusegnn.sparse.ops import edge_softmax, sddmm, spmm
@@ -201,13 +211,14 @@ def _layout_of(
 
 
 def _block_layout(
-    mask: Mask | BlockLayout, block_size: tuple[int, int] | None, device: torch.device
+    mask: Mask | BlockLayout, block_size: tuple[int, int] | None, device: torch.device, split: bool = True
 ) -> tuple[BlockLayout, int]:
     """``(layout, dilation)`` the block kernel runs for ``mask``: a mask that splits into
     interleaved sub-sequences (:meth:`Mask.dilation_split`) runs its base mask's layout
-    with ``dilation = d``; anything else its own layout with ``dilation = 1``.
-    ``block_size`` is the layout's (the base mask's for a split one)."""
-    if isinstance(mask, Mask):
+    with ``dilation = d`` (unless ``split`` is false: N:M attention); anything else its own
+    layout with ``dilation = 1``. ``block_size`` is the layout's (the base mask's for a
+    split one)."""
+    if isinstance(mask, Mask) and split:
         split = mask.dilation_split()
         if split is not None:
             d, base = split
@@ -230,23 +241,29 @@ def _block_prechecked() -> Callable[..., Tensor]:
 
 
 def _decide(
-    q: Tensor, mask: Mask | BlockLayout, aggregation: str, block_size: Any, backward: bool
+    q: Tensor, mask: Mask | BlockLayout, aggregation: str, block_size: Any, backward: bool,
+    nm: tuple[int, int] | None = None,
 ) -> tuple[AttentionDecision, BlockLayout | None, int]:
     """The path decision and, for the block path, its layout (built and cached on the
     mask on ``q``'s device) and dilation (see :func:`_block_layout`)."""
-    decision = explain_attention(q, mask, aggregation=aggregation, block_size=block_size, backward=backward)
+    decision = explain_attention(q, mask, aggregation=aggregation, block_size=block_size, backward=backward, nm=nm)
     if decision.name != "block":
         return decision, None, 1
-    layout, dilation = _block_layout(mask, _as_block_size(block_size), q.device)
+    layout, dilation = _block_layout(mask, _as_block_size(block_size), q.device, split=nm is None)
     return decision, layout, dilation
 
 
 # ----------------------------------------------------------------------------- the paths
-def masked_attention_reference(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Tensor:
+def masked_attention_reference(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float,
+                               nm: tuple[int, int] | None = None) -> Tensor:
     """Dense masked softmax attention (the oracle): ``allowed`` is a boolean
     ``[L_q, L_k]`` or ``[H, L_q, L_k]`` (broadcast over the batch); rows with no allowed
-    key give zeros. Differentiable; computes in the inputs' dtype."""
+    key give zeros. With ``nm = (N, M)`` the softmax runs over the scores
+    :func:`~fusegnn.kernels.nm_sparsity.nm_keep` keeps (selected on the scaled scores).
+    Differentiable; computes in the inputs' dtype."""
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if nm is not None:
+        allowed = nm_keep(scores, allowed, *nm)
     scores = scores.masked_fill(~allowed, float("-inf"))
     # the row maximum only stabilises exp (the softmax does not depend on it): detached
     row_max = scores.detach().amax(dim=-1, keepdim=True)
@@ -257,8 +274,9 @@ def masked_attention_reference(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor,
     return torch.matmul(p, v)
 
 
-def _reference_path(q: Tensor, k: Tensor, v: Tensor, mask: Mask, scale: float) -> Tensor:
-    return masked_attention_reference(q, k, v, mask.dense(q.device), scale)
+def _reference_path(q: Tensor, k: Tensor, v: Tensor, mask: Mask, scale: float,
+                    nm: tuple[int, int] | None = None) -> Tensor:
+    return masked_attention_reference(q, k, v, mask.dense(q.device), scale, nm)
 
 
 def _element_path(q: Tensor, k: Tensor, v: Tensor, mask: Mask, scale: float, aggregation: str) -> Tensor:
@@ -417,6 +435,7 @@ def explain_attention(
     aggregation: str = "auto",
     block_size: int | tuple[int, int] | None = None,
     backward: bool | None = None,
+    nm: tuple[int, int] | str | None = None,
 ) -> AttentionDecision:
     """The path (``"reference"``, ``"element"``, ``"block"`` or ``"dense"``) and the reason
     :func:`sparse_attention` takes for ``q`` and ``mask`` (builds and caches the block
@@ -424,12 +443,17 @@ def explain_attention(
     will be needed (``None``: grad mode is on and ``q`` requires grad; pass it when only
     ``k`` or ``v`` does); the cost model predicts forward or forward + backward time.
     ``decision.label`` names the path as the benchmarks print it (``"dense sdpa
-    (causal)"``, ``"block 64x64"``), ``decision.predicted_ms`` the cost model's times."""
+    (causal)"``, ``"block 64x64"``), ``decision.predicted_ms`` the cost model's times.
+    ``nm``: N:M attention (module docstring), which only ``"block"`` and
+    ``"reference"`` compute."""
     if aggregation not in ATTENTION_AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {ATTENTION_AGGREGATIONS}, got {aggregation!r}")
     bs = _as_block_size(block_size)
+    nm = check_nm(nm)
     if backward is None:
         backward = _needs_backward(q)
+    if nm is not None:
+        return _nm_decision(q, mask, aggregation, bs, nm)
     if aggregation != "auto":
         reason = f"aggregation={aggregation!r} was asked for"
         if aggregation == "block":
@@ -461,6 +485,33 @@ def explain_attention(
     )
 
 
+def _nm_decision(q: Tensor, mask: Mask | BlockLayout, aggregation: str, bs: tuple[int, int] | None,
+                 nm: tuple[int, int]) -> AttentionDecision:
+    """The path of N:M attention: ``"block"`` (never split into sub-sequences) or
+    ``"reference"``; ``"auto"`` takes the block kernel where it runs."""
+    label = f"{nm[0]}:{nm[1]}"
+    if aggregation in ("element", "dense"):
+        raise ValueError(
+            f"nm={label} is computed by aggregation='block' or 'reference' (or 'auto'), not {aggregation!r}: "
+            "dense SDPA and the element path cannot drop scores"
+        )
+    BM, BN = (mask.BM, mask.BN) if isinstance(mask, BlockLayout) else (bs or default_block_size(mask.L_q, mask.L_k))
+    block = AttentionDecision("block", "", block_size=(BM, BN))
+    if aggregation == "block":
+        if _block_kernel()[0] is None:
+            raise NotImplementedError(f"aggregation='block' needs the fused kernel ({_block_kernel()[1]})")
+        return replace(block, reason=f"aggregation='block' was asked for, nm={label}")
+    if aggregation == "reference":
+        return AttentionDecision("reference", f"aggregation='reference' was asked for, nm={label}")
+    if q.device.type != "cuda":
+        return AttentionDecision("reference", f"q is on {q.device.type}: auto runs fused kernels on CUDA only")
+    kernel, why = _block_kernel()
+    if kernel is None or q.dtype not in BLOCK_ATTENTION_DTYPES:
+        why = why or f"the block kernel does not take {q.dtype}"
+        return AttentionDecision("reference", f"nm={label} needs the block kernel, not available ({why})")
+    return replace(block, reason=f"nm={label}: only the block kernel computes N:M attention on CUDA")
+
+
 def sparse_attention(
     q: Tensor,
     k: Tensor,
@@ -471,6 +522,7 @@ def sparse_attention(
     aggregation: str = "auto",
     block_size: int | tuple[int, int] | None = None,
     element_aggregation: str = "auto",
+    nm: tuple[int, int] | str | None = None,
 ) -> Tensor:
     r"""Masked scaled dot-product attention (see the module docstring for the math).
 
@@ -491,29 +543,34 @@ def sparse_attention(
         element_aggregation: backend of the element path's inner ``sddmm`` /
             ``edge_softmax`` / ``spmm`` (``"auto"``, ``"gas"``, ``"gar"``,
             ``"reference"``).
+        nm: ``(N, M)`` in ``(1, 2)``, ``(2, 4)``, ``(4, 8)`` (or ``"N:M"``): dynamic
+            N:M sparse attention -- of every ``M`` consecutive keys of a row only the
+            ``N`` largest allowed scores enter the softmax (module docstring). Paths
+            ``"block"`` and ``"reference"`` (``"auto"`` picks between them).
+            ``None``: every allowed score.
 
     Returns:
         ``[B, H, L_q, D_v]``; rows with no allowed key are zeros. Differentiable with
         respect to ``q``, ``k`` and ``v`` on every path.
     """
     if torch.compiler.is_compiling():  # the decision outside the trace, the block kernels as custom ops
-        return _compiled_call(q, k, v, mask, scale, aggregation, block_size, element_aggregation)
+        return _compiled_call(q, k, v, mask, scale, aggregation, block_size, element_aggregation, nm)
     if isinstance(mask, Mask):  # a call like an earlier one skips the checks and the decision
-        signature = _call_signature(q, k, v, scale, aggregation, block_size, element_aggregation)
+        signature = _call_signature(q, k, v, scale, aggregation, block_size, element_aggregation, nm)
         calls = mask.cached("prepared_calls", dict)
         run = calls.get(signature) if signature is not None else None
         if run is None:
-            run = _prepare_call(q, k, v, mask, scale, aggregation, block_size, element_aggregation)
+            run = _prepare_call(q, k, v, mask, scale, aggregation, block_size, element_aggregation, nm)
             if signature is not None:
                 if len(calls) >= _MAX_PREPARED_CALLS:
                     calls.clear()
                 calls[signature] = run
         return run(q, k, v)
-    return _prepare_call(q, k, v, mask, scale, aggregation, block_size, element_aggregation)(q, k, v)
+    return _prepare_call(q, k, v, mask, scale, aggregation, block_size, element_aggregation, nm)(q, k, v)
 
 
 def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, scale, aggregation: str,
-                   block_size, element_aggregation: str) -> Tensor:
+                   block_size, element_aggregation: str, nm=None) -> Tensor:
     """:func:`sparse_attention` as ``torch.compile`` traces it (see
     :mod:`fusegnn.attention.library`)."""
     check_qkv(q, k, v, FLOAT_DTYPES)
@@ -522,36 +579,40 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
     if element_aggregation not in _ELEMENT_AGGREGATIONS:
         raise ValueError(f"element_aggregation must be one of {_ELEMENT_AGGREGATIONS}, got {element_aggregation!r}")
     bs = _as_block_size(block_size)
+    nm = check_nm(nm)
+    nm_n, nm_m = nm if nm is not None else (0, 0)
     name, variant, layout, dilation, precision = compiled_decision(
         mask.handle, tuple(q.shape), q.dtype, str(q.device), aggregation, bs[0] if bs else 0, bs[1] if bs else 0,
-        _needs_backward(q, k, v),
+        _needs_backward(q, k, v), nm_n, nm_m,
     )
     if name == "reference":
-        return _reference_path(q, k, v, _mask_of(mask), scale)
+        return _reference_path(q, k, v, _mask_of(mask), scale, nm)
     if name == "element":
         return _element_path(q, k, v, _mask_of(mask), scale, element_aggregation)
     if name == "dense":
         return _dense_path(q, k, v, mask, scale, variant)
-    out, _ = torch.ops.fusegnn.block_attention(q, k, v, layout, scale, precision, dilation)
+    out, _ = torch.ops.fusegnn.block_attention(q, k, v, layout, scale, precision, dilation, nm_n, nm_m)
     return out
 
 
 @torch.compiler.assume_constant_result
 def compiled_decision(mask: int, shape: tuple, dtype: torch.dtype, device: str, aggregation: str, block_m: int,
-           block_n: int, backward: bool) -> tuple:
+           block_n: int, backward: bool, nm_n: int = 0, nm_m: int = 0) -> tuple:
     """The path of a compiled call, as constants: ``(name, dense variant, layout handle,
     dilation, precision)``; whatever the path reads is built and cached on the mask here
     (Dynamo calls this function instead of tracing it: see
-    :mod:`fusegnn.attention.library`)."""
+    :mod:`fusegnn.attention.library`). ``nm_m = 0``: no N:M."""
     target = handles.lookup(mask)
     dev = torch.device(device)
     q = torch.empty((), dtype=dtype, device=dev).expand(shape)  # shape, dtype and device, no memory
     block_size = (block_m, block_n) if block_m > 0 else None
+    nm = (nm_n, nm_m) if nm_m > 0 else None
     if isinstance(target, Mask):
-        key = ("decision", aggregation, block_size, tuple(shape), dtype, dev, backward)
-        decision, layout, dilation = target.cached(key, lambda: _decide(q, target, aggregation, block_size, backward))
+        key = ("decision", aggregation, block_size, tuple(shape), dtype, dev, backward, nm)
+        decision, layout, dilation = target.cached(
+            key, lambda: _decide(q, target, aggregation, block_size, backward, nm))
     else:
-        decision, layout, dilation = _decide(q, target, aggregation, block_size, backward)
+        decision, layout, dilation = _decide(q, target, aggregation, block_size, backward, nm)
     plain = target.to_mask() if not isinstance(target, Mask) else target
     if decision.name == "dense" and decision.dense_variant not in ("no mask", "causal"):
         _sdpa_bool_mask(plain, dev)
@@ -567,7 +628,7 @@ def compiled_decision(mask: int, shape: tuple, dtype: torch.dtype, device: str, 
 _MAX_PREPARED_CALLS = 64
 
 
-def _call_signature(q: Tensor, k: Tensor, v: Tensor, scale, aggregation, block_size, element_aggregation):
+def _call_signature(q: Tensor, k: Tensor, v: Tensor, scale, aggregation, block_size, element_aggregation, nm=None):
     """Everything the argument checks and the path decision of :func:`sparse_attention`
     read, as a hashable key (``None`` when an argument is of a kind the checks reject or
     cannot hash: such a call is checked, and fails or runs, every time)."""
@@ -576,7 +637,7 @@ def _call_signature(q: Tensor, k: Tensor, v: Tensor, scale, aggregation, block_s
     signature = (
         q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
         torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
-        scale, aggregation, block_size, element_aggregation,
+        scale, aggregation, block_size, element_aggregation, nm,
     )
     try:
         hash(signature)
@@ -587,7 +648,7 @@ def _call_signature(q: Tensor, k: Tensor, v: Tensor, scale, aggregation, block_s
 
 def _prepare_call(
     q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, scale, aggregation: str, block_size,
-    element_aggregation: str,
+    element_aggregation: str, nm=None,
 ) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
     """Check the arguments, decide the path and return ``run(q, k, v)``, the call on that
     path (every later call with the same :func:`_call_signature` reuses it)."""
@@ -596,15 +657,16 @@ def _prepare_call(
     scale = _check_scale(scale, q.size(-1))
     if element_aggregation not in _ELEMENT_AGGREGATIONS:
         raise ValueError(f"element_aggregation must be one of {_ELEMENT_AGGREGATIONS}, got {element_aggregation!r}")
+    nm = check_nm(nm)
     backward = _needs_backward(q, k, v)
     if isinstance(mask, Mask):  # the rule is a pure function of these: decide once per mask
-        key = ("decision", aggregation, _as_block_size(block_size), tuple(q.shape), q.dtype, q.device, backward)
-        decision, layout, dilation = mask.cached(key, lambda: _decide(q, mask, aggregation, block_size, backward))
+        key = ("decision", aggregation, _as_block_size(block_size), tuple(q.shape), q.dtype, q.device, backward, nm)
+        decision, layout, dilation = mask.cached(key, lambda: _decide(q, mask, aggregation, block_size, backward, nm))
     else:
-        decision, layout, dilation = _decide(q, mask, aggregation, block_size, backward)
+        decision, layout, dilation = _decide(q, mask, aggregation, block_size, backward, nm)
     if decision.name == "reference":
         plain = _mask_of(mask)
-        return lambda q, k, v: _reference_path(q, k, v, plain, scale)
+        return lambda q, k, v: _reference_path(q, k, v, plain, scale, nm)
     if decision.name == "element":
         plain = _mask_of(mask)
         return lambda q, k, v: _element_path(q, k, v, plain, scale, element_aggregation)
@@ -617,7 +679,7 @@ def _prepare_call(
         return lambda q, k, v: _dense_path(q, k, v, mask, scale, variant)
     if aggregation == "auto":  # the rule checked the dtype; q, k, v, mask and layout are checked above
         prechecked = _block_prechecked()
-        return lambda q, k, v: prechecked(q, k, v, layout, scale, dilation)
+        return lambda q, k, v: prechecked(q, k, v, layout, scale, dilation, nm)
     kernel, _ = _block_kernel()
     assert kernel is not None  # explain_attention checked it
-    return lambda q, k, v: kernel(q, k, v, layout, scale, dilation=dilation)
+    return lambda q, k, v: kernel(q, k, v, layout, scale, dilation=dilation, nm=nm)

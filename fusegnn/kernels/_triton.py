@@ -36,6 +36,7 @@ __all__ = [
     "interpreter_usable",
     "kernel_helper",
     "next_pow2",
+    "shared_kernel_helper",
     "triton_available",
 ]
 
@@ -106,6 +107,18 @@ def kernel_helper(fn: Callable) -> Callable:
     ``TRITON_INTERPRET=1``) and binds the jitted version to its name in the module, where
     the kernels' calls find it."""
     _HELPERS.setdefault(fn.__module__, {})[fn.__name__] = fn
+    return fn
+
+
+def shared_kernel_helper(module: str, name: str, into: str) -> Callable:
+    """The :func:`kernel_helper` ``name`` of kernel module ``module`` made a helper of the
+    kernels of module ``into`` as well (bind the result to ``name`` there): the plain
+    function, which ``into``'s first launch jits and rebinds in ``into``'s namespace. (A
+    plain ``from module import name`` would not do: the name could be bound to either the
+    plain function or, once ``module`` launched, its jitted version there, and ``into``'s
+    launches only jit its own registered helpers.)"""
+    fn = _HELPERS[module][name]
+    _HELPERS.setdefault(into, {})[name] = fn
     return fn
 
 

@@ -81,6 +81,19 @@ with its fields) whose ``prepared(device)`` returns :func:`prepare_layout` of it
 ``device``, built once and kept by the layout: this module never imports the layout's
 package.
 
+**N:M sparsity** (``nm=(N, M)``, DFSS; :mod:`fusegnn.kernels.nm_sparsity`): of every
+``M`` consecutive keys of a row (groups aligned to multiples of ``M``), only the ``N``
+largest allowed scores take part in the softmax (ties to the lower key index; masked
+scores and padding keys ``>= L_k`` are never kept; a group with fewer than ``N`` allowed
+scores keeps them all). Each score tile (``BN`` and the sub-tiles are multiples of
+``M``) is reshaped to ``[rows, groups, M]`` and every score's rank in its group --
+the others greater, plus the others equal at a lower index -- is counted in registers;
+scores of rank ``>= N`` get probability 0. The forward's online softmax runs over the
+kept scores (its log-sum-exp is theirs), and both backward kernels recompute the same
+selection from the same float32 products (``q . k``, scaled first when ``scale <= 0``),
+so dropped scores get no gradient; nothing is stored. Not with ``dilation > 1`` (the
+groups are in absolute key index, which a dilated tile interleaves).
+
 dtypes: float16, bfloat16, float32 (float32 accumulation; float32 inputs use TF32 tensor
 cores when ``torch.get_float32_matmul_precision() != "highest"``, IEEE otherwise, or as
 chosen by ``allow_tf32``). Any head dim (padded to a power of two >= 16 inside; 32, 64
@@ -101,6 +114,7 @@ from torch import Tensor
 from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, LazyKernel, interpreter_enabled, kernel_helper, next_pow2
 from fusegnn.kernels._launch import launch as fast_launch
 from fusegnn.kernels.attention_inputs import check_qkv
+from fusegnn.kernels.nm_sparsity import check_nm
 
 __all__ = [
     "BlockSparseAttentionFunction",
@@ -219,6 +233,47 @@ def _mask_block(x, pattern_ptrs, band_ptr, rows, cols, key_valid, fill: tl.const
 
 
 @kernel_helper
+def _nm_keep(s, NM_N: tl.constexpr, NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+             KEY_AXIS: tl.constexpr):
+    """bool ``[ROWS, COLS]``: whether each score of the tile ``s`` is among the ``NM_N``
+    largest of its group of ``NM_M`` consecutive keys along ``KEY_AXIS`` (1: keys are the
+    columns, 0: the rows, as in ``_bwd_dkdv``'s transposed tile). A score's rank is the
+    number of others in its group that are greater, or equal at a lower key index; masked
+    scores are ``-inf``, so they never outrank an allowed one (a kept ``-inf`` has
+    probability 0). ``NM_M * NM_M`` comparisons per group, all in registers."""
+    idx = tl.arange(0, NM_M)
+    if KEY_AXIS == 1:
+        g = tl.reshape(s, (ROWS, COLS // NM_M, NM_M))
+        me = g[:, :, :, None]
+        other = g[:, :, None, :]
+        lower = (idx[None, :] < idx[:, None])[None, None, :, :]  # [me, other]: other comes first
+        rank = tl.sum(((other > me) | ((other == me) & lower)).to(tl.int32), 3)
+    else:
+        g = tl.reshape(s, (ROWS // NM_M, NM_M, COLS))
+        me = g[:, :, None, :]
+        other = g[:, None, :, :]
+        lower = (idx[None, :] < idx[:, None])[None, :, :, None]
+        rank = tl.sum(((other > me) | ((other == me) & lower)).to(tl.int32), 2)
+    return tl.reshape(rank < NM_N, (ROWS, COLS))
+
+
+@kernel_helper
+def _nm_probabilities(p, qk, sm_scale_log2, pattern_ptrs, band_ptr, rows, cols, key_valid, PARTIAL: tl.constexpr,
+                      EVEN_K: tl.constexpr, BANDS: tl.constexpr, SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr,
+                      NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, KEY_AXIS: tl.constexpr):
+    """The backward's probabilities ``p`` of a tile with the forward's N:M selection: the
+    selection is recomputed from the products ``qk`` exactly as the forward made it
+    (on ``qk`` for ``scale > 0``, else on ``qk * scale * log2(e)``, masked scores
+    ``-inf``); dropped and masked scores get 0."""
+    key = qk
+    if not SCALE_POSITIVE:
+        key = qk * sm_scale_log2
+    key = _mask_block(key, pattern_ptrs, band_ptr, rows, cols, key_valid, float("-inf"), PARTIAL, EVEN_K, BANDS)
+    keep = _nm_keep(key, NM_N, NM_M, ROWS, COLS, KEY_AXIS) & (key > float("-inf"))
+    return tl.where(keep, p, 0.0)
+
+
+@kernel_helper
 def _load_kv(k_base, v_base, cols, stride_kn, stride_vn, n_valid, d_valid,
              EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, UPCAST: tl.constexpr):
     """The key and value rows ``cols`` (``[N, 1]``); rows ``>= L_k`` (``~n_valid``) and
@@ -253,6 +308,7 @@ def _fwd_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     SCALE_POSITIVE: tl.constexpr, DILATION: tl.constexpr, BANDS: tl.constexpr,
+    NM_N: tl.constexpr, NM_M: tl.constexpr,
 ):
     bh, pid_m = _scheduled_block(sched, BH, NRB)  # heavy rows of every bh first
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
@@ -290,6 +346,8 @@ def _fwd_kernel(
                 pid = tl.load(pattern_id + idx)
             s = _mask_block(s, patterns + pid * (BM * BN) + pat_offs, bands + 2 * pid, tl.arange(0, BM)[:, None],
                             offs_bn[None, :], n_valid[None, :], float("-inf"), phase == 0, EVEN_K, BANDS)
+            if NM_M > 0:  # N:M: only the N largest of every M keys enter the softmax
+                s = tl.where(_nm_keep(s, NM_N, NM_M, BM, BN, 1), s, float("-inf"))
             if SCALE_POSITIVE:
                 # max(scale * s) = scale * max(s): one fused multiply-add per score below
                 m_new = tl.maximum(m_i, tl.max(s, 1) * sm_scale_log2)
@@ -348,6 +406,7 @@ def _bwd_dkdv_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SUB_M: tl.constexpr,
     DILATION: tl.constexpr, BANDS: tl.constexpr,
+    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr,
 ):
     bh, pid_n = _scheduled_block(sched, BH, NCB)  # heavy columns of every bh first
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
@@ -391,10 +450,17 @@ def _bwd_dkdv_kernel(
                 # rows >= L_q and empty rows have lse = +inf: P = 0, no gradient
                 lse = tl.load(Lse + stat_base + tok_m, mask=m_valid, other=float("inf"))
                 delta = tl.load(Delta + stat_base + tok_m, mask=m_valid, other=0.0)
-                pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale_log2 - lse[None, :])
-                pT = _mask_block(pT, patterns + pid * (BM * BN) + sub * (SUB_M * BN) + patT_offs, bands + 2 * pid,
-                                 (sub * SUB_M + offs_bm)[None, :], tl.arange(0, BN)[:, None], n_valid[:, None], 0.0,
-                                 phase == 0, EVEN_K, BANDS)
+                qkT = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+                pT = tl.exp2(qkT * sm_scale_log2 - lse[None, :])
+                pat_ptrs = patterns + pid * (BM * BN) + sub * (SUB_M * BN) + patT_offs
+                if NM_M > 0:  # the forward's N:M selection, recomputed (keys are the rows here)
+                    pT = _nm_probabilities(pT, qkT, sm_scale_log2, pat_ptrs, bands + 2 * pid,
+                                           (sub * SUB_M + offs_bm)[None, :], tl.arange(0, BN)[:, None],
+                                           n_valid[:, None], phase == 0, EVEN_K, BANDS, SCALE_POSITIVE, NM_N, NM_M,
+                                           BN, SUB_M, 0)
+                else:
+                    pT = _mask_block(pT, pat_ptrs, bands + 2 * pid, (sub * SUB_M + offs_bm)[None, :],
+                                     tl.arange(0, BN)[:, None], n_valid[:, None], 0.0, phase == 0, EVEN_K, BANDS)
                 dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
                 dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
                 dsT = pT * (dpT - delta[None, :])
@@ -421,6 +487,7 @@ def _bwd_dq_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     SUB_N: tl.constexpr, DILATION: tl.constexpr, BANDS: tl.constexpr,
+    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr,
 ):
     bh, pid_m = _scheduled_block(sched, BH, NRB)
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
@@ -462,10 +529,16 @@ def _bwd_dq_kernel(
                 cols = tok_n[:, None].to(tl.int64)
                 k, v = _load_kv(k_base, v_base, cols, stride_kn, stride_vn, n_valid, d_valid,
                                 EVEN_K, EVEN_D, UPCAST)
-                p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2 - lse[:, None])
-                p = _mask_block(p, patterns + pid * (BM * BN) + sub * SUB_N + pat_offs, bands + 2 * pid,
-                                tl.arange(0, BM)[:, None], (sub * SUB_N + offs_bn)[None, :], n_valid[None, :], 0.0,
-                                phase == 0, EVEN_K, BANDS)
+                qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+                p = tl.exp2(qk * sm_scale_log2 - lse[:, None])
+                pat_ptrs = patterns + pid * (BM * BN) + sub * SUB_N + pat_offs
+                if NM_M > 0:  # the forward's N:M selection, recomputed
+                    p = _nm_probabilities(p, qk, sm_scale_log2, pat_ptrs, bands + 2 * pid, tl.arange(0, BM)[:, None],
+                                          (sub * SUB_N + offs_bn)[None, :], n_valid[None, :], phase == 0, EVEN_K,
+                                          BANDS, SCALE_POSITIVE, NM_N, NM_M, BM, SUB_N, 1)
+                else:
+                    p = _mask_block(p, pat_ptrs, bands + 2 * pid, tl.arange(0, BM)[:, None],
+                                    (sub * SUB_N + offs_bn)[None, :], n_valid[None, :], 0.0, phase == 0, EVEN_K, BANDS)
                 dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
                 ds = p * (dp - delta[:, None])
                 dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
@@ -871,8 +944,14 @@ class _Launch(NamedTuple):
 # allocations, aligned; the layout's arrays are checked once, _layout_aligned).
 
 
+def _nm_meta(nm: tuple[int, int] | None) -> dict:
+    """The kernels' N:M constexprs (``NM_M = 0``: no selection, compiled out)."""
+    n, m = nm if nm is not None else (0, 0)
+    return dict(NM_N=n, NM_M=m)
+
+
 def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: PreparedLayout, scale: float, precision: str,
-                  launch: LaunchConfig | None, dilation: int) -> _Launch:
+                  launch: LaunchConfig | None, dilation: int, nm: tuple[int, int] | None = None) -> _Launch:
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
     BM, BN = int(layout.BM), int(layout.BN)
@@ -888,7 +967,7 @@ def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: PreparedLayout,
          H, int(layout.num_heads), L_q, L_k, int(layout.nrb), rows, D),
         _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % (BN * dilation) == 0, EVEN_D=BD == D,
                        PRECISION=precision, UPCAST=_upcast(q.dtype), SCALE_POSITIVE=scale > 0,
-                       DILATION=dilation, BANDS=prep.all_bands), cfg.fwd_maxnreg),
+                       DILATION=dilation, BANDS=prep.all_bands, **_nm_meta(nm)), cfg.fwd_maxnreg),
         cfg.fwd_warps, cfg.fwd_stages,
     )
 
@@ -900,11 +979,11 @@ def _off_current_device(t: Tensor) -> bool:
 
 def _forward(
     q: Tensor, k: Tensor, v: Tensor, layout, scale: float, precision: str, launch: LaunchConfig | None = None,
-    dilation: int = 1,
+    dilation: int = 1, nm: tuple[int, int] | None = None,
 ) -> tuple[Tensor, Tensor]:
     if _off_current_device(q):  # Triton launches on the current device: make it q's
         with torch.cuda.device(q.device):
-            return _forward(q, k, v, layout, scale, precision, launch, dilation)
+            return _forward(q, k, v, layout, scale, precision, launch, dilation, nm)
     B, H, L_q, D = q.shape
     out = torch.empty(B, H, L_q, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, L_q, dtype=torch.float32, device=q.device)
@@ -915,11 +994,11 @@ def _forward(
         return out, lse
     spec = ("fwd", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, _alignment(q, k, v),
             prep.aligned, int(layout.num_heads), dilation)
-    key = (spec, scale, precision, launch)
+    key = (spec, scale, precision, launch, nm)
     plan = prep.plans.get(key)
     if plan is None:
         _bound(prep.plans)
-        plan = prep.plans[key] = _forward_plan(q, k, v, layout, prep, scale, precision, launch, dilation)
+        plan = prep.plans[key] = _forward_plan(q, k, v, layout, prep, scale, precision, launch, dilation, nm)
     _launch(_fwd, plan.grid, (q, k, v, out, lse, *plan.args), plan.meta, plan.warps, plan.stages,
             fallback=launch is None, dtype=q.dtype, spec_key=spec, device=q.device)
     return out, lse
@@ -927,7 +1006,8 @@ def _forward(
 
 def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, layout, prep: PreparedLayout,
                    scale: float, precision: str, need_dq: bool, need_dkdv: bool,
-                   launch: LaunchConfig | None, dilation: int) -> tuple[_Launch | None, _Launch | None, _Launch | None]:
+                   launch: LaunchConfig | None, dilation: int,
+                   nm: tuple[int, int] | None = None) -> tuple[_Launch | None, _Launch | None, _Launch | None]:
     """``(dq launch, preprocess launch, dK/dV launch)``, ``None`` for those not run."""
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
@@ -951,7 +1031,8 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
              *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(out), *q_contig,
              H, nhl, L_q, L_k, int(layout.nrb), rows, D),
             _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, EVEN_D=BD == D, PRECISION=precision,
-                           UPCAST=upcast, SUB_N=cfg.sub_n(BN), DILATION=dilation, BANDS=prep.all_bands),
+                           UPCAST=upcast, SUB_N=cfg.sub_n(BN), DILATION=dilation, BANDS=prep.all_bands,
+                           SCALE_POSITIVE=scale > 0, **_nm_meta(nm)),
                       cfg.dq_maxnreg),
             dq_warps, dq_stages,
         )
@@ -967,7 +1048,8 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
              *_strides(q), *_strides(k), *_strides(v), *_strides(do), *k_contig, *k_contig,
              H, nhl, L_q, L_k, int(layout.ncb), rows, D),
             _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, PRECISION=precision, UPCAST=upcast,
-                           SUB_M=cfg.sub_m(BM), DILATION=dilation, BANDS=prep.all_bands), cfg.dkdv_maxnreg),
+                           SUB_M=cfg.sub_m(BM), DILATION=dilation, BANDS=prep.all_bands,
+                           SCALE_POSITIVE=scale > 0, **_nm_meta(nm)), cfg.dkdv_maxnreg),
             cfg.bwd_warps, cfg.bwd_stages,
         )
     return dq_launch, pre_launch, dkdv_launch
@@ -976,10 +1058,12 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
 def _backward(
     do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, layout, scale: float,
     precision: str, need_dq: bool, need_dkdv: bool, launch: LaunchConfig | None = None, dilation: int = 1,
+    nm: tuple[int, int] | None = None,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     if _off_current_device(q):
         with torch.cuda.device(q.device):
-            return _backward(do, q, k, v, out, lse, layout, scale, precision, need_dq, need_dkdv, launch, dilation)
+            return _backward(do, q, k, v, out, lse, layout, scale, precision, need_dq, need_dkdv, launch, dilation,
+                             nm)
     B, H, L_q, D = q.shape
     L_k = k.shape[2]
     prep = layout.prepared(q.device)
@@ -989,12 +1073,12 @@ def _backward(
     do = _last_contiguous(do)
     spec = ("bwd", q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.stride(), q.dtype,
             _alignment(q, k, v, do, out), prep.aligned, int(layout.num_heads), dilation)
-    key = (spec, scale, precision, need_dq, need_dkdv, launch)
+    key = (spec, scale, precision, need_dq, need_dkdv, launch, nm)
     plan = prep.plans.get(key)
     if plan is None:
         _bound(prep.plans)
         plan = prep.plans[key] = _backward_plan(
-            do, q, k, v, out, layout, prep, scale, precision, need_dq, need_dkdv, launch, dilation)
+            do, q, k, v, out, layout, prep, scale, precision, need_dq, need_dkdv, launch, dilation, nm)
     dq_launch, pre_launch, dkdv_launch = plan
     # every element is written by the kernels (blocks with no work store zeros): no memset
     dq = torch.empty(B, H, L_q, D, dtype=q.dtype, device=q.device) if need_dq else None
@@ -1016,20 +1100,22 @@ def _backward(
 
 
 class BlockSparseAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper: ``apply(q, k, v, layout, scale, precision, launch, dilation) ->
+    """Autograd wrapper: ``apply(q, k, v, layout, scale, precision, launch, dilation, nm) ->
     (out, lse)`` (``lse`` base 2, not differentiable; ``launch`` a :class:`LaunchConfig`
-    or ``None`` for :func:`launch_config`; ``dilation`` see :func:`block_sparse_attention`)."""
+    or ``None`` for :func:`launch_config`; ``dilation`` and ``nm`` (a checked ``(N, M)``
+    or ``None``) see :func:`block_sparse_attention`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, layout, scale, precision, launch=None, dilation=1):  # type: ignore[override]
+    def forward(ctx, q, k, v, layout, scale, precision, launch=None, dilation=1, nm=None):  # type: ignore[override]
         q, k, v = _last_contiguous(q), _last_contiguous(k), _last_contiguous(v)
-        out, lse = _forward(q, k, v, layout, scale, precision, launch, dilation)
+        out, lse = _forward(q, k, v, layout, scale, precision, launch, dilation, nm)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.layout = layout
         ctx.scale = scale
         ctx.precision = precision
         ctx.launch = launch
         ctx.dilation = dilation
+        ctx.nm = nm
         ctx.mark_non_differentiable(lse)
         # lse never has a gradient: do not let autograd build a zero tensor for it
         ctx.set_materialize_grads(False)
@@ -1038,26 +1124,32 @@ class BlockSparseAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):  # type: ignore[override]
         if grad_out is None:  # out was not used by the loss
-            return None, None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
         need_dq, need_dk, need_dv = ctx.needs_input_grad[:3]
         dq, dk, dv = _backward(
             grad_out, q, k, v, out, lse, ctx.layout, ctx.scale, ctx.precision,
-            need_dq, need_dk or need_dv, ctx.launch, ctx.dilation,
+            need_dq, need_dk or need_dv, ctx.launch, ctx.dilation, ctx.nm,
         )
-        return dq, (dk if need_dk else None), (dv if need_dv else None), None, None, None, None, None
+        return dq, (dk if need_dk else None), (dv if need_dv else None), None, None, None, None, None, None
 
 
-def _checked_apply(q, k, v, layout, scale, allow_tf32, launch, dilation) -> tuple[Tensor, Tensor]:
+def _checked_apply(q, k, v, layout, scale, allow_tf32, launch, dilation, nm=None) -> tuple[Tensor, Tensor]:
     """Validate the public entry points' arguments, then run the autograd function:
     ``(out, base-2 lse)``."""
     dilation = _check_dilation(dilation)
+    nm = check_nm(nm)
+    if nm is not None and dilation > 1:
+        raise ValueError(
+            f"nm={nm} needs dilation=1 (N:M groups are consecutive keys, which a dilated call interleaves); "
+            f"got dilation={dilation}"
+        )
     _check_inputs(q, k, v, layout, dilation)
     _check_launch(launch)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     return BlockSparseAttentionFunction.apply(
-        q, k, v, layout, float(scale), _precision(q.dtype, allow_tf32), launch, dilation)
+        q, k, v, layout, float(scale), _precision(q.dtype, allow_tf32), launch, dilation, nm)
 
 
 def block_sparse_attention_lse(
@@ -1070,11 +1162,12 @@ def block_sparse_attention_lse(
     allow_tf32: bool | None = None,
     launch: LaunchConfig | None = None,
     dilation: int = 1,
+    nm: tuple[int, int] | str | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Like :func:`block_sparse_attention`, also returning the natural-log log-sum-exp
-    ``[B, H, L_q]`` float32 of each row's allowed scores (``+inf`` for empty rows; not
-    differentiable)."""
-    out, lse2 = _checked_apply(q, k, v, layout, scale, allow_tf32, launch, dilation)
+    ``[B, H, L_q]`` float32 of each row's allowed scores (with ``nm``, its kept scores;
+    ``+inf`` for empty rows; not differentiable)."""
+    out, lse2 = _checked_apply(q, k, v, layout, scale, allow_tf32, launch, dilation, nm)
     return out, lse2 / _LOG2E
 
 
@@ -1088,6 +1181,7 @@ def block_sparse_attention(
     allow_tf32: bool | None = None,
     launch: LaunchConfig | None = None,
     dilation: int = 1,
+    nm: tuple[int, int] | str | None = None,
 ) -> Tensor:
     r"""Masked softmax attention over the non-empty blocks of ``layout``, fused.
 
@@ -1116,21 +1210,27 @@ def block_sparse_attention(
             sliding window over each sub-sequence: mostly full blocks instead of every
             block partial and half empty. No data moves: the kernels read the
             sub-sequences through strided addresses.
+        nm: ``(N, M)`` in ``(1, 2)``, ``(2, 4)``, ``(4, 8)`` (or ``"N:M"``): dynamic N:M
+            sparsity -- of every ``M`` consecutive keys of a row only the ``N`` largest
+            allowed scores enter the softmax (:mod:`fusegnn.kernels.nm_sparsity`; ties to
+            the lower key index). ``None``: all allowed scores. Needs ``dilation=1``.
 
     Returns:
         ``[B, H, L_q, D]`` in ``q``'s dtype; rows with no allowed key are zero.
         Differentiable in ``q``, ``k``, ``v`` (deterministic backward, no atomics).
     """
-    out, _ = _checked_apply(q, k, v, layout, scale, allow_tf32, launch, dilation)
+    out, _ = _checked_apply(q, k, v, layout, scale, allow_tf32, launch, dilation, nm)
     return out
 
 
 def block_sparse_attention_prechecked(q: Tensor, k: Tensor, v: Tensor, layout, scale: float,
-                                      dilation: int = 1) -> Tensor:
+                                      dilation: int = 1, nm: tuple[int, int] | None = None) -> Tensor:
     """:func:`block_sparse_attention` without its input checks, for callers that have
     already validated ``q``, ``k``, ``v`` (a supported dtype, one device, matching
     shapes), the layout (on ``q``'s device, for ``L_q x L_k`` and ``H`` or 1 heads) and
-    the float ``scale`` -- :func:`fusegnn.attention.sparse_attention.sparse_attention`'s
-    automatic path, where the checks are a measurable part of a short call."""
-    out, _ = BlockSparseAttentionFunction.apply(q, k, v, layout, scale, _precision(q.dtype, None), None, dilation)
+    the float ``scale``, and ``nm`` (a checked ``(N, M)`` or ``None``, with ``dilation=1``)
+    -- :func:`fusegnn.attention.sparse_attention.sparse_attention`'s automatic path, where
+    the checks are a measurable part of a short call."""
+    out, _ = BlockSparseAttentionFunction.apply(q, k, v, layout, scale, _precision(q.dtype, None), None, dilation,
+                                                nm)
     return out

@@ -3,13 +3,15 @@ r"""Fused GAT attention: scores, LeakyReLU, online softmax, dropout and aggregat
 For each head (index dropped), edge :math:`j \to i` and ``p`` the dropout probability:
 
 .. math::
-    z_{ji} = s_j + t_i, \quad e_{ji} = \mathrm{LeakyReLU}(z_{ji}), \quad
+    z_{ji} = s_j + t_i \; (+\, u_{ji}), \quad e_{ji} = \mathrm{LeakyReLU}(z_{ji}), \quad
     \alpha_{ji} = \frac{\exp(e_{ji})}{\sum_{k \to i} \exp(e_{ki})}, \quad
     w_{ji} = \alpha_{ji} \frac{M_{ji}}{1 - p}, \quad
     \mathrm{out}_i = \sum_{j \to i} w_{ji} h_j
 
 with :math:`s` = ``score_src`` ``[N_src, H]``, :math:`t` = ``score_dst`` ``[N_dst, H]``,
-:math:`h` ``[N_src, H, C]`` and :math:`M_{ji} \in \{0, 1\}` the dropout keep mask.
+:math:`h` ``[N_src, H, C]``, :math:`u` an optional per-edge addend ``score_edge``
+``[E, H]`` (COO order; read at each edge's COO id through ``csr.perm`` / ``csc.perm``,
+like the dropout counter) and :math:`M_{ji} \in \{0, 1\}` the dropout keep mask.
 
 **Forward** (GAR, one program per target row of ``graph.csr``): a single pass over the
 row's edges keeps FlashAttention's running maximum :math:`m`, normaliser :math:`l` and
@@ -30,7 +32,8 @@ is regenerated from a counter-based RNG, ``tl.rand(seed, coo_edge_id * H + head)
 (FlashAttention-2's identity; it holds with dropout because ``out`` already carries the
 mask), then :math:`dZ = dE \cdot (1 \text{ if } z > 0 \text{ else slope})`,
 :math:`\partial \mathcal{L} / \partial t_i = \sum_j dZ_{ji}` (row reduction) and
-:math:`\partial \mathcal{L} / \partial s_j = \sum_i dZ_{ji}` (column reduction). When the
+:math:`\partial \mathcal{L} / \partial s_j = \sum_i dZ_{ji}` (column reduction) and, with an
+edge addend, :math:`\partial \mathcal{L} / \partial u_{ji} = dZ_{ji}` (written by pass R). When the
 attention coefficients :math:`w` are also returned and receive a gradient
 :math:`\bar{w}`, :math:`dP` gains :math:`\frac{M}{1-p}\bar{w}` and :math:`D_i` gains
 :math:`\sum_k w_{ki} \bar{w}_{ki}`.
@@ -141,12 +144,12 @@ def _score_grads(alpha, dp, d, z, meh, slope, keep, scale, DROPOUT: tl.constexpr
 def _gat_fwd_kernel(
     ptr, idx, perm,
     item_row, item_start, item_slot,
-    h, s_src, s_dst,
+    h, s_src, s_dst, s_edge,
     out, lse,
     part_acc, part_m, part_l,
     seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK,
-    HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
+    HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr, HAS_EDGE: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     ACC: tl.constexpr,
 ):
@@ -174,6 +177,10 @@ def _gat_fwd_kernel(
         meh = me[:, None] & mask_h[None, :]
         s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         z = s + t[None, :]
+        if DROPOUT or HAS_EDGE:
+            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
+        if HAS_EDGE:
+            z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         e = tl.where(z > 0, z, z * slope)
         e = tl.where(meh, e, float("-inf"))
         m_new = tl.maximum(m, tl.max(e, axis=0))
@@ -182,7 +189,6 @@ def _gat_fwd_kernel(
         pexp = tl.exp(e - m_safe[None, :])
         l = l * rescale + tl.sum(pexp, axis=0)
         if DROPOUT:
-            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
             keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
             pexp = tl.where(keep, pexp * scale, 0.0)
         hj = tl.load(
@@ -244,18 +250,19 @@ def _gat_combine_kernel(
 def _gat_bwd_row_kernel(
     ptr, idx, perm,
     item_row, item_start, item_slot,
-    h, s_src, s_dst, out, lse, grad_out, d_extra, grad_alpha,
-    grad_dst, part_dst, aux_buf, grad_h, grad_src,
+    h, s_src, s_dst, s_edge, out, lse, grad_out, d_extra, grad_alpha,
+    grad_dst, part_dst, aux_buf, grad_h, grad_src, grad_edge,
     seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK, AUX_STRIDE,
-    HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
+    HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr, HAS_EDGE: tl.constexpr,
     HAS_GALPHA: tl.constexpr, SCATTER_SRC: tl.constexpr, STORE_AUX: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     ACC: tl.constexpr,
 ):
     """Pass R over a target row: d score_dst (row sum of dZ) and D (stored with t and lse
     for pass C); with SCATTER_SRC also d h and d score_src by atomics into the sources
-    (the "gas" backward)."""
+    (the "gas" backward); with HAS_EDGE, dZ itself (the gradient of the per-edge score
+    addend) at each edge's COO position (every edge lies in exactly one row: no atomics)."""
     pid = tl.program_id(0)
     slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
     scale = tl.full([], drop_scale, ACC)
@@ -283,6 +290,10 @@ def _gat_bwd_row_kernel(
         j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
         s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         z = s + t[None, :]
+        if DROPOUT or HAS_GALPHA or HAS_EDGE:
+            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
+        if HAS_EDGE:
+            z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         e = tl.where(z > 0, z, z * slope)
         alpha = tl.where(meh, tl.exp(e - lse_i[None, :]), 0.0)
         hj = tl.load(
@@ -291,8 +302,6 @@ def _gat_bwd_row_kernel(
             other=0.0,
         ).to(ACC)
         dp = tl.sum(g[None, :, :] * hj, axis=2)
-        if DROPOUT or HAS_GALPHA:
-            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         if HAS_GALPHA:
             dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         keep = meh  # read only with DROPOUT
@@ -300,6 +309,8 @@ def _gat_bwd_row_kernel(
             keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
         w, dz = _score_grads(alpha, dp, d[None, :], z, meh, slope, keep, scale, DROPOUT)
         dt += tl.sum(dz, axis=0)
+        if HAS_EDGE:
+            tl.store(grad_edge + cid[:, None] * H + offs_h[None, :], dz, mask=meh)
         if SCATTER_SRC:
             tl.atomic_add(grad_src + j[:, None] * H + offs_h[None, :], dz, mask=meh)
             tl.atomic_add(
@@ -321,11 +332,11 @@ def _gat_bwd_row_kernel(
 def _gat_bwd_col_kernel(
     ptr, idx, perm,
     item_row, item_start, item_slot,
-    h, s_src, aux, grad_out, grad_alpha,
+    h, s_src, s_edge, aux, grad_out, grad_alpha,
     grad_h, grad_src, part_h, part_src,
     seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK, AUX_STRIDE,
-    HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
+    HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr, HAS_EDGE: tl.constexpr,
     HAS_GALPHA: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     ACC: tl.constexpr,
@@ -357,6 +368,10 @@ def _gat_bwd_col_kernel(
         lse_i = tl.load(ih + H, mask=meh, other=0.0)
         d = tl.load(ih + 2 * H, mask=meh, other=0.0)
         z = s[None, :] + t
+        if DROPOUT or HAS_GALPHA or HAS_EDGE:
+            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
+        if HAS_EDGE:
+            z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         e = tl.where(z > 0, z, z * slope)
         alpha = tl.where(meh, tl.exp(e - lse_i), 0.0)
         gi = tl.load(
@@ -365,8 +380,6 @@ def _gat_bwd_col_kernel(
             other=0.0,
         ).to(ACC)
         dp = tl.sum(gi * hj[None, :, :], axis=2)
-        if DROPOUT or HAS_GALPHA:
-            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         if HAS_GALPHA:
             dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         keep = meh  # read only with DROPOUT
@@ -411,10 +424,10 @@ def _sum_partials_kernel(
 
 
 def _gat_alpha_kernel(
-    src, dst, s_src, s_dst, lse, alpha,
+    src, dst, s_src, s_dst, s_edge, lse, alpha,
     seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     E, H,
-    DROPOUT: tl.constexpr, RNG64: tl.constexpr,
+    DROPOUT: tl.constexpr, RNG64: tl.constexpr, HAS_EDGE: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, ACC: tl.constexpr,
 ):
     """Edge-parallel (COO order): the coefficients actually applied, w = alpha * M / (1-p)."""
@@ -433,6 +446,8 @@ def _gat_alpha_kernel(
     t = tl.load(s_dst + i[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
     lse_i = tl.load(lse + i[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
     z = s + t
+    if HAS_EDGE:
+        z += tl.load(s_edge + eid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
     e = tl.where(z > 0, z, z * slope)
     a = tl.exp(e - lse_i)
     if DROPOUT:
@@ -646,7 +661,7 @@ class _Config:
         return seed, self.p, self.drop_scale, self.negative_slope
 
 
-def _forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor) -> tuple[Tensor, Tensor]:
+def _forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor, s_edge: Tensor | None = None) -> tuple[Tensor, Tensor]:
     graph = cfg.graph
     n_dst, H, C = graph.num_dst_nodes, cfg.heads, cfg.channels
     out = torch.empty((n_dst, H, C), dtype=h.dtype, device=h.device)
@@ -663,11 +678,11 @@ def _forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor) -> tuple[Ten
     gat_fwd_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
-        h, s_src, s_dst, out, lse,
+        h, s_src, s_dst, s_edge if s_edge is not None else s_src, out, lse,
         part_acc, part_m, part_l,
         *cfg.rng_args(),
         H, C, cfg.chunk,
-        HAS_ITEMS=sched is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
+        HAS_ITEMS=sched is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=s_edge is not None,
         BLOCK_E=cfg.fwd.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=_TL_ACC[cfg.acc],
         num_warps=cfg.fwd.num_warps,
     )
@@ -679,21 +694,24 @@ def _forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor) -> tuple[Ten
     return out, lse
 
 
-def _alpha(cfg: _Config, s_src: Tensor, s_dst: Tensor, lse: Tensor) -> Tensor:
+def _alpha(cfg: _Config, s_src: Tensor, s_dst: Tensor, lse: Tensor, s_edge: Tensor | None = None) -> Tensor:
     graph = cfg.graph
     E, H = graph.num_edges, cfg.heads
     alpha = torch.empty((E, H), dtype=s_src.dtype, device=s_src.device)
     block_e = max(16, min(256, 2048 // cfg.block_h))
     gat_alpha_kernel[(triton.cdiv(E, block_e),)](
-        graph.src, graph.dst, s_src, s_dst, lse, alpha,
+        graph.src, graph.dst, s_src, s_dst, s_edge if s_edge is not None else s_src, lse, alpha,
         *cfg.rng_args(), E, H,
-        DROPOUT=cfg.dropout, RNG64=cfg.rng64, BLOCK_E=block_e, BLOCK_H=cfg.block_h,
+        DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=s_edge is not None, BLOCK_E=block_e, BLOCK_H=cfg.block_h,
         ACC=_TL_ACC[cfg.acc],
     )
     return alpha
 
 
-def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alpha):
+def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alpha, s_edge=None):
+    """``(grad_h, grad_src, grad_dst, grad_edge or None)`` in the accumulation dtype;
+    ``grad_edge`` ``[E, H]`` (COO order) is dZ, the gradient of the per-edge addend
+    ``s_edge`` (given only with it)."""
     graph = cfg.graph
     dev = h.device
     H, C = cfg.heads, cfg.channels
@@ -721,13 +739,16 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
         grad_src = torch.zeros((n_src, H), dtype=cfg.acc, device=dev)
     else:
         grad_h = grad_src = lse
+    has_edge = s_edge is not None
+    # every edge lies in one CSR row, so pass R writes each dZ once (no zero fill needed)
+    grad_edge = torch.empty((graph.num_edges, H), dtype=cfg.acc, device=dev) if has_edge else None
     gat_bwd_row_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
-        h, s_src, s_dst, out, lse, grad_out, d_extra, grad_alpha,
-        grad_dst, part_dst, aux, grad_h, grad_src,
+        h, s_src, s_dst, s_edge if has_edge else s_src, out, lse, grad_out, d_extra, grad_alpha,
+        grad_dst, part_dst, aux, grad_h, grad_src, grad_edge if has_edge else lse,
         *cfg.rng_args(), H, C, cfg.chunk, aux_stride,
-        HAS_ITEMS=sched_r is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
+        HAS_ITEMS=sched_r is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=has_edge,
         HAS_GALPHA=has_galpha, SCATTER_SRC=scatter, STORE_AUX=not scatter,
         BLOCK_E=cfg.row.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
         num_warps=cfg.row.num_warps,
@@ -745,59 +766,64 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
             gat_bwd_col_kernel[(grid,)](
                 csc.ptr, csc.index, csc.perm,
                 item_row, item_start, item_slot,
-                h, s_src, aux, grad_out, grad_alpha,
+                h, s_src, s_edge if has_edge else s_src, aux, grad_out, grad_alpha,
                 grad_h, grad_src, part_h, part_src,
                 *cfg.rng_args(), H, C, cfg.chunk, aux_stride,
-                HAS_ITEMS=sched_c is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
+                HAS_ITEMS=sched_c is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=has_edge,
                 HAS_GALPHA=has_galpha,
                 BLOCK_E=cfg.col.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
                 num_warps=cfg.col.num_warps,
             )
         _combine_sums(sched_c, part_h, grad_h, part_src, grad_src)
-    return grad_h, grad_src, grad_dst
+    return grad_h, grad_src, grad_dst, grad_edge
 
 
-def attention_forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor,
-                      return_alpha: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+def attention_forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor, return_alpha: bool,
+                      s_edge: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """The fused attention's forward as a plain function (what :class:`GATAttentionFunction`
     and the ``torch.library`` op run): ``(out, lse, alpha or None)`` for contiguous inputs,
-    ``h`` at the padded width of ``cfg`` (:func:`attention_config`). ``out`` keeps that
-    width; ``lse`` is the per-target log-sum-exp the backward reads."""
+    ``h`` at the padded width of ``cfg`` (:func:`attention_config`), ``s_edge`` the optional
+    ``[E, H]`` per-edge score addend (COO order). ``out`` keeps that width; ``lse`` is the
+    per-target log-sum-exp the backward reads."""
     graph = cfg.graph
     if graph.num_edges == 0 or graph.num_dst_nodes == 0:  # no edges: every output row is zero
         out = h.new_zeros((graph.num_dst_nodes, cfg.heads, cfg.channels))
         lse = torch.zeros((graph.num_dst_nodes, cfg.heads), dtype=cfg.acc, device=h.device)
         return out, lse, (s_src.new_zeros((graph.num_edges, cfg.heads)) if return_alpha else None)
-    out, lse = _forward(cfg, h, s_src, s_dst)
-    return out, lse, (_alpha(cfg, s_src, s_dst, lse) if return_alpha else None)
+    out, lse = _forward(cfg, h, s_src, s_dst, s_edge)
+    return out, lse, (_alpha(cfg, s_src, s_dst, lse, s_edge) if return_alpha else None)
 
 
 def attention_backward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor, out: Tensor, lse: Tensor,
-                       grad_out: Tensor, alpha: Tensor | None,
-                       grad_alpha: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+                       grad_out: Tensor, alpha: Tensor | None, grad_alpha: Tensor | None,
+                       s_edge: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """The fused attention's backward as a plain function: ``(grad_h, grad_score_src,
-    grad_score_dst)`` in the inputs' dtypes, from the forward's ``out`` and ``lse``
-    (``alpha`` and its gradient ``grad_alpha`` when the coefficients were returned and
-    received one). Arguments as :func:`attention_forward` gave and took them."""
+    grad_score_dst, grad_score_edge)`` in the inputs' dtypes (the last ``None`` without
+    ``s_edge``), from the forward's ``out`` and ``lse`` (``alpha`` and its gradient
+    ``grad_alpha`` when the coefficients were returned and received one). Arguments as
+    :func:`attention_forward` gave and took them."""
     graph = cfg.graph
     if graph.num_edges == 0 or graph.num_dst_nodes == 0:
-        return torch.zeros_like(h), torch.zeros_like(s_src), torch.zeros_like(s_dst)
-    grad_h, grad_src, grad_dst = _backward(
-        cfg, h, s_src, s_dst, out, lse, grad_out.contiguous(), alpha, grad_alpha
+        grad_edge = torch.zeros_like(s_edge) if s_edge is not None else None
+        return torch.zeros_like(h), torch.zeros_like(s_src), torch.zeros_like(s_dst), grad_edge
+    grad_h, grad_src, grad_dst, grad_edge = _backward(
+        cfg, h, s_src, s_dst, out, lse, grad_out.contiguous(), alpha, grad_alpha, s_edge
     )
-    return grad_h.to(h.dtype), grad_src.to(s_src.dtype), grad_dst.to(s_dst.dtype)
+    if grad_edge is not None:
+        grad_edge = grad_edge.to(s_edge.dtype)
+    return grad_h.to(h.dtype), grad_src.to(s_src.dtype), grad_dst.to(s_dst.dtype), grad_edge
 
 
 class GATAttentionFunction(torch.autograd.Function):
     """Autograd for :func:`fused_gat_attention` (inputs already validated/contiguous):
-    :func:`attention_forward` and :func:`attention_backward`."""
+    :func:`attention_forward` and :func:`attention_backward`. ``s_edge`` may be ``None``."""
 
     @staticmethod
-    def forward(ctx, h, s_src, s_dst, cfg: _Config, return_alpha: bool):
+    def forward(ctx, h, s_src, s_dst, s_edge, cfg: _Config, return_alpha: bool):
         ctx.set_materialize_grads(False)  # an unused output (e.g. alpha) gets no gradient
-        out, lse, alpha = attention_forward(cfg, h, s_src, s_dst, return_alpha)
+        out, lse, alpha = attention_forward(cfg, h, s_src, s_dst, return_alpha, s_edge)
         ctx.cfg = cfg
-        ctx.save_for_backward(h, s_src, s_dst, out, lse, alpha)
+        ctx.save_for_backward(h, s_src, s_dst, s_edge, out, lse, alpha)
         if return_alpha:
             return out, alpha
         ctx.mark_non_differentiable(lse)
@@ -806,11 +832,11 @@ class GATAttentionFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, grad_second):
-        h, s_src, s_dst, out, lse, alpha = ctx.saved_tensors
+        h, s_src, s_dst, s_edge, out, lse, alpha = ctx.saved_tensors
         grad_alpha = grad_second if alpha is not None else None
         if grad_out is None:
             grad_out = torch.zeros_like(out)
-        grads = attention_backward(ctx.cfg, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alpha)
+        grads = attention_backward(ctx.cfg, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alpha, s_edge)
         return (*grads, None, None)
 
 
@@ -858,6 +884,7 @@ def fused_gat_attention(
     return_alpha: bool = False,
     aggregation: str = "gar",
     chunk: int | None = None,
+    score_edge: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Fused GAT attention ``out_i = sum_j w_ji h_j`` (see the module docstring).
 
@@ -879,6 +906,10 @@ def fused_gat_attention(
             backward with atomics into the sources).
         chunk: longest run of edges one program handles; longer rows are split
             (default :data:`DEFAULT_CHUNK`, or the value set by :func:`tuning`).
+        score_edge: optional ``[E, H]`` per-edge score addend :math:`u_{ji}` in COO edge
+            order (``z_ji = s_j + t_i + u_ji``; e.g. GAT's edge-feature term
+            :math:`a_e \cdot W_e e_{ji}`), read at each edge's COO position through the
+            CSR / CSC permutations. Its gradient is :math:`dZ`.
 
     Returns:
         ``(out [N_dst, H, C], alpha [E, H] or None)``. Inputs must be contiguous, on the
@@ -891,8 +922,10 @@ def fused_gat_attention(
     if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
         raise ValueError(f"chunk must be a positive int, got {chunk!r}")
     score_src, score_dst = score_src.contiguous(), score_dst.contiguous()
+    if score_edge is not None:
+        score_edge = score_edge.contiguous()
     cfg, h, channels = attention_config(graph, h, score_src, negative_slope, dropout, seed, aggregation, chunk)
-    out, second = GATAttentionFunction.apply(h, score_src, score_dst, cfg, return_alpha)
+    out, second = GATAttentionFunction.apply(h, score_src, score_dst, score_edge, cfg, return_alpha)
     if h.size(-1) != channels:
         out = out[..., :channels]
     return out, (second if return_alpha else None)
@@ -939,8 +972,10 @@ class GATLayerFunction(torch.autograd.Function):
         o_i = \sum_{j \to i} \alpha_{ji} h_j, \quad
         y_i = \big\Vert_k o^{(k)}_i + b \;\text{ or }\; \tfrac1H \sum_k o^{(k)}_i + b
 
-    ``apply(h [N, H, C], att_src [1, H, C], att_dst [1, H, C], bias or None, cfg, concat)``
-    -> ``[N, H C]`` (``concat``) or ``[N, C]``. Backward: the fused kernels give
+    ``apply(h [N, H, C], att_src [1, H, C], att_dst [1, H, C], bias or None,
+    score_edge [E, H] or None, cfg, concat)`` -> ``[N, H C]`` (``concat``) or ``[N, C]``;
+    ``score_edge`` is the per-edge score addend (its gradient is the kernels' dZ).
+    Backward: the fused kernels give
     :math:`\partial L / \partial h` through the aggregation and :math:`\partial L / \partial s`,
     :math:`\partial L / \partial t`; then
     :math:`\partial L / \partial h_j \mathrel{+}= \partial_{s_j} a_s + \partial_{t_j} a_t` and
@@ -948,7 +983,7 @@ class GATLayerFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, att_src, att_dst, bias, cfg: _Config, concat: bool):  # type: ignore[override]
+    def forward(ctx, h, att_src, att_dst, bias, score_edge, cfg: _Config, concat: bool):  # type: ignore[override]
         graph = cfg.graph
         n_dst, H, C = graph.num_dst_nodes, h.size(1), h.size(2)
         scores = (h.unsqueeze(0) * torch.cat((att_src, att_dst)).unsqueeze(1)).sum(-1)  # [2, N, H]
@@ -959,19 +994,19 @@ class GATLayerFunction(torch.autograd.Function):
             out = hp.new_zeros((n_dst, H, padded))
             lse = torch.zeros((n_dst, H), dtype=cfg.acc, device=h.device)
         else:
-            out, lse = _forward(cfg, hp, s_src, s_dst)
+            out, lse = _forward(cfg, hp, s_src, s_dst, score_edge)
         res = out[..., :C] if padded != C else out
         res = res.reshape(n_dst, H * C) if concat else res.mean(dim=1)
         if bias is not None:
             res = res + bias
         ctx.cfg, ctx.concat, ctx.padded = cfg, concat, padded
-        ctx.save_for_backward(h, hp, att_src, att_dst, s_src, s_dst, out, lse)
+        ctx.save_for_backward(h, hp, att_src, att_dst, s_src, s_dst, score_edge, out, lse)
         return res
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_res):  # type: ignore[override]
-        h, hp, att_src, att_dst, s_src, s_dst, out, lse = ctx.saved_tensors
+        h, hp, att_src, att_dst, s_src, s_dst, score_edge, out, lse = ctx.saved_tensors
         cfg: _Config = ctx.cfg
         n, H, C = h.shape
         grad_bias = grad_res.sum(0) if ctx.needs_input_grad[3] else None
@@ -982,8 +1017,9 @@ class GATLayerFunction(torch.autograd.Function):
         if cfg.graph.num_edges == 0 or cfg.graph.num_dst_nodes == 0:
             grad_h = torch.zeros(hp.shape, dtype=cfg.acc, device=h.device)
             grad_scores = torch.zeros((2, n, H), dtype=cfg.acc, device=h.device)
+            grad_edge = torch.zeros_like(score_edge) if score_edge is not None else None
         else:
-            grad_h, grad_src, grad_dst = _backward(cfg, hp, s_src, s_dst, out, lse, g, None, None)
+            grad_h, grad_src, grad_dst, grad_edge = _backward(cfg, hp, s_src, s_dst, out, lse, g, None, None, score_edge)
             grad_scores = torch.stack((grad_src, grad_dst))  # [2, N, H]
         if ctx.padded != C:
             grad_h = grad_h[..., :C]
@@ -995,7 +1031,9 @@ class GATLayerFunction(torch.autograd.Function):
             grad_att = (grad_scores.unsqueeze(-1) * h.unsqueeze(0).to(cfg.acc)).sum(1, keepdim=True)  # [2, 1, H, C]
             grad_att_src = grad_att[0].to(att_src.dtype)
             grad_att_dst = grad_att[1].to(att_dst.dtype)
-        return grad_h.to(h.dtype), grad_att_src, grad_att_dst, grad_bias, None, None
+        if grad_edge is not None:
+            grad_edge = grad_edge.to(score_edge.dtype)
+        return grad_h.to(h.dtype), grad_att_src, grad_att_dst, grad_bias, grad_edge, None, None
 
 
 def fused_gat_layer(
@@ -1009,17 +1047,21 @@ def fused_gat_layer(
     negative_slope: float,
     dropout: float,
     aggregation: str = "gar",
+    score_edge: Tensor | None = None,
 ) -> Tensor:
     """A GAT layer's sparse part through the fused kernels (:class:`GATLayerFunction`):
     ``h`` ``[N, H, C]``, attention vectors ``[1, H, C]``, ``bias`` ``[H C]`` (``concat``)
-    or ``[C]``; inputs checked by the caller."""
+    or ``[C]``, ``score_edge`` ``[E, H]`` (COO order) or ``None``; inputs checked by the
+    caller."""
     if aggregation not in _AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {_AGGREGATIONS}, got {aggregation!r}")
     cfg = _layer_config(graph, h, float(negative_slope), float(dropout), aggregation, _TUNING.get("chunk", DEFAULT_CHUNK))
     if cfg.dropout:
         cfg = copy.copy(cfg)
         cfg.seed = _seed_tensor(None, h.device)
-    return GATLayerFunction.apply(h.contiguous(), att_src, att_dst, bias, cfg, concat)
+    if score_edge is not None:
+        score_edge = score_edge.contiguous()
+    return GATLayerFunction.apply(h.contiguous(), att_src, att_dst, bias, score_edge, cfg, concat)
 
 
 def dropout_keep_mask(num_edges: int, heads: int, p: float, seed: int | Tensor,

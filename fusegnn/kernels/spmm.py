@@ -30,7 +30,8 @@ tensor comes back unchanged and does not require grad (GCN's cached normalisatio
 that transductive training permutes them once.
 
 ``reduce="mean"`` is the sum divided by the in-degree (clamped to 1), through autograd;
-``reduce="max"`` is not fused (the op layer runs the reference for it).
+``reduce="max"`` is the GAR max of :mod:`fusegnn.kernels.edge_aggregate` (the op layer
+routes it there, for GAS too).
 
 The backward passes are themselves not differentiable (``once_differentiable``): double
 backward through a fused SpMM raises ``RuntimeError``; use ``aggregation="reference"``
@@ -53,7 +54,7 @@ from fusegnn.kernels.spmm_gar import MAX_DOT_BLOCK_F, GarConfig, gar_config, gar
 from fusegnn.kernels.spmm_gas import GasConfig, gas_config, gas_scatter
 from fusegnn.sparse.graph import Graph, outside_graph_pools
 
-__all__ = ["GASSpmm", "GARSpmm", "gas_spmm", "gar_spmm", "gas_backward", "gar_backward", "spmm_backward", "tuning"]
+__all__ = ["GASSpmm", "GARSpmm", "gas_spmm", "gar_spmm", "gas_backward", "gar_backward", "spmm_backward", "tuning", "gar_cfg"]
 
 _gas_override: GasConfig | Callable[..., GasConfig] | None = None
 _gar_override: GarConfig | Callable[..., GarConfig] | None = None
@@ -83,7 +84,9 @@ def _gas_cfg(feat: int, elem_size: int, dot: bool, runs: bool) -> GasConfig:
     return _gas_override(feat, elem_size, dot) if callable(_gas_override) else _gas_override
 
 
-def _gar_cfg(feat: int, elem_size: int, dot: bool, avg_degree: float) -> GarConfig:
+def gar_cfg(feat: int, elem_size: int, dot: bool, avg_degree: float) -> GarConfig:
+    """The GAR launch parameters in force: :func:`tuning`'s override, else :func:`gar_config`
+    (also for the other GAR passes, :mod:`fusegnn.kernels.edge_aggregate`)."""
     if _gar_override is None:
         return gar_config(feat, elem_size, dot=dot, avg_degree=avg_degree)
     return _gar_override(feat, elem_size, dot) if callable(_gar_override) else _gar_override
@@ -237,7 +240,7 @@ class GARSpmm(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, graph: Graph) -> Tensor:  # type: ignore[override]
         x2, w2, heads = _flatten(graph, x, weight)
         feat = x2.size(1) // heads
-        cfg = _gar_cfg(feat, x2.element_size(), False, graph.avg_degree)
+        cfg = gar_cfg(feat, x2.element_size(), False, graph.avg_degree)
         plan = plan_for(graph, "csr", cfg.seg_len)
         key = _weight_key(weight)
         w_csr = _grouped_weight(graph, w2, "csr", key) if w2 is not None else None
@@ -282,7 +285,7 @@ def gar_backward(
     if need_x:
         fuse_dot = need_w and triton.next_power_of_2(max(feat, 1)) <= MAX_DOT_BLOCK_F
         avg = graph.num_edges / max(graph.num_src_nodes, 1)
-        cfg = _gar_cfg(feat, g.element_size(), fuse_dot, avg)
+        cfg = gar_cfg(feat, g.element_size(), fuse_dot, avg)
         fuse_dot = fuse_dot and cfg.block_f >= feat  # an override may not span the head
         plan = plan_for(graph, "csc", cfg.seg_len)
         w_csc = _grouped_weight(graph, w2, "csc", weight_key) if w2 is not None else None

@@ -27,6 +27,12 @@ exactly causal mask, no mask for a full one, else the boolean mask -- e.g. at sh
 sequences, where the sparse kernels' fixed cost dominates) and the fused block-sparse
 kernel (or the element-level path for very irregular masks); see
 :func:`~fusegnn.attention.sparse_attention.explain_attention`.
+
+``nm=(N, M)`` makes the attention dynamically N:M sparse (DFSS): of every ``M``
+consecutive keys of a query only the ``N`` largest allowed scores enter the softmax
+(:mod:`fusegnn.kernels.nm_sparsity`), computed by the fused block kernel on CUDA (the
+dense reference on the CPU); with ``mask=None`` it applies to full attention (a full
+mask, built once per ``(L_q, L_k)`` and kept by the module).
 """
 
 from __future__ import annotations
@@ -38,8 +44,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fusegnn.attention.block_layout import BlockLayout
-from fusegnn.attention.masks import Mask
-from fusegnn.attention.sparse_attention import ATTENTION_AGGREGATIONS, sparse_attention
+from fusegnn.attention.masks import Mask, from_dense, sliding_window
+from fusegnn.attention.sparse_attention import ATTENTION_AGGREGATIONS, check_nm, sparse_attention
 
 __all__ = ["SparseMultiheadAttention", "SparseTransformerEncoderLayer"]
 
@@ -69,6 +75,8 @@ class SparseMultiheadAttention(nn.Module):
             ``"dense"`` (see :func:`~fusegnn.attention.sparse_attention.sparse_attention`).
         block_size: ``BM`` or ``(BM, BN)`` of the layout built from a ``Mask``
             (``None``: the op's default).
+        nm: ``(N, M)`` in ``(1, 2)``, ``(2, 4)``, ``(4, 8)`` (or ``"N:M"``): N:M sparse
+            attention (module docstring); ``None``: every allowed score.
 
     Parameters (as in ``nn.MultiheadAttention``): ``in_proj_weight`` ``[3E, E]``,
     ``in_proj_bias`` ``[3E]``, ``out_proj`` (``Linear(E, E)``).
@@ -85,8 +93,11 @@ class SparseMultiheadAttention(nn.Module):
         block_size: int | tuple[int, int] | None = None,
         device=None,
         dtype=None,
+        nm: tuple[int, int] | str | None = None,
     ) -> None:
         super().__init__()
+        self.nm = check_nm(nm)
+        self._full_masks: dict[tuple[int, int], Mask] = {}
         if not isinstance(embed_dim, int) or embed_dim <= 0:
             raise ValueError(f"embed_dim must be a positive int, got {embed_dim!r}")
         if not isinstance(num_heads, int) or num_heads <= 0:
@@ -169,20 +180,32 @@ class SparseMultiheadAttention(nn.Module):
                 f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)} (batch first)"
             )
         q, k, v = self._project(query, 0), self._project(key, 1), self._project(value, 2)
-        if mask is None:
+        if mask is None and self.nm is None:
             out = F.scaled_dot_product_attention(q, k, v)
         else:
-            out = sparse_attention(q, k, v, mask, aggregation=self.aggregation, block_size=self.block_size)
+            if mask is None:
+                mask = self._full_mask(q.size(2), k.size(2))
+            out = sparse_attention(q, k, v, mask, aggregation=self.aggregation, block_size=self.block_size,
+                                   nm=self.nm)
         B, L_q = query.shape[:2]
         out = self.out_proj(out.transpose(1, 2).reshape(B, L_q, self.embed_dim))
         if not self.batch_first:
             out = out.transpose(0, 1)
         return out, None
 
+    def _full_mask(self, L_q: int, L_k: int) -> Mask:
+        """Every key allowed (N:M attention without a mask), kept per ``(L_q, L_k)`` so
+        that its layout is built once."""
+        if (L_q, L_k) not in self._full_masks:
+            full = sliding_window(L_q, L_q) if L_q == L_k else from_dense(torch.ones(L_q, L_k, dtype=torch.bool))
+            self._full_masks[(L_q, L_k)] = full
+        return self._full_masks[(L_q, L_k)]
+
     def extra_repr(self) -> str:
+        nm = f", nm={self.nm[0]}:{self.nm[1]}" if self.nm is not None else ""
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first={self.batch_first}, "
-            f"aggregation={self.aggregation!r}"
+            f"aggregation={self.aggregation!r}{nm}"
         )
 
 
@@ -214,7 +237,7 @@ class SparseTransformerEncoderLayer(nn.Module):
             ``nn.TransformerEncoderLayer`` (``batch_first`` defaults to ``True`` here).
         mask: default ``Mask`` / ``BlockLayout`` of the self-attention (``None``: full
             attention); ``forward(src, mask=...)`` overrides it.
-        aggregation, block_size: passed to :class:`SparseMultiheadAttention`.
+        aggregation, block_size, nm: passed to :class:`SparseMultiheadAttention`.
     """
 
     def __init__(
@@ -233,6 +256,7 @@ class SparseTransformerEncoderLayer(nn.Module):
         block_size: int | tuple[int, int] | None = None,
         device=None,
         dtype=None,
+        nm: tuple[int, int] | str | None = None,
     ) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
@@ -245,7 +269,7 @@ class SparseTransformerEncoderLayer(nn.Module):
             raise TypeError(f"activation must be a string or a callable, got {type(activation).__name__}")
         self.self_attn = SparseMultiheadAttention(
             d_model, nhead, bias=bias, batch_first=batch_first, aggregation=aggregation,
-            block_size=block_size, **factory,
+            block_size=block_size, nm=nm, **factory,
         )
         self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias, **factory)
         self.dropout = nn.Dropout(dropout)

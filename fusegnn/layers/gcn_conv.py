@@ -6,10 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fusegnn.layers._utils import check_features, glorot_, graph_for, input_linear
+from fusegnn.layers._utils import check_features, glorot_, input_linear, normalized_graph
 from fusegnn.sparse import Graph, spmm
 from fusegnn.sparse.dispatch import check_aggregation
-from fusegnn.sparse.processing import gcn_normalized
 
 __all__ = ["GCNConv"]
 
@@ -115,16 +114,10 @@ class GCNConv(nn.Module):
         self._cached_graph = None
 
     def _processed_graph(self, x: Tensor, edge_index_or_graph, edge_weight: Tensor | None) -> Graph:
-        if self.cached and self._cached_graph is not None:
-            return self._cached_graph
-        graph = graph_for(x, edge_index_or_graph, type(self).__name__)
-        if edge_weight is not None:
-            graph = graph.with_edge_weight(edge_weight)
-        if self.normalize:
-            graph = gcn_normalized(graph, improved=self.improved, add_self_loops=self.add_self_loops, dtype=x.dtype)
-        if self.cached and isinstance(graph, Graph):  # under torch.compile the op caches it on the graph
-            self._cached_graph = graph
-        return graph
+        return normalized_graph(
+            self, x, edge_index_or_graph, edge_weight, cached=self.cached,
+            normalize=self.normalize, improved=self.improved, add_self_loops=self.add_self_loops,
+        )
 
     def forward(
         self, x: Tensor, edge_index_or_graph: Graph | Tensor, edge_weight: Tensor | None = None

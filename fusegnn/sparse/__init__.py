@@ -1,4 +1,5 @@
-"""Graphs, sparse formats and the public sparse ops (``spmm``, ``sddmm``, ``edge_softmax``):
+"""Graphs, sparse formats and the public sparse ops (``spmm``, ``sddmm``, ``edge_softmax``,
+``edge_aggregate``):
 the GNN core. Transformer attention (masks, block layouts, ``sparse_attention``) builds on
 it in :mod:`fusegnn.attention`.
 
@@ -19,8 +20,11 @@ from fusegnn.sparse.dispatch import (
     resolve_aggregation,
 )
 from fusegnn.sparse.gat import gat_attention, gat_layer
+from fusegnn.sparse.gatv2 import gatv2_attention
 from fusegnn.sparse.graph import CompressedEdges, Graph
-from fusegnn.sparse.ops import as_graph, edge_index_of, edge_softmax, graph_arg, sddmm, spmm
+from fusegnn.sparse.halo import HaloGraph
+from fusegnn.sparse.ops import as_graph, edge_aggregate, edge_index_of, edge_softmax, graph_arg, sddmm, spmm
+from fusegnn.sparse.propagate import propagate
 from fusegnn.sparse.processing import (
     add_remaining_self_loops,
     add_self_loops,
@@ -37,6 +41,8 @@ register_backend(
         spmm_backward=reference_grads.spmm_backward,
         sddmm_backward=reference_grads.sddmm_backward,
         edge_softmax_backward=reference_grads.edge_softmax_backward,
+        edge_aggregate=reference.edge_aggregate,
+        edge_aggregate_backward=reference_grads.edge_aggregate_backward,
     )
 )
 dispatch.add_backend_loader(kernel_backends.register)
@@ -46,17 +52,21 @@ __all__ = [
     "Backend",
     "CompressedEdges",
     "Graph",
+    "HaloGraph",
     "add_remaining_self_loops",
     "add_self_loops",
     "as_graph",
+    "edge_aggregate",
     "edge_index_of",
     "graph_arg",
     "available_backends",
     "edge_softmax",
     "gat_attention",
     "gat_layer",
+    "gatv2_attention",
     "gcn_norm",
     "library",
+    "propagate",
     "register_backend",
     "remove_self_loops",
     "resolve_aggregation",

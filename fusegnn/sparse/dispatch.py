@@ -34,8 +34,8 @@ reason) for given inputs without running anything; :func:`last_decision` /
 :func:`last_backend` give the one taken by the most recent op call, and
 :func:`decisions_taken` collects every decision taken inside a block (e.g. one forward
 of a layer: what path did it take on this graph and input?). A backend that hands
-part of its work to another path (``reduce="max"`` runs the reference) records that with
-:func:`note_path`.
+part of its work to another path (GAS hands ``reduce="max"`` and ``edge_aggregate`` to
+GAR) records that with :func:`note_path`.
 
 Under ``torch.compile`` nothing here is traced: the public ops hand their arguments to
 the ``torch.library`` custom ops of :mod:`fusegnn.sparse.library`, which call
@@ -137,6 +137,11 @@ class Backend:
     compiled path dispatches its backward exactly as its forward. ``None``: the backend
     has no plain backward (such an op cannot be compiled with it).
 
+    ``edge_aggregate`` / ``edge_aggregate_backward`` (:func:`fusegnn.sparse.edge_aggregate`)
+    have the signatures of :func:`fusegnn.sparse.reference.edge_aggregate` and
+    :func:`fusegnn.sparse.reference_grads.edge_aggregate_backward`; ``None``: the backend
+    does not run that op (asking for it raises).
+
     ``supports(graph, *tensors)`` says whether this backend can run on those inputs
     (device, dtype, ...); ``None`` means always.
     """
@@ -149,6 +154,8 @@ class Backend:
     spmm_backward: Callable[..., tuple] | None = None
     sddmm_backward: Callable[..., tuple] | None = None
     edge_softmax_backward: Callable[..., Tensor] | None = None
+    edge_aggregate: Callable[..., Tensor] | None = None
+    edge_aggregate_backward: Callable[..., tuple] | None = None
 
     def can_run(self, graph: Graph, *tensors: Tensor) -> bool:
         return self.supports is None or bool(self.supports(graph, *tensors))

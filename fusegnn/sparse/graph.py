@@ -396,10 +396,10 @@ class Graph:
         )
 
     def with_edge_weight(self, edge_weight: Tensor | None) -> "Graph":
-        """The same edges with other weights; cached formats are shared, not recomputed."""
-        graph = Graph.__new__(Graph)
-        graph._edge_index = self._edge_index
-        graph._num_src, graph._num_dst = self._num_src, self._num_dst
+        """The same edges with other weights; cached formats are shared, not recomputed.
+        A subclass's copy is of that subclass, with its attributes."""
+        graph = object.__new__(type(self))
+        graph.__dict__.update(self.__dict__)  # the edges, and a subclass's own attributes
         graph._edge_weight = (
             check_edge_weight(edge_weight, self, "edge_weight") if edge_weight is not None else None
         )
@@ -602,6 +602,8 @@ def coerce_graph(graph: Any, name: str = "graph", *, device: torch.device | str 
     The one place where every graph input of the ops and layers is recognised:
 
     * a :class:`Graph` is returned as it is, a strided tensor (an ``edge_index``) too;
+    * an object whose type defines ``__fusegnn_graph__`` (a
+      :class:`fusegnn.distributed.DistGraph`) gives the graph that method returns;
     * a ``torch.sparse`` COO or CSR matrix is read as PyG reads one: as ``adj_t``, the
       **aggregation** matrix with rows as targets, ``adj[i, j] != 0`` the edge ``j -> i``
       (:meth:`Graph.from_sparse`); float values become the graph's ``edge_weight``, and a
@@ -625,6 +627,13 @@ def coerce_graph(graph: Any, name: str = "graph", *, device: torch.device | str 
         return graph
     if isinstance(graph, Tensor) and graph.layout == torch.strided:
         return graph
+    own_graph = getattr(type(graph), "__fusegnn_graph__", None)
+    if own_graph is not None:  # an object that holds a graph, e.g. a fusegnn.distributed.DistGraph
+        held = own_graph(graph)
+        if not isinstance(held, Graph):
+            raise TypeError(f"{name}: {type_name(graph)}.__fusegnn_graph__() must return a fusegnn.sparse.Graph, "
+                            f"got {type_name(held)}")
+        return held
     if torch.compiler.is_compiling():
         # A constant message: older Dynamo reports an exception raised while tracing with
         # its arguments unrendered, so a formatted one would reach the user as a blank.

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from fusegnn.sparse.graph import Graph, check_edge_weight, coerce_graph, square_node_count
+from fusegnn.sparse.halo import HaloGraph
 
 __all__ = [
     "GraphRef",
@@ -111,6 +112,11 @@ def graph_ref(
     if isinstance(graph, GraphRef):
         return graph
     graph = coerce_graph(graph, name)
+    if isinstance(graph, HaloGraph):
+        raise TypeError(
+            "a distributed graph (a worker's HaloGraph / DistGraph) runs eagerly only: its ops exchange "
+            "halo rows between workers, which torch.compile does not trace"
+        )
     if isinstance(graph, Graph):
         return GraphRef(
             graph.uid, graph.edge_index, graph.num_src_nodes, graph.num_dst_nodes, graph.num_edges,

@@ -15,8 +15,9 @@ the reference for CPU tensors.
 ``spmm``, ``sddmm`` (:mod:`fusegnn.kernels.sddmm`) and ``edge_softmax``
 (:mod:`fusegnn.kernels.edge_softmax`) all run Triton kernels, forward (autograd Functions)
 and backward (the same kernels' plain backward functions, for the compiled ops); the ``dot`` SDDMM's backward
-runs the SpMM of the same aggregation (GAR in deterministic mode). ``reduce="max"`` is not
-fused: these wrappers hand it to the reference and record that
+runs the SpMM of the same aggregation (GAR in deterministic mode). ``reduce="max"`` and
+``edge_aggregate`` (:mod:`fusegnn.kernels.edge_aggregate`) run GAR's fused passes, forward
+and backward, for both backends: ``gas`` hands them to GAR and records that
 (:func:`~fusegnn.sparse.dispatch.note_path`).
 """
 
@@ -47,12 +48,22 @@ def supports(graph: Graph, *tensors: Tensor) -> bool:
     return all(t.device == device and t.dtype in FLOAT_DTYPES for t in tensors)
 
 
+def _max_path(aggregation: str) -> None:
+    """Record that a ``reduce="max"`` aggregation runs GAR's fused max (GAS has no atomic
+    max-with-argmax: it hands max to GAR)."""
+    if aggregation == "gas":
+        note_path("gar", "reduce='max' runs GAR's fused max (a maximum with its argmax has no atomic GAS form)")
+
+
 def _spmm(aggregation: str):
     def spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",
              bias: Tensor | None = None) -> Tensor:
         if reduce == "max":
-            note_path("reference", f"reduce='max' is not fused: {aggregation} hands it to the reference")
-            return reference.spmm(graph, x, edge_weight, reduce, bias)
+            from fusegnn.kernels.edge_aggregate import edge_aggregate
+
+            _max_path(aggregation)
+            out = edge_aggregate(graph, x, None, edge_weight, None, "max")
+            return out if bias is None else out + bias.reshape(x.shape[1:])
         from fusegnn.kernels.spmm import gar_spmm, gas_spmm
 
         return (gas_spmm if aggregation == "gas" else gar_spmm)(graph, x, edge_weight, reduce, bias)
@@ -63,8 +74,11 @@ def _spmm(aggregation: str):
 def _spmm_backward(aggregation: str):
     def spmm_backward(graph: Graph, grad: Tensor, x: Tensor | None, weight: Tensor | None, reduce: str,
                       need_x: bool, need_w: bool) -> tuple[Tensor | None, Tensor | None]:
-        if reduce == "max":  # as the forward: the reference's
-            return reference_grads.spmm_backward(graph, grad, x, weight, reduce, need_x, need_w)
+        if reduce == "max":  # GAR's, recomputing the forward's argmax
+            from fusegnn.kernels.edge_aggregate import edge_aggregate_backward
+
+            gx, _, gw = edge_aggregate_backward(graph, grad, x, None, weight, None, "max", None, need_x, False, need_w)
+            return gx, gw
         from fusegnn.kernels.spmm import spmm_backward as fused_backward
 
         if reduce == "mean":
@@ -73,6 +87,26 @@ def _spmm_backward(aggregation: str):
         return fused_backward(aggregation, graph, grad, x, weight, need_x, need_w, memoise_weight=True)
 
     return spmm_backward
+
+
+def _edge_aggregate(aggregation: str):
+    def edge_aggregate(graph: Graph, x: Tensor | None, edge_attr: Tensor | None, edge_weight: Tensor | None,
+                       activation: str | None, reduce: str) -> Tensor:
+        from fusegnn.kernels.edge_aggregate import edge_aggregate as fused
+
+        if aggregation == "gas":
+            note_path("gar", "edge_aggregate runs GAR's fused pass (GAS hands it over)")
+        return fused(graph, x, edge_attr, edge_weight, activation, reduce)
+
+    return edge_aggregate
+
+
+def _edge_aggregate_backward(graph: Graph, grad: Tensor, x: Tensor | None, edge_attr: Tensor | None,
+                             weight: Tensor | None, activation: str | None, reduce: str, need_x: bool,
+                             need_e: bool, need_w: bool) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    from fusegnn.kernels.edge_aggregate import edge_aggregate_backward
+
+    return edge_aggregate_backward(graph, grad, x, edge_attr, weight, activation, reduce, None, need_x, need_e, need_w)
 
 
 def _sddmm_aggregation(aggregation: str) -> str:
@@ -133,6 +167,8 @@ def register() -> bool:
                 spmm_backward=_spmm_backward(aggregation),
                 sddmm_backward=_sddmm_backward(aggregation),
                 edge_softmax_backward=_edge_softmax_backward,
+                edge_aggregate=_edge_aggregate(aggregation),
+                edge_aggregate_backward=_edge_aggregate_backward,
             )
         )
     return True

@@ -59,13 +59,13 @@ forward's saved output and log-sum-exp); for the reference the closed-form gradi
 :mod:`fusegnn.sparse.reference_grads`. All backward code is
 plain tensor code (no autograd inside an op: a custom op's implementation runs below
 the autograd dispatch keys). **Recomputation**, where the eager path keeps intermediates
-that a custom op cannot hand to its backward: ``spmm`` with ``reduce="max"`` recomputes
-its messages and maxima; the reference GAT recomputes its scores and softmax
+that a custom op cannot hand to its backward: ``spmm`` and ``edge_aggregate`` with
+``reduce="max"`` recompute their argmax (a forward pass); the reference GAT recomputes its scores and softmax
 (E-sized; the fused GAT recomputes nothing: its kernels regenerate coefficients from
 the log-sum-exp, as eagerly); a GCN normalisation of weights that require grad is
 recomputed to carry the gradient back to the raw weights. Gradients flow to everything
 they flow to eagerly: node features, edge weights (raw or per-head), SDDMM operands,
-edge scores, GAT's ``h``, ``score_src`` and ``score_dst`` (and through the returned
+edge scores, GAT's ``h``, ``score_src``, ``score_dst`` and ``score_edge`` (and through the returned
 coefficients). The backward ops are not differentiable (double backward raises), as on
 the fused eager path.
 
@@ -117,7 +117,9 @@ __all__ = [
     "spmm",
     "sddmm",
     "edge_softmax",
+    "edge_aggregate",
     "gat_attention",
+    "gatv2_attention",
     "edge_index",
 ]
 
@@ -421,6 +423,58 @@ _spmm_op = register_op(OpSpec(
 ))
 
 
+# ----------------------------------------------------------------------------- edge_aggregate
+def _edge_aggregate_backend(og: OpGraph, aggregation: str, *tensors: Optional[Tensor]) -> Backend:
+    if og.transform != "":
+        raise ValueError(f"edge_aggregate takes a graph without processing, got transform {og.transform!r}")
+    return resolve_aggregation(aggregation, og.graph, *[t for t in tensors if t is not None])
+
+
+def _edge_aggregate(og: OpGraph, x, edge_attr, weight, activation, reduce, aggregation):
+    backend = _edge_aggregate_backend(og, aggregation, x, edge_attr)
+    return backend.edge_aggregate(og.graph, x, edge_attr, og.weight, activation or None, reduce)
+
+
+def _edge_aggregate_fake(sizes: Sizes, x, edge_attr, weight, activation, reduce, aggregation):
+    like = x if x is not None else edge_attr
+    return like.new_empty((sizes.num_dst,) + tuple(like.shape[1:]))
+
+
+def _edge_aggregate_backward(og: OpGraph, grad, x, edge_attr, weight, need_x, need_edge_attr, need_w,
+                             activation, reduce, aggregation):
+    backend = _backend(aggregation, og.graph, *[t for t in (x, edge_attr) if t is not None])
+    return backend.edge_aggregate_backward(
+        og.graph, grad, x, edge_attr, og.weight, activation or None, reduce, need_x, need_edge_attr, need_w
+    )
+
+
+def _edge_aggregate_backward_fake(sizes: Sizes, grad, x, edge_attr, weight, need_x, need_edge_attr, need_w,
+                                  activation, reduce, aggregation):
+    return (
+        x.new_empty(x.shape) if need_x and x is not None else None,
+        edge_attr.new_empty(edge_attr.shape) if need_edge_attr and edge_attr is not None else None,
+        weight.new_empty(weight.shape) if need_w and weight is not None else None,
+    )
+
+
+_edge_aggregate_op = register_op(OpSpec(
+    name="edge_aggregate",
+    inputs="Tensor? x, Tensor? edge_attr, Tensor? weight, str activation, str reduce, str aggregation",
+    outputs=("out",),
+    forward=_edge_aggregate,
+    fake=_edge_aggregate_fake,
+    weighted="weight",
+    backward_inputs=(
+        "Tensor grad, Tensor? x, Tensor? edge_attr, Tensor? weight, bool need_x, bool need_edge_attr, "
+        "bool need_w, str activation, str reduce, str aggregation"
+    ),
+    differentiable=("x", "edge_attr", "weight"),
+    need_flags={"weight": "need_w"},
+    backward=_edge_aggregate_backward,
+    backward_fake=_edge_aggregate_backward_fake,
+))
+
+
 # ----------------------------------------------------------------------------- sddmm
 def _sddmm(og: OpGraph, a, b, op, aggregation):
     return resolve_aggregation(aggregation, og.graph, a, b).sddmm(og.graph, a, b, op)
@@ -479,27 +533,28 @@ def _lse_dtype(h: Tensor, scores: Tensor) -> torch.dtype:
     return torch.float64 if torch.promote_types(h.dtype, scores.dtype) == torch.float64 else torch.float32
 
 
-def _gat(og: OpGraph, h, score_src, score_dst, seed, negative_slope, p, return_alpha, aggregation):
+def _gat(og: OpGraph, h, score_src, score_dst, score_edge, seed, negative_slope, p, return_alpha, aggregation):
     g = og.graph
     backend = resolve_aggregation(aggregation, g, h, score_src, score_dst)
     heads = h.size(1)
     lse = torch.zeros((g.num_dst_nodes, heads), dtype=_lse_dtype(h, score_src), device=h.device)
     alpha = None
     if backend.name == "reference":
-        out, alpha = reference.gat_attention(g, h, score_src, score_dst, negative_slope, p, seed)
+        out, alpha = reference.gat_attention(g, h, score_src, score_dst, negative_slope, p, seed, score_edge)
     else:
         from fusegnn.kernels.gat_fused import attention_config, attention_forward
 
         s_src, s_dst = score_src.contiguous(), score_dst.contiguous()
+        s_edge = score_edge.contiguous() if score_edge is not None else None
         cfg, hp, channels = attention_config(g, h, s_src, negative_slope, p, seed, backend.name)
-        out, lse, alpha = attention_forward(cfg, hp, s_src, s_dst, return_alpha)
+        out, lse, alpha = attention_forward(cfg, hp, s_src, s_dst, return_alpha, s_edge)
         out = out[..., :channels]
     if not return_alpha:
         alpha = score_src.new_empty((0, heads))
     return out, lse, alpha
 
 
-def _gat_fake(sizes: Sizes, h, score_src, score_dst, seed, negative_slope, p, return_alpha, aggregation):
+def _gat_fake(sizes: Sizes, h, score_src, score_dst, score_edge, seed, negative_slope, p, return_alpha, aggregation):
     heads = h.size(1)
     out = h.new_empty((sizes.num_dst,) + tuple(h.shape[1:]))
     lse = torch.empty((sizes.num_dst, heads), dtype=_lse_dtype(h, score_src), device=h.device)
@@ -507,31 +562,33 @@ def _gat_fake(sizes: Sizes, h, score_src, score_dst, seed, negative_slope, p, re
     return out, lse, alpha
 
 
-def _gat_backward(og: OpGraph, h, score_src, score_dst, seed, out, lse, alpha, grad_out, grad_alpha,
+def _gat_backward(og: OpGraph, h, score_src, score_dst, score_edge, seed, out, lse, alpha, grad_out, grad_alpha,
                   negative_slope, p, aggregation):
     g = og.graph
     aggregation = _resolved(aggregation, g, h, score_src, score_dst)
     if aggregation == "reference":
         return reference_grads.gat_attention_backward(
-            g, h, score_src, score_dst, negative_slope, p, seed, grad_out, grad_alpha
+            g, h, score_src, score_dst, negative_slope, p, seed, grad_out, grad_alpha, score_edge
         )
     # the fused kernels' backward, on the forward's out and log-sum-exp
     from fusegnn.kernels.gat_fused import attention_backward, attention_config
 
     s_src, s_dst = score_src.contiguous(), score_dst.contiguous()
+    s_edge = score_edge.contiguous() if score_edge is not None else None
     cfg, hp, channels = attention_config(g, h, s_src, negative_slope, p, seed, aggregation)
     pad = hp.size(2) - channels
     out_p = F.pad(out, (0, pad)) if pad else out.contiguous()
     grad_p = F.pad(grad_out, (0, pad)) if pad else grad_out
-    gh, gs, gt = attention_backward(
-        cfg, hp, s_src, s_dst, out_p, lse, grad_p, alpha if grad_alpha is not None else None, grad_alpha
+    gh, gs, gt, ge = attention_backward(
+        cfg, hp, s_src, s_dst, out_p, lse, grad_p, alpha if grad_alpha is not None else None, grad_alpha, s_edge
     )
-    return gh[..., :channels], gs, gt
+    return gh[..., :channels], gs, gt, ge
 
 
-def _gat_backward_fake(sizes: Sizes, h, score_src, score_dst, seed, out, lse, alpha, grad_out, grad_alpha,
-                       negative_slope, p, aggregation):
-    return h.new_empty(h.shape), score_src.new_empty(score_src.shape), score_dst.new_empty(score_dst.shape)
+def _gat_backward_fake(sizes: Sizes, h, score_src, score_dst, score_edge, seed, out, lse, alpha, grad_out,
+                       grad_alpha, negative_slope, p, aggregation):
+    ge = score_edge.new_empty(score_edge.shape) if score_edge is not None else None
+    return h.new_empty(h.shape), score_src.new_empty(score_src.shape), score_dst.new_empty(score_dst.shape), ge
 
 
 def _gat_grads(values: dict) -> None:
@@ -544,19 +601,89 @@ def _gat_grads(values: dict) -> None:
 _gat_op = register_op(OpSpec(
     name="gat_attention",
     inputs=(
-        "Tensor h, Tensor score_src, Tensor score_dst, Tensor? seed, float negative_slope, float p, "
-        "bool return_alpha, str aggregation"
+        "Tensor h, Tensor score_src, Tensor score_dst, Tensor? score_edge, Tensor? seed, float negative_slope, "
+        "float p, bool return_alpha, str aggregation"
     ),
     outputs=("out", "lse", "alpha"),
     forward=_gat,
     fake=_gat_fake,
     backward_inputs=(
-        "Tensor h, Tensor score_src, Tensor score_dst, Tensor? seed, Tensor out, Tensor lse, Tensor alpha, "
-        "Tensor grad_out, Tensor? grad_alpha, float negative_slope, float p, str aggregation"
+        "Tensor h, Tensor score_src, Tensor score_dst, Tensor? score_edge, Tensor? seed, Tensor out, Tensor lse, "
+        "Tensor alpha, Tensor grad_out, Tensor? grad_alpha, float negative_slope, float p, str aggregation"
     ),
-    differentiable=("h", "score_src", "score_dst"),
+    differentiable=("h", "score_src", "score_dst", "score_edge"),
     backward=_gat_backward,
     backward_fake=_gat_backward_fake,
+    grads=_gat_grads,
+))
+
+
+# ----------------------------------------------------------------------------- GATv2
+def _gatv2_reference_path(backend: Backend, return_alpha: bool) -> bool:
+    """Whether a GATv2 op runs the reference: asked for, or the coefficients are returned
+    (the fused kernels do not return them; the eager op does the same)."""
+    return backend.name == "reference" or return_alpha
+
+
+def _gatv2(og: OpGraph, x_l, x_r, att, edge_attr, seed, negative_slope, p, return_alpha, aggregation):
+    g = og.graph
+    backend = resolve_aggregation(aggregation, g, x_l, x_r)
+    heads = x_l.size(1)
+    lse = torch.zeros((g.num_dst_nodes, heads), dtype=_lse_dtype(x_l, att), device=x_l.device)
+    if _gatv2_reference_path(backend, return_alpha):
+        out, alpha = reference.gatv2_attention(g, x_l, x_r, att, edge_attr, negative_slope, p, seed)
+        return out, lse, (alpha if return_alpha else att.new_empty((0, heads)))
+    from fusegnn.kernels.gatv2_fused import gatv2_config, gatv2_forward
+
+    cfg = gatv2_config(g, x_l, att, negative_slope, p, seed, backend.name)
+    edge = edge_attr.contiguous() if edge_attr is not None else None
+    out, lse = gatv2_forward(cfg, x_l.contiguous(), x_r.contiguous(), att.contiguous(), edge)
+    return out, lse, att.new_empty((0, heads))
+
+
+def _gatv2_fake(sizes: Sizes, x_l, x_r, att, edge_attr, seed, negative_slope, p, return_alpha, aggregation):
+    heads = x_l.size(1)
+    out = x_l.new_empty((sizes.num_dst,) + tuple(x_l.shape[1:]))
+    lse = torch.empty((sizes.num_dst, heads), dtype=_lse_dtype(x_l, att), device=x_l.device)
+    return out, lse, att.new_empty((sizes.edges() if return_alpha else 0, heads))
+
+
+def _gatv2_backward(og: OpGraph, x_l, x_r, att, edge_attr, seed, out, lse, grad_out, grad_alpha,
+                    negative_slope, p, return_alpha, aggregation):
+    g = og.graph
+    if _gatv2_reference_path(backend_named(_resolved(aggregation, g, x_l, x_r)), return_alpha):
+        return reference_grads.gatv2_attention_backward(
+            g, x_l, x_r, att, edge_attr, negative_slope, p, seed, grad_out, grad_alpha
+        )
+    from fusegnn.kernels.gatv2_fused import gatv2_backward, gatv2_config
+
+    cfg = gatv2_config(g, x_l, att, negative_slope, p, seed, _resolved(aggregation, g, x_l, x_r))
+    edge = edge_attr.contiguous() if edge_attr is not None else None
+    return gatv2_backward(cfg, x_l.contiguous(), x_r.contiguous(), att.contiguous(), edge, out, lse, grad_out)
+
+
+def _gatv2_backward_fake(sizes: Sizes, x_l, x_r, att, edge_attr, seed, out, lse, grad_out, grad_alpha,
+                         negative_slope, p, return_alpha, aggregation):
+    grad_edge = edge_attr.new_empty(edge_attr.shape) if edge_attr is not None else None
+    return x_l.new_empty(x_l.shape), x_r.new_empty(x_r.shape), att.new_empty(att.shape), grad_edge
+
+
+_gatv2_op = register_op(OpSpec(
+    name="gatv2_attention",
+    inputs=(
+        "Tensor x_l, Tensor x_r, Tensor att, Tensor? edge_attr, Tensor? seed, float negative_slope, float p, "
+        "bool return_alpha, str aggregation"
+    ),
+    outputs=("out", "lse", "alpha"),
+    forward=_gatv2,
+    fake=_gatv2_fake,
+    backward_inputs=(
+        "Tensor x_l, Tensor x_r, Tensor att, Tensor? edge_attr, Tensor? seed, Tensor out, Tensor lse, "
+        "Tensor grad_out, Tensor? grad_alpha, float negative_slope, float p, bool return_alpha, str aggregation"
+    ),
+    differentiable=("x_l", "x_r", "att", "edge_attr"),
+    backward=_gatv2_backward,
+    backward_fake=_gatv2_backward_fake,
     grads=_gat_grads,
 ))
 
@@ -586,6 +713,13 @@ def spmm(ref: GraphRef, x: Tensor, weight: Optional[Tensor], reduce: str, aggreg
     return _spmm_op(*_graph_args(ref), x, weight, reduce, aggregation)
 
 
+def edge_aggregate(ref: GraphRef, x: Optional[Tensor], edge_attr: Optional[Tensor], weight: Optional[Tensor],
+                   activation: Optional[str], reduce: str, aggregation: str) -> Tensor:
+    """``fusegnn::edge_aggregate``: :func:`fusegnn.sparse.edge_aggregate` on ``ref``
+    (arguments checked; ``activation`` ``None`` travels as ``""``)."""
+    return _edge_aggregate_op(*_graph_args(ref), x, edge_attr, weight, activation or "", reduce, aggregation)
+
+
 def sddmm(ref: GraphRef, a: Tensor, b: Tensor, op: str, aggregation: str) -> Tensor:
     """``fusegnn::sddmm``: :func:`fusegnn.sparse.sddmm` on ``ref`` (arguments checked)."""
     return _sddmm_op(*_graph_args(ref), a, b, op, aggregation)
@@ -597,18 +731,21 @@ def edge_softmax(ref: GraphRef, scores: Tensor, aggregation: str) -> Tensor:
 
 
 def gat_attention(ref: GraphRef, h: Tensor, score_src: Tensor, score_dst: Tensor, negative_slope: float,
-                  p: float, return_alpha: bool, aggregation: str) -> tuple[Tensor, Optional[Tensor]]:
+                  p: float, return_alpha: bool, aggregation: str,
+                  score_edge: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
     """``fusegnn::gat_attention``: :func:`fusegnn.sparse.gat_attention` on ``ref``
-    (arguments checked; ``p`` the dropout probability, 0 outside training). Returns
-    ``(out, alpha or None)`` with the shapes of the eager op."""
+    (arguments checked; ``p`` the dropout probability, 0 outside training; ``score_edge``
+    the optional per-edge score addend). Returns ``(out, alpha or None)`` with the shapes
+    of the eager op."""
     single = h.dim() == 2
     if single:
         h, score_src, score_dst = h.unsqueeze(1), score_src.unsqueeze(1), score_dst.unsqueeze(1)
+        score_edge = score_edge.unsqueeze(1) if score_edge is not None else None
     seed = (
         torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=h.device) if p > 0.0 else None
     )
     out, _, alpha = _gat_op(
-        *_graph_args(ref), h, score_src, score_dst, seed, float(negative_slope), float(p),
+        *_graph_args(ref), h, score_src, score_dst, score_edge, seed, float(negative_slope), float(p),
         bool(return_alpha), aggregation,
     )
     if single:
@@ -619,3 +756,16 @@ def gat_attention(ref: GraphRef, h: Tensor, score_src: Tensor, score_dst: Tensor
 def edge_index(ref: GraphRef) -> Tensor:
     """``fusegnn::edge_index``: a copy of the processed graph's ``edge_index``."""
     return _edge_index_op(*_graph_args(ref), ref.index_dtype, ref.device)
+
+
+def gatv2_attention(ref: GraphRef, x_l: Tensor, x_r: Tensor, att: Tensor, edge_attr: Optional[Tensor],
+                    negative_slope: float, p: float, return_alpha: bool,
+                    aggregation: str) -> tuple[Tensor, Optional[Tensor]]:
+    """``fusegnn::gatv2_attention``: :func:`fusegnn.sparse.gatv2_attention` on ``ref``
+    (arguments checked; ``p`` the dropout probability, 0 outside training)."""
+    seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=x_l.device) if p > 0.0 else None
+    out, _, alpha = _gatv2_op(
+        *_graph_args(ref), x_l, x_r, att, edge_attr, seed, float(negative_slope), float(p),
+        bool(return_alpha), aggregation,
+    )
+    return out, (alpha if return_alpha else None)

@@ -5,9 +5,11 @@ The three ops every GNN layer and every masked attention is built from
 
 * :func:`spmm` -- aggregation :math:`\mathrm{out}_i = \sum_{j \to i} w_{ji} x_j`;
 * :func:`sddmm` -- one score per edge from its endpoints' rows;
-* :func:`edge_softmax` -- softmax over each target's incoming edges.
+* :func:`edge_softmax` -- softmax over each target's incoming edges;
+* :func:`edge_aggregate` -- aggregation of per-edge messages
+  :math:`w_{ji}\,\mathrm{act}(x_j + e_{ji})` (GINE, TransformerConv with edge features).
 
-All three accept a :class:`~fusegnn.sparse.Graph` or an ``edge_index`` tensor (and, eagerly,
+All of them accept a :class:`~fusegnn.sparse.Graph` or an ``edge_index`` tensor (and, eagerly,
 a ``torch.sparse`` adjacency or a networkx graph: :func:`~fusegnn.sparse.graph.coerce_graph`), never
 modify their inputs, and are differentiable with respect to every floating input.
 
@@ -41,11 +43,13 @@ from fusegnn.sparse.dispatch import (
 )
 from fusegnn.sparse.graph import Graph, as_graph, check_edge_weight
 from fusegnn.sparse.graph_ref import GraphRef, graph_ref
+from fusegnn.sparse.halo import with_halo_rows
 
-__all__ = ["spmm", "sddmm", "edge_softmax", "as_graph", "graph_arg", "edge_index_of"]
+__all__ = ["spmm", "sddmm", "edge_softmax", "edge_aggregate", "as_graph", "graph_arg", "edge_index_of"]
 
 _REDUCES = ("sum", "mean", "max")
 _SDDMM_OPS = ("dot", "add", "sub", "mul")
+_ACTIVATIONS = (None, "relu")
 
 
 def graph_arg(
@@ -124,7 +128,11 @@ def spmm(
 
     Returns:
         ``[N_dst, F]`` or ``[N_dst, H, F]``.
+
+    On a worker's share of a distributed graph (a :class:`~fusegnn.sparse.halo.HaloGraph`)
+    ``x`` holds the owned nodes' rows; the halo rows are fetched first.
     """
+    graph, x = with_halo_rows(graph, x)
     if torch.compiler.is_compiling():
         graph = graph_ref(graph, x.size(0) if isinstance(x, Tensor) else None)
     elif (type(graph) is Graph and type(x) is Tensor and _plain(edge_weight) and _plain(bias)
@@ -214,10 +222,12 @@ def sddmm(
         op: ``"dot"`` (reduces the last axis: ``[E, *S[:-1]]``, e.g. ``q_i . k_j`` per
             head) or elementwise ``"add"``, ``"sub"``, ``"mul"`` (``[E, *S]``, e.g. GAT's
             ``a_src . h_j + a_dst . h_i``).
-        aggregation: backend choice, as for :func:`spmm`.
+        aggregation: backend choice, as for :func:`spmm` (and a distributed graph's ``a``:
+            the owned rows, as there).
     """
     if not isinstance(a, Tensor):
         raise TypeError(f"a must be a torch.Tensor, got {type(a).__name__}")
+    graph, a = with_halo_rows(graph, a)
     graph = graph_arg(graph, a.size(0))
     check_node_tensor(a, graph, graph.num_src_nodes, "a", (1, 2, 3))
     check_node_tensor(b, graph, graph.num_dst_nodes, "b", (1, 2, 3))
@@ -248,7 +258,7 @@ def edge_softmax(graph: Graph | Tensor, scores: Tensor, *, aggregation: str = "a
             are all masked gets zeros, never NaN.
         aggregation: backend choice, as for :func:`spmm`.
     """
-    graph = graph_arg(graph)
+    graph = graph_arg(with_halo_rows(graph)[0])
     if not isinstance(scores, Tensor):
         raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
     check_node_tensor(scores, graph, graph.num_edges, "scores", (1, 2))
@@ -256,3 +266,93 @@ def edge_softmax(graph: Graph | Tensor, scores: Tensor, *, aggregation: str = "a
         return library.edge_softmax(graph, scores, check_aggregation(aggregation))
     backend = resolve_aggregation(aggregation, graph, scores)
     return backend.edge_softmax(graph, scores)
+
+
+def edge_aggregate(
+    graph: Graph | Tensor,
+    x: Tensor | None = None,
+    edge_attr: Tensor | None = None,
+    *,
+    edge_weight: Tensor | None = None,
+    activation: str | None = None,
+    reduce: str = "sum",
+    aggregation: str = "auto",
+) -> Tensor:
+    r"""Aggregate per-edge messages made of source rows and edge rows.
+
+    .. math::
+        \mathrm{out}_i = \bigoplus_{(j \to i) \in E} w_{ji}\, \mathrm{act}(x_j + e_{ji})
+
+    GINEConv's aggregation is ``edge_aggregate(g, x, e, activation="relu")``;
+    TransformerConv's with edge features ``edge_aggregate(g, v, e, edge_weight=alpha)``
+    (``alpha`` ``[E, H]``); ``x=None`` aggregates given per-edge messages.
+
+    Args:
+        graph: a :class:`Graph` (or an ``edge_index`` ``[2, E]``).
+        x: ``[N_src, F]`` or ``[N_src, H, F]`` source rows, or ``None`` (no source term).
+        edge_attr: ``[E, F]`` or ``[E, H, F]`` edge rows (COO order, the trailing shape of
+            ``x``), or ``None``. At least one of ``x`` and ``edge_attr`` is needed.
+        edge_weight: ``[E]`` weights, or ``[E, H]`` per-head weights for 3-D features.
+            ``None`` uses the graph's own ``edge_weight`` if it has one, else 1.
+        activation: ``None`` or ``"relu"``, applied to ``x_j + e_ji`` before the weight.
+        reduce: ``"sum"``, ``"mean"`` (over incoming edges) or ``"max"`` (elementwise; ties
+            go to the lowest edge id, and so does the gradient); targets with no incoming
+            edge get zeros.
+        aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``
+            (:mod:`fusegnn.sparse.dispatch`; ``"gas"`` hands this op to GAR's fused pass).
+
+    Returns:
+        ``[N_dst, F]`` or ``[N_dst, H, F]``, differentiable in ``x``, ``edge_attr`` and
+        ``edge_weight``.
+    """
+    if x is None and edge_attr is None:
+        raise ValueError("edge_aggregate needs x or edge_attr (or both); got neither")
+    num_src = x.size(0) if isinstance(x, Tensor) else None
+    graph = graph_arg(graph, num_src)
+    if x is not None:
+        check_node_tensor(x, graph, graph.num_src_nodes, "x", (2, 3))
+    if edge_attr is not None:
+        _check_edge_rows(edge_attr, graph)
+        if x is not None and (edge_attr.shape[1:] != x.shape[1:] or edge_attr.dtype != x.dtype):
+            raise ValueError(
+                f"edge_attr must have x's trailing shape and dtype: x is {tuple(x.shape)} {x.dtype}, "
+                f"edge_attr is {tuple(edge_attr.shape)} {edge_attr.dtype}"
+            )
+    features = x if x is not None else edge_attr
+    if reduce not in _REDUCES:
+        raise ValueError(f"reduce must be one of {_REDUCES}, got {reduce!r}")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
+    if edge_weight is None:
+        edge_weight = graph.edge_weight
+    if edge_weight is not None:
+        if not (isinstance(graph, GraphRef) and graph.transform):
+            check_edge_weight(edge_weight, graph, "edge_weight")
+        if edge_weight.dim() == 2 and (features.dim() != 3 or edge_weight.size(1) != features.size(1)):
+            raise ValueError(
+                f"edge_weight of shape {tuple(edge_weight.shape)} has one weight per head; the features "
+                f"must then be [N, H={edge_weight.size(1)}, F], got {tuple(features.shape)}"
+            )
+    if isinstance(graph, GraphRef):
+        return library.edge_aggregate(graph, x, edge_attr, edge_weight, activation, reduce,
+                                      check_aggregation(aggregation))
+    backend = resolve_aggregation(aggregation, graph, features, *([edge_attr] if x is not None and edge_attr is not None else []))
+    if backend.edge_aggregate is None:
+        raise NotImplementedError(f"the {backend.name!r} backend has no edge_aggregate")
+    return backend.edge_aggregate(graph, x, edge_attr, edge_weight, activation, reduce)
+
+
+def _check_edge_rows(edge_attr: Tensor, graph: Graph | GraphRef) -> None:
+    """``edge_attr`` is a floating ``[E, F]`` / ``[E, H, F]`` tensor on the graph's device."""
+    if not isinstance(edge_attr, Tensor):
+        raise TypeError(f"edge_attr must be a torch.Tensor or None, got {type(edge_attr).__name__}")
+    if not edge_attr.is_floating_point():
+        raise TypeError(f"edge_attr must be a floating tensor, got dtype {edge_attr.dtype}")
+    if edge_attr.dim() not in (2, 3):
+        raise ValueError(f"edge_attr must be [E, F] or [E, H, F], got shape {tuple(edge_attr.shape)}")
+    if edge_attr.device != graph.device:
+        raise ValueError(f"edge_attr is on {edge_attr.device} but the graph is on {graph.device}")
+    if graph.num_edges >= 0 and edge_attr.size(0) != graph.num_edges:
+        raise ValueError(
+            f"edge_attr has {edge_attr.size(0)} rows but the graph has {graph.num_edges} edges (one row per edge)"
+        )

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
+from fusegnn.sparse.halo import HaloGraph
 from fusegnn.sparse.graph_ref import GAT_SELF_LOOPS, GCN_PREFIX, GraphRef, gcn_params, gcn_transform, with_transform
 
 __all__ = [
@@ -20,6 +21,8 @@ __all__ = [
     "add_remaining_self_loops",
     "gcn_norm",
     "gat_self_loops",
+    "gat_self_loop_edge_attr",
+    "self_loop_attr",
     "gcn_normalized",
     "transformed",
     "self_loop_structure",
@@ -28,16 +31,28 @@ __all__ = [
 
 
 def _require_square(graph: Graph, what: str) -> int:
+    """The nodes that can have a self-loop ``i -> i``: all of a square graph's, a
+    :class:`~fusegnn.sparse.halo.HaloGraph`'s owned nodes (source ``i`` is target ``i``);
+    any other bipartite graph is a ``ValueError``."""
+    if isinstance(graph, HaloGraph):
+        return graph.num_own
     if graph.is_bipartite:
         raise ValueError(f"{what} needs a square graph, got a bipartite one ({graph!r})")
     return graph.num_nodes
+
+
+def _with_edges(graph: Graph, edge_index: Tensor, weight: Tensor | None = None) -> Graph:
+    """A graph of ``edge_index`` between ``graph``'s nodes (a halo graph stays one)."""
+    if isinstance(graph, HaloGraph):
+        return graph.with_edges(edge_index, weight)
+    return Graph(edge_index, (graph.num_src_nodes, graph.num_dst_nodes), weight, validate=False)
 
 
 def remove_self_loops(graph: Graph) -> Graph:
     """The graph without its self-loops ``i -> i`` (weights follow their edges)."""
     keep = graph.src != graph.dst
     weight = graph.edge_weight[keep] if graph.edge_weight is not None else None
-    return Graph(graph.edge_index[:, keep], (graph.num_src_nodes, graph.num_dst_nodes), weight, validate=False)
+    return _with_edges(graph, graph.edge_index[:, keep], weight)
 
 
 def add_self_loops(graph: Graph, fill_value: float = 1.0) -> Graph:
@@ -49,7 +64,7 @@ def add_self_loops(graph: Graph, fill_value: float = 1.0) -> Graph:
     if graph.edge_weight is not None:
         w = graph.edge_weight
         weight = torch.cat([w, w.new_full((n,) + tuple(w.shape[1:]), fill_value)], dim=0)
-    return Graph(edge_index, n, weight, validate=False)
+    return _with_edges(graph, edge_index, weight)
 
 
 class SelfLoopStructure(NamedTuple):
@@ -88,7 +103,7 @@ def self_loop_structure(graph: Graph) -> SelfLoopStructure:
         loop = torch.arange(n, device=graph.device, dtype=graph.index_dtype)
         edge_index = torch.cat([graph.edge_index.index_select(1, keep), loop.unsqueeze(0).expand(2, n)], dim=1)
         return SelfLoopStructure(
-            graph=Graph(edge_index, n, validate=False),
+            graph=_with_edges(graph, edge_index),
             keep=keep,
             loop_node=loop_node,
             loop_edge=last.index_select(0, loop_node),
@@ -109,7 +124,7 @@ def add_remaining_self_loops(graph: Graph, fill_value: float = 1.0, edge_weight:
     re-normalising the same graph with other weights converts nothing again.
     """
     structure = self_loop_structure(graph)
-    n = graph.num_nodes
+    n = _require_square(graph, "add_remaining_self_loops")
     w = edge_weight if edge_weight is not None else graph.edge_weight
     if w is None:
         w = torch.ones(graph.num_edges, device=graph.device)
@@ -177,7 +192,9 @@ def gcn_norm(
     deg = edge_weight.new_zeros(graph.num_dst_nodes).index_add(0, dst, edge_weight)
     deg_inv_sqrt = deg.pow(-0.5)
     deg_inv_sqrt = torch.where(torch.isinf(deg_inv_sqrt), torch.zeros_like(deg_inv_sqrt), deg_inv_sqrt)
-    norm = deg_inv_sqrt.index_select(0, src) * edge_weight * deg_inv_sqrt.index_select(0, dst)
+    # a halo graph's sources owned elsewhere: their owners' degrees (one exchange)
+    src_inv_sqrt = graph.source_rows(deg_inv_sqrt) if isinstance(graph, HaloGraph) else deg_inv_sqrt
+    norm = src_inv_sqrt.index_select(0, src) * edge_weight * deg_inv_sqrt.index_select(0, dst)
     return graph.with_edge_weight(norm)
 
 
@@ -214,6 +231,85 @@ def gat_self_loops(graph: Graph) -> Graph:
         lambda: add_self_loops(remove_self_loops(graph.with_edge_weight(None))),
         structural=True,
     )
+
+
+# PyG's string fill values and the scatter reduction each is (min / max / mul as its scatter's)
+_LOOP_ATTR_REDUCES = {"add": "sum", "sum": "sum", "mean": "mean", "min": "amin", "max": "amax", "mul": "prod"}
+
+
+def self_loop_attr(graph: Graph, edge_attr: Tensor, fill_value: float | Tensor | str | None = "mean") -> Tensor:
+    r"""The edge features of the self-loops that a layer adds, one row per target node
+    (PyG's ``compute_loop_attr``):
+
+    * ``None``: ones; a number: that value everywhere; a tensor: that feature vector
+      (``edge_attr.shape[1:]``) for every loop;
+    * ``"add"`` / ``"sum"``, ``"mean"``, ``"min"``, ``"max"``, ``"mul"``: the reduction of
+      each node's incoming edges' features,
+      :math:`e_{ii} = igoplus_{(j 	o i) \in E} e_{ji}`; a node without incoming edges
+      gets zeros (ones for ``"mul"``, as PyG's ``scatter``).
+
+    Differentiable with respect to ``edge_attr`` (and a tensor ``fill_value``).
+    Returns ``[N_dst, *edge_attr.shape[1:]]``.
+    """
+    if not isinstance(edge_attr, Tensor):
+        raise TypeError(f"edge_attr must be a torch.Tensor, got {type(edge_attr).__name__}")
+    if edge_attr.dim() == 0 or edge_attr.size(0) != graph.num_edges:
+        raise ValueError(
+            f"edge_attr must have one row per edge ({graph.num_edges}), got shape {tuple(edge_attr.shape)}"
+        )
+    size = (graph.num_dst_nodes,) + tuple(edge_attr.shape[1:])
+    if fill_value is None:
+        return edge_attr.new_ones(size)
+    if isinstance(fill_value, bool):
+        raise TypeError("fill_value must be a number, a tensor, a reduction name or None, got a bool")
+    if isinstance(fill_value, (int, float)):
+        return edge_attr.new_full(size, float(fill_value))
+    if isinstance(fill_value, Tensor):
+        loop = fill_value.to(edge_attr.device, edge_attr.dtype)
+        if loop.dim() != edge_attr.dim():
+            loop = loop.unsqueeze(0)
+        try:
+            return loop.expand(size).contiguous()
+        except RuntimeError:
+            raise ValueError(
+                f"fill_value of shape {tuple(fill_value.shape)} does not fit edge features of shape "
+                f"{tuple(edge_attr.shape[1:])}"
+            ) from None
+    if isinstance(fill_value, str):
+        reduce = _LOOP_ATTR_REDUCES.get(fill_value)
+        if reduce is None:
+            raise ValueError(f"fill_value must be one of {tuple(_LOOP_ATTR_REDUCES)} as a string, got {fill_value!r}")
+        index = graph.dst.long().view((-1,) + (1,) * (edge_attr.dim() - 1)).expand_as(edge_attr)
+        initial = edge_attr.new_ones(size) if reduce == "prod" else edge_attr.new_zeros(size)
+        return initial.scatter_reduce(0, index, edge_attr, reduce=reduce, include_self=reduce == "prod")
+    raise TypeError(f"fill_value must be a number, a tensor, a reduction name or None, got {type(fill_value).__name__}")
+
+
+def gat_self_loop_edge_attr(graph: Graph, edge_attr: Tensor, fill_value: float | Tensor | str | None = "mean") -> Tensor:
+    """``edge_attr`` in the edge order of :func:`gat_self_loops` ``(graph)``: the features of
+    the edges that are not self-loops in their order, then one loop per node with
+    :func:`self_loop_attr` of those edges (PyG's ``remove_self_loops`` then
+    ``add_self_loops(..., fill_value)`` on ``edge_attr``, as its ``GATConv`` and
+    ``GATv2Conv`` do). Eager only: under ``torch.compile`` the edge count is data-dependent."""
+    if isinstance(graph, GraphRef):
+        raise NotImplementedError(
+            "edge features with self-loops need the graph itself: call the layer eagerly, or pass a graph "
+            "that already has its self-loops and add_self_loops=False under torch.compile"
+        )
+    _require_square(graph, "gat_self_loop_edge_attr")
+    if not isinstance(edge_attr, Tensor):
+        raise TypeError(f"edge_attr must be a torch.Tensor, got {type(edge_attr).__name__}")
+    if edge_attr.dim() == 0 or edge_attr.size(0) != graph.num_edges:
+        raise ValueError(
+            f"edge_attr must have one row per edge ({graph.num_edges}), got shape {tuple(edge_attr.shape)}"
+        )
+    keep = graph.cached(
+        "fusegnn.non_loop_edges", lambda: torch.nonzero(graph.src != graph.dst).flatten(), structural=True
+    )
+    kept_attr = edge_attr.index_select(0, keep)
+    without_loops = remove_self_loops(graph.with_edge_weight(None))
+    loops = self_loop_attr(without_loops, kept_attr, fill_value)
+    return torch.cat([kept_attr, loops], dim=0)
 
 
 def gcn_normalized(graph: Graph, *, improved: bool = False, add_self_loops: bool = True,
@@ -271,6 +367,8 @@ def _fused_norm_unavailable(graph: Graph, edge_weight: Tensor | None, dtype: tor
     """Why the fused normalisation kernels cannot run on these inputs (``None``: they can)."""
     from fusegnn.kernels._triton import FLOAT_DTYPES, fused_can_run
 
+    if isinstance(graph, HaloGraph):
+        return "the graph is a worker's share of a distributed graph (its sources' degrees come from their owners)"
     weight = edge_weight if edge_weight is not None else graph.edge_weight
     if weight is not None and weight.dim() != 1:
         return f"edge_weight must be [E], got shape {tuple(weight.shape)}"

@@ -13,6 +13,8 @@ Shapes (``E`` edges ``j -> i``, ``H`` heads, ``F`` features):
 * :func:`sddmm`: ``a`` ``[N_src, *S]``, ``b`` ``[N_dst, *S]`` -> ``[E, *S]`` (elementwise
   ops) or ``[E, *S[:-1]]`` (``"dot"``);
 * :func:`edge_softmax`: ``scores`` ``[E, *S]`` -> ``[E, *S]``;
+* :func:`edge_aggregate`: ``x`` ``[N_src, (H,) F]`` and / or ``edge_attr`` ``[E, (H,) F]``,
+  ``edge_weight`` ``[E]`` or ``[E, H]`` -> ``[N_dst, (H,) F]``;
 * :func:`gat_attention`: ``h`` ``[N_src, H, C]``, scores ``[N_src, H]`` / ``[N_dst, H]``
   -> ``([N_dst, H, C], alpha [E, H])``.
 
@@ -30,7 +32,10 @@ from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
 
-__all__ = ["spmm", "sddmm", "edge_softmax", "gat_attention", "per_edge", "seeded_dropout_scale"]
+__all__ = [
+    "spmm", "sddmm", "edge_softmax", "gat_attention", "gatv2_attention", "per_edge", "seeded_dropout_scale",
+    "edge_aggregate", "edge_messages", "reduce_messages", "max_and_argmax",
+]
 
 
 def per_edge(weight: Tensor, like: Tensor) -> Tensor:
@@ -47,29 +52,91 @@ def spmm(
         \mathrm{out}_i = \bigoplus_{(j \to i) \in E} w_{ji} \, x_j \; + \; b
 
     with :math:`\bigoplus` a sum (``"sum"``), a mean over the incoming edges (``"mean"``)
-    or an elementwise maximum (``"max"``); targets without incoming edges get zeros
-    (then ``b``).
+    or an elementwise maximum (``"max"``, ties to the lowest edge id:
+    :func:`max_and_argmax`); targets without incoming edges get zeros (then ``b``).
     """
     out = _aggregate(graph, x, edge_weight, reduce)
     return out if bias is None else out + bias.reshape(x.shape[1:])
 
 
 def _aggregate(graph: Graph, x: Tensor, edge_weight: Tensor | None, reduce: str) -> Tensor:
-    src, dst = graph.src.long(), graph.dst.long()
-    messages = x.index_select(0, src)
+    messages = x.index_select(0, graph.src.long())
     if edge_weight is not None:
         messages = messages * per_edge(edge_weight.to(x.dtype), messages)
-    out_shape = (graph.num_dst_nodes,) + tuple(x.shape[1:])
+    return reduce_messages(graph, messages, reduce)
+
+
+def reduce_messages(graph: Graph, messages: Tensor, reduce: str) -> Tensor:
+    """Reduce per-edge ``messages`` (``[E, ...]``) into their targets (``[N_dst, ...]``) by
+    ``"sum"``, ``"mean"`` or ``"max"`` (:func:`max_and_argmax`); zeros where no edge arrives."""
     if reduce == "max":
-        index = dst.reshape((-1,) + (1,) * (x.dim() - 1)).expand_as(messages)
-        return x.new_zeros(out_shape).scatter_reduce(
-            0, index, messages, reduce="amax", include_self=False
-        )
-    out = x.new_zeros(out_shape).index_add(0, dst, messages)
+        return max_and_argmax(graph, messages)[0]
+    dst = graph.dst.long()
+    out = messages.new_zeros((graph.num_dst_nodes,) + tuple(messages.shape[1:])).index_add(0, dst, messages)
     if reduce == "mean":
-        count = graph.in_degree.clamp(min=1).to(x.dtype)
-        out = out / count.reshape((-1,) + (1,) * (x.dim() - 1))
+        count = graph.in_degree.clamp(min=1).to(messages.dtype)
+        out = out / count.reshape((-1,) + (1,) * (messages.dim() - 1))
     return out
+
+
+def max_and_argmax(graph: Graph, messages: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Elementwise maximum of each target's incoming ``messages`` and the edge that gives it.
+
+    Returns ``(out, argmax)``, both ``[N_dst, ...]``: ``argmax`` holds COO edge ids (int64),
+    ``-1`` where no edge arrives (``out`` is 0 there). **Ties go to the lowest edge id**
+    (the fused kernels' rule: :mod:`fusegnn.kernels.edge_aggregate`), and the gradient of
+    ``out`` flows to that one message only (``out`` is a ``gather`` of it).
+    """
+    dst = graph.dst.long()
+    num_edges = messages.size(0)
+    shape = (graph.num_dst_nodes,) + tuple(messages.shape[1:])
+    index = dst.reshape((-1,) + (1,) * (messages.dim() - 1)).expand_as(messages)
+    with torch.no_grad():
+        top = messages.new_full(shape, float("-inf")).scatter_reduce(
+            0, index, messages.detach(), reduce="amax", include_self=True
+        )
+        ids = torch.arange(num_edges, device=messages.device).reshape(index.shape[:1] + (1,) * (messages.dim() - 1))
+        candidates = torch.where(messages.detach() == top.index_select(0, dst), ids, num_edges)
+        argmax = torch.full(shape, num_edges, dtype=torch.int64, device=messages.device).scatter_reduce(
+            0, index, candidates.expand_as(messages), reduce="amin", include_self=True
+        )
+        argmax = torch.where(argmax == num_edges, -1, argmax)
+    found = argmax >= 0
+    if num_edges == 0:  # zeros, still a function of the (empty) messages for autograd
+        return messages.new_zeros(shape).index_add(0, dst, messages), argmax
+    out = messages.gather(0, argmax.clamp(min=0))
+    return torch.where(found, out, torch.zeros_like(out)), argmax
+
+
+def edge_messages(
+    graph: Graph, x: Tensor | None, edge_attr: Tensor | None, edge_weight: Tensor | None, activation: str | None
+) -> Tensor:
+    r"""The per-edge messages :math:`m_{ji} = w_{ji}\,\mathrm{act}(x_j + e_{ji})` (``[E, ...]``;
+    a missing ``x`` or ``edge_attr`` is a zero term, a missing weight 1)."""
+    z = x.index_select(0, graph.src.long()) if x is not None else None
+    if edge_attr is not None:
+        z = edge_attr if z is None else z + edge_attr
+    if activation == "relu":
+        z = F.relu(z)
+    if edge_weight is not None:
+        z = z * per_edge(edge_weight.to(z.dtype), z)
+    return z
+
+
+def edge_aggregate(
+    graph: Graph, x: Tensor | None = None, edge_attr: Tensor | None = None, edge_weight: Tensor | None = None,
+    activation: str | None = None, reduce: str = "sum",
+) -> Tensor:
+    r"""Aggregate per-edge messages built from source rows and edge rows.
+
+    .. math::
+        \mathrm{out}_i = \bigoplus_{(j \to i) \in E} w_{ji}\, \mathrm{act}(x_j + e_{ji})
+
+    with :math:`\bigoplus` as in :func:`spmm` (``"max"``: :func:`max_and_argmax`). ``x``
+    ``[N_src, (H,) F]`` and ``edge_attr`` ``[E, (H,) F]`` (either may be ``None``),
+    ``edge_weight`` ``[E]`` or ``[E, H]``, ``activation`` ``None`` or ``"relu"``.
+    """
+    return reduce_messages(graph, edge_messages(graph, x, edge_attr, edge_weight, activation), reduce)
 
 
 def sddmm(graph: Graph, a: Tensor, b: Tensor, op: str = "dot") -> Tensor:
@@ -130,21 +197,51 @@ def seeded_dropout_scale(alpha: Tensor, p: float, seed: Tensor) -> Tensor:
 
 def gat_attention(
     graph: Graph, h: Tensor, score_src: Tensor, score_dst: Tensor, negative_slope: float, p: float = 0.0,
-    seed: Tensor | None = None,
+    seed: Tensor | None = None, score_edge: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    r"""GAT attention as the composition ``sddmm(add) -> leaky_relu -> edge_softmax ->
-    dropout -> spmm``:
+    r"""GAT attention as the composition ``sddmm(add) -> (+ score_edge) -> leaky_relu ->
+    edge_softmax -> dropout -> spmm``:
 
     .. math::
         \alpha_{ji} = \operatorname{dropout}_p\big(\operatorname{softmax}_{j \to i}
-        \mathrm{LeakyReLU}(s_j + t_i)\big), \qquad \mathrm{out}_i = \sum_{j \to i} \alpha_{ji} h_j
+        \mathrm{LeakyReLU}(s_j + t_i + u_{ji})\big), \qquad \mathrm{out}_i = \sum_{j \to i} \alpha_{ji} h_j
+
+    with :math:`u` = ``score_edge`` (``[E, H]`` in the graph's edge order; 0 when ``None``).
 
     Returns ``(out, alpha)`` (``alpha`` after dropout). The dropout mask comes from torch's
     global generator (``F.dropout``), or, given a ``seed``, from
     :func:`seeded_dropout_scale` (what the compiled op and its backward draw).
     """
-    scores = F.leaky_relu(sddmm(graph, score_src, score_dst, "add"), negative_slope)
-    alpha = edge_softmax(graph, scores)
+    z = sddmm(graph, score_src, score_dst, "add")
+    if score_edge is not None:
+        z = z + score_edge
+    alpha = edge_softmax(graph, F.leaky_relu(z, negative_slope))
     if p > 0.0:
         alpha = F.dropout(alpha, p=p) if seed is None else alpha * seeded_dropout_scale(alpha, p, seed)
     return spmm(graph, h, alpha), alpha
+
+
+def gatv2_attention(
+    graph: Graph, x_l: Tensor, x_r: Tensor, att: Tensor, edge_attr: Tensor | None, negative_slope: float,
+    p: float = 0.0, seed: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    r"""GATv2 attention (Brody et al., 2022) as gathers, an edge softmax and an SpMM:
+
+    .. math::
+        s_{ji} = a \cdot \mathrm{LeakyReLU}\big(x^l_j + x^r_i \,(+\, e_{ji})\big), \quad
+        \alpha_{ji} = \operatorname{dropout}_p\big(\operatorname{softmax}_{j \to i} s_{ji}\big), \quad
+        \mathrm{out}_i = \sum_{j \to i} \alpha_{ji} x^l_j
+
+    per head, with ``x_l`` ``[N_src, H, C]``, ``x_r`` ``[N_dst, H, C]``, ``att``
+    ``[1, H, C]`` and ``edge_attr`` ``[E, H, C]`` or ``None``. Materialises ``[E, H, C]``.
+    Returns ``(out, alpha)`` (``alpha`` ``[E, H]`` after dropout; the mask as in
+    :func:`gat_attention`).
+    """
+    z = sddmm(graph, x_l, x_r, "add")
+    if edge_attr is not None:
+        z = z + edge_attr
+    scores = (F.leaky_relu(z, negative_slope) * att.reshape(1, *x_l.shape[1:])).sum(-1)
+    alpha = edge_softmax(graph, scores)
+    if p > 0.0:
+        alpha = F.dropout(alpha, p=p) if seed is None else alpha * seeded_dropout_scale(alpha, p, seed)
+    return spmm(graph, x_l, alpha), alpha

@@ -23,7 +23,10 @@ from fusegnn.sparse.graph import Graph
 from fusegnn.sparse.processing import self_loop_structure
 from fusegnn.sparse.reference import per_edge
 
-__all__ = ["spmm_backward", "sddmm_backward", "edge_softmax_backward", "gat_attention_backward", "gcn_norm_weight_grad"]
+__all__ = [
+    "spmm_backward", "edge_aggregate_backward", "sddmm_backward", "edge_softmax_backward",
+    "gat_attention_backward", "gatv2_attention_backward", "gcn_norm_weight_grad",
+]
 
 
 def spmm_backward(
@@ -31,28 +34,13 @@ def spmm_backward(
 ) -> tuple[Tensor | None, Tensor | None]:
     """``(grad_x, grad_w)`` of :func:`fusegnn.sparse.reference.spmm` in closed form.
 
-    ``"max"`` recomputes the messages and the maxima (the forward; nothing of size ``E``
-    is kept) and shares each target's gradient equally among the messages that attain
-    its maximum. (Eager ``scatter_reduce(..., include_self=False)`` also counts the
-    excluded zero initial value as a tie when a maximum is exactly 0, which halves such
-    gradients; the rule here counts only the reduced messages.)
+    ``"max"`` recomputes the messages and their argmax (the forward; nothing of size ``E``
+    is kept) and gives each target's gradient to the one message that is its maximum
+    (ties: the lowest edge id, :func:`fusegnn.sparse.reference.max_and_argmax`).
     """
     src, dst = graph.src.long(), graph.dst.long()
     if reduce == "max":
-        messages = x.index_select(0, src)
-        if w is not None:
-            messages = messages * per_edge(w.to(x.dtype), messages)
-        out = reference.spmm(graph, x, w, "max")
-        is_max = (messages == out.index_select(0, dst)).to(grad.dtype)
-        ties = torch.zeros_like(out, dtype=grad.dtype).index_add(0, dst, is_max)
-        g_msg = is_max * (grad / ties.clamp(min=1)).index_select(0, dst)  # d L / d message
-        gx = gw = None
-        if need_x:
-            weighted = g_msg * per_edge(w.to(g_msg.dtype), g_msg) if w is not None else g_msg
-            gx = torch.zeros_like(x, dtype=grad.dtype).index_add(0, src, weighted)
-        if need_w:
-            prod = g_msg * x.index_select(0, src)
-            gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
+        gx, _, gw = edge_aggregate_backward(graph, grad, x, None, w, None, "max", need_x, False, need_w)
         return gx, gw
     if reduce == "mean":
         count = graph.in_degree.clamp(min=1).to(grad.dtype)
@@ -64,6 +52,45 @@ def spmm_backward(
         prod = x.index_select(0, src) * grad.index_select(0, dst)
         gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
     return gx, gw
+
+
+def edge_aggregate_backward(
+    graph: Graph, grad: Tensor, x: Tensor | None, edge_attr: Tensor | None, w: Tensor | None,
+    activation: str | None, reduce: str, need_x: bool, need_e: bool, need_w: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    r"""``(grad_x, grad_edge_attr, grad_w)`` of :func:`fusegnn.sparse.reference.edge_aggregate`
+    in closed form. With :math:`z = x_j + e_{ji}`, :math:`g_e` the gradient of edge
+    ``e``'s message (its target's output gradient; divided by the in-degree for
+    ``"mean"``; for ``"max"`` zero where another edge is the argmax, which is recomputed):
+    :math:`\delta_e = w_e g_e \odot \mathrm{act}'(z_e)`, ``grad_x`` sums
+    :math:`\delta_e` into the sources, ``grad_edge_attr`` is :math:`\delta`, and
+    ``grad_w`` is :math:`\langle \mathrm{act}(z_e), g_e \rangle` per head.
+    """
+    src, dst = graph.src.long(), graph.dst.long()
+    z = x.index_select(0, src) if x is not None else None
+    if edge_attr is not None:
+        z = edge_attr if z is None else z + edge_attr
+    z = z.to(grad.dtype)
+    act = F.relu(z) if activation == "relu" else z
+    if reduce == "mean":
+        count = graph.in_degree.clamp(min=1).to(grad.dtype)
+        grad = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
+    g = grad.index_select(0, dst)
+    if reduce == "max":
+        messages = act * per_edge(w.to(act.dtype), act) if w is not None else act
+        _, argmax = reference.max_and_argmax(graph, messages)
+        ids = torch.arange(graph.num_edges, device=g.device).reshape((-1,) + (1,) * (g.dim() - 1))
+        g = torch.where(argmax.index_select(0, dst) == ids, g, torch.zeros_like(g))
+    delta = g * per_edge(w.to(g.dtype), g) if w is not None else g
+    if activation == "relu":
+        delta = torch.where(z > 0, delta, torch.zeros_like(delta))
+    gx = torch.zeros_like(x).index_add(0, src, delta.to(x.dtype)) if need_x and x is not None else None
+    ge = delta.to(edge_attr.dtype) if need_e and edge_attr is not None else None
+    gw = None
+    if need_w and w is not None:
+        prod = act * g
+        gw = (prod.flatten(1).sum(1) if w.dim() == 1 else prod.sum(-1)).to(w.dtype)
+    return gx, ge, gw
 
 
 def sddmm_backward(
@@ -99,11 +126,28 @@ def edge_softmax_backward(graph: Graph, alpha: Tensor, grad: Tensor) -> Tensor:
     return weighted - alpha * totals.index_select(0, dst)
 
 
+def _score_grad(graph: Graph, alpha: Tensor, scale: Tensor, grad_out: Tensor, messages: Tensor,
+                grad_alpha: Tensor | None) -> Tensor:
+    r"""Gradient of the pre-softmax scores of attention ``out_i = sum_j alpha_ji scale_ji m_j``
+    (``m`` = ``messages``): :math:`dA = (g_i \cdot m_j + \bar w) \cdot scale`,
+    :math:`\alpha (dA - \sum_k \alpha_{ki} dA_{ki})` (``grad_alpha`` :math:`\bar w`: the
+    gradient of the returned coefficients, or ``None``)."""
+    src, dst = graph.src.long(), graph.dst.long()
+    d_w = (grad_out.index_select(0, dst) * messages.index_select(0, src)).sum(-1).to(alpha.dtype)
+    if grad_alpha is not None:
+        d_w = d_w + grad_alpha.to(alpha.dtype)
+    d_a = d_w * scale
+    row = alpha.new_zeros((graph.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, alpha * d_a)
+    return alpha * (d_a - row.index_select(0, dst))
+
+
 def gat_attention_backward(
     graph: Graph, h: Tensor, s_src: Tensor, s_dst: Tensor, negative_slope: float, p: float, seed: Tensor | None,
-    grad_out: Tensor, grad_alpha: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    r"""``(grad_h, grad_score_src, grad_score_dst)`` of :func:`fusegnn.sparse.reference.gat_attention` (with a ``seed``) in closed form.
+    grad_out: Tensor, grad_alpha: Tensor | None, s_edge: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    r"""``(grad_h, grad_score_src, grad_score_dst, grad_score_edge)`` of
+    :func:`fusegnn.sparse.reference.gat_attention` (with a ``seed``) in closed form; the
+    last is ``None`` without a per-edge addend ``s_edge``.
 
     The coefficients are recomputed (the forward's scores and softmax, E-sized, and the
     same dropout mask from ``seed``); then, with :math:`g` the output gradient,
@@ -112,24 +156,22 @@ def gat_attention_backward(
     :math:`dW = g_i \cdot h_j + \bar w`, :math:`dA = dW\, M/(1-p)`,
     :math:`dE = \alpha (dA - \sum_k \alpha_{ki} dA_{ki})`,
     :math:`dZ = dE \cdot (1 \text{ if } z > 0 \text{ else slope})`, summed into sources
-    and targets for the two score gradients.
+    and targets for the two score gradients; :math:`dZ` itself is the gradient of ``s_edge``.
     """
     src, dst = graph.src.long(), graph.dst.long()
     z = reference.sddmm(graph, s_src, s_dst, "add")
+    if s_edge is not None:
+        z = z + s_edge
     alpha = reference.edge_softmax(graph, F.leaky_relu(z, negative_slope))
     scale = reference.seeded_dropout_scale(alpha, p, seed) if p > 0.0 else torch.ones_like(alpha)
     w = alpha * scale
     grad_h = reference.spmm(graph.reversed(), grad_out, w, "sum")
-    d_w = (grad_out.index_select(0, dst) * h.index_select(0, src)).sum(-1).to(alpha.dtype)
-    if grad_alpha is not None:
-        d_w = d_w + grad_alpha.to(alpha.dtype)
-    d_a = d_w * scale
-    row = alpha.new_zeros((graph.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, alpha * d_a)
-    d_e = alpha * (d_a - row.index_select(0, dst))
+    d_e = _score_grad(graph, alpha, scale, grad_out, h, grad_alpha)
     d_z = torch.where(z > 0, d_e, d_e * negative_slope)
     grad_src = torch.zeros_like(s_src).index_add(0, src, d_z.to(s_src.dtype))
     grad_dst = torch.zeros_like(s_dst).index_add(0, dst, d_z.to(s_dst.dtype))
-    return grad_h.to(h.dtype), grad_src, grad_dst
+    grad_edge = d_z.to(s_edge.dtype) if s_edge is not None else None
+    return grad_h.to(h.dtype), grad_src, grad_dst, grad_edge
 
 
 def gcn_norm_weight_grad(
@@ -179,3 +221,34 @@ def gcn_norm_weight_grad(
     else:
         grad_w = g_loops
     return grad_w.to(weight.dtype)
+
+
+def gatv2_attention_backward(
+    graph: Graph, x_l: Tensor, x_r: Tensor, att: Tensor, edge_attr: Tensor | None, negative_slope: float,
+    p: float, seed: Tensor | None, grad_out: Tensor, grad_alpha: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    r"""``(grad_x_l, grad_x_r, grad_att, grad_edge_attr or None)`` of
+    :func:`fusegnn.sparse.reference.gatv2_attention` (with a ``seed``) in closed form.
+
+    Recomputes :math:`z = x^l_j + x^r_i (+ e_{ji})`, the scores, the softmax and the mask;
+    then with :math:`w = \alpha M / (1-p)`: :math:`dA = (g_i \cdot x^l_j + \bar w) M/(1-p)`,
+    :math:`ds = \alpha (dA - \sum_k \alpha_{ki} dA_{ki})`,
+    :math:`dz = ds\, a \odot \mathrm{LeakyReLU}'(z)`; :math:`\partial x^l_j = \sum_i w_{ji} g_i + dz_{ji}`,
+    :math:`\partial x^r_i = \sum_j dz_{ji}`, :math:`\partial a = \sum ds \, \mathrm{LeakyReLU}(z)`,
+    :math:`\partial e = dz`.
+    """
+    src, dst = graph.src.long(), graph.dst.long()
+    att3 = att.reshape(1, *x_l.shape[1:])
+    z = reference.sddmm(graph, x_l, x_r, "add")
+    if edge_attr is not None:
+        z = z + edge_attr
+    lr = F.leaky_relu(z, negative_slope)
+    alpha = reference.edge_softmax(graph, (lr * att3).sum(-1))
+    scale = reference.seeded_dropout_scale(alpha, p, seed) if p > 0.0 else torch.ones_like(alpha)
+    d_s = _score_grad(graph, alpha, scale, grad_out, x_l, grad_alpha)
+    d_z = d_s.unsqueeze(-1) * torch.where(z > 0, att3, att3 * negative_slope)
+    grad_l = reference.spmm(graph.reversed(), grad_out, alpha * scale, "sum").index_add(0, src, d_z.to(grad_out.dtype))
+    grad_r = torch.zeros_like(x_r).index_add(0, dst, d_z.to(x_r.dtype))
+    grad_att = (d_s.unsqueeze(-1) * lr).sum(0).reshape(att.shape)
+    grad_e = d_z.to(edge_attr.dtype) if edge_attr is not None else None
+    return grad_l.to(x_l.dtype), grad_r, grad_att.to(att.dtype), grad_e

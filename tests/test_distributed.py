@@ -1,0 +1,255 @@
+"""fusegnn.distributed: partitions, a worker's share, the halo exchange, and GCN / GAT
+trained by 2 processes (gloo on the CPU) against single-process training on the same
+graph (float64: outputs and summed parameter gradients within 1e-6)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fusegnn.distributed import DistGraph, allreduce_gradients, global_count, partition_graph
+from fusegnn.layers import GATConv, GCNConv
+from fusegnn.sparse import Graph, HaloGraph, spmm
+from tests.graphs import random_graph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+NUM_NODES, NUM_EDGES, FEATURES, CLASSES = 40, 170, 6, 3
+
+
+def _graph() -> Graph:
+    """Isolated nodes, a hub of in-degree 15, self-loops (a duplicated one), duplicates."""
+    return Graph(random_graph(NUM_NODES, NUM_EDGES, seed=3, hub_degree=15), NUM_NODES)
+
+
+def _node_data():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(NUM_NODES, FEATURES, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, CLASSES, (NUM_NODES,), generator=gen)
+    train = torch.rand(NUM_NODES, generator=gen) < 0.6
+    return x, y, train
+
+
+class TwoLayers(nn.Module):
+    def __init__(self, first: nn.Module, second: nn.Module) -> None:
+        super().__init__()
+        self.first, self.second = first, second
+
+    def forward(self, x, graph):
+        return self.second(F.elu(self.first(x, graph)), graph)
+
+
+def _models(aggregation: str) -> dict:
+    """Fresh models (seeded: the same parameters on every worker)."""
+    torch.manual_seed(0)
+    return {
+        "gcn": TwoLayers(GCNConv(FEATURES, 8, aggregation=aggregation), GCNConv(8, CLASSES, aggregation=aggregation)),
+        # first layer: in < heads' width, so GAT aggregates x first (the gat_attention path)
+        "gat": TwoLayers(GATConv(FEATURES, 8, heads=2, aggregation=aggregation),
+                         GATConv(16, CLASSES, heads=2, concat=False, aggregation=aggregation)),
+    }
+
+
+def _loss_and_grads(model, out, y, train, count):
+    loss = F.cross_entropy(out[train], y[train], reduction="sum") / count
+    loss.backward()
+    return loss
+
+
+def _worker(rank: int, world_size: int, init: str, out_dir: str, aggregations: list[str]) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
+    try:
+        graph = _graph()
+        x, y, train = _node_data()
+        dg = DistGraph.build(graph, partition_graph(graph, world_size, "contiguous"))
+        x_own, y_own, train_own = dg.owned_rows(x), dg.owned_rows(y), dg.owned_rows(train)
+        count = global_count(train_own)
+        report = {}
+        for aggregation in aggregations:
+            for name, model in _models(aggregation).items():
+                model = model.double()
+                single = copy.deepcopy(model)
+                out_single = single(x, graph)
+                _loss_and_grads(single, out_single, y, train, int(train.sum()))
+                out = model(x_own, dg)
+                _loss_and_grads(model, out, y_own, train_own, count)
+                allreduce_gradients(model)
+                full = dg.gather(out.detach())
+                grads = [(p.grad, q.grad) for p, q in zip(model.parameters(), single.parameters())]
+                report[f"{name}-{aggregation}"] = dict(
+                    out=float((full - out_single.detach()).abs().max()),
+                    out_bitwise=bool(torch.equal(full, out_single.detach())),
+                    grad=max(float((g - h).abs().max()) for g, h in grads),
+                    grads_bitwise=all(torch.equal(g, h) for g, h in grads),
+                    exchanges=dg.log.calls,
+                )
+                dg.log.reset()
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(report, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_workers_match_single_process(tmp_path):
+    """GCN and GAT, forward + backward, on 2 gloo workers: the same outputs and summed
+    gradients as one process, on the reference path and on the fused kernels (Triton's
+    interpreter on the CPU)."""
+    mp = pytest.importorskip("torch.multiprocessing")
+    aggregations = ["reference", "gar"]
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    mp.spawn(_worker, args=(2, init, str(tmp_path), aggregations), nprocs=2, join=True)
+    for rank in range(2):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert sorted(report) == sorted(f"{m}-{a}" for m in ("gcn", "gat") for a in aggregations)
+        for case, r in report.items():
+            assert r["out"] <= 1e-6, (rank, case, r)
+            assert r["grad"] <= 1e-6, (rank, case, r)
+            assert r["exchanges"] > 0, (rank, case, r)
+        # the reference GCN aggregates every target's edges in the global order: bitwise
+        assert report["gcn-reference"]["out_bitwise"], report["gcn-reference"]
+
+
+# ---------------------------------------------------------------------------------- partition
+@pytest.mark.parametrize("balance_on", ["nodes", "edges"])
+@pytest.mark.parametrize("num_parts", [1, 2, 3, 5])
+def test_contiguous_partition(num_parts, balance_on):
+    graph = _graph()
+    part = partition_graph(graph, num_parts, "contiguous", balance_on=balance_on)
+    assert part.method == "contiguous" and part.num_parts == num_parts
+    assert sorted(part.perm.tolist()) == list(range(NUM_NODES))  # every node in exactly one part
+    for p in range(num_parts):
+        assert (part.parts[part.nodes(p)] == p).all()
+    src, dst = graph.edge_index.tolist()
+    cut = sum(1 for j, i in zip(src, dst) if part.parts[j] != part.parts[i])
+    assert part.edge_cut == cut
+    sizes = part.sizes()
+    assert min(sizes) >= 1 and sum(sizes) == NUM_NODES
+    assert part.balance == pytest.approx(max(sizes) / (NUM_NODES / num_parts))
+    if balance_on == "nodes":
+        assert max(sizes) - min(sizes) <= 1
+    again = partition_graph(graph, num_parts, "contiguous", balance_on=balance_on)  # deterministic
+    assert torch.equal(again.parts, part.parts) and torch.equal(again.perm, part.perm)
+
+
+def test_partition_methods_and_errors():
+    graph = _graph()
+    auto = partition_graph(graph, 2)
+    assert auto.method in ("metis", "contiguous")
+    with pytest.raises(ValueError, match="method"):
+        partition_graph(graph, 2, "spectral")
+    with pytest.raises(ValueError, match="num_parts"):
+        partition_graph(graph, 0)
+    with pytest.raises(ValueError, match="exceeds"):
+        partition_graph(graph, NUM_NODES + 1)
+
+
+def test_metis_partition_when_installed():
+    pytest.importorskip("pymetis")
+    graph = _graph()
+    part = partition_graph(graph, 2, "metis")
+    assert part.method == "metis" and sorted(part.perm.tolist()) == list(range(NUM_NODES))
+    assert torch.equal(partition_graph(graph, 2, "metis").parts, part.parts)
+
+
+# ---------------------------------------------------------------------------------- DistGraph
+def test_shares_are_consistent():
+    """Every worker's incoming edges are the global ones of its nodes, in order; what
+    ``r`` sends to ``q`` is, row for row, what ``q`` expects from ``r``."""
+    graph = _graph()
+    part = partition_graph(graph, 3, "contiguous")
+    shares = [DistGraph.build(graph, part, rank) for rank in range(3)]
+    src, dst = graph.edge_index
+    assert sum(s.num_own for s in shares) == NUM_NODES
+    for r, share in enumerate(shares):
+        g = share.graph
+        assert isinstance(g, HaloGraph) and g.num_src_nodes == share.num_own + share.num_halo
+        assert g.num_dst_nodes == share.num_own
+        ids = torch.cat([share.owned, share.halo])  # local id -> global id
+        mine = part.parts[dst] == r
+        assert torch.equal(ids[g.src], src[mine]) and torch.equal(ids[g.dst], dst[mine])
+        assert (part.parts[share.halo] != r).all() and share.recv_counts[r] == 0 and share.send_counts[r] == 0
+        send_global = share.owned[share.send_index]
+        for q, other in enumerate(shares):
+            sent = send_global[sum(share.send_counts[:q]):sum(share.send_counts[:q + 1])]
+            expected = other.halo[sum(other.recv_counts[:r]):sum(other.recv_counts[:r + 1])]
+            assert torch.equal(sent, expected), (r, q)
+
+
+def test_one_worker_is_the_single_process_model():
+    """N = 1 without a process group: no halo, no collective, the same numbers bitwise."""
+    graph = _graph()
+    x, _, _ = _node_data()
+    dg = DistGraph.build(graph, partition_graph(graph, 1))
+    assert dg.num_halo == 0 and dg.send_index.numel() == 0
+    x_own = dg.owned_rows(x)
+    for model in _models("reference").values():
+        model = model.double()
+        out = dg.gather(model(x_own, dg))
+        assert torch.equal(out, model(x, graph))
+    assert torch.equal(dg.gather(spmm(dg, x_own)), spmm(graph, x))
+
+
+def test_halo_graph_processing_and_errors():
+    """A HaloGraph keeps its kind through re-weighting and self-loop processing, wants
+    owned rows, and is refused under torch.compile's graph references."""
+    from fusegnn.sparse.graph_ref import graph_ref
+    from fusegnn.sparse.processing import gat_self_loops
+
+    graph = _graph()
+    dg = DistGraph.build(graph, partition_graph(graph, 2, "contiguous"), 0)
+    g = dg.graph
+    assert isinstance(g.with_edge_weight(torch.ones(g.num_edges)), HaloGraph)
+    loops = gat_self_loops(g)
+    assert isinstance(loops, HaloGraph) and loops.num_own == g.num_own
+    own_loops = loops.src == loops.dst
+    assert int(own_loops.sum()) == g.num_own and (loops.src[own_loops] < g.num_own).all()
+    with pytest.raises(ValueError, match="owned nodes"):
+        spmm(dg, torch.zeros(NUM_NODES, 2))
+    with pytest.raises(ValueError, match="owns"):
+        GCNConv(FEATURES, 2)(torch.zeros(NUM_NODES, FEATURES), dg)
+    with pytest.raises(TypeError, match="eagerly"):
+        graph_ref(dg)
+
+
+# ---------------------------------------------------------------------------------- the example
+def test_example_on_two_cpu_workers():
+    """``torchrun --nproc-per-node 2 examples/train_distributed.py --device cpu`` trains GCN
+    on Cora (gloo) and rank 0 prints the JSON summary."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    data = os.environ.get("FUSEGNN_DATA") or str(repo.parent / "shared" / "data" / "planetoid")
+    if not (Path(data) / "Cora" / "raw" / "ind.cora.graph").is_file():
+        pytest.skip("Planetoid raw files not found ($FUSEGNN_DATA or ../shared/data/planetoid)")
+    env = dict(os.environ, FUSEGNN_DATA=data, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+         str(repo / "examples" / "train_distributed.py"), "--device", "cpu", "--runs", "1", "--epochs", "3",
+         "--json", "--quiet"],
+        capture_output=True, text=True, env=env, timeout=300, cwd=repo,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summaries = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(summaries) == 1  # rank 0 only
+    summary = json.loads(summaries[0])
+    assert summary["world_size"] == 2 and summary["dataset"] == "Cora" and summary["model"] == "gcn"
+    assert summary["partition"]["edge_cut"] > 0 and min(summary["halo_nodes"]) > 0
+    assert summary["bytes_sent_per_step_rank0"] > 0 and 0.0 <= summary["test_acc_mean"] <= 1.0

@@ -1,0 +1,157 @@
+"""GINEConv (edge features through the fused edge_aggregate) and GINConv's narrowing-MLP
+path (aggregation after the first Linear), against dense formulas and PyG."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from torch.func import functional_call  # noqa: E402
+
+from fusegnn.layers import GINConv, GINEConv  # noqa: E402
+from fusegnn.sparse import Graph  # noqa: E402
+from fusegnn.sparse.dispatch import decisions_taken  # noqa: E402
+from tests.test_layers_library import (  # noqa: E402
+    SPECS, _bipartite, _check_against, _randn, _same_as_pyg, dense_adjacency, gin_dense,
+)
+from tests.test_layers import pyg_nn, requires_pyg  # noqa: E402
+
+F64 = torch.float64
+
+
+def _narrowing_mlp(width_in: int, width_out: int) -> torch.nn.Sequential:
+    return torch.nn.Sequential(torch.nn.Linear(width_in, 3), torch.nn.ReLU(), torch.nn.Linear(3, width_out))
+
+
+def gine_dense(p, layer, x_src, x_dst, edge_attr, ei):
+    """The GINE formula with a loop over the edges (the messages ReLU(x_j + e_ji))."""
+    e = edge_attr if layer.lin is None else edge_attr @ p["lin.weight"].T + p["lin.bias"]
+    n_dst = x_dst.size(0) if x_dst is not None else x_src.size(0)
+    h = torch.zeros(n_dst, x_src.size(1), dtype=x_src.dtype)
+    for k in range(ei.size(1)):
+        j, i = int(ei[0, k]), int(ei[1, k])
+        h = h.index_add(0, torch.tensor([i]), torch.relu(x_src[j] + e[k]).unsqueeze(0))
+    if x_dst is not None:
+        h = h + (1 + p["eps"]) * x_dst
+    return functional_call(layer.nn, {k[3:]: v for k, v in p.items() if k.startswith("nn.")}, (h,))
+
+
+@pytest.mark.parametrize("spec", SPECS[:3], ids=str)
+@pytest.mark.parametrize("edge_dim", [None, 2])
+def test_gine_matches_dense(spec, edge_dim):
+    torch.manual_seed(0)
+    layer = GINEConv(_narrowing_mlp(4, 3), eps=0.2, train_eps=True, edge_dim=edge_dim).double()
+    ei, n = spec.build(), spec.num_nodes
+    e = _randn(ei.size(1), edge_dim or 4, seed=5)
+    _check_against(layer, lambda p, x: gine_dense(p, layer, x, x, e, ei), [_randn(n, 4, seed=1)], ei, e)
+
+
+def test_gine_bipartite_matches_dense():
+    ei = _bipartite()
+    torch.manual_seed(0)
+    layer = GINEConv(_narrowing_mlp(4, 3), edge_dim=3).double()
+    xs, xd = _randn(9, 4, seed=1), _randn(6, 4, seed=2)
+    e = _randn(ei.size(1), 3, seed=3)
+    _check_against(layer, lambda p, a, b: gine_dense(p, layer, a, b, e, ei), [xs, xd], ei, e)
+
+
+@requires_pyg
+@pytest.mark.parametrize("edge_dim", [None, 2])
+def test_gine_matches_pyg(edge_dim):
+    torch.manual_seed(0)
+    ours = GINEConv(_narrowing_mlp(4, 3), eps=0.1, train_eps=True, edge_dim=edge_dim).double()
+    theirs = pyg_nn.GINEConv(_narrowing_mlp(4, 3), eps=0.1, train_eps=True, edge_dim=edge_dim).double()
+    ei = SPECS[0].build()
+    e = _randn(ei.size(1), edge_dim or 4, seed=7)
+    _same_as_pyg(ours, theirs, _randn(SPECS[0].num_nodes, 4, seed=1), ei, e)
+    xs, xd = _randn(9, 4, seed=1), _randn(6, 4, seed=2)
+    eb = _randn(_bipartite().size(1), edge_dim or 4, seed=8)
+    _same_as_pyg(ours, theirs, (xs, xd), _bipartite(), eb)
+
+
+@pytest.mark.parametrize("aggregation", ["gas", "gar"])
+def test_gine_fused_paths_match_reference(aggregation):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ei = SPECS[1].build().to(device)
+    n = SPECS[1].num_nodes
+    torch.manual_seed(0)
+    ref = GINEConv(_narrowing_mlp(5, 3), train_eps=True, edge_dim=2).to(device)
+    fused = GINEConv(_narrowing_mlp(5, 3), train_eps=True, edge_dim=2, aggregation=aggregation).to(device)
+    fused.load_state_dict(ref.state_dict())
+    x = torch.randn(n, 5, device=device)
+    e = torch.randn(ei.size(1), 2, device=device)
+    out_ref = ref(x, ei, e)
+    with decisions_taken() as taken:
+        out = fused(x, ei, e)
+    assert taken and taken[-1].name == "gar"  # the edge messages run on GAR (GAS hands them over)
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, list(fused.parameters()), g)
+    grads_ref = torch.autograd.grad(out_ref, list(ref.parameters()), g)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_gine_bad_input():
+    layer = GINEConv(_narrowing_mlp(4, 3), edge_dim=2).double()
+    ei = SPECS[0].build()
+    x = _randn(SPECS[0].num_nodes, 4, seed=1)
+    with pytest.raises(ValueError, match="GINEConv: edge_attr is required"):
+        layer(x, ei)
+    with pytest.raises(ValueError, match="GINEConv: edge_attr has 3 features per edge but the layer takes 2"):
+        layer(x, ei, _randn(ei.size(1), 3, seed=2))
+    with pytest.raises(ValueError, match="GINEConv: edge_attr has 2 rows"):
+        layer(x, ei, _randn(2, 2, seed=2))
+    plain = GINEConv(_narrowing_mlp(4, 3)).double()
+    with pytest.raises(ValueError, match=r"GINEConv: edge_attr must be \[E, 4\]"):
+        plain(x, ei, _randn(ei.size(1), 2, seed=2))
+    with pytest.raises(ValueError, match="GINEConv: edge_dim must be a positive int"):
+        GINEConv(_narrowing_mlp(4, 3), edge_dim=0)
+    with pytest.raises(ValueError, match="could not infer the input width"):
+        GINEConv(torch.nn.Sequential(torch.nn.ReLU()), edge_dim=2)
+    with pytest.raises(TypeError, match="GINEConv: nn must be a module or callable"):
+        GINEConv(3)
+
+
+# ----------------------------------------------------- GINConv: aggregate after a narrowing Linear
+@pytest.mark.parametrize("spec", SPECS[:3], ids=str)
+def test_gin_narrowing_mlp_matches_dense(spec):
+    torch.manual_seed(0)
+    layer = GINConv(_narrowing_mlp(5, 2), eps=0.3, train_eps=True).double()
+    ei, n = spec.build(), spec.num_nodes
+    _check_against(layer, lambda p, x: gin_dense(p, layer, x, x, ei, n), [_randn(n, 5, seed=1)], ei)
+    xs, xd = _randn(9, 5, seed=1), _randn(6, 5, seed=2)
+    eb = _bipartite()
+    _check_against(layer, lambda p, a, b: gin_dense(p, layer, a, b, eb, 6), [xs, xd], eb)
+    _check_against(layer, lambda p, a, b: gin_dense(p, layer, a, None, eb, 6), [xs, None], eb, size=(9, 6))
+
+
+def test_gin_narrowing_aggregates_at_the_narrow_width(monkeypatch):
+    import fusegnn.layers.gin_conv as gin_module
+
+    widths = []
+    real = gin_module.spmm
+    monkeypatch.setattr(gin_module, "spmm", lambda g, x, *a, **k: widths.append(x.size(1)) or real(g, x, *a, **k))
+    layer = GINConv(_narrowing_mlp(5, 2)).double()
+    ei = SPECS[0].build()
+    layer(_randn(SPECS[0].num_nodes, 5, seed=1), ei)
+    assert widths == [3]
+
+
+@requires_pyg
+def test_gin_narrowing_matches_pyg():
+    torch.manual_seed(0)
+    ours = GINConv(_narrowing_mlp(5, 2), eps=0.1, train_eps=True).double()
+    theirs = pyg_nn.GINConv(_narrowing_mlp(5, 2), eps=0.1, train_eps=True).double()
+    _same_as_pyg(ours, theirs, _randn(SPECS[0].num_nodes, 5, seed=1), SPECS[0].build())
+    w = _randn(SPECS[0].build().size(1), seed=3).abs()
+    graph = Graph(SPECS[0].build(), SPECS[0].num_nodes, w)
+    adj = dense_adjacency(SPECS[0].build(), SPECS[0].num_nodes, SPECS[0].num_nodes, w)
+    assert adj.shape[0] == SPECS[0].num_nodes
+    out = ours(_randn(SPECS[0].num_nodes, 5, seed=1), graph)
+    assert out.shape == (SPECS[0].num_nodes, 2)
