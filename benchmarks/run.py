@@ -8,6 +8,7 @@
     python -m benchmarks.run --suite overhead           # host microseconds per call (benchmarks.overhead)
     python -m benchmarks.run --suite sampled            # neighbour-sampled training (benchmarks.sampled)
     python -m benchmarks.run --suite dist               # full-graph training on 1..N GPUs (benchmarks.dist)
+    python -m benchmarks.run --suite loss               # linear + cross-entropy heads (benchmarks.loss)
 
 Writes ``<out>/<suite>/<gpu-slug>.json`` after every record, then ``.md`` and ``.png``,
 and prints the markdown table last. See ``benchmarks/README.md``.
@@ -71,7 +72,8 @@ def _split_at_sweep(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    p.add_argument("--suite", choices=(*SUITES, "attention", "overhead", "sampled", "dist", "all"), default="paper")
+    p.add_argument("--suite", choices=(*SUITES, "attention", "overhead", "sampled", "dist", "loss", "all"),
+                   default="paper")
     p.add_argument("--out", type=Path, default=_REPO / "benchmarks" / "results",
                    help="results directory; files go to <out>/<suite>/<gpu-slug>.* (default benchmarks/results)")
     p.add_argument("--cases", type=_csv, help="comma-separated case names or globs, e.g. 'gcn-*,gat-cora-*'")
@@ -262,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.sampled import main_from_harness as sampled_main
 
         return sampled_main(args, torch.device("cpu") if args.list else resolve_device(args))
+    if args.suite == "loss":  # linear + cross-entropy heads: its own grid, see benchmarks/loss.py
+        from benchmarks.loss import main_from_harness as loss_main
+
+        cpu = args.list and not torch.cuda.is_available()
+        return loss_main(args, torch.device("cpu") if cpu else resolve_device(args))
     if args.list:
         cpu = not torch.cuda.is_available()
         _list(args, torch.device("cpu") if cpu else resolve_device(args))

@@ -8,12 +8,13 @@ The package is split the way a GNN layer is (fuseGNN, Chen et al. 2020):
   block layouts, ``sparse_attention`` and its cost model;
 * :mod:`fusegnn.kernels` -- Triton kernels, each beside the PyTorch reference it must match;
 * :mod:`fusegnn.layers` -- ``nn.Module`` layers (``GCNConv``, ``GATConv``, ...);
+* :mod:`fusegnn.losses` -- fused losses (``linear_cross_entropy``: no logits in memory);
 * :mod:`fusegnn.datasets` -- data loaders and offline generators;
 * :mod:`fusegnn.capture` -- :func:`graphed_step`: a whole training step captured into a
   CUDA graph and replayed (small graphs are bound by kernel launches).
 """
 
-from fusegnn import attention, capture, datasets, layers, sparse
+from fusegnn import attention, capture, datasets, layers, losses, sparse
 from fusegnn.capture import CaptureError, GraphedStep, graphed_step
 from fusegnn.sparse import Graph
 
@@ -28,6 +29,7 @@ __all__ = [
     "datasets",
     "graphed_step",
     "layers",
+    "losses",
     "sparse",
     "__version__",
 ]

@@ -416,3 +416,33 @@ def test_dist_suite_smoke_on_cpu(tmp_path):
     assert two["bytes_per_step"] > 0 and two["exchange_ms"] > 0 and two["loss_max_rel_diff"] <= 1e-4
     assert rows[("fusegnn-1gpu", False)]["bytes_per_step"] == 0
     assert "*modelled*" in markdown and (tmp_path / "dist" / "cpu.md").is_file()
+
+
+def test_loss_suite_smoke_on_cpu(tmp_path, one_thread):
+    """``--suite loss`` on the CPU: every case at its smoke size, checked against float32
+    eager and timed; the CUDA-only backends are rows that say why they were skipped."""
+    from benchmarks.loss import BACKENDS, CASES
+
+    code = main(["--suite", "loss", "--out", str(tmp_path), "--no-png", *FAST])
+    assert code == 0
+    doc = json.loads((tmp_path / "loss" / "cpu.json").read_text())
+    assert doc["suite"] == "loss" and list(doc["cases"]) == list(CASES)
+    assert list(BACKENDS) == ["fusegnn", "eager", "compile", "liger", "cce"]
+    rows = {(r["case"], r["backend"]): r for r in doc["records"]}
+    assert set(rows) == {(c, b) for c in CASES for b in BACKENDS}
+    for case in CASES:
+        for name in ("fusegnn", "eager"):
+            row = rows[(case, name)]
+            assert row["ok"] and row["ms"] > 0 and row["steps"] == 2, row
+            assert row["rel_err_h"] < 2e-2 and row["rel_err_w"] < 2e-2
+        for name in ("compile", "liger", "cce"):
+            row = rows[(case, name)]
+            assert not row["ok"] and row["error"].startswith("skipped:"), row
+    markdown = (tmp_path / "loss" / "cpu.md").read_text()
+    assert "| loss-gnn-reddit | fusegnn |" in markdown
+
+
+def test_loss_suite_list(capsys):
+    assert main(["--suite", "loss", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "loss-llm-8192x4096-v128256" in out and "fusegnn, eager, compile, liger, cce" in out

@@ -1,0 +1,529 @@
+r"""Linear + cross-entropy without the ``[M, C]`` logits: chunked GEMMs and one fused row kernel.
+
+For rows :math:`h_i` (``[K]``), a classifier :math:`W` (``[C, K]``), bias :math:`b` and
+targets :math:`y_i`, with label smoothing :math:`\varepsilon`:
+
+.. math::
+    z_i = W h_i + b, \qquad \ell_i = \operatorname{lse}(z_i) - (1-\varepsilon)\, z_{i y_i}
+          - \frac{\varepsilon}{C} \sum_c z_{ic},
+
+and (loss elimination, thesis ch. 6, Eq. 6.1: the gradient needs no loss value)
+
+.. math::
+    \frac{\partial L}{\partial z_{ic}} = s_i \Big(\operatorname{softmax}(z_i)_c
+        - (1-\varepsilon)[c = y_i] - \frac{\varepsilon}{C}\Big),
+
+with :math:`s_i` = ``1 / n_valid`` (mean), ``1`` (sum) or the incoming per-row gradient
+(``reduction="none"``), and :math:`s_i = 0` on rows whose target is ``ignore_index``. Then
+:math:`\partial h_i = \sum_c \partial z_{ic} W_c`, :math:`\partial W = \partial z^\top h`,
+:math:`\partial b = \sum_i \partial z_i`.
+
+The rows are processed in chunks of ``R`` rows, so the only logits ever in memory are one
+``[R, C]`` buffer in the input dtype (its size is a budget, :data:`CHUNK_BYTES`):
+
+1. ``logits = h_chunk @ W^T + b`` (cuBLAS, fp32 accumulation, one rounding to the dtype --
+   as ``F.linear`` does);
+2. :data:`rows_kernel` (Triton), one pass per row block: an online log-sum-exp in the
+   accumulation dtype over class tiles, the target logit, the sum of logits (label
+   smoothing) -> the per-row loss; a second sweep writes :math:`\partial z` **over the
+   logits buffer in place** (no second buffer);
+3. ``dh_chunk = dz @ W`` and ``dW += dz^T @ h_chunk`` (cuBLAS), ``db += dz.sum(0)``.
+
+With ``index`` the rows that count are ``h[index]`` (repeats count each time); a chunk's
+rows are gathered into an ``[R, K]`` workspace for the GEMM (never an ``[len(index), K]``
+copy), the kernel reads targets through ``index``, and ``dh`` receives the rows with
+``index_add_`` (repeats add up). ``dW`` is accumulated in float32 when ``C x K`` float32 fits
+the chunk budget (GNN heads: exact to one final rounding); otherwise (language-model heads)
+in the weight's dtype, one rounding per chunk.
+
+:func:`linear_cross_entropy_reference` is the pure-PyTorch definition the fused path must
+match (``F.cross_entropy(F.linear(h[index], W, b), target[index], ...)``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fusegnn.kernels._edge_utils import acc_dtype
+from fusegnn.kernels._triton import LazyKernel, interpreter_enabled, kernel_helper, next_pow2
+
+__all__ = [
+    "CHUNK_BYTES",
+    "HEAD_CHUNK_BYTES",
+    "HEAD_MAX_CLASSES",
+    "LossAndGrads",
+    "chunk_rows_for",
+    "fused_linear_cross_entropy",
+    "head_kernel",
+    "head_tiled_kernel",
+    "linear_cross_entropy_reference",
+    "rows_kernel",
+]
+
+#: byte budget of the one ``[R, C]`` logits buffer (and of a float32 ``dW`` accumulator)
+CHUNK_BYTES = 128 * 2**20
+#: classes up to which :data:`head_kernel` keeps a row block's logits on chip (GNN heads)
+HEAD_MAX_CLASSES = 512
+#: above this many (padded) classes the head path streams class tiles (head_tiled_kernel)
+#: when the features fit one tile (``K <= TILED_MAX_FEATURES``)
+TILED_ABOVE_CLASSES = 128
+TILED_MAX_FEATURES = 256
+#: the tiled kernel's launch (an H100 sweep, benchmarks/NOTES-loss.md)
+TILED_CONFIG = {"block_m": 64, "block_c": 32, "warps": 4, "stages": 3}
+#: byte budget of the head path's per-chunk buffers (``dz`` rows; ``dh`` rows with ``index``)
+HEAD_CHUNK_BYTES = 32 * 2**20
+#: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``)
+_TILE = 4096
+
+
+@kernel_helper
+def _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
+                HAS_INDEX: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr):
+    """This program's rows of the chunk: ``(local, in_rows, src, y, valid, eps)`` -- chunk
+    rows, which are real, rows of ``h`` (through ``index``), targets, which count, and the
+    smoothing per row (passed as float64 so that float64 inputs get it exactly)."""
+    local = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    in_rows = local < n_rows
+    if HAS_INDEX:
+        src = tl.load(index_ptr + row0 + local, mask=in_rows, other=0).to(tl.int64)
+    else:
+        src = row0 + local
+    y = tl.load(target_ptr + src, mask=in_rows, other=ignore_index).to(tl.int64)
+    valid = in_rows & (y != ignore_index)
+    eps = (tl.zeros([BLOCK], ACC) + smoothing).to(ACC)
+    return local, in_rows, src, y, valid, eps
+
+
+@kernel_helper
+def _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes):
+    """``loss = lse - (1 - eps) z_y - eps / C * sum(z)`` (0 on ignored rows)."""
+    loss = lse - (1.0 - eps) * z_y - (eps / num_classes) * z_sum
+    tl.store(loss_ptr + row0 + local, tl.where(valid, loss, 0.0).to(loss_ptr.dtype.element_ty), mask=in_rows)
+
+
+@kernel_helper
+def _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW: tl.constexpr, BLOCK: tl.constexpr,
+               ACC: tl.constexpr):
+    """:math:`s_i`: one value or one per row, 0 on ignored rows."""
+    if SCALE_PER_ROW:
+        scale = tl.load(scale_ptr + row0 + local, mask=in_rows, other=0.0).to(ACC)
+    else:
+        scale = tl.zeros([BLOCK], ACC) + tl.load(scale_ptr).to(ACC)
+    return tl.where(valid, scale, 0.0)
+
+
+@kernel_helper
+def _logit_grad(z, lse, cols, y, eps, num_classes, scale):
+    """``dz = s (softmax(z) - (1 - eps) onehot(y) - eps / C)`` of a ``[rows, classes]`` tile."""
+    p = tl.exp(z - lse[:, None])
+    onehot = tl.where(cols[None, :] == y[:, None], (1.0 - eps)[:, None], 0.0)
+    return (p - onehot - (eps / num_classes)[:, None]) * scale[:, None]
+
+
+def _rows_kernel(
+    z_ptr, stride_z, target_ptr, index_ptr, scale_ptr, loss_ptr,
+    row0, n_rows, num_classes, ignore_index, smoothing: tl.float64,
+    HAS_INDEX: tl.constexpr, SCALE_PER_ROW: tl.constexpr, WRITE_GRAD: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
+):
+    """Rows ``row0 + [pid*BLOCK_R, +BLOCK_R)`` of the chunk whose logits are ``z`` (row
+    ``r`` of the chunk is ``z[r - row0]``): per-row loss, and the logits' gradient in place."""
+    local, in_rows, src, y, valid, eps = _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
+                                                     HAS_INDEX, BLOCK_R, ACC)
+    zrow = z_ptr + local[:, None] * stride_z
+    cols0 = tl.arange(0, BLOCK_C)
+    neg_inf = float("-inf")
+    m = tl.full([BLOCK_R], neg_inf, ACC)
+    s = tl.zeros([BLOCK_R], ACC)
+    z_y = tl.zeros([BLOCK_R], ACC)
+    z_sum = tl.zeros([BLOCK_R], ACC)
+    for c0 in range(0, num_classes, BLOCK_C):
+        cols = c0 + cols0
+        mask = in_rows[:, None] & (cols < num_classes)[None, :]
+        z = tl.load(zrow + cols[None, :], mask=mask, other=neg_inf).to(ACC)
+        m_new = tl.maximum(m, tl.max(z, axis=1))
+        m_safe = tl.where(m_new == neg_inf, 0.0, m_new)  # a row of padding only
+        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
+        m = m_new
+        z_y += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
+        z_sum += tl.sum(tl.where(mask, z, 0.0), axis=1)
+    m_safe = tl.where(m == neg_inf, 0.0, m)
+    lse = m_safe + tl.log(tl.where(s > 0.0, s, 1.0))
+    _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
+    if WRITE_GRAD:
+        scale = _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW, BLOCK_R, ACC)
+        for c0 in range(0, num_classes, BLOCK_C):
+            cols = c0 + cols0
+            mask = in_rows[:, None] & (cols < num_classes)[None, :]
+            z = tl.load(zrow + cols[None, :], mask=mask, other=0.0).to(ACC)
+            dz = _logit_grad(z, lse, cols, y, eps, num_classes, scale)
+            tl.store(zrow + cols[None, :], dz.to(z_ptr.dtype.element_ty), mask=mask)
+
+
+#: ``triton.language``, bound at the first launch (the kernel's body reads it when it is
+#: jitted); importing this module imports no Triton, so the reference needs none and
+#: ``TRITON_INTERPRET`` may still be set after the import.
+tl = None
+
+rows_kernel = LazyKernel(_rows_kernel)
+
+
+def _head_kernel(
+    h_ptr, stride_h, w_ptr, b_ptr, target_ptr, index_ptr, scale_ptr, loss_ptr, dz_ptr, stride_dz,
+    dh_ptr, stride_dh, row0, n_rows, num_classes, features, ignore_index, smoothing: tl.float64,
+    HAS_INDEX: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
+    WRITE_DZ: tl.constexpr, WRITE_DH: tl.constexpr, DH_BY_CHUNK_ROW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Rows ``row0 + [pid*BLOCK_M, +BLOCK_M)`` with every class on chip (``C <= BLOCK_C``):
+    logits ``h W^T + b`` (tensor cores, ``ACC`` accumulation), log-sum-exp, per-row loss;
+    then ``dz`` (stored for the ``dW`` GEMM when ``WRITE_DZ``) and ``dh = dz W`` (stored at
+    the row of ``h``, or at the chunk row when ``DH_BY_CHUNK_ROW``)."""
+    local, in_rows, src, y, valid, eps = _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
+                                                     HAS_INDEX, BLOCK_M, ACC)
+    cols = tl.arange(0, BLOCK_C)
+    in_cols = cols < num_classes
+    ks = tl.arange(0, BLOCK_K)
+    z = tl.zeros([BLOCK_M, BLOCK_C], ACC)
+    for k0 in range(0, features, BLOCK_K):
+        kk = k0 + ks
+        a = tl.load(h_ptr + src[:, None] * stride_h + kk[None, :],
+                    mask=in_rows[:, None] & (kk < features)[None, :], other=0.0)
+        wt = tl.load(w_ptr + cols[None, :] * features + kk[:, None],
+                     mask=in_cols[None, :] & (kk < features)[:, None], other=0.0)
+        if UPCAST:
+            a, wt = a.to(ACC), wt.to(ACC)
+        z += tl.dot(a, wt, input_precision="ieee", out_dtype=ACC)
+    if HAS_BIAS:
+        z += tl.load(b_ptr + cols, mask=in_cols, other=0.0).to(ACC)[None, :]
+    z = tl.where(in_cols[None, :], z, float("-inf"))
+    m = tl.max(z, axis=1)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    e = tl.exp(z - m[:, None])
+    lse = m + tl.log(tl.sum(e, axis=1))
+    is_y = cols[None, :] == y[:, None]
+    z_y = tl.sum(tl.where(is_y, z, 0.0), axis=1)
+    z_sum = tl.sum(tl.where(in_cols[None, :], z, 0.0), axis=1)
+    _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
+    if WRITE_DZ or WRITE_DH:
+        scale = _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW, BLOCK_M, ACC)
+        dz = _logit_grad(z, lse, cols, y, eps, num_classes, scale)
+        dz = tl.where(in_cols[None, :], dz, 0.0).to(dz_ptr.dtype.element_ty)
+        if WRITE_DZ:
+            tl.store(dz_ptr + local[:, None] * stride_dz + cols[None, :], dz,
+                     mask=in_rows[:, None] & in_cols[None, :])
+        if WRITE_DH:
+            if DH_BY_CHUNK_ROW:
+                out_rows = local
+            else:
+                out_rows = src
+            for k0 in range(0, features, BLOCK_K):
+                kk = k0 + ks
+                wk = tl.load(w_ptr + cols[:, None] * features + kk[None, :],
+                             mask=in_cols[:, None] & (kk < features)[None, :], other=0.0)
+                if UPCAST:
+                    dh = tl.dot(dz.to(ACC), wk.to(ACC), input_precision="ieee", out_dtype=ACC)
+                else:
+                    dh = tl.dot(dz, wk, input_precision="ieee", out_dtype=ACC)
+                tl.store(dh_ptr + out_rows[:, None] * stride_dh + kk[None, :], dh.to(dh_ptr.dtype.element_ty),
+                         mask=in_rows[:, None] & (kk < features)[None, :])
+
+
+head_kernel = LazyKernel(_head_kernel)
+
+
+def _head_tiled_kernel(
+    h_ptr, stride_h, w_ptr, b_ptr, target_ptr, index_ptr, scale_ptr, loss_ptr, dz_ptr, stride_dz,
+    dh_ptr, stride_dh, row0, n_rows, num_classes, features, ignore_index, smoothing: tl.float64,
+    HAS_INDEX: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
+    WRITE_DZ: tl.constexpr, WRITE_DH: tl.constexpr, DH_BY_CHUNK_ROW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """:data:`head_kernel` for more classes than one tile: the row block (all ``K <= BLOCK_K``
+    features) stays on chip while class tiles stream past twice -- an online
+    log-sum-exp, then the logits again for ``dz`` and ``dh += dz W_tile`` (so a block of
+    ``BLOCK_M`` rows reads ``W`` twice, not once per 16 rows)."""
+    local, in_rows, src, y, valid, eps = _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
+                                                     HAS_INDEX, BLOCK_M, ACC)
+    ks = tl.arange(0, BLOCK_K)
+    in_k = ks < features
+    a = tl.load(h_ptr + src[:, None] * stride_h + ks[None, :], mask=in_rows[:, None] & in_k[None, :], other=0.0)
+    if UPCAST:
+        a = a.to(ACC)
+    cs = tl.arange(0, BLOCK_C)
+    neg_inf = float("-inf")
+    m = tl.full([BLOCK_M], neg_inf, ACC)
+    s = tl.zeros([BLOCK_M], ACC)
+    z_y = tl.zeros([BLOCK_M], ACC)
+    z_sum = tl.zeros([BLOCK_M], ACC)
+    for c0 in range(0, num_classes, BLOCK_C):
+        cols = c0 + cs
+        in_cols = cols < num_classes
+        wt = tl.load(w_ptr + cols[None, :] * features + ks[:, None], mask=in_cols[None, :] & in_k[:, None], other=0.0)
+        if UPCAST:
+            wt = wt.to(ACC)
+        z = tl.dot(a, wt, input_precision="ieee", out_dtype=ACC)
+        if HAS_BIAS:
+            z += tl.load(b_ptr + cols, mask=in_cols, other=0.0).to(ACC)[None, :]
+        z_y += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
+        z_sum += tl.sum(tl.where(in_cols[None, :], z, 0.0), axis=1)
+        z = tl.where(in_cols[None, :], z, neg_inf)
+        m_new = tl.maximum(m, tl.max(z, axis=1))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new[:, None]), axis=1)
+        m = m_new
+    lse = m + tl.log(s)
+    _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
+    if WRITE_DZ or WRITE_DH:
+        scale = _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW, BLOCK_M, ACC)
+        lse = tl.where(in_rows, lse, 0.0)
+        dh = tl.zeros([BLOCK_M, BLOCK_K], ACC)
+        for c0 in range(0, num_classes, BLOCK_C):
+            cols = c0 + cs
+            in_cols = cols < num_classes
+            wt = tl.load(w_ptr + cols[None, :] * features + ks[:, None], mask=in_cols[None, :] & in_k[:, None],
+                         other=0.0)
+            if UPCAST:
+                wt = wt.to(ACC)
+            z = tl.dot(a, wt, input_precision="ieee", out_dtype=ACC)
+            if HAS_BIAS:
+                z += tl.load(b_ptr + cols, mask=in_cols, other=0.0).to(ACC)[None, :]
+            dz = _logit_grad(z, lse, cols, y, eps, num_classes, scale)
+            dz = tl.where(in_cols[None, :], dz, 0.0).to(dz_ptr.dtype.element_ty)
+            if WRITE_DZ:
+                tl.store(dz_ptr + local[:, None] * stride_dz + cols[None, :], dz,
+                         mask=in_rows[:, None] & in_cols[None, :])
+            if WRITE_DH:
+                if UPCAST:
+                    dh += tl.dot(dz.to(ACC), tl.trans(wt), input_precision="ieee", out_dtype=ACC)
+                else:
+                    dh += tl.dot(dz, tl.trans(wt), input_precision="ieee", out_dtype=ACC)
+        if WRITE_DH:
+            if DH_BY_CHUNK_ROW:
+                out_rows = local
+            else:
+                out_rows = src
+            tl.store(dh_ptr + out_rows[:, None] * stride_dh + ks[None, :], dh.to(dh_ptr.dtype.element_ty),
+                     mask=in_rows[:, None] & in_k[None, :])
+
+
+head_tiled_kernel = LazyKernel(_head_tiled_kernel)
+
+_TL_NAMES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+def _launch_rows(z: Tensor, target: Tensor, index: Tensor | None, scale: Tensor, loss: Tensor,
+                 row0: int, ignore_index: int, smoothing: float, write_grad: bool, per_row: bool) -> None:
+    global tl
+    import triton.language as language
+
+    tl = language
+    n_rows, num_classes = z.shape
+    block_c = min(next_pow2(num_classes), _TILE)
+    block_r = max(1, min(_TILE // block_c, 64, next_pow2(n_rows)))
+    grid = ((n_rows + block_r - 1) // block_r,)
+    acc = getattr(language, _TL_NAMES[acc_dtype(z.dtype)])
+    dummy = target
+    rows_kernel[grid](
+        z, z.stride(0), target, index if index is not None else dummy, scale, loss,
+        row0, n_rows, num_classes, ignore_index, float(smoothing),
+        HAS_INDEX=index is not None, SCALE_PER_ROW=per_row, WRITE_GRAD=write_grad,
+        BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, num_warps=4 if block_c * block_r <= 2048 else 8,
+    )
+
+
+def _head_blocks(num_classes: int, features: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_M, BLOCK_C, BLOCK_K, warps, stages)`` of :data:`head_kernel`: about 8K
+    logits on chip; the ``[BLOCK_C, BLOCK_K]`` weight tiles of the pipeline stages must fit
+    the shared memory (228 KiB on an H100)."""
+    block_c = max(16, next_pow2(num_classes))
+    block_m = max(16, min(128, 8192 // block_c))
+    block_k = max(16, min(64, next_pow2(features)))
+    tile = (block_c + block_m) * block_k * torch.empty((), dtype=dtype).element_size()
+    stages = max(1, min(3, (160 * 1024) // tile))
+    return block_m, block_c, block_k, 8 if block_c >= 256 else 4, stages
+
+
+def _tiled_blocks(features: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_M, BLOCK_C, BLOCK_K, warps, stages)`` of :data:`head_tiled_kernel`."""
+    block_k = max(16, next_pow2(features))
+    return TILED_CONFIG["block_m"], TILED_CONFIG["block_c"], block_k, TILED_CONFIG["warps"], TILED_CONFIG["stages"]
+
+
+def _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, row0, n_rows, ignore_index, smoothing,
+                 per_row: bool, dh_by_chunk_row: bool) -> None:
+    global tl
+    import triton.language as language
+
+    tl = language
+    num_classes, features = weight.shape
+    tiled = next_pow2(num_classes) > TILED_ABOVE_CLASSES and next_pow2(features) <= TILED_MAX_FEATURES
+    if tiled:
+        block_m, block_c, block_k, warps, stages = _tiled_blocks(features, h.dtype)
+    else:
+        block_m, block_c, block_k, warps, stages = _head_blocks(num_classes, features, h.dtype)
+    acc = getattr(language, _TL_NAMES[acc_dtype(h.dtype)])
+    grid = ((n_rows + block_m - 1) // block_m,)
+    (head_tiled_kernel if tiled else head_kernel)[grid](
+        h, h.stride(0), weight, bias if bias is not None else weight, target,
+        index if index is not None else target, scale, loss,
+        dz if dz is not None else h, dz.stride(0) if dz is not None else 0,
+        dh if dh is not None else h, dh.stride(0) if dh is not None else 0,
+        row0, n_rows, num_classes, features, ignore_index, float(smoothing),
+        HAS_INDEX=index is not None, HAS_BIAS=bias is not None, SCALE_PER_ROW=per_row,
+        WRITE_DZ=dz is not None, WRITE_DH=dh is not None, DH_BY_CHUNK_ROW=dh_by_chunk_row,
+        BLOCK_M=block_m, BLOCK_C=block_c, BLOCK_K=block_k, ACC=acc, num_warps=warps, num_stages=stages,
+        # Triton's interpreter multiplies half-precision dot operands wrongly: upcast there
+        UPCAST=interpreter_enabled() and h.dtype in (torch.float16, torch.bfloat16),
+    )
+
+
+def chunk_rows_for(num_rows: int, num_classes: int, dtype: torch.dtype, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Rows per chunk: as many as fit ``chunk_bytes`` of ``[R, C]`` logits (a multiple of
+    64 when that is more than 64), at least one, at most ``num_rows``."""
+    per_row = max(num_classes, 1) * torch.empty((), dtype=dtype).element_size()
+    rows = max(1, chunk_bytes // per_row)
+    if rows > 64:
+        rows -= rows % 64
+    return max(1, min(rows, num_rows))
+
+
+class LossAndGrads:
+    """What :func:`fused_linear_cross_entropy` returns: per-row losses (``[M]``, accumulation
+    dtype, 0 on ignored rows) and, when asked for, the gradients (``None`` otherwise)."""
+
+    __slots__ = ("loss", "grad_h", "grad_weight", "grad_bias")
+
+    def __init__(self, loss, grad_h=None, grad_weight=None, grad_bias=None) -> None:
+        self.loss, self.grad_h, self.grad_weight, self.grad_bias = loss, grad_h, grad_weight, grad_bias
+
+
+def fused_linear_cross_entropy(
+    h: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None,
+    index: Tensor | None,
+    ignore_index: int,
+    smoothing: float,
+    scale: Tensor | None,
+    *,
+    grads: tuple[bool, bool, bool] = (False, False, False),
+    chunk_rows: int | None = None,
+) -> LossAndGrads:
+    r"""Per-row losses and (optionally) gradients of ``scale``-weighted losses, chunk by chunk.
+
+    Args:
+        h: ``[N, K]`` rows (contiguous). weight: ``[C, K]``. bias: ``[C]`` or ``None``.
+        target: ``[N]`` int64 class ids (``ignore_index`` rows count for nothing; ids are
+            **not** range-checked here: the op layer does it).
+        index: ``[M]`` int64 rows of ``h`` / ``target`` that count, or ``None`` (all ``N``).
+        scale: :math:`s` of the module docstring: a one-element tensor (every row) or an
+            ``[M]`` tensor (per row); only read when a gradient is asked for.
+        grads: which of ``(dh, dW, db)`` to compute (``db`` only with a bias).
+        chunk_rows: rows per chunk (default :func:`chunk_rows_for`).
+
+    All inputs share one floating dtype; losses come back in its accumulation dtype, the
+    gradients in the input dtype.
+    """
+    num_rows = index.numel() if index is not None else h.shape[0]
+    num_classes, features = weight.shape
+    acc = acc_dtype(h.dtype)
+    loss = torch.empty(num_rows, dtype=acc, device=h.device)
+    want_h, want_w, want_b = grads
+    want_b = want_b and bias is not None
+    grad_h = grad_w = grad_w_acc = grad_b = None
+    if want_h:
+        grad_h = torch.zeros_like(h) if index is not None else torch.empty_like(h)
+    if want_w:
+        exact = num_classes * features * 4 <= CHUNK_BYTES
+        grad_w_acc = torch.zeros(weight.shape, dtype=acc if exact else h.dtype, device=h.device)
+    if want_b:
+        grad_b = torch.zeros(num_classes, dtype=acc, device=h.device)
+    if scale is None:
+        scale = torch.ones(1, dtype=acc, device=h.device)
+    per_row = scale.numel() != 1
+    head = num_classes <= HEAD_MAX_CLASSES
+    if head:
+        # dz rows padded to 8 elements: aligned rows for the dW GEMM
+        width = (num_classes + 7) // 8 * 8
+        per_row_bytes = (width + (features if index is not None else 0)) * h.element_size()
+        rows = chunk_rows or chunk_rows_for(num_rows, per_row_bytes, torch.uint8, HEAD_CHUNK_BYTES)
+        dz_buf = torch.empty(min(rows, num_rows), width, dtype=h.dtype, device=h.device) if want_w or want_b else None
+        dh_buf = (torch.empty(min(rows, num_rows), features, dtype=h.dtype, device=h.device)
+                  if want_h and index is not None else None)
+    else:
+        rows = chunk_rows or chunk_rows_for(num_rows, num_classes, h.dtype)
+    for r0 in range(0, num_rows, rows):
+        r1 = min(r0 + rows, num_rows)
+        idx = index[r0:r1] if index is not None else None
+        h_rows = None
+        if head:
+            dz = dz_buf[: r1 - r0, :num_classes] if dz_buf is not None else None
+            dh = grad_h if dh_buf is None else dh_buf[: r1 - r0]
+            _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, r0, r1 - r0, ignore_index,
+                         smoothing, per_row, dh_buf is not None)
+            if dh_buf is not None:
+                grad_h.index_add_(0, idx, dh)
+        else:
+            h_rows = h.index_select(0, idx) if idx is not None else h[r0:r1]
+            dz = torch.addmm(bias, h_rows, weight.t()) if bias is not None else torch.mm(h_rows, weight.t())
+            _launch_rows(dz, target, index, scale, loss, r0, ignore_index, smoothing, any(grads), per_row)
+            if want_h:
+                if idx is None:
+                    torch.mm(dz, weight, out=grad_h[r0:r1])
+                else:
+                    grad_h.index_add_(0, idx, torch.mm(dz, weight))
+        if want_w:
+            if h_rows is None:
+                h_rows = h.index_select(0, idx) if idx is not None else h[r0:r1]
+            _accumulate_weight_grad(grad_w_acc, dz, h_rows)
+        if want_b:
+            grad_b += dz.sum(0, dtype=acc)
+    if want_w:
+        grad_w = grad_w_acc if grad_w_acc.dtype == h.dtype else grad_w_acc.to(h.dtype)
+    if want_b:
+        grad_b = grad_b.to(h.dtype)
+    return LossAndGrads(loss, grad_h, grad_w, grad_b)
+
+
+_MM_OUT_DTYPE = {"works": None}
+
+
+def _accumulate_weight_grad(acc: Tensor, dz: Tensor, h_rows: Tensor) -> None:
+    """``acc += dz^T @ h_rows``: in place when ``acc`` has the inputs' dtype, else (a float32
+    accumulator of half inputs) through a float32 GEMM output where cuBLAS offers one."""
+    if acc.dtype == dz.dtype:
+        acc.addmm_(dz.t(), h_rows)
+        return
+    if dz.is_cuda and _MM_OUT_DTYPE["works"] is not False:
+        try:
+            acc += torch.mm(dz.t(), h_rows, out_dtype=acc.dtype)
+            _MM_OUT_DTYPE["works"] = True
+            return
+        except (TypeError, RuntimeError):  # an older torch: no mm(out_dtype=)
+            _MM_OUT_DTYPE["works"] = False
+    acc += torch.mm(dz.t(), h_rows)
+
+
+def linear_cross_entropy_reference(
+    h: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None = None,
+    *,
+    index: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """``F.cross_entropy(F.linear(h[index], weight, bias), target[index], ...)``: the
+    definition (differentiable through PyTorch's autograd; materialises the logits)."""
+    if index is not None:
+        h, target = h.index_select(0, index), target.index_select(0, index)
+    logits = F.linear(h, weight, bias)
+    return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)

@@ -1,0 +1,18 @@
+"""Fused losses: loss epilogues that never write the logits (thesis ch. 6, EVT).
+
+* :func:`linear_cross_entropy` -- ``F.cross_entropy(F.linear(h[index], W, b), y[index])``
+  with the logits only in chunks (:mod:`fusegnn.kernels.linear_cross_entropy`);
+* :class:`LinearCrossEntropy` -- the ``nn.Module`` holding ``W`` and ``b``;
+* :func:`linear_cross_entropy_reference` -- the PyTorch definition both must match.
+"""
+
+from fusegnn.losses.function import FusedLinearCrossEntropy, linear_cross_entropy
+from fusegnn.losses.module import LinearCrossEntropy
+from fusegnn.kernels.linear_cross_entropy import linear_cross_entropy_reference
+
+__all__ = [
+    "FusedLinearCrossEntropy",
+    "LinearCrossEntropy",
+    "linear_cross_entropy",
+    "linear_cross_entropy_reference",
+]

@@ -1,0 +1,107 @@
+"""Argument checks of :func:`fusegnn.losses.linear_cross_entropy` (one place, clear errors).
+
+Every error names the argument. The value checks (class ids in range, ``index`` in range)
+read one small flag tensor back to the host: one synchronisation per call, like the
+device-side asserts of ``F.cross_entropy`` but with a Python error instead of a dead
+CUDA context.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["REDUCTIONS", "check_arguments"]
+
+REDUCTIONS = ("mean", "sum", "none")
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _check_tensor(name: str, value, dims: int) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"linear_cross_entropy: {name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != dims:
+        raise ValueError(f"linear_cross_entropy: {name} must be {dims}-D, got shape {tuple(value.shape)}")
+    return value
+
+
+def _check_shapes_and_dtypes(h, weight, target, bias, index) -> None:
+    _check_tensor("h", h, 2)
+    _check_tensor("weight", weight, 2)
+    _check_tensor("target", target, 1)
+    if not h.is_floating_point():
+        raise TypeError(f"linear_cross_entropy: h must be a floating tensor, got {h.dtype}")
+    if weight.dtype != h.dtype:
+        raise TypeError(f"linear_cross_entropy: weight's dtype {weight.dtype} differs from h's {h.dtype}")
+    if weight.shape[1] != h.shape[1]:
+        raise ValueError(
+            f"linear_cross_entropy: weight must be [num_classes, {h.shape[1]}] (h has {h.shape[1]} features), "
+            f"got {tuple(weight.shape)}"
+        )
+    if weight.shape[0] == 0:
+        raise ValueError("linear_cross_entropy: weight has no classes (shape [0, K])")
+    if target.dtype not in _INT_DTYPES:
+        raise TypeError(
+            f"linear_cross_entropy: target must hold class ids (an integer tensor), got {target.dtype}"
+        )
+    if target.shape[0] != h.shape[0]:
+        raise ValueError(
+            f"linear_cross_entropy: target must have one class id per row of h ({h.shape[0]}), "
+            f"got {target.shape[0]}"
+        )
+    if bias is not None:
+        _check_tensor("bias", bias, 1)
+        if bias.dtype != h.dtype:
+            raise TypeError(f"linear_cross_entropy: bias's dtype {bias.dtype} differs from h's {h.dtype}")
+        if bias.shape[0] != weight.shape[0]:
+            raise ValueError(
+                f"linear_cross_entropy: bias must be [{weight.shape[0]}] (weight's classes), got {tuple(bias.shape)}"
+            )
+    if index is not None:
+        _check_tensor("index", index, 1)
+        if index.dtype not in _INT_DTYPES:
+            raise TypeError(f"linear_cross_entropy: index must be an integer tensor of rows, got {index.dtype}")
+
+
+def _check_devices(**tensors) -> None:
+    device = tensors["h"].device
+    for name, t in tensors.items():
+        if t is not None and t.device != device:
+            raise ValueError(f"linear_cross_entropy: {name} is on {t.device}, h on {device}")
+
+
+def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_classes: int, ignore_index: int) -> None:
+    """Class ids in ``[0, C)`` (or ``ignore_index``) and ``index`` in ``[0, N)``: the minima
+    and maxima of both, read back in one transfer."""
+    parts = []
+    if target.numel():
+        counted = torch.where(target == ignore_index, torch.zeros((), dtype=target.dtype, device=target.device), target)
+        parts.append(torch.stack(torch.aminmax(counted)).to(torch.int64))
+    if index is not None and index.numel():
+        parts.append(torch.stack(torch.aminmax(index)).to(torch.int64))
+    if not parts:
+        return
+    bounds = torch.cat(parts).tolist()
+    if target.numel() and not (0 <= bounds[0] and bounds[1] < num_classes):
+        first = bounds[0] if bounds[0] < 0 else bounds[1]
+        raise ValueError(
+            f"linear_cross_entropy: target holds class id {first}, outside [0, {num_classes}) "
+            f"and not ignore_index ({ignore_index})"
+        )
+    if index is not None and index.numel() and not (0 <= bounds[-2] and bounds[-1] < num_rows):
+        raise IndexError(f"linear_cross_entropy: index holds rows outside [0, {num_rows}) (h has {num_rows} rows)")
+
+
+def check_arguments(h, weight, target, bias, index, ignore_index, reduction, label_smoothing) -> None:
+    """Raise a clear ``TypeError`` / ``ValueError`` / ``IndexError`` for bad arguments."""
+    _check_shapes_and_dtypes(h, weight, target, bias, index)
+    _check_devices(h=h, weight=weight, target=target, bias=bias, index=index)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"linear_cross_entropy: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
+        raise TypeError(f"linear_cross_entropy: label_smoothing must be a float, got {type(label_smoothing).__name__}")
+    if not 0.0 <= float(label_smoothing) < 1.0:
+        raise ValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1), got {label_smoothing}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"linear_cross_entropy: ignore_index must be an int, got {type(ignore_index).__name__}")
+    _check_values(target, index, h.shape[0], weight.shape[0], ignore_index)

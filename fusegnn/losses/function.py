@@ -1,0 +1,166 @@
+r"""The autograd op over the fused kernel, and the public :func:`linear_cross_entropy`.
+
+:class:`FusedLinearCrossEntropy` (the fused path). With ``reduction="mean"`` or ``"sum"``
+the gradient of the loss is the same for every caller up to the scalar incoming gradient
+:math:`g`, so the forward computes it along with the loss (loss elimination: no second
+pass over the logits; the row kernel forms :math:`\partial z` right after the
+log-sum-exp) and the backward only scales it by :math:`g` (skipped when :math:`g = 1`).
+With ``reduction="none"`` the incoming gradient is per row: the backward recomputes the
+logits chunk by chunk with :math:`s_i = g_i`.
+
+Dispatch (``backend="auto"``): CUDA tensors take the fused path, CPU tensors the PyTorch
+reference. ``backend="fused"`` forces the fused path (on the CPU it needs
+``TRITON_INTERPRET=1``: how the tests run the Triton kernel), ``backend="reference"`` the
+reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fusegnn.kernels._edge_utils import acc_dtype
+from fusegnn.kernels import linear_cross_entropy as linear_cross_entropy_kernels
+from fusegnn.kernels._triton import FLOAT_DTYPES, fused_can_run
+from fusegnn.losses.checks import check_arguments
+
+__all__ = ["BACKENDS", "FusedLinearCrossEntropy", "linear_cross_entropy", "pick_backend"]
+
+BACKENDS = ("auto", "fused", "reference")
+
+
+def _kernels():
+    return linear_cross_entropy_kernels
+
+
+def _is_one(g: Tensor) -> bool:
+    """``g == 1`` (read back, except during a CUDA graph capture, where it cannot be)."""
+    if g.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False
+    return bool(g == 1)
+
+
+class FusedLinearCrossEntropy(torch.autograd.Function):
+    """``loss = fused(h, weight, bias, target, index)``; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, target, index, ignore_index, reduction, smoothing, chunk_rows):
+        kernels = _kernels()
+        want = tuple(ctx.needs_input_grad[:3])
+        h, weight = h.contiguous(), weight.contiguous()
+        bias = bias.contiguous() if bias is not None else None
+        target = target.to(torch.int64).contiguous()
+        index = index.to(torch.int64).contiguous() if index is not None else None
+        acc = acc_dtype(h.dtype)
+        picked = target.index_select(0, index) if index is not None else target
+        n_valid = (picked != ignore_index).sum().to(acc)
+        eager_grads = reduction != "none" and any(want)
+        scale = None
+        if eager_grads:
+            scale = (1.0 / n_valid).reshape(1) if reduction == "mean" else torch.ones(1, dtype=acc, device=h.device)
+        out = kernels.fused_linear_cross_entropy(
+            h, weight, target, bias, index, ignore_index, smoothing, scale,
+            grads=want if eager_grads else (False, False, False), chunk_rows=chunk_rows,
+        )
+        ctx.reduction = reduction
+        ctx.grads = (out.grad_h, out.grad_weight, out.grad_bias) if eager_grads else None
+        if any(want):  # for reduction="none", and for a second backward (retain_graph)
+            ctx.save_for_backward(h, weight, bias, target, index, n_valid)
+            ctx.config = (ignore_index, smoothing, chunk_rows)
+        if reduction == "mean":
+            return (out.loss.sum() / n_valid).to(h.dtype)
+        if reduction == "sum":
+            return out.loss.sum().to(h.dtype)
+        return out.loss.to(h.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.grads is not None:  # computed by the forward: hand them over, scaled by grad
+            grads, ctx.grads = ctx.grads, None
+            if not _is_one(grad):
+                for g in grads:
+                    if g is not None:
+                        g.mul_(grad.to(g.dtype))
+            return (*grads, None, None, None, None, None, None)
+        h, weight, bias, target, index, n_valid = ctx.saved_tensors
+        ignore_index, smoothing, chunk_rows = ctx.config
+        scale = grad.to(n_valid.dtype).reshape(-1)
+        if ctx.reduction == "mean":
+            scale = scale / n_valid
+        out = _kernels().fused_linear_cross_entropy(
+            h, weight, target, bias, index, ignore_index, smoothing, scale.contiguous(),
+            grads=tuple(ctx.needs_input_grad[:3]), chunk_rows=chunk_rows,
+        )
+        return out.grad_h, out.grad_weight, out.grad_bias, None, None, None, None, None, None
+
+
+def pick_backend(backend: str, h: Tensor, weight: Tensor, bias: Tensor | None) -> str:
+    """``"fused"`` or ``"reference"`` for these inputs (see the module docstring)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"linear_cross_entropy: backend must be one of {BACKENDS}, got {backend!r}")
+    tensors = (h, weight) + ((bias,) if bias is not None else ())
+    if backend == "reference":
+        return "reference"
+    runnable = h.dtype in FLOAT_DTYPES and fused_can_run(*tensors)
+    if backend == "fused":
+        if not runnable:
+            raise RuntimeError(
+                "linear_cross_entropy: backend='fused' needs triton and CUDA tensors (or TRITON_INTERPRET=1 "
+                f"on the CPU) in one of {FLOAT_DTYPES}; got {h.dtype} on {h.device}"
+            )
+        return "fused"
+    return "fused" if runnable and h.is_cuda else "reference"
+
+
+def linear_cross_entropy(
+    h: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None = None,
+    *,
+    index: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    backend: str = "auto",
+    chunk_rows: int | None = None,
+) -> Tensor:
+    r"""``F.cross_entropy(F.linear(h[index], weight, bias), target[index], ...)`` without
+    the ``[M, C]`` logits in memory.
+
+    .. math::
+        \ell_i = \operatorname{lse}(z_i) - (1-\varepsilon) z_{i y_i} - \tfrac{\varepsilon}{C}\textstyle\sum_c z_{ic},
+        \quad z_i = W h_i + b,
+
+    reduced over the rows whose target is not ``ignore_index`` (``mean`` divides by their
+    number, exactly as ``F.cross_entropy``: with every row ignored, ``mean`` is NaN and the
+    gradients are zero; ``sum`` is 0).
+
+    Args:
+        h: ``[N, K]`` floating rows (fp16 / bf16 / fp32; fp64 for checks).
+        weight: ``[C, K]`` classifier (``F.linear``'s layout), same dtype as ``h``.
+        target: ``[N]`` integer class ids, one per row of ``h``; ``ignore_index`` marks a
+            row that counts for nothing.
+        bias: ``[C]`` or ``None``.
+        index: ``[M]`` integer rows of ``h`` (and ``target``) that count, e.g. a GNN's
+            training nodes; repeats count each time. ``None``: all rows.
+        ignore_index, label_smoothing: as ``F.cross_entropy`` (smoothing in ``[0, 1)``).
+        reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[M]`` per-row losses, 0 on
+            ignored rows).
+        backend: ``"auto"`` (fused on CUDA, reference on the CPU), ``"fused"``, ``"reference"``.
+        chunk_rows: rows per chunk of the fused path (default: a 128 MiB logits budget).
+
+    Returns the loss in ``h``'s dtype (computed in float32, float64 for float64 inputs).
+    Inputs are never modified.
+    """
+    check_arguments(h, weight, target, bias, index, ignore_index, reduction, label_smoothing)
+    if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
+        raise ValueError(f"linear_cross_entropy: chunk_rows must be a positive int, got {chunk_rows!r}")
+    if pick_backend(backend, h, weight, bias) == "reference":
+        return _kernels().linear_cross_entropy_reference(
+            h, weight, target, bias, index=index, ignore_index=ignore_index, reduction=reduction,
+            label_smoothing=float(label_smoothing),
+        )
+    return FusedLinearCrossEntropy.apply(
+        h, weight, bias, target, index, int(ignore_index), reduction, float(label_smoothing), chunk_rows
+    )

@@ -1,0 +1,335 @@
+"""``fusegnn.losses.linear_cross_entropy`` against ``F.cross_entropy(F.linear(...))``.
+
+Without CUDA this module sets ``TRITON_INTERPRET=1`` before any kernel is launched, and
+the fused path (``backend="fused"``) runs its Triton kernels on the CPU, in float64, on
+small shapes. Every case compares the loss and the gradients of ``h``, ``W`` and ``b`` with
+PyTorch's own ops in float64, through each of the fused path's three kernels:
+
+* ``head``: the row block's logits on chip (``C <= 128``);
+* ``tiled``: class tiles streamed past the row block (``128 < C <= 512``, ``K <= 256``);
+* ``wide``: GEMM chunks and the row kernel (language-model heads; forced here on small
+  shapes through ``HEAD_MAX_CLASSES = 0``).
+
+With CUDA, the ``cuda`` tests add moderate shapes in float32 (``1e-5``) and bfloat16 (no
+worse than eager bfloat16 against float32).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # run the Triton kernels on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+pytest.importorskip("triton")
+
+from fusegnn.kernels import linear_cross_entropy as kernels  # noqa: E402
+from fusegnn.losses import LinearCrossEntropy, linear_cross_entropy, linear_cross_entropy_reference  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+PATHS = ("head", "tiled", "wide")
+
+
+@pytest.fixture
+def path(request, monkeypatch):
+    """Force one of the fused path's kernels (see the module docstring)."""
+    name = request.param
+    if name == "wide":
+        monkeypatch.setattr(kernels, "HEAD_MAX_CLASSES", 0)
+    if name == "tiled":  # small tiles: several class tiles even for a few classes
+        monkeypatch.setattr(kernels, "TILED_ABOVE_CLASSES", 8)
+        monkeypatch.setattr(kernels, "TILED_CONFIG", {"block_m": 16, "block_c": 16, "warps": 4, "stages": 1})
+    if name == "head":
+        monkeypatch.setattr(kernels, "TILED_ABOVE_CLASSES", 512)
+    return name
+
+
+def _inputs(n, k, c, seed=0, dtype=torch.float64, bias=True, ignored=()):
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, k, generator=gen, dtype=torch.float64)
+    w = torch.randn(c, k, generator=gen, dtype=torch.float64) * k ** -0.5
+    b = torch.randn(c, generator=gen, dtype=torch.float64) if bias else None
+    y = torch.randint(0, c, (n,), generator=gen)
+    y[list(ignored)] = -100
+    to = lambda t: None if t is None else t.to(DEVICE, dtype)  # noqa: E731
+    return to(h), to(w), y.to(DEVICE), to(b)
+
+
+def _torch_loss(h, w, y, b, index, reduction, smoothing, ignore_index=-100):
+    if index is not None:
+        h, y = h[index], y[index]
+    return F.cross_entropy(F.linear(h, w, b), y, reduction=reduction, label_smoothing=smoothing,
+                           ignore_index=ignore_index)
+
+
+def _check(h, w, y, b, *, index=None, reduction="mean", smoothing=0.0, chunk_rows=None, rtol=1e-10, atol=1e-12,
+           seed=5):
+    """The fused loss and its gradients against PyTorch's, on copies of the inputs."""
+    leaves = [t.clone().requires_grad_() for t in (h, w) + ((b,) if b is not None else ())]
+    refs = [t.clone().requires_grad_() for t in leaves]
+    got = linear_cross_entropy(leaves[0], leaves[1], y, leaves[2] if b is not None else None, index=index,
+                               reduction=reduction, label_smoothing=smoothing, backend="fused", chunk_rows=chunk_rows)
+    want = _torch_loss(refs[0], refs[1], y, refs[2] if b is not None else None, index, reduction, smoothing)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    grad = grad.to(DEVICE, want.dtype)
+    g_got = torch.autograd.grad(got, leaves, grad)
+    g_want = torch.autograd.grad(want, refs, grad)
+    for name, a, e in zip(("h", "weight", "bias"), g_got, g_want):
+        assert a.dtype == e.dtype, name
+        torch.testing.assert_close(a, e, rtol=rtol, atol=atol, msg=lambda m, name=name: f"grad of {name}: {m}")
+    return got, g_got
+
+
+# ----------------------------------------------------------------------------- values and gradients
+
+
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+@pytest.mark.parametrize("reduction", ("mean", "sum", "none"))
+def test_matches_torch(path, reduction):
+    h, w, y, b = _inputs(29, 12, 37, ignored=(3, 17))
+    _check(h, w, y, b, reduction=reduction, chunk_rows=11)
+
+
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+@pytest.mark.parametrize("classes", (7, 37))
+def test_odd_class_counts_with_label_smoothing(path, classes):
+    h, w, y, b = _inputs(23, 9, classes, seed=classes, ignored=(0,))
+    _check(h, w, y, b, smoothing=0.15)
+    _check(h, w, y, None, reduction="none", smoothing=0.3)
+
+
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+def test_index_with_repeats(path):
+    h, w, y, b = _inputs(19, 10, 13, seed=3, ignored=(4,))
+    index = torch.tensor([0, 4, 4, 7, 18, 7, 7, 2, 11], device=DEVICE)  # row 4 is ignored, 7 thrice
+    _check(h, w, y, b, index=index, chunk_rows=4)
+    _check(h, w, y, b, index=index, reduction="none", smoothing=0.1, chunk_rows=4)
+    _check(h, w, y, b, index=index.to(torch.int32), reduction="sum")
+
+
+@pytest.mark.parametrize("path", PATHS, indirect=True)
+def test_all_rows_ignored_match_torch(path):
+    """``mean`` over no row is NaN (0 / 0, as ``F.cross_entropy``) with zero gradients; ``sum`` is 0."""
+    h, w, y, b = _inputs(6, 5, 7, ignored=range(6))
+    loss, grads = _check(h, w, y, b)
+    assert torch.isnan(loss)
+    assert all(bool((g == 0).all()) for g in grads)
+    loss, _ = _check(h, w, y, b, reduction="sum")
+    assert loss.item() == 0.0
+    loss, _ = _check(h, w, y, b, reduction="none", smoothing=0.2)
+    assert bool((loss == 0).all())
+
+
+def test_empty_index_and_custom_ignore_index():
+    h, w, y, b = _inputs(8, 4, 5)
+    empty = torch.empty(0, dtype=torch.int64, device=DEVICE)
+    _check(h, w, y, b, index=empty, reduction="sum")
+    y2 = y.clone()
+    y2[2] = 3
+    leaves = [t.clone().requires_grad_() for t in (h, w)]
+    got = linear_cross_entropy(*leaves[:2], y2, ignore_index=3, backend="fused")
+    want = F.cross_entropy(F.linear(h, w), y2, ignore_index=3)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_gradcheck_tiny():
+    h, w, y, b = _inputs(5, 3, 4, seed=9, ignored=(1,))
+    index = torch.tensor([0, 1, 3, 3], device=DEVICE)
+    for reduction in ("mean", "none"):
+        def fn(h_, w_, b_, reduction=reduction):
+            return linear_cross_entropy(h_, w_, y, b_, index=index, reduction=reduction, label_smoothing=0.1,
+                                        backend="fused")
+
+        assert torch.autograd.gradcheck(fn, tuple(t.clone().requires_grad_() for t in (h, w, b)))
+
+
+def test_bfloat16_close_to_float64():
+    """bfloat16 inputs: float32 accumulation, outputs in bfloat16, close to the float64 loss."""
+    h, w, y, b = _inputs(40, 16, 11, seed=2, ignored=(5,))
+    lo = [t.to(torch.bfloat16).requires_grad_() for t in (h, w, b)]
+    ref = [t.to(torch.bfloat16).double().requires_grad_() for t in (h, w, b)]
+    got = linear_cross_entropy(*lo[:2], y, lo[2], backend="fused")
+    want = _torch_loss(*ref[:2], y, ref[2], None, "mean", 0.0)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), want, rtol=1e-2, atol=1e-2)
+    for a, e in zip(torch.autograd.grad(got, lo), torch.autograd.grad(want, ref)):
+        assert a.dtype == torch.bfloat16
+        assert ((a.double() - e).norm() / e.norm()).item() < 2e-2
+
+
+def test_inputs_not_modified_and_grad_scaled():
+    h, w, y, b = _inputs(10, 6, 5, ignored=(2,))
+    copies = [t.clone() for t in (h, w, y, b)]
+    leaves = [t.clone().requires_grad_() for t in (h, w, b)]
+    loss = linear_cross_entropy(leaves[0], leaves[1], y, leaves[2], backend="fused")
+    (3.0 * loss).backward()
+    ref = [t.clone().requires_grad_() for t in (h, w, b)]
+    (3.0 * _torch_loss(ref[0], ref[1], y, ref[2], None, "mean", 0.0)).backward()
+    for a, e in zip(leaves, ref):
+        torch.testing.assert_close(a.grad, e.grad, rtol=1e-10, atol=1e-12)
+    for t, c in zip((h, w, y, b), copies):
+        assert torch.equal(t, c)
+
+
+def test_only_some_gradients():
+    h, w, y, b = _inputs(9, 4, 6)
+    wl = w.clone().requires_grad_()
+    got = torch.autograd.grad(linear_cross_entropy(h, wl, y, b, backend="fused"), wl)[0]
+    wr = w.clone().requires_grad_()
+    want = torch.autograd.grad(_torch_loss(h, wr, y, b, None, "mean", 0.0), wr)[0]
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(h, w, y, b, backend="fused"),
+                                   _torch_loss(h, w, y, b, None, "mean", 0.0), rtol=1e-10, atol=1e-12)
+
+
+def test_reference_and_dispatch():
+    h, w, y, b = _inputs(7, 3, 4)
+    want = _torch_loss(h, w, y, b, None, "sum", 0.1)
+    got = linear_cross_entropy_reference(h, w, y, b, reduction="sum", label_smoothing=0.1)
+    torch.testing.assert_close(got, want)
+    # auto: fused on CUDA, the reference on the CPU (no autograd Function then)
+    auto = linear_cross_entropy(h, w, y, b.clone().requires_grad_())
+    assert (type(auto.grad_fn).__name__ == "FusedLinearCrossEntropyBackward") == CUDA
+    with pytest.raises(ValueError, match="backend"):
+        linear_cross_entropy(h, w, y, b, backend="cuda")
+
+
+def test_module():
+    torch.manual_seed(0)
+    head = LinearCrossEntropy(6, 9, label_smoothing=0.05).to(DEVICE, torch.float64)
+    h, _, y, _ = _inputs(12, 6, 9, ignored=(1,))
+    index = torch.tensor([0, 1, 5, 5, 11], device=DEVICE)
+    got = head(h, y, index)
+    want = F.cross_entropy(head.logits(h)[index], y[index], label_smoothing=0.05)
+    torch.testing.assert_close(got, want)
+    got.backward()
+    assert head.weight.grad is not None and head.bias.grad is not None
+    assert "num_classes=9" in repr(head)
+    assert LinearCrossEntropy(4, 3, bias=False).bias is None
+    with pytest.raises(ValueError, match="reduction"):
+        LinearCrossEntropy(4, 3, reduction="avg")
+    with pytest.raises(ValueError, match="label_smoothing"):
+        LinearCrossEntropy(4, 3, label_smoothing=1.0)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (dict(y="out_of_range"), ValueError, "class id 7"),
+        (dict(y="negative"), ValueError, r"class id -3"),
+        (dict(y="float"), TypeError, "target must hold class ids"),
+        (dict(y="short"), ValueError, "one class id per row"),
+        (dict(h="int"), TypeError, "h must be a floating tensor"),
+        (dict(h="3d"), ValueError, "h must be 2-D"),
+        (dict(w="features"), ValueError, r"weight must be \[num_classes, 4\]"),
+        (dict(w="dtype"), TypeError, "weight's dtype"),
+        (dict(b="size"), ValueError, r"bias must be \[7\]"),
+        (dict(b="dtype"), TypeError, "bias's dtype"),
+        (dict(index="float"), TypeError, "index must be an integer tensor"),
+        (dict(index="range"), IndexError, "index holds rows outside"),
+        (dict(reduction="avg"), ValueError, "reduction must be one of"),
+        (dict(label_smoothing=1.0), ValueError, r"label_smoothing must be in \[0, 1\)"),
+        (dict(label_smoothing=-0.1), ValueError, "label_smoothing"),
+        (dict(label_smoothing="0.1"), TypeError, "label_smoothing must be a float"),
+        (dict(ignore_index=1.5), TypeError, "ignore_index must be an int"),
+        (dict(chunk_rows=0), ValueError, "chunk_rows"),
+    ],
+)
+def test_bad_input(change, error, match):
+    h, w, y, b = _inputs(6, 4, 7)
+    index = None
+    kwargs = {}
+    bad = {
+        ("y", "out_of_range"): lambda: y.clone().index_fill_(0, torch.tensor([2], device=DEVICE), 7),
+        ("y", "negative"): lambda: y.clone().index_fill_(0, torch.tensor([2], device=DEVICE), -3),
+        ("y", "float"): lambda: y.double(),
+        ("y", "short"): lambda: y[:5],
+        ("h", "int"): lambda: h.long(),
+        ("h", "3d"): lambda: h[None],
+        ("w", "features"): lambda: w[:, :3],
+        ("w", "dtype"): lambda: w.float(),
+        ("b", "size"): lambda: b[:6],
+        ("b", "dtype"): lambda: b.float(),
+        ("index", "float"): lambda: torch.tensor([0.0, 1.0], device=DEVICE),
+        ("index", "range"): lambda: torch.tensor([0, 6], device=DEVICE),
+    }
+    for key, value in change.items():
+        if (key, value) in bad:
+            new = bad[(key, value)]()
+            if key == "y":
+                y = new
+            elif key == "h":
+                h = new
+            elif key == "w":
+                w = new
+            elif key == "b":
+                b = new
+            else:
+                index = new
+        else:
+            kwargs[key] = value
+    with pytest.raises(error, match=match):
+        linear_cross_entropy(h, w, y, b, index=index, backend="fused", **kwargs)
+
+
+def test_bad_input_devices_and_types():
+    h, w, y, b = _inputs(6, 4, 7)
+    with pytest.raises(TypeError, match="weight must be a torch.Tensor"):
+        linear_cross_entropy(h, w.tolist(), y)
+    if CUDA:
+        with pytest.raises(ValueError, match="target is on cpu"):
+            linear_cross_entropy(h, w, y.cpu())
+    else:
+        with pytest.raises(ValueError, match="is on meta"):
+            linear_cross_entropy(h, w, y, b.to("meta"))
+
+
+# ----------------------------------------------------------------------------- CUDA, moderate shapes
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("classes, features", [(47, 256), (349, 128), (349, 512), (2000, 64)])
+@pytest.mark.parametrize("use_index", (False, True))
+def test_cuda_float32_and_bfloat16(classes, features, use_index):
+    gen = torch.Generator(device="cuda").manual_seed(classes)
+    n = 3000
+    h = torch.randn(n, features, device="cuda", generator=gen)
+    w = torch.randn(classes, features, device="cuda", generator=gen) * features ** -0.5
+    b = torch.randn(classes, device="cuda", generator=gen)
+    y = torch.randint(0, classes, (n,), device="cuda", generator=gen)
+    y[::9] = -100
+    index = torch.randint(0, n, (n // 2,), device="cuda", generator=gen) if use_index else None
+
+    def run(dtype, fn, reduction):
+        leaves = [t.to(dtype).requires_grad_() for t in (h, w, b)]
+        loss = fn(*leaves[:2], y, leaves[2], index=index, reduction=reduction, label_smoothing=0.1)
+        grad = torch.ones_like(loss) if reduction != "none" else torch.linspace(0, 1, loss.numel(), device="cuda")
+        return (loss, *torch.autograd.grad(loss, leaves, grad.to(loss.dtype)))
+
+    for reduction in ("mean", "none"):
+        want = run(torch.float32, linear_cross_entropy_reference, reduction)
+        got32 = run(torch.float32, linear_cross_entropy, reduction)
+        for a, e in zip(got32, want):
+            assert _rel(a, e) < 1e-5
+        eager16 = run(torch.bfloat16, linear_cross_entropy_reference, reduction)
+        got16 = run(torch.bfloat16, linear_cross_entropy, reduction)
+        for a, e, ref in zip(got16, eager16, want):
+            assert _rel(a, ref) < max(2e-3, 1.5 * _rel(e, ref)), (reduction, _rel(a, ref), _rel(e, ref))
