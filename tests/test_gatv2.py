@@ -89,6 +89,8 @@ def _compare(graph, heads, channels, *, edge=True, variant="gar", chunk=SHORT_CH
         (3, 7, False, "gas", 2048),
         (3, 3, True, "gar", 2048),
         (1, 1, True, "gar", SHORT_CHUNK),
+        (2, 20, True, "gar", SHORT_CHUNK),  # above 16, not a multiple: runs zero-padded to 32
+        (1, 41, False, "gas", 2048),  # padded to 48 (the Reddit model's output layer)
     ],
 )
 def test_kernels_match_reference(heads, channels, edge, variant, chunk):
