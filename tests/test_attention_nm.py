@@ -309,9 +309,10 @@ def test_attention_suite_nm_backend(tmp_path):
 
     assert not any(c.mask == "full" for c in bench.select_attention_cases(None, quick=False))
     assert "full-L4096-fwdbwd" in {c.name for c in bench.select_attention_cases(["full-*"], quick=False)}
-    device = ["--device", "cuda"] if torch.cuda.is_available() else ["--allow-cpu", "--device", "cpu"]
+    cuda = torch.cuda.is_available()  # the CPU smoke run has L = 256 only; a GPU has L >= 1024
+    device = ["--device", "cuda"] if cuda else ["--allow-cpu", "--device", "cpu"]
     args = ["--suite", "attention", *device, "--steps", "1", "--warmup", "1", "--quiet",
-            "--no-png", "--out", str(tmp_path), "--cases", "full-L256-fwdbwd",
+            "--no-png", "--out", str(tmp_path), "--cases", "full-L1024-fwdbwd" if cuda else "full-L256-fwdbwd",
             "--backends", "sdpa,fusegnn-block,fusegnn-nm"]
     assert main(args) == 0
     (result,) = (tmp_path / "attention").glob("*.json")
