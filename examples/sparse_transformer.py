@@ -76,6 +76,7 @@ try:
 except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fusegnn.losses import linear_cross_entropy
 from fusegnn.layers import SparseTransformerEncoderLayer
 from fusegnn.attention.masks import Mask, bigbird, longformer
 from fusegnn.attention.sparse_attention import ATTENTION_AGGREGATIONS, AttentionDecision, check_nm, explain_attention
@@ -214,11 +215,24 @@ class RetrievalEncoder(nn.Module):
         self.norm = nn.LayerNorm(args.d_model)
         self.head = nn.Linear(args.d_model, args.values)
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def features(self, tokens: Tensor) -> Tensor:
+        """The classifier's input: the normalised state of token 0."""
         x = self.embed(tokens) + self.positions[: tokens.size(1)]
         for layer in self.layers:
             x = layer(x)
-        return self.head(self.norm(x[:, 0]))
+        return self.norm(x[:, 0])
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.head(self.features(tokens))
+
+    def loss(self, tokens: Tensor, labels: Tensor) -> Tensor:
+        """Cross-entropy of the head's logits, fused with the head
+        (:func:`fusegnn.losses.linear_cross_entropy`: the logits are never written)."""
+        h = self.features(tokens)
+        weight, bias = self.head.weight, self.head.bias
+        if h.dtype != weight.dtype:  # autocast: the loss runs in the features' precision
+            weight, bias = weight.to(h.dtype), bias.to(h.dtype)
+        return linear_cross_entropy(h, weight, labels, bias).float()
 
 
 # ----------------------------------------------------------------------------- training
@@ -313,7 +327,7 @@ def train(args: argparse.Namespace) -> dict:
             with StepTimer(device) as timer:
                 opt.zero_grad(set_to_none=True)
                 with _autocast(device):
-                    loss = F.cross_entropy(model(tokens).float(), labels)
+                    loss = model.loss(tokens, labels)
                 loss.backward()
                 opt.step()
             curves[name].append(loss.item())

@@ -10,13 +10,45 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fusegnn.losses import linear_cross_entropy
+
 from fusegnn.layers import APPNP, GATConv, GATv2Conv, GCNConv, GINConv, SAGEConv, SGConv
 from fusegnn.sparse import Graph
 
-__all__ = ["GCN", "GAT", "GATv2", "GraphSAGE", "GIN", "SGC", "APPNPNet"]
+__all__ = ["NodeClassifier", "GCN", "GAT", "GATv2", "GraphSAGE", "GIN", "SGC", "APPNPNet"]
 
 
-class GCN(nn.Module):
+class NodeClassifier(nn.Module):
+    r"""A node classifier: :meth:`forward` returns the logits; :meth:`loss` the training
+    loss over the rows ``index`` (a GNN's training nodes), the same value as
+    ``F.cross_entropy(forward(x, graph)[index], target[index])``.
+
+    Where the output layer's logits are a linear map of inputs it aggregates narrower
+    than the classes (:meth:`head_inputs`: GCN and GAT output layers whose input width is
+    below the class count, e.g. 16 -> 41 on Reddit), the loss is
+    :func:`fusegnn.losses.linear_cross_entropy` of those inputs (thesis ch. 6, EVT: the
+    loss epilogue fused, the ``[N, C]`` logits never written, only the ``index`` rows
+    read); otherwise the logits of ``index`` rows and ``F.cross_entropy``."""
+
+    def head_inputs(self, x: Tensor, graph) -> tuple[Tensor, Tensor, Tensor | None] | None:
+        """``(a, W, b)`` with the logits ``a @ W.T + b`` (the whole model up to its output
+        layer's aggregation run on ``x``), or ``None`` where that form does not pay."""
+        return None
+
+    def loss(self, x: Tensor, graph, target: Tensor, index: Tensor | None = None, *,
+             ignore_index: int = -100, label_smoothing: float = 0.0) -> Tensor:
+        head = self.head_inputs(x, graph)
+        if head is not None:
+            a, weight, bias = head
+            return linear_cross_entropy(a, weight, target, bias, index=index, ignore_index=ignore_index,
+                                        label_smoothing=label_smoothing)
+        logits = self(x, graph)
+        if index is not None:
+            logits, target = logits.index_select(0, index), target.index_select(0, index)
+        return F.cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing)
+
+
+class GCN(NodeClassifier):
     r"""Kipf & Welling's two-layer GCN:
     :math:`\mathrm{softmax}(\hat{A}\,\mathrm{ReLU}(\hat{A} X W_1) W_2)` (logits returned),
     dropout on the input of each layer.
@@ -42,14 +74,21 @@ class GCN(nn.Module):
         self.conv1.reset_parameters()
         self.conv2.reset_parameters()
 
-    def forward(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
+    def hidden(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
         x = F.dropout(x, self.dropout, self.training)
         x = F.relu(self.conv1(x, graph))
-        x = F.dropout(x, self.dropout, self.training)
-        return self.conv2(x, graph)
+        return F.dropout(x, self.dropout, self.training)
+
+    def forward(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
+        return self.conv2(self.hidden(x, graph), graph)
+
+    def head_inputs(self, x: Tensor, graph: Graph | Tensor):
+        if self.conv2.in_channels >= self.conv2.out_channels:
+            return None  # the layer already aggregates at the class width: nothing to save
+        return self.conv2.head_inputs(self.hidden(x, graph), graph)
 
 
-class GAT(nn.Module):
+class GAT(NodeClassifier):
     r"""Velickovic et al.'s two-layer GAT: ``heads`` attention heads of width ``hidden``
     (concatenated, ELU), then ``out_heads`` heads averaged into the logits; dropout on
     each layer's input and on the attention coefficients.
@@ -77,14 +116,21 @@ class GAT(nn.Module):
         self.conv1.reset_parameters()
         self.conv2.reset_parameters()
 
-    def forward(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
+    def hidden(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
         x = F.dropout(x, self.dropout, self.training)
         x = F.elu(self.conv1(x, graph))
-        x = F.dropout(x, self.dropout, self.training)
-        return self.conv2(x, graph)
+        return F.dropout(x, self.dropout, self.training)
+
+    def forward(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
+        return self.conv2(self.hidden(x, graph), graph)
+
+    def head_inputs(self, x: Tensor, graph: Graph | Tensor):
+        if self.conv2.in_channels >= self.conv2.out_channels:
+            return None  # the layer already aggregates at the class width: nothing to save
+        return self.conv2.head_inputs(self.hidden(x, graph), graph)
 
 
-class GATv2(nn.Module):
+class GATv2(NodeClassifier):
     r"""Brody et al.'s GATv2 in GAT's two-layer recipe: ``heads`` heads of width ``hidden``
     (concatenated, ELU), then ``out_heads`` heads averaged into the logits; dropout on each
     layer's input and on the attention coefficients.
@@ -119,7 +165,7 @@ class GATv2(nn.Module):
         return self.conv2(x, graph)
 
 
-class GraphSAGE(nn.Module):
+class GraphSAGE(NodeClassifier):
     r"""Hamilton et al.'s two-layer GraphSAGE for full-graph node classification:
     ``SAGEConv(in, hidden) -> ReLU -> SAGEConv(hidden, classes)`` with mean aggregation by
     default and dropout on each layer's input (PyG's ``GraphSAGE`` model with two layers).
@@ -155,7 +201,7 @@ def _mlp(in_channels: int, hidden: int, out_channels: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(in_channels, hidden), nn.ReLU(), nn.Linear(hidden, out_channels))
 
 
-class GIN(nn.Module):
+class GIN(NodeClassifier):
     r"""Xu et al.'s Graph Isomorphism Network, two layers for node classification:
     :math:`h_i' = \mathrm{MLP}((1 + \epsilon) h_i + \sum_{j \to i} h_j)` with two-layer MLPs
     (``Linear -> ReLU -> Linear``), ReLU between the layers, dropout on each layer's input;
@@ -187,7 +233,7 @@ class GIN(nn.Module):
         return self.conv2(x, graph)
 
 
-class SGC(nn.Module):
+class SGC(NodeClassifier):
     r"""Wu et al.'s Simplifying Graph Convolution: one linear map of the ``K``-times
     propagated features, :math:`\mathrm{softmax}(\hat{A}^K X \Theta)` (logits returned);
     the propagated features are cached after the first call (transductive)."""
@@ -204,7 +250,7 @@ class SGC(nn.Module):
         return self.conv(x, graph)
 
 
-class APPNPNet(nn.Module):
+class APPNPNet(NodeClassifier):
     r"""Klicpera et al.'s APPNP: predict with a two-layer MLP, then propagate the
     predictions by personalised PageRank,
     :math:`Z^{(k+1)} = (1 - \alpha) \hat{A} Z^{(k)} + \alpha H`, :math:`Z^{(0)} = H`,

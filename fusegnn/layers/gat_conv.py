@@ -261,6 +261,33 @@ class GATConv(nn.Module):
             return out, (edge_index_of(graph), alpha)
         return out
 
+    def head_inputs(self, x: Tensor, edge_index_or_graph: Graph | Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        r"""The layer's output as a linear map of attention-aggregated inputs, ``(a, W', b)``
+        with ``forward(x) == a @ W'.T + b``: for an output layer (``concat=False`` or one
+        head), :math:`a_i = [\sum_j \alpha^h_{ji} x_j]_h` (heads side by side, scores from
+        :math:`(\Theta_h^\top a) \cdot x`) and :math:`W' = [\Theta_h / H]_h`, what a fused
+        classification loss (:func:`fusegnn.losses.linear_cross_entropy`) takes so that the
+        logits are never written. Plain inputs only: one tensor ``x`` (no pair), no edge
+        features, no residual (``ValueError`` otherwise). Dropout on the coefficients as in
+        :meth:`forward`."""
+        name = type(self).__name__
+        if not isinstance(x, Tensor) or self.lin is None or self.res is not None or self.edge_dim is not None:
+            raise ValueError(f"{name}.head_inputs takes one tensor x and a layer without residual or edge_dim")
+        if self.concat and self.heads > 1:
+            raise ValueError(f"{name}.head_inputs needs an output layer (concat=False or heads=1)")
+        check_features(x, self)
+        graph = self._graph(x, x, x, edge_index_or_graph, None)
+        if self.add_self_loops:
+            graph = attention_self_loops(graph)
+        H, C = self.heads, self.out_channels
+        weight = self.lin.weight.view(H, C, self.in_channels)
+        score_src = x @ (weight * self.att_src.view(H, C, 1)).sum(dim=1).t()  # [N, H]
+        score_dst = x @ (weight * self.att_dst.view(H, C, 1)).sum(dim=1).t()
+        values = x.unsqueeze(1).expand(-1, H, -1)  # [N, H, in]
+        out, _ = self._attention(graph, values, score_src, score_dst, None, False)
+        head_weight = weight.permute(1, 0, 2).reshape(C, H * self.in_channels) / H
+        return out.reshape(out.size(0), H * self.in_channels), head_weight, self.bias
+
     def _attend_square(self, x: Tensor, graph: Graph, score_edge: Tensor | None, return_alpha):
         """One node set and the shared ``lin``: ``(out, alpha or None)``; ``out`` is the
         layer's output (bias included) on the common path, else ``[N, H, C]``."""

@@ -129,5 +129,17 @@ class GCNConv(nn.Module):
         # the bias is the aggregation's epilogue (one autograd node for the sparse part)
         return spmm(graph, self.lin(x), bias=self.bias, aggregation=self.aggregation)
 
+    def head_inputs(
+        self, x: Tensor, edge_index_or_graph: Graph | Tensor, edge_weight: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        r"""The layer's output as a linear map of aggregated inputs, ``(a, W, b)`` with
+        ``forward(x) == a @ W.T + b`` and :math:`a = \hat{A} X` (aggregated at the input
+        width): what a fused classification loss
+        (:func:`fusegnn.losses.linear_cross_entropy`) takes, so that an output layer's
+        logits are never written. Same checks and graph processing as :meth:`forward`."""
+        check_features(x, self)
+        graph = self._processed_graph(x, edge_index_or_graph, edge_weight)
+        return spmm(graph, x, aggregation=self.aggregation), self.lin.weight, self.bias
+
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, aggregation={self.aggregation!r}"

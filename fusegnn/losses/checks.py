@@ -8,6 +8,8 @@ CUDA context.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -70,9 +72,30 @@ def _check_devices(**tensors) -> None:
             raise ValueError(f"linear_cross_entropy: {name} is on {t.device}, h on {device}")
 
 
+# The (target, index) pair whose values were last found valid, with their versions and the
+# bounds they were checked against: a training loop passes the same tensors every step, so
+# their values are read back (a host sync) once, not per step.
+_LAST_VALID: tuple = ()
+
+
+def _checked_key(target: Tensor, index: Tensor | None, num_rows: int, num_classes: int, ignore_index: int) -> tuple:
+    return (id(target), target._version, id(index), None if index is None else index._version,
+            num_rows, num_classes, ignore_index)
+
+
 def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_classes: int, ignore_index: int) -> None:
     """Class ids in ``[0, C)`` (or ``ignore_index``) and ``index`` in ``[0, N)``: the minima
-    and maxima of both, read back in one transfer."""
+    and maxima of both, read back in one transfer. Skipped for the pair of tensors checked
+    last (unchanged since: same objects, same versions) and while a CUDA graph is being
+    captured (the eager steps before a capture check them; a capture cannot read back)."""
+    global _LAST_VALID
+    if target.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    key = _checked_key(target, index, num_rows, num_classes, ignore_index)
+    if _LAST_VALID and _LAST_VALID[0] == key and _LAST_VALID[1]() is target and (
+        index is None or _LAST_VALID[2]() is index
+    ):
+        return
     parts = []
     if target.numel():
         counted = torch.where(target == ignore_index, torch.zeros((), dtype=target.dtype, device=target.device), target)
@@ -90,6 +113,7 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
         )
     if index is not None and index.numel() and not (0 <= bounds[-2] and bounds[-1] < num_rows):
         raise IndexError(f"linear_cross_entropy: index holds rows outside [0, {num_rows}) (h has {num_rows} rows)")
+    _LAST_VALID = (key, weakref.ref(target), weakref.ref(index) if index is not None else None)
 
 
 def check_arguments(h, weight, target, bias, index, ignore_index, reduction, label_smoothing) -> None:
