@@ -46,7 +46,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from fusegnn.kernels._triton import LazyKernel, next_pow2
+from fusegnn.kernels._triton import LazyKernel, interpreter_enabled, next_pow2
 
 __all__ = [
     "VECTOR_DTYPES",
@@ -70,6 +70,7 @@ def _vspmm_kernel(
     vals, col, ptr, b, out,
     M, N, stride_bk, stride_bn, stride_om, stride_on,
     V: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """Rows ``g V .. g V + V - 1`` (``g = program_id(0)``), columns of block ``program_id(1)``."""
     g = tl.program_id(0)
@@ -86,6 +87,9 @@ def _vspmm_kernel(
         c = tl.load(col + k, mask=kmask, other=0).to(tl.int64)
         a = tl.load(vals + k.to(tl.int64)[None, :] * V + r[:, None], mask=rmask[:, None] & kmask[None, :], other=0.0)
         bt = tl.load(b + c[:, None] * stride_bk + n[None, :] * stride_bn, mask=kmask[:, None] & nmask[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            bt = bt.to(tl.float32)
         if IEEE:
             acc = tl.dot(a, bt, acc, input_precision="ieee")
         else:
@@ -126,7 +130,7 @@ def _vsddmm_kernel(
     x, y, col, ptr, out,
     M, F, stride_xm, stride_xf, stride_yk, stride_yf,
     V: tl.constexpr, BM: tl.constexpr, BLOCK_K: tl.constexpr, BF: tl.constexpr, SPLIT: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Chunks ``program_id(1), program_id(1) + SPLIT, ...`` of the vectors of row group ``program_id(0)``."""
     g = tl.program_id(0)
@@ -145,6 +149,9 @@ def _vsddmm_kernel(
             fmask = f < F
             xt = tl.load(x + rows[:, None] * stride_xm + f[None, :] * stride_xf, mask=rmask[:, None] & fmask[None, :], other=0.0)
             yt = tl.load(y + c[None, :] * stride_yk + f[:, None] * stride_yf, mask=fmask[:, None] & kmask[None, :], other=0.0)
+            if UPCAST:
+                xt = xt.to(tl.float32)
+                yt = yt.to(tl.float32)
             if IEEE:
                 acc = tl.dot(xt, yt, acc, input_precision="ieee")
             else:
@@ -168,6 +175,12 @@ def _check_dtypes(name: str, *tensors: Tensor) -> torch.dtype:
     return dtype
 
 
+def _upcast(dtype: torch.dtype) -> bool:
+    """The Triton interpreter's ``tl.dot`` on bfloat16 multiplies the raw uint16 bit
+    patterns: there (never on a GPU) bfloat16 tiles are converted to float32 after loading."""
+    return dtype == torch.bfloat16 and interpreter_enabled()
+
+
 def _column_block(n: int) -> int:
     return max(16, min(128, next_pow2(n)))
 
@@ -186,7 +199,7 @@ def vspmm(values: Tensor, col_idx: Tensor, row_ptr: Tensor, b: Tensor, num_rows:
     _vspmm[(G, triton.cdiv(N, BN))](
         values.contiguous(), col_idx, row_ptr, b, out,
         num_rows, N, b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-        V=V, BM=max(16, V), BLOCK_K=32, BN=BN, IEEE=dtype == torch.float32,
+        V=V, BM=max(16, V), BLOCK_K=32, BN=BN, IEEE=dtype == torch.float32, UPCAST=_upcast(dtype),
     )
     return out
 
@@ -232,7 +245,7 @@ def vsddmm(x: Tensor, y: Tensor, col_idx: Tensor, row_ptr: Tensor, V: int, max_v
         x, y, col_idx, row_ptr, out,
         x.size(0), F, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
         V=V, BM=max(16, V), BLOCK_K=block_k, BF=max(16, min(64, next_pow2(F))), SPLIT=split,
-        IEEE=dtype == torch.float32,
+        IEEE=dtype == torch.float32, UPCAST=_upcast(dtype),
     )
     return out
 
