@@ -11,6 +11,7 @@ from fusegnn.layers.graph_conv import GraphConv
 from fusegnn.layers.sage_conv import SAGEConv
 from fusegnn.layers.sg_conv import SGConv
 from fusegnn.layers.transformer_conv import TransformerConv
+from fusegnn.layers.vector_sparse_linear import VectorSparseLinear
 
 __all__ = [
     "APPNP",
@@ -25,4 +26,5 @@ __all__ = [
     "TransformerConv",
     "SparseMultiheadAttention",
     "SparseTransformerEncoderLayer",
+    "VectorSparseLinear",
 ]

@@ -25,6 +25,8 @@ from fusegnn.sparse.graph import CompressedEdges, Graph
 from fusegnn.sparse.halo import HaloGraph
 from fusegnn.sparse.ops import as_graph, edge_aggregate, edge_index_of, edge_softmax, graph_arg, sddmm, spmm
 from fusegnn.sparse.propagate import propagate
+from fusegnn.sparse.vector_ops import vsddmm, vspmm, window_spmm
+from fusegnn.sparse.vector_sparse import RowWindows, TransposedVectorSparse, VectorSparse
 from fusegnn.sparse.processing import (
     add_remaining_self_loops,
     add_self_loops,
@@ -70,6 +72,12 @@ __all__ = [
     "register_backend",
     "remove_self_loops",
     "resolve_aggregation",
+    "RowWindows",
+    "TransposedVectorSparse",
+    "VectorSparse",
+    "vsddmm",
+    "vspmm",
+    "window_spmm",
     "sddmm",
     "spmm",
 ]

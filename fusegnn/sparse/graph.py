@@ -42,6 +42,8 @@ from typing import Any, Callable, NamedTuple, TypeVar
 import torch
 from torch import Tensor
 
+from fusegnn.sparse.reorder import inverse_permutation, locality_order
+
 __all__ = ["Graph", "CompressedEdges", "as_graph", "check_edge_weight", "coerce_graph", "graph_by_uid"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -425,6 +427,16 @@ class Graph:
         if self._edge_weight is None:
             return bare
         return self._cached("reversed", lambda: bare.with_edge_weight(self._edge_weight))
+
+    def reorder(self, method: str = "rcm", **options: Any) -> "tuple[Graph, Tensor]":
+        """``(reordered graph, perm)``, new node ``i`` = old node ``perm[i]``: a locality
+        ordering (``"rcm"``, ``"degree"``, ``"metis"``); see :func:`fusegnn.sparse.reorder.locality_order`.
+        Same edge order and weights; ``x[perm]`` are the reordered graph's features."""
+        if self.is_bipartite:
+            raise ValueError("reorder needs a square graph (num_src_nodes == num_dst_nodes)")
+        perm = locality_order(self.src, self.dst, self._num_src, method, **options)
+        edge_index = inverse_permutation(perm)[self._edge_index.long()].to(self.index_dtype)
+        return Graph(edge_index, self._num_src, self._edge_weight, validate=False), perm
 
     def to_dense(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """Dense ``[num_dst_nodes, num_src_nodes]`` aggregation matrix ``A`` with

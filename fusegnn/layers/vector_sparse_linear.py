@@ -1,0 +1,91 @@
+r"""A linear layer whose weight is vector-sparse (VecSparse, thesis ch.3), trained sparse."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from fusegnn.sparse import VectorSparse, vspmm
+
+__all__ = ["VectorSparseLinear"]
+
+
+class VectorSparseLinear(nn.Module):
+    r""":math:`y = x W^\top + b` with :math:`W` (``[out_features, in_features]``) kept
+    vector-sparse: ``nn.Linear``'s initial weight, magnitude-pruned once to ``sparsity``
+    in vectors of ``V`` consecutive output rows
+    (:meth:`~fusegnn.sparse.VectorSparse.prune`); only the kept vectors are parameters
+    (``values`` ``[nnz_v, V]``), the pattern is fixed.
+
+    The forward runs :math:`y^\top = W x^\top` as :func:`~fusegnn.sparse.vspmm` (every
+    gathered row of :math:`x^\top` reused by ``V`` outputs on tensor cores); its backward
+    gives :math:`\partial x^\top = W^\top \partial y^\top` through the transposed pattern
+    and :math:`\partial W = \partial y^\top x` sampled at :math:`W`'s pattern
+    (``vsddmm``), never a dense weight gradient.
+
+    Args:
+        in_features, out_features: as ``nn.Linear``'s.
+        sparsity: fraction of ``V``-vectors pruned, in ``[0, 1)``.
+        V: vector length (2, 4, 8 or 16).
+        bias: learn an additive bias.
+        backend: ``"auto"``, ``"triton"`` or ``"reference"`` (see :mod:`fusegnn.sparse.vector_ops`).
+
+    Shapes: ``x`` ``[..., in_features]`` -> ``[..., out_features]``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        sparsity: float,
+        V: int = 8,
+        bias: bool = True,
+        *,
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.in_features, self.out_features = in_features, out_features
+        self.sparsity, self.backend = sparsity, backend
+        dense = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        pattern = VectorSparse.prune(dense.weight.detach(), sparsity, V)
+        self.V = pattern.V
+        self.register_buffer("row_ptr", pattern.row_ptr)
+        self.register_buffer("col_idx", pattern.col_idx)
+        self.values = nn.Parameter(pattern.values)
+        self.bias = dense.bias
+        self._pattern: tuple[tuple, VectorSparse] | None = None
+
+    def pattern(self) -> VectorSparse:
+        """The weight's structure (with its cached transpose index) holding ``values``."""
+        key = (self.row_ptr.data_ptr(), self.col_idx.data_ptr(), self.row_ptr.device)
+        if self._pattern is None or self._pattern[0] != key:
+            structure = VectorSparse(self.row_ptr, self.col_idx, self.values.detach(),
+                                     (self.out_features, self.in_features), validate=False)
+            structure.index()
+            self._pattern = (key, structure)
+        return self._pattern[1].with_values(self.values)
+
+    def dense_weight(self) -> Tensor:
+        """The weight as a dense ``[out_features, in_features]`` matrix (differentiable)."""
+        return self.pattern().to_dense()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.size(-1) != self.in_features:
+            raise ValueError(f"x must have {self.in_features} features in its last axis, got {x.size(-1)}")
+        lead = x.shape[:-1]
+        xt = x.reshape(-1, self.in_features).t().contiguous()  # [in, T]: rows gathered by column index
+        yt = vspmm(self.pattern(), xt, backend=self.backend)  # [out, T]
+        y = yt.t()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.contiguous().reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        density = self.values.numel() / max(self.in_features * self.out_features, 1)
+        return (f"in_features={self.in_features}, out_features={self.out_features}, V={self.V}, "
+                f"sparsity={self.sparsity}, density={density:.3f}, bias={self.bias is not None}")
