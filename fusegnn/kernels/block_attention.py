@@ -279,6 +279,12 @@ def _ranks4(c0, c1, c2, c3):
 
 
 @kernel_helper
+def _majority(a, b, c):
+    """Where at least 2 of the booleans ``a, b, c`` hold."""
+    return (a & b) | (c & (a | b))
+
+
+@kernel_helper
 def _outranking(x, a, b, c, d):
     """How many of ``a, b, c, d`` are ``<= x``: with ``x`` at the lower key index, the
     ones ``x`` outranks."""
@@ -304,13 +310,24 @@ def _nm_keep(s, NM_N: tl.constexpr, NM_M: tl.constexpr, ROWS: tl.constexpr, COLS
         c0, c1 = _halves(s, ROWS, COLS)
         f01 = _first(c0, c1)
         keep = _joined(1 - f01 < NM_N, f01 < NM_N, ROWS, COLS)
-    elif NM_M == 4:
+    elif NM_M == 4:  # 2:4 (check_nm's only N for M = 4)
+        tl.static_assert(NM_N == 2)
         lo, hi = _halves(s, ROWS, COLS)
         c0, c1 = _halves(lo, ROWS, COLS // 2)
         c2, c3 = _halves(hi, ROWS, COLS // 2)
-        r0, r1, r2, r3 = _ranks4(c0, c1, c2, c3)
-        keep = _joined(_joined(r0 < NM_N, r1 < NM_N, ROWS, COLS // 2), _joined(r2 < NM_N, r3 < NM_N, ROWS, COLS // 2),
-                       ROWS, COLS)
+        # a key is kept when it outranks at least 2 of the other 3: a majority of 3
+        # pairwise outcomes (predicate logic, no counting)
+        f01 = c0 >= c1
+        f02 = c0 >= c2
+        f03 = c0 >= c3
+        f12 = c1 >= c2
+        f13 = c1 >= c3
+        f23 = c2 >= c3
+        k0 = _majority(f01, f02, f03)
+        k1 = _majority(f01 == 0, f12, f13)
+        k2 = _majority(f02 == 0, f12 == 0, f23)
+        k3 = _majority(f03 == 0, f13 == 0, f23 == 0)
+        keep = _joined(_joined(k0, k1, ROWS, COLS // 2), _joined(k2, k3, ROWS, COLS // 2), ROWS, COLS)
     else:  # NM_M == 8: the ranks within each half of 4, plus the other half's members that outrank
         lo, hi = _halves(s, ROWS, COLS)
         l0, l1 = _halves(lo, ROWS, COLS // 2)
@@ -540,16 +557,19 @@ def _bwd_dkdv_kernel(
                     p = _nm_probabilities(p, qk, sm_scale_log2, pat_base + pat_offs, bands + 2 * pid,
                                           (sub * SUB_M + offs_bm)[:, None], offs_bn[None, :], n_valid[None, :],
                                           phase == 0, EVEN_K, BANDS, SCALE_POSITIVE, NM_N, NM_M, SUB_M, BN)
-                    pT = tl.trans(p)
+                    dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+                    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+                    ds = p * (dp - delta[:, None])
+                    dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
                 else:
                     qkT = tl.dot(k, tl.trans(q), input_precision=PRECISION)
                     pT = tl.exp2(qkT * sm_scale_log2 - lse[None, :])
                     pT = _mask_block(pT, pat_base + patT_offs, bands + 2 * pid, (sub * SUB_M + offs_bm)[None, :],
                                      offs_bn[:, None], n_valid[:, None], 0.0, phase == 0, EVEN_K, BANDS)
-                dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
-                dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-                dsT = pT * (dpT - delta[None, :])
-                dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
+                    dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
+                    dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+                    dsT = pT * (dpT - delta[None, :])
+                    dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
 
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + h * stride_dkh + cols * stride_dkn + offs_d[None, :],
@@ -698,13 +718,37 @@ _MEASURED_D64: dict[tuple[int, int], LaunchConfig] = {
 }
 
 
+#: ``_bwd_dkdv``'s register cap with N:M (16-bit inputs, where the table caps it): its
+#: whole-block step holds one more ``[BM, BN]`` tile than the table's sub-tiles; 168
+#: registers still fit 3 programs of 4 warps per multiprocessor, with few spills in the
+#: loop (sm_90 compile: ``benchmarks/NOTES-attention.md``, "N:M selection")
+_NM_DKDV_MAXNREG = 168
+
+
 @functools.lru_cache(maxsize=256)
-def launch_config(BM: int, BN: int, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> LaunchConfig:
+def launch_config(BM: int, BN: int, head_dim: int, dtype: torch.dtype = torch.bfloat16,
+                  nm: tuple[int, int] | None = None) -> LaunchConfig:
     """The launch table: measured on an H200 for head dims <= 64 at 64x64, 128x64,
     64x128 and 128x128 (for float32 inputs without the register caps, which were
     measured on bfloat16); otherwise 4 warps per 64-row tile (8 for 128-row tiles, 2 for
     16-row tiles), 3 pipeline stages for D <= 64, 2 above (shared memory), the backward
-    one step leaner (it holds more tiles: k, v, dk, dv and the streamed q, dO)."""
+    one step leaner (it holds more tiles: k, v, dk, dv and the streamed q, dO).
+
+    With ``nm = (N, M)``: ``_bwd_dkdv`` takes whole ``BM``-row blocks (it recomputes the
+    selection on ``[rows, keys]`` tiles, whose products need >= 64 rows for Hopper's
+    warpgroup MMA) and ``_bwd_dq`` sub-tiles of at least ``8 M`` keys (so that the N:M
+    order's ``M`` chunks are whole 8-column groups of the MMA layout, each thread's own)."""
+    cfg = _table_config(BM, BN, head_dim, dtype)
+    if nm is None:
+        return cfg
+    m = nm[1]
+    dkdv_cap = None if cfg.dkdv_maxnreg is None else max(cfg.dkdv_maxnreg, _NM_DKDV_MAXNREG)
+    dq_sub_n = None if cfg.dq_sub_n is None else max(cfg.dq_sub_n, 8 * m)
+    return replace(cfg, dkdv_sub_m=None, dkdv_maxnreg=dkdv_cap, dq_sub_n=dq_sub_n)
+
+
+def _table_config(BM: int, BN: int, head_dim: int, dtype: torch.dtype) -> LaunchConfig:
+    """:func:`launch_config` without N:M."""
     if head_dim <= 64 and (BM, BN) in _MEASURED_D64:
         cfg = _MEASURED_D64[(BM, BN)]
         if dtype == torch.float32:
@@ -1041,7 +1085,7 @@ def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: PreparedLayout,
     L_k = k.shape[2]
     BM, BN = int(layout.BM), int(layout.BN)
     BD = max(16, next_pow2(D))
-    cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype)
+    cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype, nm)
     out_strides = (H * L_q * D, L_q * D, D)  # out is allocated contiguous
     rows = B * H * dilation  # kernel rows: one per (b, h) and residue
     return _Launch(
@@ -1098,7 +1142,7 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
     L_k = k.shape[2]
     BM, BN = int(layout.BM), int(layout.BN)
     BD = max(16, next_pow2(D))
-    cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype)
+    cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype, nm)
     scale_log2 = scale * _LOG2E
     nhl = int(layout.num_heads)
     even_k = L_k % (BN * dilation) == 0
