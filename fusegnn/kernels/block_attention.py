@@ -85,14 +85,24 @@ package.
 ``M`` consecutive keys of a row (groups aligned to multiples of ``M``), only the ``N``
 largest allowed scores take part in the softmax (ties to the lower key index; masked
 scores and padding keys ``>= L_k`` are never kept; a group with fewer than ``N`` allowed
-scores keeps them all). Each score tile (``BN`` and the sub-tiles are multiples of
-``M``) is reshaped to ``[rows, groups, M]`` and every score's rank in its group --
-the others greater, plus the others equal at a lower index -- is counted in registers;
-scores of rank ``>= N`` get probability 0. The forward's online softmax runs over the
-kept scores (its log-sum-exp is theirs), and both backward kernels recompute the same
-selection from the same float32 products (``q . k``, scaled first when ``scale <= 0``),
-so dropped scores get no gradient; nothing is stored. Not with ``dilation > 1`` (the
-groups are in absolute key index, which a dilated tile interleaves).
+scores keeps them all). The kernels load each key tile (``BN`` keys, or a sub-tile;
+multiples of ``M``) in the *N:M order*: tile column ``r * (BN / M) + g`` holds key
+``g * M + r``, so column chunk ``r`` is every group's ``r``-th member. Splitting the
+score tile into its ``M`` chunks moves no data (the chunks differ in the tile's highest
+column bits, which the MMA accumulator layout keeps in each thread's registers), and
+every score's rank in its group -- the others greater, plus the others equal at a lower
+index -- is a few elementwise comparisons of chunks; scores of rank ``>= N`` get
+probability 0. (A ``[rows, groups, M]`` reshape with an ``M x M`` broadcast instead
+moved every tile through shared memory and spilled: 3-20x the time of the kernel
+without N:M on an H100, issue 19.) The key order changes
+nothing else: ``K``, ``V``, ``dK`` and ``dV`` rows are read and written at their own
+addresses, and the products with ``V`` sum over the same keys. The forward's online
+softmax runs over the kept scores (its log-sum-exp is theirs), and both backward kernels
+recompute the same selection from the same float32 products (``q . k``, queries x keys
+as in the forward -- ``_bwd_dkdv`` too, transposing its probabilities for the products
+with ``dO`` and ``q`` -- scaled first when ``scale <= 0``), so dropped scores get no
+gradient; nothing is stored. Not with ``dilation > 1`` (the groups are in absolute key
+index, which a dilated tile interleaves).
 
 dtypes: float16, bfloat16, float32 (float32 accumulation; float32 inputs use TF32 tensor
 cores when ``torch.get_float32_matmul_precision() != "highest"``, IEEE otherwise, or as
