@@ -20,6 +20,7 @@ from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
 from fusegnn.sparse.graph_ref import GraphRef
+from fusegnn.sparse.halo import HaloGraph
 from fusegnn.sparse.processing import gat_self_loop_edge_attr, gat_self_loops, self_loop_attr
 
 __all__ = ["attention_self_loops", "attention_self_loop_edge_attr"]
@@ -48,8 +49,10 @@ def attention_self_loops(graph: Graph | GraphRef) -> Graph | GraphRef:
     ``i < min(N_src, N_dst)`` appended (PyG's ``remove_self_loops`` then ``add_self_loops``
     in ``GATConv``). A square graph gives :func:`~fusegnn.sparse.processing.gat_self_loops`
     (a :class:`~fusegnn.sparse.graph_ref.GraphRef` too); a bipartite one keeps its
-    ``(N_src, N_dst)`` sizes. Cached on ``graph`` (structural)."""
-    if not graph.is_bipartite:
+    ``(N_src, N_dst)`` sizes; a worker's share of a distributed graph
+    (:class:`~fusegnn.sparse.halo.HaloGraph`) gets its owned nodes' loops
+    (:func:`~fusegnn.sparse.processing.gat_self_loops`). Cached on ``graph`` (structural)."""
+    if not graph.is_bipartite or isinstance(graph, HaloGraph):  # a worker's share: loops on its own nodes
         return gat_self_loops(graph)
     if isinstance(graph, GraphRef):
         raise _bipartite_unsupported(graph)
