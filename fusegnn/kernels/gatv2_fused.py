@@ -25,6 +25,20 @@ stored; nothing of size ``E`` is. Dropout regenerates the keep mask from the cou
 RNG of the GAT kernels (``tl.rand(seed, coo_edge_id * H + head) >= p``), so
 :func:`fusegnn.kernels.gat_fused.dropout_keep_mask` gives this op's mask too.
 
+**Layout.** A tile is ``[BLOCK_Q, BLOCK_E, BLOCK_H, VEC]``: channel ``q * VEC + v`` of
+head ``h`` of the tile's edge ``e``, ``VEC`` channels making 16 bytes. Triton gives a
+load its threads along the contiguous axis first; with a ``[E, H, C]`` tile that put
+``C / 4`` lanes on one edge's row, so every per-edge value (score, exponential, dropout
+draw, gradient coefficients) was computed ``C / 4`` times over and every channel sum
+took shuffles. Here the one contiguous axis is ``VEC`` wide, so the lanes go along the
+edges (heads): each lane holds whole rows, the channel sums stay inside a lane and the
+per-edge work is done once. The lanes also keep their own running softmax state
+(maximum, normaliser, accumulator; one exponential per edge: the new edge's weight, or
+the rescale of a lane whose maximum it raises) and their own backward sums, merged over
+the lanes once per row (or chunk): no cross-lane traffic inside the edge loops. The
+LeakyReLU is ``ls z`` with ``ls = LeakyReLU'(z)`` (1 or the slope), which the backward
+reuses: :math:`dz = ds\, a \odot ls`.
+
 **Backward** (no ``[E, H, C]`` intermediate stored; the scores are recomputed and
 :math:`\alpha_{ji} = \exp(s_{ji} - L_i)`). With :math:`g_i` the output gradient and
 :math:`D_i = g_i \cdot \mathrm{out}_i` per head (FlashAttention-2's identity; it holds
@@ -41,8 +55,8 @@ with dropout because ``out`` carries the mask):
     \partial e_{ji} = dz_{ji}, \quad
     \partial x^l_j = \sum_i \big(w_{ji} g_i + dz_{ji}\big)
 
-* pass R over ``csr`` (targets): :math:`\partial x^r`, each target's share of
-  :math:`\partial a` (summed over targets afterwards) and :math:`\partial e` (each edge
+* pass R over ``csr`` (targets): :math:`\partial x^r` (``a`` times the row's sum of
+  :math:`ds\, ls`), each target's share of :math:`\partial a` (summed over targets afterwards) and :math:`\partial e` (each edge
   written once, in COO order); with ``"gas"`` also :math:`\partial x^l` by atomics into
   the sources;
 * with ``"gar"``, pass C over ``csc`` (sources): :math:`\partial x^l`, recomputing each
@@ -52,8 +66,8 @@ with dropout because ``out`` carries the mask):
 **Long rows** are split into work items of at most ``chunk`` edges with the GAT kernels'
 schedule (:func:`~fusegnn.kernels._edge_utils.chunk_schedule`): forward partials
 ``(m, l, acc)`` merged by the GAT combine kernel, backward partial sums added in item
-order. Launch tiles and the :func:`fusegnn.kernels.gat_fused.tuning` overrides are those
-of the GAT kernels.
+order. Launch tiles: :class:`_GATv2Config`; the :func:`fusegnn.kernels.gat_fused.tuning`
+overrides apply.
 
 Accumulation is in float32 (float64 for float64 inputs); the LeakyReLU slope and the
 dropout scale are float64 kernel arguments (see :mod:`fusegnn.kernels.gat_fused`). The
