@@ -444,26 +444,3 @@ def test_layer_rejects_bad_arguments():
         GATv2Conv(6.0, 4)
     with pytest.raises(ValueError, match="aggregation"):
         GATv2Conv(6, 4, aggregation="fast")
-
-
-@pytest.mark.parametrize(
-    "tiles",
-    [
-        # several edges per lane (forward), fewer edges than lanes (rows split over lanes)
-        {"fwd": (64, 1), "row": (4, 1), "col": (8, 1)},
-        # several warps, one edge per step
-        {"fwd": (2, 2), "row": (64, 2), "col": (2, 1)},
-    ],
-)
-def test_tiles_from_tuning_keep_results(tiles):
-    # the GAT kernels' tuning overrides reach the GATv2 launches; any tile gives the same op
-    from fusegnn.kernels.gat_fused import tuning
-    from fusegnn.kernels.gatv2_fused import gatv2_config
-
-    graph = _graph()
-    with tuning(**tiles):
-        x = torch.empty((1, 2, 16), device=DEVICE)
-        cfg = gatv2_config(graph, x, x, SLOPE, 0.3, 1, "gar")
-        assert {k: tuple(getattr(cfg, k)) for k in tiles} == tiles
-        _compare(graph, 2, 16, edge=True, p=0.3, chunk=2048)
-        _compare(graph, 1, 20, edge=False, variant="gas", p=0.3, chunk=SHORT_CHUNK)

@@ -25,20 +25,6 @@ stored; nothing of size ``E`` is. Dropout regenerates the keep mask from the cou
 RNG of the GAT kernels (``tl.rand(seed, coo_edge_id * H + head) >= p``), so
 :func:`fusegnn.kernels.gat_fused.dropout_keep_mask` gives this op's mask too.
 
-**Layout.** A tile is ``[BLOCK_Q, BLOCK_E, BLOCK_H, VEC]``: channel ``q * VEC + v`` of
-head ``h`` of the tile's edge ``e``, ``VEC`` channels making 16 bytes. Triton gives a
-load its threads along the contiguous axis first; with a ``[E, H, C]`` tile that put
-``C / 4`` lanes on one edge's row, so every per-edge value (score, exponential, dropout
-draw, gradient coefficients) was computed ``C / 4`` times over and every channel sum
-took shuffles. Here the one contiguous axis is ``VEC`` wide, so the lanes go along the
-edges (heads): each lane holds whole rows, the channel sums stay inside a lane and the
-per-edge work is done once. The lanes also keep their own running softmax state
-(maximum, normaliser, accumulator; one exponential per edge: the new edge's weight, or
-the rescale of a lane whose maximum it raises) and their own backward sums, merged over
-the lanes once per row (or chunk): no cross-lane traffic inside the edge loops. The
-LeakyReLU is ``ls z`` with ``ls = LeakyReLU'(z)`` (1 or the slope), which the backward
-reuses: :math:`dz = ds\, a \odot ls`.
-
 **Backward** (no ``[E, H, C]`` intermediate stored; the scores are recomputed and
 :math:`\alpha_{ji} = \exp(s_{ji} - L_i)`). With :math:`g_i` the output gradient and
 :math:`D_i = g_i \cdot \mathrm{out}_i` per head (FlashAttention-2's identity; it holds
@@ -55,8 +41,8 @@ with dropout because ``out`` carries the mask):
     \partial e_{ji} = dz_{ji}, \quad
     \partial x^l_j = \sum_i \big(w_{ji} g_i + dz_{ji}\big)
 
-* pass R over ``csr`` (targets): :math:`\partial x^r` (``a`` times the row's sum of
-  :math:`ds\, ls`), each target's share of :math:`\partial a` (summed over targets afterwards) and :math:`\partial e` (each edge
+* pass R over ``csr`` (targets): :math:`\partial x^r`, each target's share of
+  :math:`\partial a` (summed over targets afterwards) and :math:`\partial e` (each edge
   written once, in COO order); with ``"gas"`` also :math:`\partial x^l` by atomics into
   the sources;
 * with ``"gar"``, pass C over ``csc`` (sources): :math:`\partial x^l`, recomputing each
@@ -66,8 +52,8 @@ with dropout because ``out`` carries the mask):
 **Long rows** are split into work items of at most ``chunk`` edges with the GAT kernels'
 schedule (:func:`~fusegnn.kernels._edge_utils.chunk_schedule`): forward partials
 ``(m, l, acc)`` merged by the GAT combine kernel, backward partial sums added in item
-order. Launch tiles: :class:`_GATv2Config`; the :func:`fusegnn.kernels.gat_fused.tuning`
-overrides apply.
+order. Launch tiles and the :func:`fusegnn.kernels.gat_fused.tuning` overrides are those
+of the GAT kernels.
 
 Accumulation is in float32 (float64 for float64 inputs); the LeakyReLU slope and the
 dropout scale are float64 kernel arguments (see :mod:`fusegnn.kernels.gat_fused`). The
@@ -76,27 +62,23 @@ backward is not itself differentiable (``once_differentiable``).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from fusegnn.kernels import gat_fused
-from fusegnn.kernels._triton import LazyKernel, kernel_helper, next_pow2, shared_kernel_helper
+from fusegnn.kernels._triton import LazyKernel, kernel_helper, shared_kernel_helper
 from fusegnn.kernels.gat_fused import (
     DEFAULT_CHUNK,
     _combine_sums,
     _Config,
-    Launch,
     _items,
     _partials,
     _schedule,
     _seed_tensor,
     _TL_ACC,
     _TUNING,
-    _tuned,
     gat_combine_kernel,
     padded_channels,
 )
@@ -113,76 +95,58 @@ _dropout_keep = shared_kernel_helper(gat_fused.__name__, "_dropout_keep", __name
 
 
 @kernel_helper
-def _row_tile(H, C, BLOCK_H: tl.constexpr, BLOCK_Q: tl.constexpr, VEC: tl.constexpr):
-    """``(offs_h, mask_h, hq, mask_hq)``: head offsets and mask, and the offsets and mask
-    of an ``[H, C]`` row laid out as ``[BLOCK_Q, BLOCK_H, VEC]`` (channel ``q * VEC + v``
-    of head ``h`` at ``[q, h, v]``)."""
+def _head_channel_tile(H, C, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
+    """``(offs_e, offs_h, mask_h, mask_hc, hc)``: edge and head offsets, the valid heads and
+    (head, channel) entries, and the offsets ``hc`` of an ``[H, C]`` row."""
     offs_h = tl.arange(0, BLOCK_H)
-    offs_q = tl.arange(0, BLOCK_Q)
-    offs_v = tl.arange(0, VEC)
-    ch = offs_q[:, None, None] * VEC + offs_v[None, None, :]
+    offs_c = tl.arange(0, BLOCK_C)
     mask_h = offs_h < H
-    mask_hq = mask_h[None, :, None] & (ch < C)
-    return offs_h, mask_h, offs_h[None, :, None] * C + ch, mask_hq
+    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
+    return tl.arange(0, BLOCK_E), offs_h, mask_h, mask_hc, offs_h[:, None] * C + offs_c[None, :]
 
 
 @kernel_helper
-def _channel_sum(x):
-    """``[BLOCK_Q, BLOCK_E, BLOCK_H, VEC] -> [BLOCK_E, BLOCK_H]``: the sum over a head's
-    channels (inside one thread: see the module docstring)."""
-    return tl.sum(tl.sum(x, axis=3), axis=0)
-
-
-@kernel_helper
-def _gather_rows(base, rows, hq, m4, HC):
-    """The ``[H, C]`` rows ``rows`` ``[BLOCK_E]`` (int64) of ``base`` as a
-    ``[BLOCK_Q, BLOCK_E, BLOCK_H, VEC]`` tile (zero where ``m4`` is false)."""
-    return tl.load(base + rows[None, :, None, None] * HC + hq[:, None, :, :], mask=m4, other=0.0)
-
-
-@kernel_helper
-def _edge_scores(z, a, edge, cid, hq, m4, slope, H, C, HAS_EDGE: tl.constexpr, ACC: tl.constexpr):
-    """For a tile of edges with ``z = x_l[j] + x_r[i]``: adds the edge features
-    (``HAS_EDGE``, COO rows ``cid``) and returns ``(z, ls, ls z, score [E, H])`` with
-    ``ls = LeakyReLU'(z)`` (1 or the slope), so ``LeakyReLU(z) = ls z``."""
+def _edge_scores(z, a, edge, cid, hc, m3, slope, H, C, HAS_EDGE: tl.constexpr, ACC: tl.constexpr):
+    """For a tile of edges with ``z = x_l[j] + x_r[i]`` ``[E, H, C]``: adds the edge features
+    (``HAS_EDGE``, rows ``cid``) and returns ``(z, LeakyReLU(z), score [E, H])``."""
     if HAS_EDGE:
-        z += _gather_rows(edge, cid, hq, m4, H * C).to(ACC)
-    ls = tl.where(z > 0, 1.0, slope)
-    lz = ls * z
-    return z, ls, lz, _channel_sum(lz * a[:, None, :, :])
+        z += tl.load(edge + cid[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
+    lr = tl.where(z > 0, z, z * slope)
+    return z, lr, tl.sum(lr * a[None, :, :], axis=2)
 
 
 @kernel_helper
-def _target_row_tile(e0, end, offs_e, mask_h, hq, mask_hq, idx, perm, xl, xr_i, a, edge, slope, H, C,
+def _target_row_tile(e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
                      HAS_EDGE: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr):
-    """The tile of a target row's edges from position ``e0`` (before ``end``): ``(meh, m4,
-    j, cid, x_l[j], ls, ls z, score)`` -- masks of the (edge, head) and (channel, edge,
-    head, lane) entries, the sources, the COO edge ids (read only with ``HAS_EDGE`` or
-    ``DROPOUT``), the gathered source rows, LeakyReLU' and LeakyReLU of ``z`` and the
-    scores."""
+    """The tile of a target row's edges from position ``e0`` (before ``end``): ``(me, meh,
+    m3, j, cid, x_l[j], z, LeakyReLU(z), score)`` -- masks of the edges, (edge, head) and
+    (edge, head, channel) entries, the sources, the COO edge ids (read only with
+    ``HAS_EDGE`` or ``DROPOUT``), the gathered source rows and the scores."""
     pos = e0 + offs_e
     me = pos < end
     meh = me[:, None] & mask_h[None, :]
-    m4 = me[None, :, None, None] & mask_hq[:, None, :, :]
+    m3 = me[:, None, None] & mask_hc[None, :, :]
     j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
-    xj = _gather_rows(xl, j, hq, m4, H * C).to(ACC)
+    xj = tl.load(xl + j[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
     cid = pos
     if HAS_EDGE or DROPOUT:
         cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-    z, ls, lz, s = _edge_scores(xj + xr_i[:, None, :, :], a, edge, cid, hq, m4, slope, H, C, HAS_EDGE, ACC)
-    return meh, m4, j, cid, xj, ls, lz, s
+    z, lr, s = _edge_scores(xj + xr_i[None, :, :], a, edge, cid, hc, m3, slope, H, C, HAS_EDGE, ACC)
+    return me, meh, m3, j, cid, xj, z, lr, s
 
 
 @kernel_helper
-def _edge_grads(alpha, dp, d, keep, scale, DROPOUT: tl.constexpr):
-    """Back through dropout and the softmax for a tile of edges: ``(w, ds)`` with ``w``
-    the applied coefficient and ``ds = alpha (dP - D)``; ``dp`` is ``g_i . x_l[j]``
-    (before the mask), ``keep`` read only with ``DROPOUT``."""
+def _edge_grads(alpha, dp, d, z, a, slope, keep, scale, DROPOUT: tl.constexpr):
+    """Back through dropout, the softmax and the LeakyReLU for a tile of edges: ``(w, ds,
+    dz)`` with ``w`` the applied coefficient, ``ds = alpha (dP - D)`` and
+    ``dz = ds a LeakyReLU'(z)``; ``dp`` is ``g_i . x_l[j]`` (before the mask), ``keep``
+    read only with ``DROPOUT``."""
     w = alpha
     if DROPOUT:
         dp = tl.where(keep, dp * scale, 0.0)
         w = tl.where(keep, alpha * scale, 0.0)
-    return w, alpha * (dp - d)
+    ds = alpha * (dp - d)
+    return w, ds, ds[:, :, None] * tl.where(z > 0, a[None, :, :], a[None, :, :] * slope)
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -195,56 +159,47 @@ def _gatv2_fwd_kernel(
     seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK,
     HAS_ITEMS: tl.constexpr, HAS_EDGE: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_Q: tl.constexpr, VEC: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     ACC: tl.constexpr,
 ):
-    """One target row (or one chunk of a long row): scores, online softmax, aggregation.
-    Each lane keeps its own running maximum, normaliser and accumulator; they are merged
-    once, after the row."""
+    """One target row (or one chunk of a long row): scores, online softmax, aggregation."""
     pid = tl.program_id(0)
     slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
     scale = tl.full([], drop_scale, ACC)
     if DROPOUT:
         seed = tl.load(seed_ptr)
     row, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
-    offs_e = tl.arange(0, BLOCK_E)
-    offs_h, mask_h, hq, mask_hq = _row_tile(H, C, BLOCK_H, BLOCK_Q, VEC)
-    xr_i = tl.load(xr + row * (H * C) + hq, mask=mask_hq, other=0.0).to(ACC)
-    a = tl.load(att + hq, mask=mask_hq, other=0.0).to(ACC)
-    m = tl.full([BLOCK_E, BLOCK_H], float("-inf"), ACC)
-    l = tl.zeros([BLOCK_E, BLOCK_H], ACC)
-    acc = tl.zeros([BLOCK_Q, BLOCK_E, BLOCK_H, VEC], ACC)
+    offs_e, offs_h, mask_h, mask_hc, hc = _head_channel_tile(H, C, BLOCK_E, BLOCK_H, BLOCK_C)
+    xr_i = tl.load(xr + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
+    a = tl.load(att + hc, mask=mask_hc, other=0.0).to(ACC)
+    m = tl.full([BLOCK_H], float("-inf"), ACC)
+    l = tl.zeros([BLOCK_H], ACC)
+    acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
     for e0 in range(start, end, BLOCK_E):
-        meh, m4, j, cid, xj, ls, lz, s = _target_row_tile(
-            e0, end, offs_e, mask_h, hq, mask_hq, idx, perm, xl, xr_i, a, edge, slope, H, C,
+        me, meh, m3, j, cid, xj, z, lr, s = _target_row_tile(
+            e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
             HAS_EDGE, DROPOUT, ACC,
         )
-        # one exponential per edge: exp(m - s) rescales a lane whose maximum grows to s,
-        # otherwise exp(s - m) weighs the edge (masked edges: weight 0, no rescale)
-        up = meh & (s > m)
-        ex = tl.exp(tl.where(meh, tl.where(up, m - s, s - m), float("-inf")))
-        rescale = tl.where(up, ex, 1.0)
-        pexp = tl.where(up, 1.0, ex)
-        m = tl.where(up, s, m)
-        l = l * rescale + pexp
+        s = tl.where(meh, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        rescale = tl.exp(m - m_safe)
+        pexp = tl.exp(s - m_safe[None, :])
+        l = l * rescale + tl.sum(pexp, axis=0)
         if DROPOUT:
             keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
             pexp = tl.where(keep, pexp * scale, 0.0)
-        acc = acc * rescale[None, :, :, None] + pexp[None, :, :, None] * xj
-    # merge the lanes: m_row = max over lanes, each lane's sums rescaled to it
-    m_row = tl.max(m, axis=0)
-    f = tl.exp(m - tl.where(m_row == float("-inf"), 0.0, m_row)[None, :])
-    l_row = tl.sum(l * f, axis=0)
-    acc_row = tl.sum(acc * f[None, :, :, None], axis=1)
+        acc = acc * rescale[:, None] + tl.sum(pexp[:, :, None] * xj, axis=0)
+        m = m_new
     if slot < 0:
-        inv = tl.where(l_row > 0, 1.0 / tl.where(l_row > 0, l_row, 1.0), 0.0)
-        tl.store(out + row * (H * C) + hq, (acc_row * inv[None, :, None]).to(out.dtype.element_ty), mask=mask_hq)
-        lse_row = tl.where(l_row > 0, m_row + tl.log(tl.where(l_row > 0, l_row, 1.0)), 0.0)
+        inv = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
+        tl.store(out + row * (H * C) + hc, (acc * inv[:, None]).to(out.dtype.element_ty), mask=mask_hc)
+        lse_row = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), 0.0)
         tl.store(lse + row * H + offs_h, lse_row, mask=mask_h)
     else:
-        tl.store(part_acc + slot * (H * C) + hq, acc_row, mask=mask_hq)
-        tl.store(part_m + slot * H + offs_h, m_row, mask=mask_h)
-        tl.store(part_l + slot * H + offs_h, l_row, mask=mask_h)
+        tl.store(part_acc + slot * (H * C) + hc, acc, mask=mask_hc)
+        tl.store(part_m + slot * H + offs_h, m, mask=mask_h)
+        tl.store(part_l + slot * H + offs_h, l, mask=mask_h)
 
 
 def _gatv2_bwd_row_kernel(
@@ -256,60 +211,54 @@ def _gatv2_bwd_row_kernel(
     H, C, CHUNK,
     HAS_ITEMS: tl.constexpr, HAS_EDGE: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
     SCATTER_SRC: tl.constexpr, STORE_AUX: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_Q: tl.constexpr, VEC: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     ACC: tl.constexpr,
 ):
     """Pass R over a target row: d x_r (row sum of dz), the row's share of d att, d e per
-    edge, and (L_i, D_i) for pass C; with SCATTER_SRC also d x_l by atomics ("gas").
-    Per-lane sums of ``ds ls`` (d x_r is ``a`` times their total) and ``ds ls z``
-    (d att), added over the lanes after the row."""
+    edge, and (L_i, D_i) for pass C; with SCATTER_SRC also d x_l by atomics ("gas")."""
     pid = tl.program_id(0)
     slope = tl.full([], negative_slope, ACC)
     scale = tl.full([], drop_scale, ACC)
     if DROPOUT:
         seed = tl.load(seed_ptr)
     row, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
-    offs_e = tl.arange(0, BLOCK_E)
-    offs_h, mask_h, hq, mask_hq = _row_tile(H, C, BLOCK_H, BLOCK_Q, VEC)
-    xr_i = tl.load(xr + row * (H * C) + hq, mask=mask_hq, other=0.0).to(ACC)
-    a = tl.load(att + hq, mask=mask_hq, other=0.0).to(ACC)
-    g = tl.load(grad_out + row * (H * C) + hq, mask=mask_hq, other=0.0).to(ACC)
-    o = tl.load(out + row * (H * C) + hq, mask=mask_hq, other=0.0).to(ACC)
+    offs_e, offs_h, mask_h, mask_hc, hc = _head_channel_tile(H, C, BLOCK_E, BLOCK_H, BLOCK_C)
+    xr_i = tl.load(xr + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
+    a = tl.load(att + hc, mask=mask_hc, other=0.0).to(ACC)
+    g = tl.load(grad_out + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
+    o = tl.load(out + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
     lse_i = tl.load(lse + row * H + offs_h, mask=mask_h, other=0.0).to(ACC)
-    d = tl.sum(tl.sum(g * o, axis=2), axis=0)
-    sum_u = tl.zeros([BLOCK_Q, BLOCK_E, BLOCK_H, VEC], ACC)
-    sum_ulz = tl.zeros([BLOCK_Q, BLOCK_E, BLOCK_H, VEC], ACC)
+    d = tl.sum(g * o, axis=1)
+    dxr = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+    datt = tl.zeros([BLOCK_H, BLOCK_C], ACC)
     for e0 in range(start, end, BLOCK_E):
-        meh, m4, j, cid, xj, ls, lz, s = _target_row_tile(
-            e0, end, offs_e, mask_h, hq, mask_hq, idx, perm, xl, xr_i, a, edge, slope, H, C,
+        me, meh, m3, j, cid, xj, z, lr, s = _target_row_tile(
+            e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
             HAS_EDGE, DROPOUT, ACC,
         )
         alpha = tl.where(meh, tl.exp(s - lse_i[None, :]), 0.0)
         keep = meh  # read only with DROPOUT
         if DROPOUT:
             keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
-        w, ds = _edge_grads(alpha, _channel_sum(g[:, None, :, :] * xj), d[None, :], keep, scale, DROPOUT)
-        ds4 = ds[None, :, :, None]
-        u = ds4 * ls  # dz = a u
-        sum_u += u
-        sum_ulz += ds4 * lz
+        w, ds, dz = _edge_grads(alpha, tl.sum(g[None, :, :] * xj, axis=2), d[None, :], z, a, slope, keep, scale,
+                                DROPOUT)
+        dxr += tl.sum(dz, axis=0)
+        datt += tl.sum(ds[:, :, None] * lr, axis=0)
         if HAS_EDGE:
-            tl.store(grad_edge + cid[None, :, None, None] * (H * C) + hq[:, None, :, :], u * a[:, None, :, :],
-                     mask=m4)
+            tl.store(grad_edge + cid[:, None, None] * (H * C) + hc[None, :, :], dz, mask=m3)
         if SCATTER_SRC:
-            tl.atomic_add(grad_xl + j[None, :, None, None] * (H * C) + hq[:, None, :, :],
-                          w[None, :, :, None] * g[:, None, :, :] + u * a[:, None, :, :], mask=m4)
+            tl.atomic_add(
+                grad_xl + j[:, None, None] * (H * C) + hc[None, :, :], w[:, :, None] * g[None, :, :] + dz, mask=m3
+            )
     if STORE_AUX:  # (L_i, D_i) side by side: one gather per edge in pass C
         tl.store(aux + row * (2 * H) + offs_h, lse_i, mask=mask_h)
         tl.store(aux + row * (2 * H) + H + offs_h, d, mask=mask_h)
-    dxr = a * tl.sum(sum_u, axis=1)
-    datt = tl.sum(sum_ulz, axis=1)
     if slot < 0:
-        tl.store(grad_xr + row * (H * C) + hq, dxr, mask=mask_hq)
-        tl.store(grad_att + row * (H * C) + hq, datt, mask=mask_hq)
+        tl.store(grad_xr + row * (H * C) + hc, dxr, mask=mask_hc)
+        tl.store(grad_att + row * (H * C) + hc, datt, mask=mask_hc)
     else:
-        tl.store(part_xr + slot * (H * C) + hq, dxr, mask=mask_hq)
-        tl.store(part_att + slot * (H * C) + hq, datt, mask=mask_hq)
+        tl.store(part_xr + slot * (H * C) + hc, dxr, mask=mask_hc)
+        tl.store(part_att + slot * (H * C) + hc, datt, mask=mask_hc)
 
 
 def _gatv2_bwd_col_kernel(
@@ -320,49 +269,45 @@ def _gatv2_bwd_col_kernel(
     seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK,
     HAS_ITEMS: tl.constexpr, HAS_EDGE: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_Q: tl.constexpr, VEC: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     ACC: tl.constexpr,
 ):
-    """Pass C over a source row of the CSC: d x_l_j = sum_i w_ji g_i + a sum_i ds_ji ls_ji
-    (per-lane sums, added over the lanes after the row)."""
+    """Pass C over a source row of the CSC: d x_l_j = sum_i (w_ji g_i + dz_ji)."""
     pid = tl.program_id(0)
     slope = tl.full([], negative_slope, ACC)
     scale = tl.full([], drop_scale, ACC)
     if DROPOUT:
         seed = tl.load(seed_ptr)
     col, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
-    offs_e = tl.arange(0, BLOCK_E)
-    offs_h, mask_h, hq, mask_hq = _row_tile(H, C, BLOCK_H, BLOCK_Q, VEC)
-    xj = tl.load(xl + col * (H * C) + hq, mask=mask_hq, other=0.0).to(ACC)
-    a = tl.load(att + hq, mask=mask_hq, other=0.0).to(ACC)
-    sum_wg = tl.zeros([BLOCK_Q, BLOCK_E, BLOCK_H, VEC], ACC)
-    sum_u = tl.zeros([BLOCK_Q, BLOCK_E, BLOCK_H, VEC], ACC)
+    offs_e, offs_h, mask_h, mask_hc, hc = _head_channel_tile(H, C, BLOCK_E, BLOCK_H, BLOCK_C)
+    xj = tl.load(xl + col * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
+    a = tl.load(att + hc, mask=mask_hc, other=0.0).to(ACC)
+    acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
     for e0 in range(start, end, BLOCK_E):
         pos = e0 + offs_e
         me = pos < end
         meh = me[:, None] & mask_h[None, :]
-        m4 = me[None, :, None, None] & mask_hq[:, None, :, :]
+        m3 = me[:, None, None] & mask_hc[None, :, :]
         i = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
+        rows = i[:, None, None] * (H * C) + hc[None, :, :]
         cid = pos  # read only with HAS_EDGE or DROPOUT
         if HAS_EDGE or DROPOUT:
             cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-        z = xj[:, None, :, :] + _gather_rows(xr, i, hq, m4, H * C).to(ACC)
-        z, ls, lz, s = _edge_scores(z, a, edge, cid, hq, m4, slope, H, C, HAS_EDGE, ACC)
-        gi = _gather_rows(grad_out, i, hq, m4, H * C).to(ACC)
+        z = xj[None, :, :] + tl.load(xr + rows, mask=m3, other=0.0).to(ACC)
+        z, lr, s = _edge_scores(z, a, edge, cid, hc, m3, slope, H, C, HAS_EDGE, ACC)
+        gi = tl.load(grad_out + rows, mask=m3, other=0.0).to(ACC)
         lse_i = tl.load(aux + i[:, None] * (2 * H) + offs_h[None, :], mask=meh, other=0.0)
         d = tl.load(aux + i[:, None] * (2 * H) + H + offs_h[None, :], mask=meh, other=0.0)
         alpha = tl.where(meh, tl.exp(s - lse_i), 0.0)
         keep = meh  # read only with DROPOUT
         if DROPOUT:
             keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
-        w, ds = _edge_grads(alpha, _channel_sum(gi * xj[:, None, :, :]), d, keep, scale, DROPOUT)
-        sum_wg += w[None, :, :, None] * gi
-        sum_u += ds[None, :, :, None] * ls
-    acc = tl.sum(sum_wg, axis=1) + a * tl.sum(sum_u, axis=1)
+        w, ds, dz = _edge_grads(alpha, tl.sum(gi * xj[None, :, :], axis=2), d, z, a, slope, keep, scale, DROPOUT)
+        acc += tl.sum(w[:, :, None] * gi + dz, axis=0)
     if slot < 0:
-        tl.store(grad_xl + col * (H * C) + hq, acc, mask=mask_hq)
+        tl.store(grad_xl + col * (H * C) + hc, acc, mask=mask_hc)
     else:
-        tl.store(part_xl + slot * (H * C) + hq, acc, mask=mask_hq)
+        tl.store(part_xl + slot * (H * C) + hc, acc, mask=mask_hc)
 
 
 gatv2_fwd_kernel = LazyKernel(_gatv2_fwd_kernel)
@@ -371,30 +316,6 @@ gatv2_bwd_col_kernel = LazyKernel(_gatv2_bwd_col_kernel)
 
 
 # ---------------------------------------------------------------------------- launch
-#: Values (edges x heads x channels) in one program's tile: forward, backward (both passes).
-FWD_TILE = 1024
-BWD_TILE = 512
-
-
-class _GATv2Config(_Config):
-    """The GAT kernels' launch configuration with this module's tiles: one warp, each
-    lane holding whole ``[H, C]`` rows as ``BLOCK_Q`` vectors of ``vec`` channels (16
-    bytes of the input dtype), ``BLOCK_E`` edges per step: ``FWD_TILE`` /
-    ``BWD_TILE`` values, never more edges than a typical row has (at least 16). The
-    :func:`~fusegnn.kernels.gat_fused.tuning` overrides apply as to the GAT kernels."""
-
-    def __init__(self, graph, x: Tensor, *args) -> None:
-        super().__init__(graph, x, *args)
-        self.vec = min(self.block_c, max(16 // x.element_size(), 1))
-        self.block_q = self.block_c // self.vec
-        width = self.block_h * self.block_c
-        by_degree = min(max(next_pow2(math.ceil(graph.avg_degree)), 16), 128)
-        self.fwd = _tuned("fwd", Launch(min(by_degree, max(FWD_TILE // width, 2)), 1))
-        bwd = Launch(min(by_degree, max(BWD_TILE // width, 2)), 1)
-        self.row = _tuned("row", bwd)
-        self.col = _tuned("col", bwd)
-
-
 def _forward(cfg: _Config, xl: Tensor, xr: Tensor, att: Tensor, edge: Tensor | None) -> tuple[Tensor, Tensor]:
     graph = cfg.graph
     n_dst, H, C = graph.num_dst_nodes, cfg.heads, cfg.channels
@@ -414,7 +335,7 @@ def _forward(cfg: _Config, xl: Tensor, xr: Tensor, att: Tensor, edge: Tensor | N
         *cfg.rng_args(),
         H, C, cfg.chunk,
         HAS_ITEMS=sched is not None, HAS_EDGE=edge is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
-        BLOCK_E=cfg.fwd.block_e, BLOCK_H=cfg.block_h, BLOCK_Q=cfg.block_q, VEC=cfg.vec, ACC=_TL_ACC[cfg.acc],
+        BLOCK_E=cfg.fwd.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=_TL_ACC[cfg.acc],
         num_warps=cfg.fwd.num_warps,
     )
     if sched is not None and sched.split_groups.numel() > 0:
@@ -451,7 +372,7 @@ def _backward(cfg: _Config, xl, xr, att, edge, out, lse, grad_out):
         *cfg.rng_args(), H, C, cfg.chunk,
         HAS_ITEMS=sched_r is not None, HAS_EDGE=has_edge, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
         SCATTER_SRC=scatter, STORE_AUX=not scatter,
-        BLOCK_E=cfg.row.block_e, BLOCK_H=cfg.block_h, BLOCK_Q=cfg.block_q, VEC=cfg.vec, ACC=acc_tl,
+        BLOCK_E=cfg.row.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
         num_warps=cfg.row.num_warps,
     )
     _combine_sums(sched_r, part_xr, grad_xr, part_att, att_rows)
@@ -469,7 +390,7 @@ def _backward(cfg: _Config, xl, xr, att, edge, out, lse, grad_out):
                 grad_xl, part_xl,
                 *cfg.rng_args(), H, C, cfg.chunk,
                 HAS_ITEMS=sched_c is not None, HAS_EDGE=has_edge, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
-                BLOCK_E=cfg.col.block_e, BLOCK_H=cfg.block_h, BLOCK_Q=cfg.block_q, VEC=cfg.vec, ACC=acc_tl,
+                BLOCK_E=cfg.col.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
                 num_warps=cfg.col.num_warps,
             )
         _combine_sums(sched_c, part_xl, grad_xl)
@@ -533,7 +454,7 @@ def gatv2_config(graph, x_l: Tensor, att: Tensor, negative_slope: float, dropout
     if chunk is None:
         chunk = _TUNING.get("chunk", DEFAULT_CHUNK)
     seed_t = _seed_tensor(seed, x_l.device) if dropout > 0.0 else None
-    return _GATv2Config(graph, x_l, att.dtype, negative_slope, dropout, seed_t, aggregation, chunk)
+    return _Config(graph, x_l, att.dtype, negative_slope, dropout, seed_t, aggregation, chunk)
 
 
 def fused_gatv2_attention(
