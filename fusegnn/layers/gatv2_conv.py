@@ -12,7 +12,7 @@ from torch.nn.parameter import is_lazy
 from fusegnn.layers._utils import bipartite_graph_for, glorot_, graph_for, node_pair
 from fusegnn.sparse import Graph, edge_index_of, gatv2_attention
 from fusegnn.sparse.dispatch import check_aggregation
-from fusegnn.sparse.processing import gat_self_loop_edge_attr, gat_self_loops
+from fusegnn.sparse.attention_loops import attention_self_loop_edge_attr, attention_self_loops
 
 __all__ = ["GATv2Conv"]
 
@@ -107,8 +107,8 @@ class GATv2Conv(nn.Module):
         concat: concatenate the heads (``[N, H * out_channels]``) or average them.
         negative_slope: LeakyReLU slope.
         dropout: dropout probability on the attention coefficients (training only).
-        add_self_loops: replace the self-loops by exactly one per node (square graphs only;
-            with bipartite inputs of different sizes pass ``False``).
+        add_self_loops: replace the self-loops by exactly one per node (bipartite: one per
+            node ``i < min(N_src, N_dst)``, as PyG's).
         edge_dim: edge feature width (``None``: no edge features).
         fill_value: edge features of the added self-loops: a number, a tensor, or the
             reduction ``"add"``, ``"mean"``, ``"min"``, ``"max"``, ``"mul"`` of each node's
@@ -235,15 +235,10 @@ class GATv2Conv(nn.Module):
             _check_input(x_dst, self.res, "x_dst" if bipartite_x else "x")
         if edge_attr is not None:
             edge_attr = self._edge_features(edge_attr, graph)
-        if self.add_self_loops:
-            if graph.is_bipartite:
-                raise ValueError(
-                    f"{name}: add_self_loops=True needs as many source as target nodes, got "
-                    f"{graph.num_src_nodes} x {graph.num_dst_nodes}; build the layer with add_self_loops=False"
-                )
+        if self.add_self_loops:  # PyG's: loops i -> i for i < min(N_src, N_dst), old loops dropped
             if edge_attr is not None:
-                edge_attr = gat_self_loop_edge_attr(graph, edge_attr, self.fill_value)
-            graph = gat_self_loops(graph)
+                edge_attr = attention_self_loop_edge_attr(graph, edge_attr, self.fill_value)
+            graph = attention_self_loops(graph)
         H, C = self.heads, self.out_channels
         x_l = self.lin_l(x_src).view(-1, H, C)
         x_r = x_l if (self.share_weights and not bipartite_x) else self.lin_r(x_dst).view(-1, H, C)
