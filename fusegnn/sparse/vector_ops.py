@@ -11,6 +11,11 @@ All are differentiable in the values and the dense operands. ``backend="auto"`` 
 Triton kernels of :mod:`fusegnn.kernels.vector_spmm` where they can (CUDA tensors, or the
 CPU with ``TRITON_INTERPRET=1``; float16 / bfloat16 / float32) and the pure-PyTorch
 reference otherwise (float64 included); ``"triton"`` and ``"reference"`` force one.
+
+Under ``torch.compile`` (:func:`torch.compiler.is_compiling`) they call the custom ops of
+:mod:`fusegnn.sparse.vector_library` instead (one opaque node each, forward and
+backward), with the matrix's tensors as arguments; eagerly they call the autograd
+functions directly.
 """
 
 from __future__ import annotations
@@ -20,13 +25,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fusegnn.kernels._triton import fused_can_run
+from fusegnn.sparse import vector_library
 from fusegnn.sparse.graph import type_name
-from fusegnn.sparse.vector_sparse import RowWindows, TransposedVectorSparse, VectorSparse
+from fusegnn.sparse.vector_library import BACKENDS, use_kernel
+from fusegnn.sparse.vector_sparse import RowWindows, TransposedVectorSparse, VectorIndex, VectorSparse
 
 __all__ = ["vsddmm", "vspmm", "window_spmm"]
-
-_BACKENDS = ("auto", "triton", "reference")
 
 
 def _kernels():
@@ -35,18 +39,15 @@ def _kernels():
     return vector_spmm
 
 
-def _use_kernel(backend: str, *tensors: Tensor) -> bool:
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
-    if backend == "reference":
-        return False
-    ok = fused_can_run(*tensors) and all(t.dtype in (torch.float16, torch.bfloat16, torch.float32) for t in tensors)
-    if backend == "triton" and not ok:
-        raise RuntimeError(
-            "backend='triton' needs float16 / bfloat16 / float32 tensors on CUDA (or the CPU with "
-            "TRITON_INTERPRET=1) and triton installed"
-        )
-    return ok
+def _traced_index(a: VectorSparse, backend: str) -> VectorIndex:
+    """The index compiled code passes to the custom ops: the cached one, else the custom
+    op computing it (no sort traced); ``backend`` checked here, at trace time."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    index = a.cached_index()
+    if index is not None:
+        return index
+    return vector_library.transpose_index_op(a.row_ptr, a.col_idx, a.shape[0], a.shape[1])
 
 
 def _check_dense(t: Any, name: str, rows: int, rows_name: str) -> Tensor:
@@ -76,8 +77,10 @@ def vspmm(a: VectorSparse | TransposedVectorSparse, b: Tensor, *, backend: str =
         raise TypeError(f"a must be a VectorSparse (or its .transpose()), got {type_name(a)}")
     b = _check_dense(b, "b", a.shape[1], "the sparse matrix's columns")
     _check_same(base, b, "b")
+    if torch.compiler.is_compiling():
+        return vector_library.vspmm(base.values, b, _traced_index(base, backend), transposed, backend)
     index = base.index()
-    if _use_kernel(backend, base.values, b):
+    if use_kernel(backend, base.values, b):
         fn = _kernels().VectorSpmmT if transposed else _kernels().VectorSpmm
         return fn.apply(base.values, b, tuple(index))
     k = _kernels()
@@ -100,8 +103,10 @@ def vsddmm(x: Tensor, y: Tensor, pattern: VectorSparse, *, backend: str = "auto"
         raise ValueError("x, y and pattern must be on the same device")
     if x.dtype != y.dtype:
         raise TypeError(f"x and y must share one dtype, got {x.dtype} and {y.dtype}")
+    if torch.compiler.is_compiling():
+        return vector_library.vsddmm(x, y, _traced_index(pattern, backend), pattern.V, backend)
     index = pattern.index()
-    if _use_kernel(backend, x, y):
+    if use_kernel(backend, x, y):
         return _kernels().VectorSddmm.apply(x, y, pattern.V, tuple(index))
     return _kernels().vsddmm_reference(x, y, index.col_idx, index.row_ptr, pattern.V)
 

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from fusegnn.sparse.graph import Graph, type_name
 
-__all__ = ["RowWindows", "TransposedVectorSparse", "VectorIndex", "VectorSparse"]
+__all__ = ["RowWindows", "TransposedVectorSparse", "VectorIndex", "VectorSparse", "transpose_index"]
 
 
 class VectorIndex(NamedTuple):
@@ -57,6 +57,21 @@ def _ptr(counts: Tensor) -> Tensor:
     ptr = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=counts.device)
     ptr[1:] = torch.cumsum(counts, 0)
     return ptr
+
+
+def _groups(row_ptr: Tensor) -> Tensor:
+    """The row group of each stored vector (``int64 [nnz_v]``)."""
+    counts = (row_ptr[1:] - row_ptr[:-1]).long()
+    return torch.repeat_interleave(torch.arange(counts.numel(), device=row_ptr.device), counts)
+
+
+def transpose_index(row_ptr: Tensor, col_idx: Tensor, num_cols: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The column-sorted half of a :class:`VectorIndex`: ``t_ptr`` (``[num_cols + 1]``,
+    the vectors of column ``k`` are ``t_vec[t_ptr[k] .. t_ptr[k + 1] - 1]``), ``t_vec``
+    (the vectors in column order, stable) and ``t_group`` (their row groups), all int32."""
+    order = torch.argsort(col_idx.long(), stable=True)
+    t_ptr = _ptr(torch.bincount(col_idx.long(), minlength=num_cols))
+    return t_ptr.to(torch.int32), order.to(torch.int32), _groups(row_ptr)[order].to(torch.int32)
 
 
 class VectorSparse:
@@ -226,21 +241,21 @@ class VectorSparse:
 
     def vector_groups(self) -> Tensor:
         """The row group of each stored vector (``int64 [nnz_v]``)."""
-        def compute() -> Tensor:
-            counts = (self.row_ptr[1:] - self.row_ptr[:-1]).long()
-            return torch.repeat_interleave(torch.arange(self.num_groups, device=self.row_ptr.device), counts)
-        return self._cached("groups", compute)
+        return self._cached("groups", lambda: _groups(self.row_ptr))
 
     def index(self) -> VectorIndex:
         """The kernels' :class:`VectorIndex` (the column-sorted half computed once, cached)."""
         def compute() -> VectorIndex:
-            order = torch.argsort(self.col_idx.long(), stable=True)
-            t_ptr = _ptr(torch.bincount(self.col_idx.long(), minlength=self.shape[1]))
             counts = self.row_ptr[1:] - self.row_ptr[:-1]
             max_vectors = int(counts.max()) if counts.numel() else 0
-            return VectorIndex(self.row_ptr, self.col_idx, t_ptr.to(torch.int32), order.to(torch.int32),
-                               self.vector_groups()[order].to(torch.int32), self.shape[0], max_vectors)
+            return VectorIndex(self.row_ptr, self.col_idx, *transpose_index(self.row_ptr, self.col_idx, self.shape[1]),
+                               self.shape[0], max_vectors)
         return self._cached("index", compute)
+
+    def cached_index(self) -> VectorIndex | None:
+        """The :meth:`index` if it was computed already, else ``None`` (what compiled code
+        reads: computing it there sorts and syncs)."""
+        return self._cache.get("index")
 
     def transpose(self) -> "TransposedVectorSparse":
         """:math:`A^\\top` (``[K, M]``) over the same vectors, through the cached
