@@ -264,3 +264,122 @@ def test_layer_matches_masked_dense_linear(V):
     torch.testing.assert_close(lin.bias.grad.double(), b64.grad, rtol=1e-5, atol=1e-5)
     grad_w = lin.pattern().with_values(lin.values.grad).to_dense().double()
     torch.testing.assert_close(grad_w, W.grad * mask, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------- torch.compile
+
+
+@pytest.fixture
+def fresh_dynamo():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _assert_same_with_grads(compiled, eager, inputs, **tol):
+    for c, e in zip(compiled, eager):
+        torch.testing.assert_close(c, e, **tol)
+    seeds = [torch.randn(e.shape, generator=torch.Generator().manual_seed(i), dtype=e.dtype)
+             for i, e in enumerate(eager)]
+    gc = torch.autograd.grad([(c * s).sum() for c, s in zip(compiled, seeds)], inputs)
+    ge = torch.autograd.grad([(e * s).sum() for e, s in zip(eager, seeds)], inputs)
+    for c, e in zip(gc, ge):
+        torch.testing.assert_close(c, e, **tol)
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+@pytest.mark.parametrize("backend, dtype", [("reference", torch.float64), ("triton", torch.float32)])
+def test_ops_compiled_match_eager(backend, dtype):
+    """fullgraph compile (aot_eager) of vspmm, vspmm on A^T, vsddmm and window_spmm, with the
+    index cached before tracing and without; outputs and gradients (values and dense
+    operands) equal the eager ops'."""
+    M, K, V = 10, 7, 4
+    d = _sparse_dense(M, K, 0.4, 21, dtype)
+    g = torch.Generator().manual_seed(22)
+    values = VectorSparse.from_dense(d, V).values.clone().requires_grad_(True)
+    b = torch.randn(K, 3, generator=g, dtype=dtype, requires_grad=True)
+    bt = torch.randn(M, 3, generator=g, dtype=dtype, requires_grad=True)
+    x = torch.randn(M, 5, generator=g, dtype=dtype, requires_grad=True)
+    y = torch.randn(K, 5, generator=g, dtype=dtype, requires_grad=True)
+    win_dense = _sparse_dense(20, 9, 0.3, 23, dtype)
+    bw = torch.randn(9, 4, generator=g, dtype=dtype, requires_grad=True)
+
+    def fn(values, b, bt, x, y, bw, A, win):
+        Av = A.with_values(values)
+        return (vspmm(Av, b, backend=backend), vspmm(Av.T, bt, backend=backend),
+                vsddmm(x, y, A, backend=backend), window_spmm(win, bw, backend=backend))
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    inputs = [values, b, bt, x, y, bw]
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    for cached in (True, False):
+        A, win = VectorSparse.from_dense(d, V), RowWindows.from_dense(win_dense, 16)
+        if cached:
+            A.index(), win.index()
+        out = compiled(*inputs, A, win)
+        A, win = VectorSparse.from_dense(d, V), RowWindows.from_dense(win_dense, 16)
+        _assert_same_with_grads(out, fn(*inputs, A, win), inputs, **tol)
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+@pytest.mark.parametrize("backend, dtype", [("reference", torch.float64), ("triton", torch.float32)])
+def test_layer_compiled_matches_eager(backend, dtype):
+    import copy
+
+    import torch._dynamo.testing
+
+    torch.manual_seed(0)
+    lin = VectorSparseLinear(12, 8, 0.5, V=4, backend=backend, dtype=dtype)
+    twin = copy.deepcopy(lin)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(twin, fullgraph=True, backend=counter)
+    x = torch.randn(2, 3, 12, dtype=dtype, requires_grad=True)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    for _ in range(2):  # the second call reuses the compiled code
+        out = compiled(x)
+        params = [x, twin.values, twin.bias]
+        expected = lin(x)
+        torch.testing.assert_close(out, expected, **tol)
+        go = torch.randn_like(out)
+        gc = torch.autograd.grad(out, params, go)
+        ge = torch.autograd.grad(expected, [x, lin.values, lin.bias], go)
+        for c, e in zip(gc, ge):
+            torch.testing.assert_close(c, e, **tol)
+    assert counter.frame_count == 1
+
+
+def test_opcheck_vector_ops():
+    from fusegnn.sparse import vector_library  # noqa: F401  (registers the ops)
+
+    ops = torch.ops.fusegnn
+    M, K, V = 10, 7, 4
+    A = VectorSparse.from_dense(_sparse_dense(M, K, 0.4, 31), V)
+    index = tuple(A.index())
+    tensors, (num_rows, max_vectors) = index[:5], index[5:]
+    g = torch.Generator().manual_seed(32)
+    values = A.values.clone().requires_grad_(True)
+    b = torch.randn(K, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    bt = torch.randn(M, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(M, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(K, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(M, 3, generator=g, dtype=torch.float64)
+    grad_s = torch.randn(A.num_vectors, V, generator=g, dtype=torch.float64)
+    cases = [
+        (ops.vspmm.default, (values, b, *tensors, num_rows, max_vectors, False, "auto")),
+        (ops.vspmm.default, (values, bt, *tensors, num_rows, -1, True, "reference")),
+        (ops.vsddmm.default, (x, y, *tensors, V, max_vectors, "auto")),
+        (ops.vspmm_backward.default,
+         (grad, values.detach(), b.detach(), *tensors, num_rows, max_vectors, False, "auto", True, True)),
+        (ops.vspmm_backward.default,
+         (grad[:K], values.detach(), bt.detach(), *tensors, num_rows, -1, True, "auto", True, False)),
+        (ops.vsddmm_backward.default, (grad_s, x.detach(), y.detach(), *tensors, "auto", True, True)),
+        (ops.vector_transpose_index.default, (A.row_ptr, A.col_idx, K)),
+    ]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args)
+        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+    # the op's transpose index is the cached one
+    for got, want in zip(ops.vector_transpose_index.default(A.row_ptr, A.col_idx, K), index[2:5]):
+        assert torch.equal(got, want)
