@@ -15,7 +15,7 @@ from fusegnn.losses import linear_cross_entropy
 from fusegnn.layers import APPNP, GATConv, GATv2Conv, GCNConv, GINConv, SAGEConv, SGConv
 from fusegnn.sparse import Graph
 
-__all__ = ["NodeClassifier", "GCN", "GAT", "GATv2", "GraphSAGE", "GIN", "SGC", "APPNPNet"]
+__all__ = ["NodeClassifier", "TwoLayerGNN", "GCN", "GAT", "GATv2", "GraphSAGE", "GIN", "SGC", "APPNPNet"]
 
 
 class NodeClassifier(nn.Module):
@@ -48,7 +48,39 @@ class NodeClassifier(nn.Module):
         return F.cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing)
 
 
-class GCN(NodeClassifier):
+class TwoLayerGNN(NodeClassifier):
+    r"""``dropout -> conv1 -> activation -> dropout -> conv2`` (logits returned): the shape
+    of every two-layer recipe here. Subclasses build ``conv1`` / ``conv2``; the output
+    layer's fused loss head (:meth:`head_inputs`) is used when ``conv2`` has one and its
+    input is narrower than the classes (otherwise the layer already aggregates at the
+    class width: nothing to save)."""
+
+    def __init__(self, dropout: float, activation=F.relu) -> None:
+        super().__init__()
+        self.dropout = dropout
+        self.activation = activation
+
+    def reset_parameters(self) -> None:
+        self.conv1.reset_parameters()
+        self.conv2.reset_parameters()
+
+    def hidden(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
+        """Everything before the output layer (dropout on its input included)."""
+        x = F.dropout(x, self.dropout, self.training)
+        x = self.activation(self.conv1(x, graph))
+        return F.dropout(x, self.dropout, self.training)
+
+    def forward(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
+        return self.conv2(self.hidden(x, graph), graph)
+
+    def head_inputs(self, x: Tensor, graph: Graph | Tensor):
+        head = getattr(self.conv2, "head_inputs", None)
+        if head is None or self.conv2.in_channels >= self.conv2.out_channels:
+            return None
+        return head(self.hidden(x, graph), graph)
+
+
+class GCN(TwoLayerGNN):
     r"""Kipf & Welling's two-layer GCN:
     :math:`\mathrm{softmax}(\hat{A}\,\mathrm{ReLU}(\hat{A} X W_1) W_2)` (logits returned),
     dropout on the input of each layer.
@@ -65,30 +97,12 @@ class GCN(NodeClassifier):
         cached: bool = True,
         aggregation: str = "auto",
     ) -> None:
-        super().__init__()
-        self.dropout = dropout
+        super().__init__(dropout, F.relu)
         self.conv1 = GCNConv(in_channels, hidden, cached=cached, aggregation=aggregation)
         self.conv2 = GCNConv(hidden, out_channels, cached=cached, aggregation=aggregation)
 
-    def reset_parameters(self) -> None:
-        self.conv1.reset_parameters()
-        self.conv2.reset_parameters()
 
-    def hidden(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
-        x = F.dropout(x, self.dropout, self.training)
-        x = F.relu(self.conv1(x, graph))
-        return F.dropout(x, self.dropout, self.training)
-
-    def forward(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
-        return self.conv2(self.hidden(x, graph), graph)
-
-    def head_inputs(self, x: Tensor, graph: Graph | Tensor):
-        if self.conv2.in_channels >= self.conv2.out_channels:
-            return None  # the layer already aggregates at the class width: nothing to save
-        return self.conv2.head_inputs(self.hidden(x, graph), graph)
-
-
-class GAT(NodeClassifier):
+class GAT(TwoLayerGNN):
     r"""Velickovic et al.'s two-layer GAT: ``heads`` attention heads of width ``hidden``
     (concatenated, ELU), then ``out_heads`` heads averaged into the logits; dropout on
     each layer's input and on the attention coefficients.
@@ -104,33 +118,15 @@ class GAT(NodeClassifier):
         dropout: float = 0.6,
         aggregation: str = "auto",
     ) -> None:
-        super().__init__()
-        self.dropout = dropout
+        super().__init__(dropout, F.elu)
         self.conv1 = GATConv(in_channels, hidden, heads=heads, dropout=dropout, aggregation=aggregation)
         self.conv2 = GATConv(
             hidden * heads, out_channels, heads=out_heads, concat=False, dropout=dropout,
             aggregation=aggregation,
         )
 
-    def reset_parameters(self) -> None:
-        self.conv1.reset_parameters()
-        self.conv2.reset_parameters()
 
-    def hidden(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
-        x = F.dropout(x, self.dropout, self.training)
-        x = F.elu(self.conv1(x, graph))
-        return F.dropout(x, self.dropout, self.training)
-
-    def forward(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
-        return self.conv2(self.hidden(x, graph), graph)
-
-    def head_inputs(self, x: Tensor, graph: Graph | Tensor):
-        if self.conv2.in_channels >= self.conv2.out_channels:
-            return None  # the layer already aggregates at the class width: nothing to save
-        return self.conv2.head_inputs(self.hidden(x, graph), graph)
-
-
-class GATv2(NodeClassifier):
+class GATv2(TwoLayerGNN):
     r"""Brody et al.'s GATv2 in GAT's two-layer recipe: ``heads`` heads of width ``hidden``
     (concatenated, ELU), then ``out_heads`` heads averaged into the logits; dropout on each
     layer's input and on the attention coefficients.
@@ -146,26 +142,15 @@ class GATv2(NodeClassifier):
         dropout: float = 0.6,
         aggregation: str = "auto",
     ) -> None:
-        super().__init__()
-        self.dropout = dropout
+        super().__init__(dropout, F.elu)
         self.conv1 = GATv2Conv(in_channels, hidden, heads=heads, dropout=dropout, aggregation=aggregation)
         self.conv2 = GATv2Conv(
             hidden * heads, out_channels, heads=out_heads, concat=False, dropout=dropout,
             aggregation=aggregation,
         )
 
-    def reset_parameters(self) -> None:
-        self.conv1.reset_parameters()
-        self.conv2.reset_parameters()
 
-    def forward(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
-        x = F.dropout(x, self.dropout, self.training)
-        x = F.elu(self.conv1(x, graph))
-        x = F.dropout(x, self.dropout, self.training)
-        return self.conv2(x, graph)
-
-
-class GraphSAGE(NodeClassifier):
+class GraphSAGE(TwoLayerGNN):
     r"""Hamilton et al.'s two-layer GraphSAGE for full-graph node classification:
     ``SAGEConv(in, hidden) -> ReLU -> SAGEConv(hidden, classes)`` with mean aggregation by
     default and dropout on each layer's input (PyG's ``GraphSAGE`` model with two layers).
@@ -180,20 +165,9 @@ class GraphSAGE(NodeClassifier):
         aggr: str = "mean",
         aggregation: str = "auto",
     ) -> None:
-        super().__init__()
-        self.dropout = dropout
+        super().__init__(dropout, F.relu)
         self.conv1 = SAGEConv(in_channels, hidden, aggr=aggr, aggregation=aggregation)
         self.conv2 = SAGEConv(hidden, out_channels, aggr=aggr, aggregation=aggregation)
-
-    def reset_parameters(self) -> None:
-        self.conv1.reset_parameters()
-        self.conv2.reset_parameters()
-
-    def forward(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
-        x = F.dropout(x, self.dropout, self.training)
-        x = F.relu(self.conv1(x, graph))
-        x = F.dropout(x, self.dropout, self.training)
-        return self.conv2(x, graph)
 
 
 def _mlp(in_channels: int, hidden: int, out_channels: int) -> nn.Sequential:
@@ -201,7 +175,7 @@ def _mlp(in_channels: int, hidden: int, out_channels: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(in_channels, hidden), nn.ReLU(), nn.Linear(hidden, out_channels))
 
 
-class GIN(NodeClassifier):
+class GIN(TwoLayerGNN):
     r"""Xu et al.'s Graph Isomorphism Network, two layers for node classification:
     :math:`h_i' = \mathrm{MLP}((1 + \epsilon) h_i + \sum_{j \to i} h_j)` with two-layer MLPs
     (``Linear -> ReLU -> Linear``), ReLU between the layers, dropout on each layer's input;
@@ -217,20 +191,9 @@ class GIN(NodeClassifier):
         train_eps: bool = False,
         aggregation: str = "auto",
     ) -> None:
-        super().__init__()
-        self.dropout = dropout
+        super().__init__(dropout, F.relu)
         self.conv1 = GINConv(_mlp(in_channels, hidden, hidden), train_eps=train_eps, aggregation=aggregation)
         self.conv2 = GINConv(_mlp(hidden, hidden, out_channels), train_eps=train_eps, aggregation=aggregation)
-
-    def reset_parameters(self) -> None:
-        self.conv1.reset_parameters()
-        self.conv2.reset_parameters()
-
-    def forward(self, x: Tensor, graph: Graph | Tensor) -> Tensor:
-        x = F.dropout(x, self.dropout, self.training)
-        x = F.relu(self.conv1(x, graph))
-        x = F.dropout(x, self.dropout, self.training)
-        return self.conv2(x, graph)
 
 
 class SGC(NodeClassifier):
