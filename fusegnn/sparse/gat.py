@@ -77,6 +77,23 @@ def _check_score_edge(score_edge: Tensor | None, graph: Graph | GraphRef, refere
         raise ValueError(f"score_edge is on {score_edge.device} but the graph is on {graph.device}")
 
 
+def attention_options(negative_slope, dropout, training, return_alpha, aggregation) -> float:
+    """Check the options GAT's and GATv2's attention ops share; returns the dropout
+    probability that applies (``dropout`` in training, else 0)."""
+    if isinstance(negative_slope, bool) or not isinstance(negative_slope, Real):
+        raise TypeError(f"negative_slope must be a real number, got {type(negative_slope).__name__}")
+    if isinstance(dropout, bool) or not isinstance(dropout, Real):
+        raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+    if not isinstance(training, bool):
+        raise TypeError(f"training must be a bool, got {type(training).__name__}")
+    if not isinstance(return_alpha, bool):
+        raise TypeError(f"return_alpha must be a bool, got {type(return_alpha).__name__}")
+    check_aggregation(aggregation)
+    return float(dropout) if training else 0.0
+
+
 def gat_attention(
     graph: Graph | Tensor,
     h: Tensor,
@@ -140,18 +157,7 @@ def gat_attention(
             f"score_src and score_dst must have the same dtype, got {score_src.dtype} and {score_dst.dtype}"
         )
     _check_score_edge(score_edge, graph, score_src, None if single else h.size(1))
-    if isinstance(negative_slope, bool) or not isinstance(negative_slope, Real):
-        raise TypeError(f"negative_slope must be a real number, got {type(negative_slope).__name__}")
-    if isinstance(dropout, bool) or not isinstance(dropout, Real):
-        raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
-    if not 0.0 <= float(dropout) < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-    if not isinstance(training, bool):
-        raise TypeError(f"training must be a bool, got {type(training).__name__}")
-    if not isinstance(return_alpha, bool):
-        raise TypeError(f"return_alpha must be a bool, got {type(return_alpha).__name__}")
-    check_aggregation(aggregation)
-    p = float(dropout) if training else 0.0
+    p = attention_options(negative_slope, dropout, training, return_alpha, aggregation)
     if isinstance(graph, GraphRef):
         out, alpha = library.gat_attention(
             graph, h, score_src, score_dst, float(negative_slope), p, return_alpha, aggregation, score_edge

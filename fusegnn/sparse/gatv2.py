@@ -34,15 +34,14 @@ Under ``torch.compile`` the op is one ``torch.library`` custom op,
 
 from __future__ import annotations
 
-from numbers import Real
-
 from torch import Tensor
 
 from fusegnn.sparse import library, reference
-from fusegnn.sparse.dispatch import check_aggregation, note_path, resolve_aggregation
+from fusegnn.sparse.dispatch import note_path, resolve_aggregation
 from fusegnn.sparse.graph import Graph
 from fusegnn.sparse.graph_ref import GraphRef
 from fusegnn.sparse.ops import check_node_tensor, graph_arg
+from fusegnn.sparse.gat import attention_options
 
 __all__ = ["gatv2_attention"]
 
@@ -105,18 +104,7 @@ def gatv2_attention(
     _check_like(att, "att", (H, C) if isinstance(att, Tensor) and att.dim() == 2 else (1, H, C), x_l)
     if edge_attr is not None:
         _check_like(edge_attr, "edge_attr", (graph.num_edges, H, C), x_l)
-    if isinstance(negative_slope, bool) or not isinstance(negative_slope, Real):
-        raise TypeError(f"negative_slope must be a real number, got {type(negative_slope).__name__}")
-    if isinstance(dropout, bool) or not isinstance(dropout, Real):
-        raise TypeError(f"dropout must be a real number, got {type(dropout).__name__}")
-    if not 0.0 <= float(dropout) < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-    if not isinstance(training, bool):
-        raise TypeError(f"training must be a bool, got {type(training).__name__}")
-    if not isinstance(return_alpha, bool):
-        raise TypeError(f"return_alpha must be a bool, got {type(return_alpha).__name__}")
-    check_aggregation(aggregation)
-    p = float(dropout) if training else 0.0
+    p = attention_options(negative_slope, dropout, training, return_alpha, aggregation)
     slope = float(negative_slope)
     if isinstance(graph, GraphRef):
         out, alpha = library.gatv2_attention(graph, x_l, x_r, att, edge_attr, slope, p, return_alpha, aggregation)
