@@ -108,29 +108,7 @@ class GAT(TwoLayerGNN):
     each layer's input and on the attention coefficients.
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        hidden: int,
-        out_channels: int,
-        heads: int = 8,
-        out_heads: int = 1,
-        dropout: float = 0.6,
-        aggregation: str = "auto",
-    ) -> None:
-        super().__init__(dropout, F.elu)
-        self.conv1 = GATConv(in_channels, hidden, heads=heads, dropout=dropout, aggregation=aggregation)
-        self.conv2 = GATConv(
-            hidden * heads, out_channels, heads=out_heads, concat=False, dropout=dropout,
-            aggregation=aggregation,
-        )
-
-
-class GATv2(TwoLayerGNN):
-    r"""Brody et al.'s GATv2 in GAT's two-layer recipe: ``heads`` heads of width ``hidden``
-    (concatenated, ELU), then ``out_heads`` heads averaged into the logits; dropout on each
-    layer's input and on the attention coefficients.
-    """
+    conv_class = GATConv
 
     def __init__(
         self,
@@ -143,11 +121,18 @@ class GATv2(TwoLayerGNN):
         aggregation: str = "auto",
     ) -> None:
         super().__init__(dropout, F.elu)
-        self.conv1 = GATv2Conv(in_channels, hidden, heads=heads, dropout=dropout, aggregation=aggregation)
-        self.conv2 = GATv2Conv(
+        self.conv1 = self.conv_class(in_channels, hidden, heads=heads, dropout=dropout, aggregation=aggregation)
+        self.conv2 = self.conv_class(
             hidden * heads, out_channels, heads=out_heads, concat=False, dropout=dropout,
             aggregation=aggregation,
         )
+
+
+class GATv2(GAT):
+    r"""Brody et al.'s GATv2 in GAT's two-layer recipe (:class:`GAT` with
+    :class:`~fusegnn.layers.GATv2Conv`)."""
+
+    conv_class = GATv2Conv
 
 
 class GraphSAGE(TwoLayerGNN):
