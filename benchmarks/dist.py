@@ -67,13 +67,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(world_size: int, cfg: dict, out_dir: str) -> None:
+def _log_tails(world_size: int, out_dir: str, chars: int = 1500) -> str:
+    """The end of each worker's stderr log of a ``world_size`` spawn."""
+    from benchmarks.dist_worker import worker_log
+
+    tails = []
+    for rank in range(world_size):
+        path = Path(worker_log(out_dir, world_size, rank))
+        text = path.read_text(errors="replace").strip() if path.exists() else "(no log)"
+        tails.append(f"[worker {rank}] {text[-chars:]}")
+    return "\n".join(tails)
+
+
+def _spawn(world_size: int, cfg: dict, out_dir: str, attempts: int = 2) -> int:
+    """Run the ``world_size`` workers; return how many spawns it took.
+
+    A spawn whose process died of a signal (a rendezvous or transport failure of the
+    process group, seen once as SIGABRT of a gloo worker on a loaded CI host) is started
+    again, up to ``attempts`` times; the last failure is raised with the workers' stderr.
+    A worker that raised a Python exception is not retried."""
     import torch.multiprocessing as mp
 
     from benchmarks.dist_worker import worker
 
-    mp.spawn(worker, args=(world_size, f"tcp://127.0.0.1:{_free_port()}", cfg, out_dir), nprocs=world_size,
-             join=True)
+    for attempt in range(1, attempts + 1):
+        try:
+            mp.spawn(worker, args=(world_size, f"tcp://127.0.0.1:{_free_port()}", cfg, out_dir),
+                     nprocs=world_size, join=True)
+            return attempt
+        except mp.ProcessExitedException as err:
+            message = f"{err}\n{_log_tails(world_size, out_dir)}"
+            print(f"dist: {world_size}-worker spawn {attempt}/{attempts} failed: {message}", file=sys.stderr)
+            if err.signal_name is None or attempt == attempts:
+                raise RuntimeError(message) from err
+    raise AssertionError("unreachable")
 
 
 def _combine(records: list[dict]) -> dict:
@@ -178,7 +205,7 @@ def run_dist(device: torch.device, out: Path, *, cases: list[str] | None = None,
     with tempfile.TemporaryDirectory() as tmp:
         for n in counts:
             try:
-                _spawn(n, cfg, tmp)
+                spawns = _spawn(n, cfg, tmp)
             except Exception as err:  # noqa: BLE001 - recorded, the other counts still run
                 rows += [dict(case=c, world_size=n, backend=f"fusegnn-{n}gpu", modelled=False,
                               error=f"spawn failed: {type(err).__name__}: {err}") for c in names]
@@ -186,6 +213,7 @@ def run_dist(device: torch.device, out: Path, *, cases: list[str] | None = None,
             for name in names:
                 records = [json.loads(Path(tmp, f"{name}-n{n}-r{r}.json").read_text()) for r in range(n)]
                 rows.append(_combine(records))
+                rows[-1]["spawns"] = spawns
     for name in names:
         case_rows = [r for r in rows if r["case"] == name]
         _loss_difference(case_rows)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import time
 import traceback
 
@@ -172,14 +173,29 @@ def partition_stats(edge_index: torch.Tensor, parts: int, method: str) -> dict:
     return dict(method=part.method, edge_cut=part.edge_cut, balance=part.balance, parts=rows)
 
 
+def worker_log(out_dir: str, world_size: int, rank: int) -> str:
+    """Where worker ``rank`` of a ``world_size`` spawn writes its stderr."""
+    return os.path.join(out_dir, f"worker-n{world_size}-r{rank}.log")
+
+
+def _log_stderr(out_dir: str, world_size: int, rank: int) -> None:
+    """Send this process's stderr (Python's and C++'s: fd 2) also to :func:`worker_log`, so
+    that a worker killed by a signal leaves its last words for the parent's error row."""
+    sys.stderr.flush()
+    log = os.open(worker_log(out_dir, world_size, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 2)
+    os.close(log)
+
+
 def worker(rank: int, world_size: int, init: str, cfg: dict, out_dir: str) -> None:
     """The spawned process (``torch.multiprocessing.spawn``): every case of ``cfg["cases"]``."""
     cuda = cfg["device"] == "cuda"
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    _log_stderr(out_dir, world_size, rank)
     if cuda:
         torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    else:  # the CPU smoke run: one thread each (os.cpu_count() may be the host's, not the job's)
+        torch.set_num_threads(1)
     dist.init_process_group("nccl" if cuda else "gloo", init_method=init, rank=rank, world_size=world_size,
                             device_id=device if cuda else None)
     cache: dict = {}
@@ -194,5 +210,6 @@ def worker(rank: int, world_size: int, init: str, cfg: dict, out_dir: str) -> No
                     torch.cuda.empty_cache()
             with open(os.path.join(out_dir, f"{name}-n{world_size}-r{rank}.json"), "w") as f:
                 json.dump(record, f)
+        dist.barrier()  # nobody tears the group down while a peer still talks to it
     finally:
         dist.destroy_process_group()
