@@ -68,9 +68,13 @@ def nm_keep(scores: Tensor, allowed: Tensor, n: int, m: int) -> Tensor:
     pad = (-L_k) % m  # the partial last group's padding keys: masked
     s = F.pad(scores, (0, pad)).unflatten(-1, (-1, m))  # [..., groups, m]
     a = F.pad(allowed, (0, pad), value=False).unflatten(-1, (-1, m))
-    me, other = s.unsqueeze(-1), s.unsqueeze(-2)  # [..., g, m(me), 1], [..., g, 1, m(other)]
+    # rank of each key in its group = how many allowed keys of the group beat it (a larger
+    # score, or an equal one at a lower index); one pass per "other" key keeps the
+    # temporaries [..., g, m] instead of materialising all m x m comparisons
     idx = torch.arange(m, device=scores.device)
-    lower = idx.view(1, m) < idx.view(m, 1)  # [me, other]: other has the lower index
-    beats = a.unsqueeze(-2) & ((other > me) | ((other == me) & lower))
-    keep = a & (beats.sum(-1) < n)
+    beaten_by = torch.zeros(s.shape, dtype=torch.int8, device=scores.device)
+    for j in range(m):
+        other, other_ok = s[..., j : j + 1], a[..., j : j + 1]
+        beaten_by += other_ok & ((other > s) | ((other == s) & (idx > j)))
+    keep = a & (beaten_by < n)
     return keep.flatten(-2)[..., :L_k]
