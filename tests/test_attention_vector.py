@@ -222,6 +222,25 @@ def test_inputs_untouched_and_default_scale():
         assert torch.equal(t, c)
 
 
+@pytest.mark.parametrize("block_size", [None, (32, 16)])
+def test_compiled_matches_eager(block_size):
+    """Under ``torch.compile(fullgraph=True)`` the vector path is the
+    ``fusegnn::vector_attention`` custom op (the decision outside the trace)."""
+    torch._dynamo.reset()
+    mask = M.stack_heads([M.from_dense(random_mask(40, 40, 0.1, s)) for s in range(2)])
+    q, k, v, g = inputs(1, 2, 40, 40, 16, 16, 5)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def attend(q, k, v):
+        return sparse_attention(q, k, v, mask, aggregation="vector", block_size=block_size)
+
+    out = torch.compile(attend, backend="aot_eager", fullgraph=True)(q, k, v)
+    ref = attend(q, k, v)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- dispatch and errors
 def test_decision_and_auto_unchanged():
     assert "vector" in ATTENTION_AGGREGATIONS

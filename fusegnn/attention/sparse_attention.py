@@ -634,8 +634,9 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
         return _element_path(q, k, v, _mask_of(mask), scale, element_aggregation)
     if name == "dense":
         return _dense_path(q, k, v, mask, scale, variant)
-    if name == "vector":  # no custom op yet: the kernel runs eagerly, between two graphs
-        return _vector_path_eager(q, k, v, _mask_of(mask), scale, bs or vector_sizes(None))
+    if name == "vector":
+        out, _ = torch.ops.fusegnn.vector_attention(q, k, v, _mask_of(mask).handle, bs[0], bs[1], scale, precision)
+        return out
     out, _ = torch.ops.fusegnn.block_attention(q, k, v, layout, scale, precision, dilation, nm_n, nm_m)
     return out
 
@@ -667,15 +668,8 @@ def compiled_decision(mask: int, shape: tuple, dtype: torch.dtype, device: str, 
         vector_structure(plain, decision.vector_sizes[0], dev)
     from fusegnn.kernels.block_attention import _precision
 
-    precision = _precision(dtype, None) if decision.name == "block" else ""
+    precision = _precision(dtype, None) if decision.name in ("block", "vector") else ""
     return decision.name, decision.dense_variant or "", layout.handle if layout is not None else 0, dilation, precision
-
-
-@torch.compiler.disable
-def _vector_path_eager(q: Tensor, k: Tensor, v: Tensor, mask: Mask, scale: float, sizes: tuple[int, int]) -> Tensor:
-    """The vector path under ``torch.compile``: a graph break around the kernel (it has
-    no ``torch.library`` op yet)."""
-    return vector_path(q, k, v, mask, scale, sizes)
 
 
 def _size_key(aggregation: str, block_size: Any) -> tuple[int, int] | None:
