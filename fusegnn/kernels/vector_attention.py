@@ -70,7 +70,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, LazyKernel, interpreter_enabled, next_pow2
+from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, LazyKernel, interpreter_enabled, kernel_helper, next_pow2
 from fusegnn.kernels.attention_inputs import check_qkv
 from fusegnn.kernels.block_attention import _last_contiguous, _off_current_device, _precision, _upcast
 
@@ -242,6 +242,50 @@ def vector_attention_reference(q: Tensor, k: Tensor, v: Tensor, structure: Vecto
 # --------------------------------------------------------------------------------------
 
 
+@kernel_helper
+def _window_program(ptr, H, NHL, NW, L, D, DVAL, W: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """This program's window and its ranges: ``(bh, b, h, start, end, offs_w, tok, valid,
+    offs_d, d_valid, offs_dv, dv_valid)`` -- window ``w`` (fastest, so that the programs
+    of one ``(b, h)`` share its rows in L2) of kernel row ``bh = b * H + h``; the span
+    ``start:end`` of its entries (layout head ``h``, or 0 when shared); its positions
+    ``tok = w * W + offs_w`` (``valid``: ``< L``); the head-dim ranges of ``q`` / ``k``
+    (``D`` padded to ``BD``) and of ``v`` (``DVAL`` padded to ``BDV``)."""
+    pid = tl.program_id(0)
+    w = pid % NW
+    bh = pid // NW
+    g = (bh % H % NHL) * NW + w
+    offs_w = tl.arange(0, W)
+    tok = w * W + offs_w
+    offs_d = tl.arange(0, BD)
+    offs_dv = tl.arange(0, BDV)
+    return (bh, (bh // H).to(tl.int64), (bh % H).to(tl.int64), tl.load(ptr + g), tl.load(ptr + g + 1),
+            offs_w, tok, tok < L, offs_d, offs_d < D, offs_dv, offs_dv < DVAL)
+
+
+@kernel_helper
+def _load_rows(base, rows, stride, row_valid, col_valid, UPCAST: tl.constexpr):
+    """Rows ``rows`` (``[N, 1]`` int64) of a ``[.., BD]`` tile at ``base``; invalid rows and
+    padded columns read as zeros (float32 when ``UPCAST``)."""
+    x = tl.load(base + rows * stride, mask=row_valid[:, None] & col_valid[None, :], other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@kernel_helper
+def _entries(idx, bits, s0, end, offs_w, BLOCK_N: tl.constexpr):
+    """``(index, valid, keep)`` of entries ``s0 .. s0 + BLOCK_N - 1`` (those ``< end``
+    valid): their compacted indices (0 past the list), and the ``[W, BLOCK_N]`` element
+    mask of their bit words (bit ``r`` of entry ``e`` is ``keep[r, e]``; all ``False``
+    past the list)."""
+    e = s0 + tl.arange(0, BLOCK_N)
+    valid = e < end
+    index = tl.load(idx + e, mask=valid, other=0)
+    word = tl.load(bits + e, mask=valid, other=0)
+    keep = ((word[None, :] >> offs_w[:, None]) & 1) != 0
+    return index, valid, keep
+
+
 def _fwd_kernel(
     Q, K, V, Out, Lse, ptr, idx, bits,
     sm_scale_log2,
@@ -253,27 +297,10 @@ def _fwd_kernel(
     W: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    w = pid % NW  # windows fastest: the programs of one (b, h) share its keys in L2
-    bh = pid // NW
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    g = (bh % H % NHL) * NW + w
-    start = tl.load(ptr + g)
-    end = tl.load(ptr + g + 1)
-
-    offs_w = tl.arange(0, W)
-    tok_m = w * W + offs_w
-    m_valid = tok_m < L_q
-    offs_d = tl.arange(0, BD)
-    offs_dv = tl.arange(0, BDV)
-    d_valid = offs_d < D
-    dv_valid = offs_dv < DVAL
+    bh, b, h, start, end, offs_w, tok_m, m_valid, offs_d, d_valid, offs_dv, dv_valid = _window_program(
+        ptr, H, NHL, NW, L_q, D, DVAL, W, BD, BDV)
     rows = tok_m[:, None].to(tl.int64)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + rows * stride_qm + offs_d[None, :],
-                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
+    q = _load_rows(Q + b * stride_qb + h * stride_qh + offs_d[None, :], rows, stride_qm, m_valid, d_valid, UPCAST)
     k_base = K + b * stride_kb + h * stride_kh + offs_d[None, :]
     v_base = V + b * stride_vb + h * stride_vh + offs_dv[None, :]
 
@@ -281,18 +308,12 @@ def _fwd_kernel(
     l_i = tl.zeros([W], dtype=tl.float32)
     acc = tl.zeros([W, BDV], dtype=tl.float32)
     for s0 in range(start, end, BLOCK_N):
-        e = s0 + tl.arange(0, BLOCK_N)
-        e_valid = e < end
-        cols = tl.load(idx + e, mask=e_valid, other=0).to(tl.int64)[:, None]
-        word = tl.load(bits + e, mask=e_valid, other=0)  # 0 past the list: all masked
-        k = tl.load(k_base + cols * stride_kn, mask=e_valid[:, None] & d_valid[None, :], other=0.0)
-        v = tl.load(v_base + cols * stride_vn, mask=e_valid[:, None] & dv_valid[None, :], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2
-        keep = ((word[None, :] >> offs_w[:, None]) & 1) != 0
-        s = tl.where(keep, s, float("-inf"))
+        col, valid, keep = _entries(idx, bits, s0, end, offs_w, BLOCK_N)
+        cols = col.to(tl.int64)[:, None]
+        k = _load_rows(k_base, cols, stride_kn, valid, d_valid, UPCAST)
+        v = _load_rows(v_base, cols, stride_vn, valid, dv_valid, UPCAST)
+        # base-2 logits, scaled once (any sign of scale), masked per element
+        s = tl.where(keep, tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # all masked so far: no NaN
         alpha = tl.exp2(m_i - m_safe)
@@ -301,12 +322,12 @@ def _fwd_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-    tl.store(Lse + bh.to(tl.int64) * L_q + tok_m, lse, mask=m_valid)
+    has_key = l_i > 0.0
+    l_safe = tl.where(has_key, l_i, 1.0)
+    tl.store(Lse + bh.to(tl.int64) * L_q + tok_m, tl.where(has_key, m_i + tl.log2(l_safe), float("inf")),
+             mask=m_valid)
     tl.store(Out + b * stride_ob + h * stride_oh + rows * stride_om + offs_dv[None, :],
-             out.to(Out.dtype.element_ty), mask=m_valid[:, None] & dv_valid[None, :])
+             (acc / l_safe[:, None]).to(Out.dtype.element_ty), mask=m_valid[:, None] & dv_valid[None, :])
 
 
 def _bwd_dq_kernel(
@@ -322,33 +343,14 @@ def _bwd_dq_kernel(
     W: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    w = pid % NW
-    bh = pid // NW
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    g = (bh % H % NHL) * NW + w
-    start = tl.load(ptr + g)
-    end = tl.load(ptr + g + 1)
-
-    offs_w = tl.arange(0, W)
-    tok_m = w * W + offs_w
-    m_valid = tok_m < L_q
-    offs_d = tl.arange(0, BD)
-    offs_dv = tl.arange(0, BDV)
-    d_valid = offs_d < D
-    dv_valid = offs_dv < DVAL
+    bh, b, h, start, end, offs_w, tok_m, m_valid, offs_d, d_valid, offs_dv, dv_valid = _window_program(
+        ptr, H, NHL, NW, L_q, D, DVAL, W, BD, BDV)
     rows = tok_m[:, None].to(tl.int64)
-    qd_mask = m_valid[:, None] & d_valid[None, :]
-    qdv_mask = m_valid[:, None] & dv_valid[None, :]
-    q = tl.load(Q + b * stride_qb + h * stride_qh + rows * stride_qm + offs_d[None, :], mask=qd_mask, other=0.0)
-    do = tl.load(DO + b * stride_db + h * stride_dh + rows * stride_dm + offs_dv[None, :], mask=qdv_mask,
-                 other=0.0)
-    o = tl.load(Out + b * stride_ob + h * stride_oh + rows * stride_om + offs_dv[None, :], mask=qdv_mask,
-                other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
+    q = _load_rows(Q + b * stride_qb + h * stride_qh + offs_d[None, :], rows, stride_qm, m_valid, d_valid, UPCAST)
+    do = _load_rows(DO + b * stride_db + h * stride_dh + offs_dv[None, :], rows, stride_dm, m_valid, dv_valid,
+                    UPCAST)
+    o = _load_rows(Out + b * stride_ob + h * stride_oh + offs_dv[None, :], rows, stride_om, m_valid, dv_valid,
+                   False)
     stat_base = bh.to(tl.int64) * L_q
     lse = tl.load(Lse + stat_base + tok_m, mask=m_valid, other=float("inf"))
     # Delta_i = dO_i . out_i of this window's rows, stored for _bwd_dkdv (launched next)
@@ -359,26 +361,19 @@ def _bwd_dq_kernel(
 
     dq = tl.zeros([W, BD], dtype=tl.float32)
     for s0 in range(start, end, BLOCK_N):
-        e = s0 + tl.arange(0, BLOCK_N)
-        e_valid = e < end
-        cols = tl.load(idx + e, mask=e_valid, other=0).to(tl.int64)[:, None]
-        word = tl.load(bits + e, mask=e_valid, other=0)
-        k = tl.load(k_base + cols * stride_kn, mask=e_valid[:, None] & d_valid[None, :], other=0.0)
-        v = tl.load(v_base + cols * stride_vn, mask=e_valid[:, None] & dv_valid[None, :], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        col, valid, keep = _entries(idx, bits, s0, end, offs_w, BLOCK_N)
+        cols = col.to(tl.int64)[:, None]
+        k = _load_rows(k_base, cols, stride_kn, valid, d_valid, UPCAST)
+        v = _load_rows(v_base, cols, stride_vn, valid, dv_valid, UPCAST)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        keep = ((word[None, :] >> offs_w[:, None]) & 1) != 0
         # empty rows have lse = +inf: P = 0, no gradient
         p = tl.where(keep, tl.exp2(qk * sm_scale_log2 - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
 
-    dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + rows * stride_dqm + offs_d[None, :],
-             dq.to(DQ.dtype.element_ty), mask=qd_mask)
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
 
 
 def _bwd_dkdv_kernel(
@@ -394,30 +389,13 @@ def _bwd_dkdv_kernel(
     W: tl.constexpr, BLOCK_N: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    w = pid % NW  # a key window
-    bh = pid // NW
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    g = (bh % H % NHL) * NW + w
-    start = tl.load(ptr + g)
-    end = tl.load(ptr + g + 1)
-
-    offs_w = tl.arange(0, W)
-    tok_n = w * W + offs_w
-    n_valid = tok_n < L_k
-    offs_d = tl.arange(0, BD)
-    offs_dv = tl.arange(0, BDV)
-    d_valid = offs_d < D
-    dv_valid = offs_dv < DVAL
+    # a key window and its compacted query rows
+    bh, b, h, start, end, offs_w, tok_n, n_valid, offs_d, d_valid, offs_dv, dv_valid = _window_program(
+        ptr, H, NHL, NW, L_k, D, DVAL, W, BD, BDV)
     keys = tok_n[:, None].to(tl.int64)
-    kd_mask = n_valid[:, None] & d_valid[None, :]
-    kdv_mask = n_valid[:, None] & dv_valid[None, :]
-    k = tl.load(K + b * stride_kb + h * stride_kh + keys * stride_kn + offs_d[None, :], mask=kd_mask, other=0.0)
-    v = tl.load(V + b * stride_vb + h * stride_vh + keys * stride_vn + offs_dv[None, :], mask=kdv_mask, other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    k = _load_rows(K + b * stride_kb + h * stride_kh + offs_d[None, :], keys, stride_kn, n_valid, d_valid, UPCAST)
+    v = _load_rows(V + b * stride_vb + h * stride_vh + offs_dv[None, :], keys, stride_vn, n_valid, dv_valid,
+                   UPCAST)
     q_base = Q + b * stride_qb + h * stride_qh + offs_d[None, :]
     do_base = DO + b * stride_db + h * stride_dh + offs_dv[None, :]
     stat_base = bh.to(tl.int64) * L_q
@@ -425,31 +403,23 @@ def _bwd_dkdv_kernel(
     dk = tl.zeros([W, BD], dtype=tl.float32)
     dv = tl.zeros([W, BDV], dtype=tl.float32)
     for s0 in range(start, end, BLOCK_N):
-        e = s0 + tl.arange(0, BLOCK_N)
-        e_valid = e < end
-        qrow = tl.load(idx + e, mask=e_valid, other=0)
-        word = tl.load(bits + e, mask=e_valid, other=0)
+        qrow, valid, keep = _entries(idx, bits, s0, end, offs_w, BLOCK_N)  # keep: [W keys, BLOCK_N queries]
         qrows = qrow.to(tl.int64)[:, None]
-        q = tl.load(q_base + qrows * stride_qm, mask=e_valid[:, None] & d_valid[None, :], other=0.0)
-        do = tl.load(do_base + qrows * stride_dm, mask=e_valid[:, None] & dv_valid[None, :], other=0.0)
-        if UPCAST:
-            q = q.to(tl.float32)
-            do = do.to(tl.float32)
-        lse = tl.load(Lse + stat_base + qrow, mask=e_valid, other=float("inf"))
-        delta = tl.load(Delta + stat_base + qrow, mask=e_valid, other=0.0)
-        qkT = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # [W keys, BLOCK_N queries]
-        keep = ((word[None, :] >> offs_w[:, None]) & 1) != 0
+        q = _load_rows(q_base, qrows, stride_qm, valid, d_valid, UPCAST)
+        do = _load_rows(do_base, qrows, stride_dm, valid, dv_valid, UPCAST)
+        lse = tl.load(Lse + stat_base + qrow, mask=valid, other=float("inf"))
+        delta = tl.load(Delta + stat_base + qrow, mask=valid, other=0.0)
+        qkT = tl.dot(k, tl.trans(q), input_precision=PRECISION)
         pT = tl.where(keep, tl.exp2(qkT * sm_scale_log2 - lse[None, :]), 0.0)
         dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         dsT = pT * (dpT - delta[None, :])
         dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
 
-    dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + h * stride_dkh + keys * stride_dkn + offs_d[None, :],
-             dk.to(DK.dtype.element_ty), mask=kd_mask)
+             (dk * sm_scale).to(DK.dtype.element_ty), mask=n_valid[:, None] & d_valid[None, :])
     tl.store(DV + b * stride_dvb + h * stride_dvh + keys * stride_dvn + offs_dv[None, :],
-             dv.to(DV.dtype.element_ty), mask=kdv_mask)
+             dv.to(DV.dtype.element_ty), mask=n_valid[:, None] & dv_valid[None, :])
 
 
 _fwd = LazyKernel(_fwd_kernel)
