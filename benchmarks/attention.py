@@ -18,7 +18,12 @@ then backward of a random ``dO``), batch 4, 12 heads, head dim 64, bfloat16 (iss
 Opt-in cases (run only when ``--cases`` names them, e.g. ``--cases 'full-*'``):
 
 * ``full`` -- every key (dense attention); with the ``fusegnn-nm`` backend, the dense
-  N:M case of issue 19 (``sdpa`` computes the same unmasked function there).
+  N:M case of issue 19 (``sdpa`` computes the same unmasked function there);
+* ``irregular1``, ``irregular5`` -- element-irregular masks of issue 17: each ``(q, k)``
+  allowed independently with probability 1 % / 5 % (seeded, drawn on the CPU), far too
+  scattered for blocks (every 64 x 64 block is non-empty). With the ``fusegnn-vector*``
+  backends: ``--cases 'irregular*-L4096-*,irregular*-L16384-*' --backends
+  'flex,fusegnn-element,fusegnn-vector*'``.
 
 Each definition is a :mod:`fusegnn.attention.masks` object; FlexAttention gets the same
 predicate through ``mask.mask_mod``.
@@ -33,6 +38,9 @@ predicate through ``mask.mask_mod``.
   both modes). Its block layout (and a dense path's boolean mask) is built and cached on
   the mask before timing; ``layout_ms`` is the layout's one-off cost;
 * ``fusegnn-block``, ``fusegnn-element``, ``fusegnn-dense`` (opt-in) -- the paths forced;
+* ``fusegnn-vector``, ``fusegnn-vector32``, ``fusegnn-vector64`` (opt-in) -- the vector
+  path (query windows of ``W`` = 16, 32, 64 rows with compacted key columns; issue 17),
+  its structure built and cached outside timing (``layout_ms``);
 * ``fusegnn-nm`` (opt-in) -- dynamic 2:4 sparse attention (DFSS, issue 19): the block
   kernel with ``nm=(2, 4)`` (of every 4 consecutive keys the 2 largest allowed scores
   enter the softmax). It computes a different function than the masked rows, so it is
@@ -120,7 +128,9 @@ SUITE = "attention"
 ANCHOR = "sdpa"
 MASKS = ("window", "bigbird", "causal", "longformer", "dilated")
 #: masks of the opt-in cases (selected only by name, ``--cases``)
-OPT_IN_MASKS = ("full",)
+OPT_IN_MASKS = ("full", "irregular1", "irregular5")
+#: element density of the ``irregular*`` masks
+IRREGULAR_DENSITY = {"irregular1": 0.01, "irregular5": 0.05}
 #: the N:M pattern of the ``fusegnn-nm`` backend
 NM = (2, 4)
 MODES = ("fwd", "fwdbwd")
@@ -183,6 +193,10 @@ def build_mask(name: str, L: int, sizes: AttnSizes = GPU_SIZES, seed: int = 0):
         return masks.dilated(L, sizes.dilated_window, sizes.dilation)
     if name == "full":
         return masks.sliding_window(L, L)
+    if name in IRREGULAR_DENSITY:
+        gen = torch.Generator().manual_seed(seed)
+        rows = [torch.rand(min(1024, L - r), L, generator=gen) < IRREGULAR_DENSITY[name] for r in range(0, L, 1024)]
+        return masks.from_dense(torch.cat(rows))
     raise ValueError(f"unknown mask {name!r}; known: {MASKS + OPT_IN_MASKS}")
 
 
@@ -254,13 +268,15 @@ def _always(device: torch.device) -> str | None:
     return None
 
 
-def _fusegnn(aggregation: str, nm: tuple[int, int] | None = None):
+def _fusegnn(aggregation: str, nm: tuple[int, int] | None = None, block_size: int | None = None):
     def prepare(prep: Prepared, device: torch.device):
         from fusegnn.attention.sparse_attention import _block_layout, explain_attention, sparse_attention
+        from fusegnn.attention.vector_windows import vector_structure
 
         info: dict = {}
         # the timed calls have inputs that require grad (both modes): decide as they will
-        decision = explain_attention(prep.q, prep.mask, aggregation=aggregation, backward=True, nm=nm)
+        decision = explain_attention(prep.q, prep.mask, aggregation=aggregation, backward=True, nm=nm,
+                                     block_size=block_size)
         info["aggregation"] = decision.name if decision.name == "block" else decision.label
         if aggregation == "auto" and device.type == "cuda":  # the rule built (and cached) the layout
             layout = _block_layout(prep.mask, None, device)[0]  # a dilated mask: its sub-sequences' layout
@@ -284,9 +300,17 @@ def _fusegnn(aggregation: str, nm: tuple[int, int] | None = None):
                         block_density=layout.block_density)
         elif decision.name == "element":
             prep.mask.to_graph(device=device)  # build (cached) outside timing
+        elif decision.name == "vector":  # build (cached on the mask) outside timing, time it once
+            start = time.perf_counter()
+            structure = vector_structure(prep.mask, decision.vector_sizes[0], device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            info.update(layout_ms=(time.perf_counter() - start) * 1e3, block_size=decision.label,
+                        block_density=structure.num_entries * structure.W / (structure.num_heads * structure.L_q
+                                                                             * structure.L_k))
 
         def fn(q, k, v):
-            return sparse_attention(q, k, v, prep.mask, aggregation=aggregation, nm=nm)
+            return sparse_attention(q, k, v, prep.mask, aggregation=aggregation, nm=nm, block_size=block_size)
 
         return fn, info
 
@@ -295,7 +319,7 @@ def _fusegnn(aggregation: str, nm: tuple[int, int] | None = None):
 
 def _fusegnn_unavailable(aggregation: str):
     def check(device: torch.device) -> str | None:
-        if aggregation == "block":
+        if aggregation in ("block", "vector"):
             from fusegnn.kernels._triton import fused_can_run
 
             probe = torch.empty(0, device=device)
@@ -393,6 +417,9 @@ BACKENDS: dict[str, AttnBackend] = {
         AttnBackend("fusegnn-block", False, _fusegnn_unavailable("block"), _fusegnn("block")),
         AttnBackend("fusegnn-element", False, _always, _fusegnn("element")),
         AttnBackend("fusegnn-dense", False, _always, _fusegnn("dense")),
+        AttnBackend("fusegnn-vector", False, _fusegnn_unavailable("vector"), _fusegnn("vector")),
+        AttnBackend("fusegnn-vector32", False, _fusegnn_unavailable("vector"), _fusegnn("vector", block_size=32)),
+        AttnBackend("fusegnn-vector64", False, _fusegnn_unavailable("vector"), _fusegnn("vector", block_size=64)),
         AttnBackend("fusegnn-nm", False, _fusegnn_unavailable("block"), _fusegnn("block", NM), nm=NM),
         AttnBackend("sdpa-mask", False, _always, _sdpa_mask),
         AttnBackend("sdpa-causal", False, _always, _sdpa_causal),

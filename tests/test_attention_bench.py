@@ -311,3 +311,18 @@ def test_interleaved_timing_takes_the_workloads_in_turn(monkeypatch):
     assert order == ["a", "a", "b", "b", "a", "a", "b", "b"]
     with pytest.raises(ValueError):
         M.interleaved_ms([workload("a", 1.0)], torch.device("cpu"), steps=0)
+
+
+def test_vector_backends_on_irregular_masks(tmp_path):
+    """The opt-in ``irregular*`` masks and ``fusegnn-vector*`` backends (issue 17) run and
+    match the reference (through Triton's interpreter on the CPU)."""
+    assert main(FAST + ["--out", str(tmp_path), "--cases", "irregular5-L256-fwdbwd,irregular1-L256-fwd",
+                        "--backends", "fusegnn-element,fusegnn-vector,fusegnn-vector64"]) == 0
+    doc = json.loads((tmp_path / "attention" / "cpu.json").read_text())
+    records = {(r["case"], r["backend"]): r for r in doc["records"]}
+    for case in ("irregular5-L256-fwdbwd", "irregular1-L256-fwd"):
+        for backend in ("fusegnn-element", "fusegnn-vector", "fusegnn-vector64"):
+            assert records[(case, backend)]["ok"] and records[(case, backend)]["rel_err"] < 1e-4, records[(case, backend)]
+    assert records[("irregular1-L256-fwd", "fusegnn-vector")]["aggregation"] == "vector W16 x 64"
+    assert records[("irregular1-L256-fwd", "fusegnn-vector64")]["block_size"] == "vector W64 x 64"
+    assert 0 < records[("irregular5-L256-fwdbwd", "fusegnn-vector")]["block_density"] <= 1

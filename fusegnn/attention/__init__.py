@@ -6,8 +6,10 @@
   (BCSR) layout, the format of the fused block kernels
   (:mod:`fusegnn.kernels.block_attention`);
 * :mod:`fusegnn.attention.sparse_attention` -- :func:`sparse_attention` and
-  :func:`explain_attention`: the four paths (reference, element, block, dense SDPA) and
-  the ``"auto"`` rule;
+  :func:`explain_attention`: the five paths (reference, element, block, vector, dense
+  SDPA) and the ``"auto"`` rule;
+* :mod:`fusegnn.attention.vector_windows` -- the vector path's structure (query windows
+  with compacted key columns, :mod:`fusegnn.kernels.vector_attention`), cached per mask;
 * :mod:`fusegnn.attention.cost_model` -- the calibrated cost model the ``"auto"`` rule
   compares the paths with;
 * :mod:`fusegnn.attention.library` -- the block kernels as ``torch.library`` custom ops,

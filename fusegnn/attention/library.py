@@ -14,7 +14,10 @@ built with host reads). So, under compilation, :func:`compiled_sparse_attention`
    ``edge_softmax`` / ``spmm`` are the GNN custom ops) are traced as they are; the block
    path is one op, ``fusegnn::block_attention(q, k, v, layout, scale, precision,
    dilation, nm_n, nm_m) -> (out, lse)`` (``nm_m = 0``: no N:M sparsity), whose backward is ``fusegnn::block_attention_backward``
-   (the same kernels as the eager ``BlockSparseAttentionFunction``).
+   (the same kernels as the eager ``BlockSparseAttentionFunction``); the vector path is
+   ``fusegnn::vector_attention(q, k, v, mask, window, block_n, scale, precision) -> (out,
+   lse)`` with ``fusegnn::vector_attention_backward`` (the kernels of
+   :mod:`fusegnn.kernels.vector_attention`, on the structure cached on the mask).
 
 Objects travel as integer handles (:mod:`fusegnn.attention.handles`): the model must keep
 its masks referenced.
@@ -86,3 +89,62 @@ def _backward(ctx, grad_out, grad_lse):
 
 
 block_attention.register_autograd(_backward, setup_context=_setup)
+
+
+@torch.library.custom_op("fusegnn::vector_attention", mutates_args=())
+def vector_attention(q: Tensor, k: Tensor, v: Tensor, mask: int, window: int, block_n: int, scale: float,
+                     precision: str) -> tuple[Tensor, Tensor]:
+    """The vector path (:mod:`fusegnn.kernels.vector_attention`) of the mask with handle
+    ``mask``, windows of ``window`` queries: ``(out, lse)``. The structure is the one
+    cached on the mask (:func:`fusegnn.attention.vector_windows.vector_structure`)."""
+    from fusegnn.attention.vector_windows import vector_structure
+    from fusegnn.kernels.vector_attention import _forward
+
+    structure = vector_structure(handles.lookup(mask), window, q.device)
+    return _forward(_contiguous_last(q), _contiguous_last(k), _contiguous_last(v), structure, scale, precision,
+                    block_n)
+
+
+def _contiguous_last(t: Tensor) -> Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+@vector_attention.register_fake
+def _(q, k, v, mask, window, block_n, scale, precision):
+    out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
+    return out, q.new_empty(tuple(q.shape[:-1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("fusegnn::vector_attention_backward", mutates_args=())
+def vector_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, mask: int,
+                              window: int, block_n: int, scale: float,
+                              precision: str) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of :func:`vector_attention` for ``grad = dL/dout``."""
+    from fusegnn.attention.vector_windows import vector_structure
+    from fusegnn.kernels.vector_attention import _backward
+
+    structure = vector_structure(handles.lookup(mask), window, q.device)
+    return _backward(grad.contiguous(), _contiguous_last(q), _contiguous_last(k), _contiguous_last(v), out, lse,
+                     structure, scale, precision, block_n, True, True)
+
+
+@vector_attention_backward.register_fake
+def _(grad, q, k, v, out, lse, mask, window, block_n, scale, precision):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_vector(ctx, inputs, output):
+    q, k, v, *args = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.args = tuple(args)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward_vector(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.fusegnn.vector_attention_backward(grad_out, q, k, v, out, lse, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None
+
+
+vector_attention.register_autograd(_backward_vector, setup_context=_setup_vector)

@@ -12,7 +12,7 @@ and :math:`\mathrm{out}_i = 0` when :math:`N(i)` is empty (never NaN). ``scale``
 defaults to :math:`1/\sqrt{D}`. Tensors follow SDPA's layout: ``q`` ``[B, H, L_q, D]``,
 ``k`` ``[B, H, L_k, D]``, ``v`` ``[B, H, L_k, D_v]``.
 
-Four implementations and the automatic choice (``aggregation=``):
+Five implementations and the automatic choice (``aggregation=``):
 
 * ``"reference"`` -- dense masked softmax in PyTorch over the ``L_q x L_k`` boolean
   mask (the oracle; any device and dtype; memory ``O(B H L_q L_k)``);
@@ -33,6 +33,18 @@ Four implementations and the automatic choice (``aggregation=``):
   (``dilation=d``): a dilated window's blocks, all partial and half empty in token order,
   become a plain window's, mostly full; the cost model counts ``d`` times the base
   layout's blocks;
+* ``"vector"`` -- the fused vector-sparse (row-window) Triton kernel of
+  :mod:`fusegnn.kernels.vector_attention`, for element-irregular masks too scattered for
+  blocks: the queries are cut into windows of ``W`` rows, each window streams the sorted
+  list of the keys any of its rows attends (gathered ``BLOCK_N`` at a time) through
+  ``[W, BLOCK_N]`` ``tl.dot`` score tiles masked per element, with an online softmax;
+  the backward recomputes :math:`P` and walks key windows with their compacted query
+  lists for ``dK`` / ``dV`` (deterministic, no atomics). ``block_size`` is ``W`` (16, 32
+  or 64; default 16) or ``(W, BLOCK_N)`` (default ``BLOCK_N`` 64). The structure is built
+  from the mask's element graph on the device and cached on the mask per
+  (``W``, device) (:mod:`fusegnn.attention.vector_windows`). float16, bfloat16 and
+  float32, on CUDA (or the Triton interpreter). ``"auto"`` never picks it (no GPU
+  measurements to calibrate the cost model with yet): ask for it by name;
 * ``"dense"`` -- PyTorch's dense ``torch.nn.functional.scaled_dot_product_attention``
   (its flash / memory-efficient kernels), in the variant the mask allows
   (:meth:`~fusegnn.attention.masks.Mask.structure`, decided from the mask's definition):
@@ -88,6 +100,7 @@ from fusegnn.attention import library  # noqa: F401  (registers the compiled blo
 from fusegnn.attention.block_layout import BlockLayout, check_block_size
 from fusegnn.attention.cost_model import predict_attention_ms
 from fusegnn.attention.masks import Mask
+from fusegnn.attention.vector_windows import vector_path, vector_sizes, vector_structure
 from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, FLOAT_DTYPES
 from fusegnn.kernels.attention_inputs import check_qkv
 from fusegnn.kernels.nm_sparsity import check_nm, nm_keep
@@ -105,7 +118,7 @@ __all__ = [
     "sparse_attention",
 ]
 
-ATTENTION_AGGREGATIONS = ("auto", "block", "element", "reference", "dense")
+ATTENTION_AGGREGATIONS = ("auto", "block", "element", "reference", "dense", "vector")
 
 _VARIANT_OF_STRUCTURE = {"full": "no mask", "causal": "causal", "general": "bool mask"}
 
@@ -120,6 +133,7 @@ class AttentionDecision(Decision):
         block_size: ``(BM, BN)`` of the block path (``None`` otherwise).
         dilation: the block path's sub-sequence split (1: none; see
             :meth:`~fusegnn.attention.masks.Mask.dilation_split`).
+        vector_sizes: ``(W, BLOCK_N)`` of the vector path (``None`` otherwise).
         predicted_ms: ``(label, ms)`` pairs of the cost model when the auto rule used it.
     """
 
@@ -127,16 +141,19 @@ class AttentionDecision(Decision):
     block_size: tuple[int, int] | None = None
     predicted_ms: tuple[tuple[str, float], ...] = ()
     dilation: int = 1
+    vector_sizes: tuple[int, int] | None = None
 
     @property
     def label(self) -> str:
         """``"dense sdpa (causal)"``, ``"block 64x64"``, ``"block 64x64 dilation 2"``,
-        ``"element"``, ``"reference"``."""
+        ``"vector W16 x 64"``, ``"element"``, ``"reference"``."""
         if self.name == "dense":
             return f"dense sdpa ({self.dense_variant})"
         if self.name == "block" and self.block_size is not None:
             dilated = f" dilation {self.dilation}" if self.dilation > 1 else ""
             return f"block {self.block_size[0]}x{self.block_size[1]}{dilated}"
+        if self.name == "vector" and self.vector_sizes is not None:
+            return f"vector W{self.vector_sizes[0]} x {self.vector_sizes[1]}"
         return self.name
 
 
@@ -437,7 +454,7 @@ def explain_attention(
     backward: bool | None = None,
     nm: tuple[int, int] | str | None = None,
 ) -> AttentionDecision:
-    """The path (``"reference"``, ``"element"``, ``"block"`` or ``"dense"``) and the reason
+    """The path (``"reference"``, ``"element"``, ``"block"``, ``"dense"`` or ``"vector"``) and the reason
     :func:`sparse_attention` takes for ``q`` and ``mask`` (builds and caches the block
     layout when the rule needs it; runs no attention). ``backward``: whether a gradient
     will be needed (``None``: grad mode is on and ``q`` requires grad; pass it when only
@@ -448,8 +465,10 @@ def explain_attention(
     ``"reference"`` compute."""
     if aggregation not in ATTENTION_AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {ATTENTION_AGGREGATIONS}, got {aggregation!r}")
-    bs = _as_block_size(block_size)
     nm = check_nm(nm)
+    if aggregation == "vector":
+        return _vector_decision(q, nm, block_size)
+    bs = _as_block_size(block_size)
     if backward is None:
         backward = _needs_backward(q)
     if nm is not None:
@@ -485,12 +504,32 @@ def explain_attention(
     )
 
 
+def _vector_decision(q: Tensor, nm: tuple[int, int] | None, block_size: Any) -> AttentionDecision:
+    """The decision of ``aggregation="vector"`` (checked: no N:M, a valid ``block_size``,
+    a dtype the kernel takes, the kernel importable)."""
+    if nm is not None:
+        raise ValueError(
+            f"nm={nm[0]}:{nm[1]} is computed by aggregation='block' or 'reference' (or 'auto'), not 'vector'"
+        )
+    sizes = vector_sizes(block_size)
+    if q.dtype not in BLOCK_ATTENTION_DTYPES:
+        raise TypeError(f"q: aggregation='vector' takes float16, bfloat16 or float32, got dtype {q.dtype}")
+    try:
+        import fusegnn.kernels.vector_attention  # noqa: F401
+    except ImportError as exc:  # the kernel module (or Triton) is missing
+        raise NotImplementedError(
+            f"aggregation='vector' needs fusegnn.kernels.vector_attention, not available in this build "
+            f"({type(exc).__name__}: {exc}); use 'element', 'dense' or 'reference'"
+        ) from exc
+    return AttentionDecision("vector", "aggregation='vector' was asked for", vector_sizes=sizes)
+
+
 def _nm_decision(q: Tensor, mask: Mask | BlockLayout, aggregation: str, bs: tuple[int, int] | None,
                  nm: tuple[int, int]) -> AttentionDecision:
     """The path of N:M attention: ``"block"`` (never split into sub-sequences) or
     ``"reference"``; ``"auto"`` takes the block kernel where it runs."""
     label = f"{nm[0]}:{nm[1]}"
-    if aggregation in ("element", "dense"):
+    if aggregation in ("element", "dense", "vector"):
         raise ValueError(
             f"nm={label} is computed by aggregation='block' or 'reference' (or 'auto'), not {aggregation!r}: "
             "dense SDPA and the element path cannot drop scores"
@@ -533,13 +572,17 @@ def sparse_attention(
         mask: a :class:`~fusegnn.attention.masks.Mask` over ``L_q x L_k`` (shared, or with
             ``H`` heads), or a :class:`~fusegnn.attention.BlockLayout` built from one.
         scale: score scale; ``None`` for :math:`1/\sqrt{D}`.
-        aggregation: ``"auto"``, ``"block"``, ``"element"``, ``"reference"`` or
+        aggregation: ``"auto"``, ``"block"``, ``"element"``, ``"reference"``,
             ``"dense"`` (PyTorch's SDPA: no mask, ``is_causal=True`` or a boolean mask, as
-            the mask allows).
+            the mask allows) or ``"vector"`` (query windows with compacted key columns,
+            for element-irregular masks; never chosen by ``"auto"``).
         block_size: ``BM`` (square) or ``(BM, BN)``, powers of two >= 16, for the block
             layout built from a ``Mask`` -- for a mask that splits into sub-sequences
             (:meth:`~fusegnn.attention.masks.Mask.dilation_split`), its base mask's layout
-            (``None``: :func:`default_block_size` of the layout's length).
+            (``None``: :func:`default_block_size` of the layout's length). For
+            ``aggregation="vector"``: the query window ``W`` (16, 32 or 64) or
+            ``(W, BLOCK_N)`` (``BLOCK_N`` compacted keys per step, a power of two in
+            ``[16, 128]``); ``None``: ``(16, 64)``.
         element_aggregation: backend of the element path's inner ``sddmm`` /
             ``edge_softmax`` / ``spmm`` (``"auto"``, ``"gas"``, ``"gar"``,
             ``"reference"``).
@@ -578,7 +621,7 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
     scale = _check_scale(scale, q.size(-1))
     if element_aggregation not in _ELEMENT_AGGREGATIONS:
         raise ValueError(f"element_aggregation must be one of {_ELEMENT_AGGREGATIONS}, got {element_aggregation!r}")
-    bs = _as_block_size(block_size)
+    bs = _size_key(aggregation, block_size)
     nm = check_nm(nm)
     nm_n, nm_m = nm if nm is not None else (0, 0)
     name, variant, layout, dilation, precision = compiled_decision(
@@ -591,6 +634,9 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
         return _element_path(q, k, v, _mask_of(mask), scale, element_aggregation)
     if name == "dense":
         return _dense_path(q, k, v, mask, scale, variant)
+    if name == "vector":
+        out, _ = torch.ops.fusegnn.vector_attention(q, k, v, _mask_of(mask).handle, bs[0], bs[1], scale, precision)
+        return out
     out, _ = torch.ops.fusegnn.block_attention(q, k, v, layout, scale, precision, dilation, nm_n, nm_m)
     return out
 
@@ -618,10 +664,18 @@ def compiled_decision(mask: int, shape: tuple, dtype: torch.dtype, device: str, 
         _sdpa_bool_mask(plain, dev)
     if decision.name == "element":
         plain.to_graph(device=dev)
+    if decision.name == "vector":
+        vector_structure(plain, decision.vector_sizes[0], dev)
     from fusegnn.kernels.block_attention import _precision
 
-    precision = _precision(dtype, None) if decision.name == "block" else ""
+    precision = _precision(dtype, None) if decision.name in ("block", "vector") else ""
     return decision.name, decision.dense_variant or "", layout.handle if layout is not None else 0, dilation, precision
+
+
+def _size_key(aggregation: str, block_size: Any) -> tuple[int, int] | None:
+    """``block_size`` as the decision caches key it: ``(W, BLOCK_N)`` for the vector path
+    (an int is ``W`` there), ``(BM, BN)`` or ``None`` for the block path."""
+    return vector_sizes(block_size) if aggregation == "vector" else _as_block_size(block_size)
 
 
 #: prepared calls kept per mask (callers varying shapes call after call start over)
@@ -660,7 +714,8 @@ def _prepare_call(
     nm = check_nm(nm)
     backward = _needs_backward(q, k, v)
     if isinstance(mask, Mask):  # the rule is a pure function of these: decide once per mask
-        key = ("decision", aggregation, _as_block_size(block_size), tuple(q.shape), q.dtype, q.device, backward, nm)
+        key = ("decision", aggregation, _size_key(aggregation, block_size), tuple(q.shape), q.dtype, q.device,
+               backward, nm)
         decision, layout, dilation = mask.cached(key, lambda: _decide(q, mask, aggregation, block_size, backward, nm))
     else:
         decision, layout, dilation = _decide(q, mask, aggregation, block_size, backward, nm)
@@ -670,6 +725,9 @@ def _prepare_call(
     if decision.name == "element":
         plain = _mask_of(mask)
         return lambda q, k, v: _element_path(q, k, v, plain, scale, element_aggregation)
+    if decision.name == "vector":
+        plain, sizes = _mask_of(mask), decision.vector_sizes
+        return lambda q, k, v: vector_path(q, k, v, plain, scale, sizes)
     if decision.name == "dense":
         variant = decision.dense_variant
         if variant == "no mask":

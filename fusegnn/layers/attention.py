@@ -71,10 +71,11 @@ class SparseMultiheadAttention(nn.Module):
             never materialise the weights), anything else raises ``ValueError``.
         bias: add biases to the input and output projections.
         batch_first: inputs are ``[B, L, E]`` (default) rather than ``[L, B, E]``.
-        aggregation: ``"auto"``, ``"block"``, ``"element"``, ``"reference"`` or
-            ``"dense"`` (see :func:`~fusegnn.attention.sparse_attention.sparse_attention`).
+        aggregation: ``"auto"``, ``"block"``, ``"element"``, ``"reference"``,
+            ``"dense"`` or ``"vector"`` (see
+            :func:`~fusegnn.attention.sparse_attention.sparse_attention`).
         block_size: ``BM`` or ``(BM, BN)`` of the layout built from a ``Mask``
-            (``None``: the op's default).
+            (``W`` or ``(W, BLOCK_N)`` for ``"vector"``; ``None``: the op's default).
         nm: ``(N, M)`` in ``(1, 2)``, ``(2, 4)``, ``(4, 8)`` (or ``"N:M"``): N:M sparse
             attention (module docstring); ``None``: every allowed score.
 

@@ -1,0 +1,65 @@
+r"""The vector path of :func:`~fusegnn.attention.sparse_attention.sparse_attention`
+(``aggregation="vector"``): a mask's query windows with compacted key columns, built
+once per mask and run by :mod:`fusegnn.kernels.vector_attention`.
+
+* :func:`vector_sizes` -- ``(W, BLOCK_N)`` from ``sparse_attention``'s ``block_size``
+  argument: ``None`` for the defaults (:data:`~fusegnn.kernels.vector_attention.DEFAULT_WINDOW`
+  queries per window, :data:`~fusegnn.kernels.vector_attention.DEFAULT_BLOCK_N`
+  compacted columns per step), an int for ``W`` (with the default ``BLOCK_N``), or a pair
+  ``(W, BLOCK_N)``;
+* :func:`vector_structure` -- the mask's
+  :class:`~fusegnn.kernels.vector_attention.VectorAttentionStructure` on a device, built
+  from the mask's element graph (:meth:`~fusegnn.attention.masks.Mask.to_graph`) with
+  torch ops on that device and cached on the mask per (``W``, device), like the block
+  path's layouts;
+* :func:`vector_path` -- the attention itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fusegnn.attention.masks import Mask
+
+__all__ = ["vector_path", "vector_sizes", "vector_structure"]
+
+
+def vector_sizes(block_size: Any) -> tuple[int, int]:
+    """``(W, BLOCK_N)`` of the vector path for ``sparse_attention``'s ``block_size``
+    (``None``, ``W`` or ``(W, BLOCK_N)``); a ``ValueError`` / ``TypeError`` naming
+    ``block_size`` for anything else."""
+    from fusegnn.kernels.vector_attention import DEFAULT_BLOCK_N, DEFAULT_WINDOW, check_vector_sizes
+
+    if block_size is None:
+        return DEFAULT_WINDOW, DEFAULT_BLOCK_N
+    if isinstance(block_size, (tuple, list)):
+        if len(block_size) != 2:
+            raise ValueError(f"block_size must be W or a pair (W, BLOCK_N) for aggregation='vector', got {block_size!r}")
+        return check_vector_sizes(*block_size)
+    return check_vector_sizes(block_size, DEFAULT_BLOCK_N)
+
+
+def vector_structure(mask: Mask, W: int, device: torch.device):
+    """The :class:`~fusegnn.kernels.vector_attention.VectorAttentionStructure` of
+    ``mask`` with windows of ``W`` on ``device`` (cached on the mask)."""
+    from fusegnn.kernels.vector_attention import build_structure
+
+    def build():
+        graph = mask.to_graph(device=device)  # edges key -> query; per head: stacked block-diagonally
+        src, dst = graph.src.to(torch.int64), graph.dst.to(torch.int64)
+        head = torch.div(dst, mask.L_q, rounding_mode="floor")
+        return build_structure(head, dst - head * mask.L_q, src - head * mask.L_k, mask.L_q, mask.L_k,
+                               mask.num_heads, W)
+
+    return mask.cached(("vector_structure", W, device), build)
+
+
+def vector_path(q: Tensor, k: Tensor, v: Tensor, mask: Mask, scale: float, sizes: tuple[int, int]) -> Tensor:
+    """``sparse_attention(..., aggregation="vector")`` after its checks."""
+    from fusegnn.kernels.vector_attention import vector_sparse_attention
+
+    W, block_n = sizes
+    return vector_sparse_attention(q, k, v, vector_structure(mask, W, q.device), scale, block_n=block_n)
