@@ -216,6 +216,12 @@ def test_structure_is_built_once_and_shared(nasty_graph, monkeypatch):
     torch.testing.assert_close(spmm(other, x, aggregation="window"),
                                (_dense(other, None) @ x.double()).float(), rtol=1e-5, atol=1e-5)
     assert len(scatters) == 3
+    # the backward's windows of A^T: built on the first backward only, tiles memoised
+    xg = x.clone().requires_grad_(True)
+    for expected in (2, 2):
+        spmm(graph, xg, aggregation="window").sum().backward()
+        assert len(builds) == expected
+    assert len(scatters) == 4
 
 
 def test_windows_and_tile_density(nasty_graph):
@@ -228,6 +234,10 @@ def test_windows_and_tile_density(nasty_graph):
     tiles = wa.window_values(graph, None, torch.float64)
     assert torch.equal(graph.to_dense(torch.float64), windows.pattern.with_values(tiles).to_dense())
     assert window_tile_density(graph) == pytest.approx(ones.tile_density)
+    t = graph_windows(graph, transposed=True)
+    tiles_t = wa.window_values(graph, None, torch.float64, transposed=True)
+    assert torch.equal(graph.to_dense(torch.float64).t(), t.pattern.with_values(tiles_t).to_dense())
+    assert 0 < window_tile_density(graph, transposed=True) <= 1
     assert 0 < window_tile_density(graph) <= 1
     assert window_tile_density(graph, 32) <= window_tile_density(graph, 16)
 

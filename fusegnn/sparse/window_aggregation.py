@@ -17,15 +17,16 @@ on tensor cores (:func:`fusegnn.sparse.vector_ops.vspmm`), each gathered row of
 column lists and ``slot[e]``, the position of edge ``e`` in the flattened tiles) is built
 once per edge structure (``Graph.cached(..., structural=True)``: a re-weighted copy
 from :meth:`~fusegnn.sparse.Graph.with_edge_weight`, such as GCN's normalised graph,
-shares it), together with its column-sorted index (the transposed windows of the
-backward). New weights only scatter into the tiles (``values.flat[slot] += w``, one
-device op; duplicated edges add up); the tiles of a weight tensor that needs no gradient
-are memoised on the graph while it comes back unchanged (transductive training
-scatters once).
+shares it), and so are the windows of :math:`A^\top` (windows of source rows, for the
+backward), on the first backward. New weights only scatter into the tiles
+(``values.flat[slot] += w``, one device op; duplicated edges add up); the tiles of a
+weight tensor that needs no gradient are memoised on the graph while it comes back
+unchanged (transductive training scatters once per side).
 
-**Gradients.** :math:`\partial X = A^\top G` over the transposed windows (the cached
-column-sorted index, :func:`~fusegnn.sparse.vector_ops.vspmm` of ``windows.T``), and
-:math:`\partial w_e = \langle x_{j}, g_{i} \rangle` for edge :math:`e: j \to i` (an
+**Gradients.** :math:`\partial X = A^\top G` by the same tensor-core kernel over the
+windows of :math:`A^\top` (rather than a CUDA-core reduction over the forward tiles'
+columns, :func:`~fusegnn.kernels.vector_spmm.vspmm_t`, which would also multiply every
+zero of the tiles), and :math:`\partial w_e = \langle x_{j}, g_{i} \rangle` for edge :math:`e: j \to i` (an
 SDDMM, one dot product per edge: the Triton SDDMM of :mod:`fusegnn.kernels.sddmm` or
 the reference's gather). The backward is not differentiable again (double backward
 raises); use ``aggregation="reference"`` for higher-order gradients.
@@ -89,35 +90,40 @@ def _check_rows(W: int) -> int:
     return W
 
 
-def graph_windows(graph: Graph, W: int = WINDOW_ROWS) -> GraphWindows:
-    """The :class:`GraphWindows` of ``graph`` (``W`` rows per window), built once per edge
-    structure and cached on the graph (shared by its re-weighted copies)."""
+def graph_windows(graph: Graph, W: int = WINDOW_ROWS, *, transposed: bool = False) -> GraphWindows:
+    """The :class:`GraphWindows` of ``graph``'s aggregation matrix :math:`A` (``W`` rows per
+    window), or with ``transposed`` of :math:`A^\top` (windows of ``W`` source rows, what
+    the backward runs on), built once per edge structure and cached on the graph (shared
+    by its re-weighted copies)."""
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a fusegnn.sparse.Graph, got {type_name(graph)}")
     W = _check_rows(W)
+    if transposed:
+        rows, cols, shape = graph.src, graph.dst, (graph.num_src_nodes, graph.num_dst_nodes)
+    else:
+        rows, cols, shape = graph.dst, graph.src, (graph.num_dst_nodes, graph.num_src_nodes)
 
     def build() -> GraphWindows:
-        shape = (graph.num_dst_nodes, graph.num_src_nodes)
-        row_ptr, col_idx, vector = vector_structure(graph.dst, graph.src, shape, W)
+        row_ptr, col_idx, vector = vector_structure(rows, cols, shape, W)
         placeholder = torch.zeros((), device=graph.device).expand(col_idx.numel(), W)
         pattern = RowWindows(row_ptr, col_idx, placeholder, shape, validate=False)
-        pattern.index()  # the column-sorted index of the backward, once
-        return GraphWindows(pattern, vector * W + graph.dst.long() % W)
+        pattern.index()  # what vspmm reads, computed once
+        return GraphWindows(pattern, vector * W + rows.long() % W)
 
-    return graph.cached(f"row_windows:{W}", build, structural=True)
+    return graph.cached(f"row_windows{'_t' if transposed else ''}:{W}", build, structural=True)
 
 
-def window_tile_density(graph: Graph, W: int = WINDOW_ROWS) -> float:
+def window_tile_density(graph: Graph, W: int = WINDOW_ROWS, *, transposed: bool = False) -> float:
     r"""Fraction of the graph's row-window tile entries that hold an edge: distinct
     ``(target, source)`` pairs over :math:`\mathrm{nnz}_v W` (1 for a graph whose windows
-    are dense blocks; the work the window path wastes on zeros is :math:`1 / d - 1` per
-    useful product). Cached with the structure."""
-    windows = graph_windows(graph, W)
+    are dense blocks; the window kernel spends :math:`1 / d` multiply-adds per useful one).
+    ``transposed``: of the backward's windows of :math:`A^\top`. Cached with the structure."""
+    windows = graph_windows(graph, W, transposed=transposed)
 
     def density() -> float:
         return torch.unique(windows.slot).numel() / max(windows.num_entries, 1)
 
-    return graph.cached(f"row_window_density:{W}", density, structural=True)
+    return graph.cached(f"row_window_density{'_t' if transposed else ''}:{W}", density, structural=True)
 
 
 def _scatter(windows: GraphWindows, weight: Tensor | None, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -127,23 +133,37 @@ def _scatter(windows: GraphWindows, weight: Tensor | None, dtype: torch.dtype, d
     return flat.index_put_((windows.slot,), source, accumulate=True).view(-1, windows.pattern.W)
 
 
-def window_values(graph: Graph, weight: Tensor | None, dtype: torch.dtype, W: int = WINDOW_ROWS) -> Tensor:
-    """The tiles of ``graph``'s windows holding ``weight`` (``[E]``, or ``None`` for 1 per
-    edge) in ``dtype``, detached. Memoised on the graph (one entry per dtype) while the
-    same weight tensor comes back unchanged (its storage, shape, strides and version)."""
-    windows = graph_windows(graph, W)
+def window_values(graph: Graph, weight: Tensor | None, dtype: torch.dtype, W: int = WINDOW_ROWS, *,
+                  transposed: bool = False) -> Tensor:
+    """The tiles of ``graph``'s windows (``transposed``: of :math:`A^\top`'s) holding
+    ``weight`` (``[E]``, or ``None`` for 1 per edge) in ``dtype``, detached. Memoised on the
+    graph (one entry per dtype and side) while the same weight tensor comes back unchanged
+    (its storage, shape, strides and version)."""
+    windows = graph_windows(graph, W, transposed=transposed)
     if weight is None:
         key: tuple = ("ones",)
     else:
         key = (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype, weight._version)
     memo = graph.cached(f"row_window_values:{W}", dict)
-    hit = memo.get(dtype)
+    hit = memo.get((dtype, transposed))
     if hit is not None and hit[0] == key:
         return hit[2]
     weight = weight.detach() if weight is not None else None
     tiles = outside_graph_pools(lambda: _scatter(windows, weight, dtype, graph.device), graph.device)
-    memo[dtype] = (key, weight, tiles)  # the detached weight keeps its storage (and data_ptr) alive
+    memo[(dtype, transposed)] = (key, weight, tiles)  # the detached weight keeps its storage (and data_ptr) alive
     return tiles
+
+
+def _product(graph: Graph, weight: Tensor | None, b: Tensor, W: int, transposed: bool, memoise: bool) -> Tensor:
+    """:math:`A b` (``transposed``: :math:`A^\top b`) on tensor cores over the windows of
+    that matrix; the tiles memoised (:func:`window_values`) or, for a weight that changes
+    every call, scattered afresh."""
+    windows = graph_windows(graph, W, transposed=transposed)
+    if memoise:
+        tiles = window_values(graph, weight, b.dtype, W, transposed=transposed)
+    else:
+        tiles = _scatter(windows, weight, b.dtype, graph.device)
+    return vspmm(windows.pattern.with_values(tiles), b)
 
 
 def _edge_dots(graph: Graph, x: Tensor, grad: Tensor) -> Tensor:
@@ -160,13 +180,13 @@ def window_aggregate_backward(
     W: int = WINDOW_ROWS,
 ) -> tuple[Tensor | None, Tensor | None]:
     r"""Backward of :func:`window_aggregate` as a plain function: ``(grad_x, grad_w)``,
-    :math:`A^\top G` over the transposed windows and one dot product per edge, each
-    ``None`` unless needed (``x`` is read only for ``grad_w``). ``grad`` is ``[N_dst, *S]``."""
+    :math:`A^\top G` over the windows of :math:`A^\top` and one dot product per edge,
+    each ``None`` unless needed (``x`` is read only for ``grad_w``). ``grad`` is ``[N_dst, *S]``."""
     grad2 = grad.reshape(grad.size(0), -1)
     grad_x = grad_w = None
     if need_x:
-        pattern = graph_windows(graph, W).pattern.with_values(window_values(graph, weight, grad.dtype, W))
-        grad_x = vspmm(pattern.T, grad2).reshape((graph.num_src_nodes,) + tuple(grad.shape[1:]))
+        grad_x = _product(graph, weight, grad2, W, True, True)
+        grad_x = grad_x.reshape((graph.num_src_nodes,) + tuple(grad.shape[1:]))
     if need_w:
         if x is None:
             raise ValueError("the edge weights' gradient needs the forward's x")
@@ -175,26 +195,27 @@ def window_aggregate_backward(
 
 
 class _WindowAggregate(torch.autograd.Function):
-    """``A @ x`` over the windows, differentiable in ``x`` and in the edge weights."""
+    """``A @ x`` over the windows, differentiable in ``x`` and in ``weight`` (given in
+    ``x``'s dtype; ``None`` for 1 per edge)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor | None, graph: Graph, tiles: Tensor, W: int) -> Tensor:  # type: ignore[override]
-        ctx.graph, ctx.W = graph, W
-        ctx.tiles = tiles
-        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None)
-        return vspmm(graph_windows(graph, W).pattern.with_values(tiles), x)
+    def forward(ctx, x: Tensor, weight: Tensor | None, graph: Graph, W: int) -> Tensor:  # type: ignore[override]
+        memoise = weight is None or not ctx.needs_input_grad[1]
+        ctx.graph, ctx.W, ctx.memoise = graph, W, memoise
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight)
+        return _product(graph, weight, x, W, False, memoise)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        (x,) = ctx.saved_tensors
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            pattern = graph_windows(ctx.graph, ctx.W).pattern.with_values(ctx.tiles)
-            grad_x = vspmm(pattern.T, grad.contiguous())
+            grad_x = _product(ctx.graph, weight, grad, ctx.W, True, ctx.memoise)
         if ctx.needs_input_grad[1]:
-            grad_w = _edge_dots(ctx.graph, x, grad.contiguous())
-        return grad_x, grad_w, None, None, None
+            grad_w = _edge_dots(ctx.graph, x, grad)
+        return grad_x, grad_w, None, None
 
 
 def window_aggregate(graph: Graph, x: Tensor, weight: Tensor | None = None, W: int = WINDOW_ROWS) -> Tensor:
@@ -203,12 +224,7 @@ def window_aggregate(graph: Graph, x: Tensor, weight: Tensor | None = None, W: i
     add up): ``[N_dst, *S]`` in ``x``'s dtype, differentiable in ``x`` and ``weight``.
     Inputs are assumed validated (see :func:`fusegnn.sparse.spmm`)."""
     W = _check_rows(W)
-    x2 = x.reshape(x.size(0), -1)
-    if weight is not None and weight.requires_grad:
-        w = weight.to(x.dtype)  # the cast is differentiable: the gradient comes back in weight's dtype
-        tiles = _scatter(graph_windows(graph, W), w.detach(), x.dtype, graph.device)
-    else:
-        w = None
-        tiles = window_values(graph, weight, x.dtype, W)
-    out = _WindowAggregate.apply(x2, w, graph, tiles, W)
+    if weight is not None and weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)  # differentiable: the gradient comes back in weight's dtype
+    out = _WindowAggregate.apply(x.reshape(x.size(0), -1), weight, graph, W)
     return out.reshape((graph.num_dst_nodes,) + tuple(x.shape[1:]))
