@@ -7,6 +7,8 @@ Suite ``paper`` (a training step of the 2-layer model):
 ``fusegnn-gas``        fusegnn layers, every sparse op on the fused GAS kernels
 ``fusegnn-gar``        fusegnn layers, every sparse op on the fused GAR kernels
 ``fusegnn-reference``  fusegnn layers on the pure-PyTorch reference ops (gather / scatter)
+``fusegnn-window``     GCN only: fusegnn layers with ``aggregation="window"`` (row windows on
+                       tensor cores; opt-in, name it in ``--backends``)
 ``pyg``                PyG's ``GCNConv(cached=True)`` / ``GATConv`` with ``edge_index``
 ``pyg-uncached``       PyG's ``GCNConv(cached=False)`` (opt-in: renormalises every step)
 ``fusegnn-graphed``    ``fusegnn``'s model and step captured by :func:`fusegnn.graphed_step`
@@ -27,7 +29,8 @@ Suite ``agg`` (``out = A @ x`` with the GCN-normalised adjacency, and its backwa
 ``grad_x = A^T @ grad_out``):
 
 =====================  ========================================================================
-``fusegnn*``           :func:`fusegnn.sparse.spmm` with that ``aggregation``
+``fusegnn*``           :func:`fusegnn.sparse.spmm` with that ``aggregation`` (``fusegnn-window``:
+                       ``"window"``, opt-in; its ``convert_ms`` builds the row windows)
 ``cusparse``           ``torch.sparse.mm`` with CSR matrices (int32 indices) of ``A`` and of
                        ``A^T`` built once (cuSPARSE SpMM on a GPU, both directions)
 ``gather-scatter``     ``zeros.index_add(0, dst, x.index_select(0, src) * w)`` (autograd)
@@ -152,7 +155,7 @@ def fusegnn_unavailable(aggregation: str) -> Callable[[torch.device], str | None
 
         graph = Graph(torch.tensor([[0, 1], [1, 0]], device=device), 2)
         try:
-            resolve_aggregation(aggregation, graph, torch.zeros(2, 1, device=device))
+            resolve_aggregation(aggregation, graph, torch.zeros(2, 1, device=device), op="spmm")
         except (NotImplementedError, ValueError, RuntimeError) as err:
             return f"{type(err).__name__}: {err}"
         return None
@@ -251,6 +254,10 @@ def _paper_backends() -> dict[str, PaperBackend]:
             f"pyg-{kind}", "pyg", _pyg_builder(True), unavailable=needs(pyg_unavailable),
             applies=small_graph, **{kind: True},
         )
+    backends["fusegnn-window"] = PaperBackend(
+        "fusegnn-window", "fusegnn", _fusegnn_builder("window"), "window", fusegnn_unavailable("window"),
+        applies=lambda case: case.model == "gcn", default=False,
+    )
     return backends
 
 
@@ -270,6 +277,15 @@ def build_csr_formats(graph) -> None:
     """CSR (by target) and CSC (by source) of ``graph``: what GAR runs on."""
     graph.csr
     graph.csc
+
+
+def build_row_windows(graph) -> None:
+    """The row windows of ``graph`` (structure, transposed index, tiles of its weights):
+    what ``aggregation="window"`` runs on."""
+    from fusegnn.sparse.window_aggregation import window_values
+
+    weight = graph.edge_weight
+    window_values(graph, weight, weight.dtype if weight is not None else torch.float32)
 
 
 class _CsrSpmm(torch.autograd.Function):
@@ -331,6 +347,10 @@ def _agg_backends() -> dict[str, AggBackend]:
             name, _fusegnn_spmm(aggregation), aggregation,
             build_csr_formats if aggregation == "gar" else None, fusegnn_unavailable(aggregation),
         )
+    backends["fusegnn-window"] = AggBackend(
+        "fusegnn-window", _fusegnn_spmm("window"), "window", build_row_windows, fusegnn_unavailable("window"),
+        default=False,
+    )
     backends["cusparse"] = AggBackend("cusparse", _cusparse, converts=csr_matrices)
     backends["gather-scatter"] = AggBackend("gather-scatter", _gather_scatter)
     return backends

@@ -11,10 +11,14 @@ a float32 reference first):
   90% in V = 8 vectors, ``B`` 4096 x 256: ``vspmm`` (forward, and its backward: dB and
   dvalues), ``window_spmm`` (the same matrix as row windows of 16 / 32 rows),
   ``torch.sparse.mm`` on CSR (cuSPARSE) and dense ``torch.mm`` (cuBLAS);
-* ``agg-reddit0.1-f128[-rcm]``: ``A @ X`` on ``generate_reddit_like(scale=0.1)`` (F = 128),
-  original and reverse-Cuthill-McKee ordering: ``window_spmm`` (W = 16 / 32),
-  ``fusegnn.sparse.spmm`` (automatic aggregation) and cuSPARSE, the reordering and window
-  build times reported apart.
+* ``agg-reddit0.1-f{128,256}[-rcm]``: ``A @ X`` on ``generate_reddit_like(scale=0.1)``
+  (``--feats``, default F = 128 and 256), original and reverse-Cuthill-McKee ordering:
+  ``window_spmm`` (W = 16 / 32), ``fusegnn.sparse.spmm`` (automatic aggregation, and
+  ``aggregation="gar"`` / ``"window"``) and cuSPARSE, the reordering and window build
+  times reported apart; then forward + backward (``dX``) of ``spmm`` with ``"window"`` /
+  ``"gar"`` against cuSPARSE (``A`` and ``A^T`` as CSR), with the graph's
+  :func:`~fusegnn.sparse.window_tile_density` (the input of the future automatic choice
+  of ``"window"``, :mod:`fusegnn.sparse.dispatch`).
 
 Prints a table; writes ``<out>/vector_sparse/<gpu-slug>.json``.
 """
@@ -30,7 +34,7 @@ import torch
 
 from benchmarks.report import gpu_slug
 from fusegnn.datasets import generate_reddit_like
-from fusegnn.sparse import Graph, RowWindows, VectorSparse, spmm, vsddmm, vspmm, window_spmm
+from fusegnn.sparse import Graph, RowWindows, VectorSparse, spmm, vsddmm, vspmm, window_spmm, window_tile_density
 
 
 def median_ms(fn, reps: int = 20, warmup: int = 3) -> float:
@@ -108,6 +112,8 @@ def graph_case(rows: list, dev: torch.device, feat: int = 128) -> None:
         csr = adj.to_sparse_csr()
         del adj
         fns = {"fusegnn-spmm": lambda g=graph, v=xx: spmm(g, v)}
+        for aggregation in ("gar", "window"):
+            fns[f"spmm-{aggregation}"] = lambda g=graph, v=xx, a=aggregation: spmm(g, v, aggregation=a)
         for W in (16, 32):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -126,12 +132,38 @@ def graph_case(rows: list, dev: torch.device, feat: int = 128) -> None:
             check(case, name, fn(), ref)
             rows.append({"case": case, "backend": name, "ms": median_ms(fn)})
         del ref
+        rows.append({"case": case, "backend": "window-tile-density", "ms": 0.0,
+                     "tile_density": window_tile_density(graph)})
+        training_rows(rows, case, graph, xx)
     rows.append({"case": f"agg-reddit0.1-f{feat}-rcm", "backend": "rcm-reorder(host)", "ms": 1e3 * reorder_s})
+
+
+def training_rows(rows: list, case: str, graph: Graph, x: torch.Tensor) -> None:
+    """Forward + backward (``dX = A^T G``) of ``spmm`` with ``"window"`` and ``"gar"`` (in
+    ``x``'s dtype), and of the ``agg`` suite's cuSPARSE op (``A`` and ``A^T`` as float32 CSR)."""
+    from benchmarks.backends import AGG_BACKENDS
+
+    go = torch.randn_like(x)
+    ref = spmm(graph.reversed(), go.float(), aggregation="gar")
+    cusparse = AGG_BACKENDS["cusparse"].prepare(graph)
+    fns = {f"fwd+bwd spmm-{a}": (lambda v, a=a: spmm(graph, v, aggregation=a), x) for a in ("window", "gar")}
+    fns["fwd+bwd cusparse-fp32"] = (cusparse, x.float())
+    for name, (op, v) in fns.items():
+        v = v.detach().clone().requires_grad_(True)
+
+        def step(op=op, v=v):
+            v.grad = None
+            op(v).backward(go.to(v.dtype))
+
+        step()
+        check(case, name + " dX", v.grad, ref)
+        rows.append({"case": case, "backend": name, "ms": median_ms(step)})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--feats", default="128,256", help="feature widths of the graph cases (comma-separated)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA device")
@@ -139,7 +171,8 @@ def main() -> None:
     start = time.perf_counter()
     rows: list = []
     linear_case(rows, dev)
-    graph_case(rows, dev)
+    for feat in (int(f) for f in args.feats.split(",")):
+        graph_case(rows, dev, feat)
     print(f"{'case':34s} {'backend':22s} {'ms':>10s}  extra")
     for r in rows:
         extra = {k: v for k, v in r.items() if k not in ("case", "backend", "ms")}

@@ -37,7 +37,8 @@ merged subgraph and the loss is taken on its seeds (PyG's convention: the first
 graph (each batch has its own shapes). Evaluation stays full-graph.
 
 Before training it says which path each layer takes -- GAS or GAR (the fused Triton
-kernels) or the pure-PyTorch reference -- and why (the op layer's own reason,
+kernels), the row windows (``--aggregation window``, GCN / SGC / APPNP only) or the
+pure-PyTorch reference -- and why (the op layer's own reason,
 :func:`fusegnn.sparse.dispatch.decisions_taken`). On the CPU that is the reference: the
 fused kernels need CUDA, or Triton's interpreter (``TRITON_INTERPRET=1`` with
 ``--aggregation gas`` / ``gar``), which is slow and meant for testing.
@@ -72,7 +73,7 @@ from fusegnn.capture import graphed_step
 from fusegnn.datasets import DATASETS, NodeDataset, load_dataset
 from fusegnn.loader import NeighborLoader
 from fusegnn.models import GAT, GCN, GIN, SGC, APPNPNet, GATv2, GraphSAGE
-from fusegnn.sparse import AGGREGATIONS
+from fusegnn.sparse import SPMM_AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision, decisions_taken, for_capture
 
 RECIPES = {
@@ -84,6 +85,10 @@ RECIPES = {
     "sgc": dict(hidden=None, dropout=0.0, lr=0.2, weight_decay=5e-5, epochs=100, patience=None),
     "appnp": dict(hidden=64, dropout=0.5, lr=0.01, weight_decay=5e-4, epochs=200, patience=None),
 }
+
+
+# the models whose layers aggregate by spmm alone (GCNConv, SGConv, APPNP): they take --aggregation window
+WINDOW_MODELS = ("appnp", "gcn", "sgc")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -105,7 +110,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--root", help="data root (else $FUSEGNN_DATA, else the cache dir)")
     p.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'cuda:1', ...")
-    p.add_argument("--aggregation", choices=AGGREGATIONS, default="auto")
+    p.add_argument("--aggregation", choices=SPMM_AGGREGATIONS, default="auto",
+                   help="sparse-op path; 'window' (row windows, spmm only) for the models "
+                        f"{', '.join(WINDOW_MODELS)}")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="capture the training step into a CUDA graph and replay it every epoch "
                         "(default: on CUDA devices; --no-cuda-graph for eager steps)")
@@ -134,6 +141,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.num_neighbors = [int(k) for k in str(args.num_neighbors).split(",")]
     except ValueError:
         p.error(f"--num-neighbors must be comma-separated integers, got {args.num_neighbors!r}")
+    if args.aggregation == "window" and args.model not in WINDOW_MODELS:
+        p.error(f"--aggregation window runs spmm only: --model {args.model} needs other sparse ops "
+                f"(window works with {', '.join(WINDOW_MODELS)})")
     if args.sampled and args.cuda_graph:
         p.error("--cuda-graph cannot capture sampled training (every batch has its own shapes)")
     if args.sampled:
@@ -168,6 +178,7 @@ def build_model(args: argparse.Namespace, data: NodeDataset) -> torch.nn.Module:
 PATH_LABELS = {
     "gas": "GAS (fused kernel, edge-parallel)",
     "gar": "GAR (fused kernel, row-parallel)",
+    "window": "row windows (vector-sparse tensor-core kernel)",
     "reference": "reference (pure PyTorch)",
 }
 CPU_NOTE = (

@@ -177,6 +177,22 @@ def test_fused_path_on_the_cpu_is_a_clear_error(capsys, monkeypatch):
     assert "aggregation='gas'" in err and "CUDA" in err and "TRITON_INTERPRET=1" in err
 
 
+def test_window_aggregation_trains_gcn_and_is_refused_for_gat(capsys, monkeypatch):
+    """--aggregation window: GCN's layers take the row windows (through the interpreter on
+    the CPU); a model with other sparse ops (GAT) is refused at parse time."""
+    from fusegnn.datasets.synthetic import generate_reddit_like
+
+    train = _load_train_module()
+    tiny = generate_reddit_like(0.0005, seed=0, avg_degree=4)
+    monkeypatch.setattr(train, "load_dataset", lambda *args, **kwargs: tiny)
+    summary = train.main(["--device", "cpu", "--aggregation", "window", "--runs", "1", "--epochs", "2", "--quiet"])
+    assert summary["paths"] == {"conv1": "window", "conv2": "window"}
+    assert summary["aggregation"] == "window"
+    with pytest.raises(SystemExit):
+        train.main(["--model", "gat", "--aggregation", "window", "--runs", "1"])
+    assert "--aggregation window runs spmm only: --model gat" in capsys.readouterr().err
+
+
 def _accuracy(dataset: str, model: str) -> dict:
     train = _load_train_module()
     return train.main(["--root", str(DATA), "--dataset", dataset, "--model", model, "--runs", "10", "--quiet"])

@@ -48,7 +48,7 @@ class APPNP(nn.Module):
             learning on one fixed graph), as ``GCNConv`` does.
         add_self_loops: add the remaining self-loops before normalising.
         normalize: apply the symmetric normalisation.
-        aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``
+        aggregation: ``"auto"``, ``"gas"``, ``"gar"``, ``"window"`` or ``"reference"``
             (see :mod:`fusegnn.sparse.dispatch`).
 
     Shapes:
@@ -80,7 +80,7 @@ class APPNP(nn.Module):
         self.cached = cached
         self.add_self_loops = add_self_loops
         self.normalize = normalize
-        self.aggregation = check_aggregation(aggregation)
+        self.aggregation = check_aggregation(aggregation, "spmm")
         self._cached_graph: Graph | None = None
 
     def reset_parameters(self) -> None:

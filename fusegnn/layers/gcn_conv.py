@@ -44,8 +44,9 @@ class GCNConv(nn.Module):
         normalize: apply the symmetric normalisation (else aggregate with the given
             edge weights, or 1).
         bias: learn an additive bias.
-        aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``
-            (see :mod:`fusegnn.sparse.dispatch`).
+        aggregation: ``"auto"``, ``"gas"``, ``"gar"``, ``"window"`` (row windows on tensor
+            cores; the normalised graph's windows are built once and cached on it) or
+            ``"reference"`` (see :mod:`fusegnn.sparse.dispatch`).
 
     Shapes:
         ``x`` ``[N, in_channels]`` (of the layer's dtype, else a ``TypeError``),
@@ -101,7 +102,7 @@ class GCNConv(nn.Module):
         self.cached = cached
         self.add_self_loops = add_self_loops
         self.normalize = normalize
-        self.aggregation = check_aggregation(aggregation)
+        self.aggregation = check_aggregation(aggregation, "spmm")
         self.lin = input_linear(in_channels, out_channels, type(self).__name__)
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
         self._cached_graph: Graph | None = None

@@ -43,7 +43,7 @@ class SGConv(nn.Module):
             call stored are used.
         add_self_loops: add the remaining self-loops before normalising.
         bias: learn an additive bias.
-        aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``
+        aggregation: ``"auto"``, ``"gas"``, ``"gar"``, ``"window"`` or ``"reference"``
             (see :mod:`fusegnn.sparse.dispatch`).
 
     Shapes:
@@ -74,7 +74,7 @@ class SGConv(nn.Module):
         self.K, _ = check_propagation(K, 0.0, name)
         self.cached = cached
         self.add_self_loops = add_self_loops
-        self.aggregation = check_aggregation(aggregation)
+        self.aggregation = check_aggregation(aggregation, "spmm")
         self.lin = input_linear(in_channels, out_channels, name, bias=bias)
         self._cached_x: Tensor | None = None
         self.reset_parameters()

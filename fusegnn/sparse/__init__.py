@@ -4,8 +4,8 @@ the GNN core. Transformer attention (masks, block layouts, ``sparse_attention``)
 it in :mod:`fusegnn.attention`.
 
 Backends: ``reference`` (pure PyTorch, any device) is always registered; fused kernel
-backends (``gas``, ``gar``) register themselves from :mod:`fusegnn.kernels` where they
-can run. See :mod:`fusegnn.sparse.dispatch`.
+backends (``gas``, ``gar``, and the spmm-only row windows ``window``) register themselves
+from :mod:`fusegnn.kernels` where they can run. See :mod:`fusegnn.sparse.dispatch`.
 
 Importing this package also registers the ops as ``torch.library`` custom ops
 (``torch.ops.fusegnn.*``, :mod:`fusegnn.sparse.library`), which ``torch.compile`` uses.
@@ -14,6 +14,7 @@ Importing this package also registers the ops as ``torch.library`` custom ops
 from fusegnn.sparse import dispatch, kernel_backends, library, reference, reference_grads
 from fusegnn.sparse.dispatch import (
     AGGREGATIONS,
+    SPMM_AGGREGATIONS,
     Backend,
     available_backends,
     register_backend,
@@ -27,6 +28,7 @@ from fusegnn.sparse.ops import as_graph, edge_aggregate, edge_index_of, edge_sof
 from fusegnn.sparse.propagate import propagate
 from fusegnn.sparse.vector_ops import vsddmm, vspmm, window_spmm
 from fusegnn.sparse.vector_sparse import RowWindows, TransposedVectorSparse, VectorSparse
+from fusegnn.sparse.window_aggregation import graph_windows, window_tile_density
 from fusegnn.sparse.processing import (
     add_remaining_self_loops,
     add_self_loops,
@@ -51,6 +53,7 @@ dispatch.add_backend_loader(kernel_backends.register)
 
 __all__ = [
     "AGGREGATIONS",
+    "SPMM_AGGREGATIONS",
     "Backend",
     "CompressedEdges",
     "Graph",
@@ -78,6 +81,8 @@ __all__ = [
     "vsddmm",
     "vspmm",
     "window_spmm",
+    "graph_windows",
+    "window_tile_density",
     "sddmm",
     "spmm",
 ]

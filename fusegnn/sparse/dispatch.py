@@ -6,6 +6,11 @@ Every public op takes ``aggregation``:
 * ``"gas"`` -- fused gather-apply-scatter: edge-parallel over unsorted COO with atomics;
 * ``"gar"`` -- fused gather-apply-reduce: segment-parallel over CSR (forward) / CSC
   (backward), no atomics;
+* ``"window"`` (:func:`~fusegnn.sparse.spmm` only, and what runs nothing but it:
+  :func:`~fusegnn.sparse.propagate`, ``GCNConv``, ``SGConv``, ``APPNP``) -- Jigsaw's row
+  windows (:mod:`fusegnn.sparse.window_aggregation`): dense tiles of 16 target rows by
+  the window's compacted source columns on tensor cores, no atomics; ``reduce="max"``
+  and per-head ``[E, H]`` weights are handed to GAR (:func:`note_path`);
 * ``"auto"`` -- the best registered backend for the inputs:
 
   1. tensors not on a CUDA device take the reference (also under the Triton
@@ -28,6 +33,16 @@ Every public op takes ``aggregation``:
   graph capture, under :func:`for_capture` (what :func:`fusegnn.graphed_step`'s warm-up
   and the ``torch.compile`` custom ops use) the host cost is paid once, so the fused
   kernels are chosen by the rule of 3 as before.
+
+**Row windows are not chosen automatically (yet).** ``"auto"`` never picks ``"window"``:
+where it beats GAR / GAS has not been measured. The decision input is in place:
+:func:`~fusegnn.sparse.window_aggregation.window_tile_density` (the fraction of the
+row-window tile entries that hold an edge, cached on the graph; the window kernel wastes
+the rest of each tensor-core product). The rule to add is "window when the tile density
+is at least a threshold for the feature width", with the threshold calibrated on a GPU
+by the ``vector`` benchmark suite (``python -m benchmarks.vector_sparse_gpu``, and the
+``agg`` suite's ``fusegnn-window`` row against ``fusegnn-gar`` and ``cusparse``); no
+threshold is guessed here.
 
 **Seeing the choice.** :func:`explain` returns the :class:`Decision` (backend name and
 reason) for given inputs without running anything; :func:`last_decision` /
@@ -71,6 +86,7 @@ from fusegnn.sparse.graph import Graph
 
 __all__ = [
     "AGGREGATIONS",
+    "SPMM_AGGREGATIONS",
     "GAR_MIN_AVG_DEGREE",
     "GAR_CROSSOVER",
     "HOST_BOUND_WORK",
@@ -96,6 +112,8 @@ __all__ = [
 ]
 
 AGGREGATIONS = ("auto", "gas", "gar", "reference")
+# spmm alone also takes the row windows (see the module docstring)
+SPMM_AGGREGATIONS = (*AGGREGATIONS, "window")
 
 # Average in-degree at and above which "auto" prefers GAR over GAS on a GPU, by feature
 # width (columns of x: H * F). Calibrated on an H200 by the "calib" stage of
@@ -179,9 +197,9 @@ _recorders_lock = threading.Lock()
 
 # ------------------------------------------------------------------------- registry
 def register_backend(backend: Backend) -> None:
-    """Make ``backend`` selectable by its name (one of :data:`AGGREGATIONS` but ``auto``)."""
-    if backend.name not in AGGREGATIONS or backend.name == "auto":
-        raise ValueError(f"backend name must be one of {AGGREGATIONS[1:]}, got {backend.name!r}")
+    """Make ``backend`` selectable by its name (one of :data:`SPMM_AGGREGATIONS` but ``auto``)."""
+    if backend.name not in SPMM_AGGREGATIONS or backend.name == "auto":
+        raise ValueError(f"backend name must be one of {SPMM_AGGREGATIONS[1:]}, got {backend.name!r}")
     _BACKENDS[backend.name] = backend
 
 
@@ -212,9 +230,17 @@ def available_backends() -> tuple[str, ...]:
     return tuple(_BACKENDS)
 
 
-def check_aggregation(aggregation: str) -> str:
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+def check_aggregation(aggregation: str, op: str = "") -> str:
+    """``aggregation`` if it is a valid choice for ``op`` (``"spmm"``: one of
+    :data:`SPMM_AGGREGATIONS`; any other op: one of :data:`AGGREGATIONS`)."""
+    choices = SPMM_AGGREGATIONS if op == "spmm" else AGGREGATIONS
+    if aggregation not in choices:
+        if aggregation == "window":
+            raise ValueError(
+                "aggregation='window' (row windows) runs spmm only (spmm, propagate and the layers built on "
+                f"them alone: GCNConv, SGConv, APPNP); here aggregation must be one of {choices}"
+            )
+        raise ValueError(f"aggregation must be one of {choices}, got {aggregation!r}")
     return aggregation
 
 
@@ -283,8 +309,8 @@ def capture_mode() -> bool:
 def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str = "") -> Decision:
     """The :class:`Decision` an op on ``graph`` and ``tensors`` takes for ``aggregation``,
     without running it (``op``: ``"spmm"`` enables the host-bound regime of the module
-    docstring). Raises like the op would for an unavailable backend."""
-    check_aggregation(aggregation)
+    docstring, and admits ``"window"``). Raises like the op would for an unavailable backend."""
+    check_aggregation(aggregation, op)
     _load_kernel_backends()
     if aggregation != "auto":
         backend = _BACKENDS.get(aggregation)

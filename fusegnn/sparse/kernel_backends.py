@@ -1,5 +1,5 @@
-"""Registration of the fused Triton backends ``gas`` and ``gar``: the op layer's table of
-what :mod:`fusegnn.kernels` offers (the kernels never import the op layer).
+"""Registration of the fused Triton backends ``gas``, ``gar`` and ``window``: the op layer's
+table of what :mod:`fusegnn.kernels` offers (the kernels never import the op layer).
 
 :func:`register` is called by :mod:`fusegnn.sparse.dispatch` on the first dispatch. It
 registers nothing when Triton cannot be imported (Triton is an optional dependency), and
@@ -19,6 +19,12 @@ runs the SpMM of the same aggregation (GAR in deterministic mode). ``reduce="max
 ``edge_aggregate`` (:mod:`fusegnn.kernels.edge_aggregate`) run GAR's fused passes, forward
 and backward, for both backends: ``gas`` hands them to GAR and records that
 (:func:`~fusegnn.sparse.dispatch.note_path`).
+
+``window`` is an spmm-only backend (:mod:`fusegnn.sparse.window_aggregation`, the
+vector-sparse kernels of :mod:`fusegnn.kernels.vector_spmm` over row windows):
+``reduce="sum"`` / ``"mean"`` with ``[E]`` weights (or none); ``reduce="max"`` and
+per-head ``[E, H]`` weights go to GAR, recorded with ``note_path``. The dispatcher lets
+no other op ask for it (:func:`~fusegnn.sparse.dispatch.check_aggregation`).
 """
 
 from __future__ import annotations
@@ -82,8 +88,7 @@ def _spmm_backward(aggregation: str):
         from fusegnn.kernels.spmm import spmm_backward as fused_backward
 
         if reduce == "mean":
-            count = graph.in_degree.clamp(min=1).to(grad.dtype)
-            grad = grad / count.reshape((-1,) + (1,) * (grad.dim() - 1))
+            grad = _mean_scale(graph, grad)
         return fused_backward(aggregation, graph, grad, x, weight, need_x, need_w, memoise_weight=True)
 
     return spmm_backward
@@ -148,8 +153,55 @@ def _edge_softmax_backward(graph: Graph, alpha: Tensor, grad: Tensor) -> Tensor:
     return edge_softmax_backward(graph, alpha.contiguous(), grad)
 
 
+def _window_hands_over(reduce: str, weight: Tensor | None) -> bool:
+    """Whether the window backend hands this spmm to GAR (and records that)."""
+    if reduce == "max":
+        note_path("gar", "reduce='max' runs GAR's fused max (row windows hold sums)")
+        return True
+    if weight is not None and weight.dim() == 2:
+        note_path("gar", "per-head [E, H] weights run on GAR (a row window holds one weight per edge)")
+        return True
+    return False
+
+
+def _mean_scale(graph: Graph, t: Tensor) -> Tensor:
+    """``t`` (``[N_dst, *S]``) divided by the in-degrees clamped to 1: a mean from a sum."""
+    count = graph.in_degree.clamp(min=1).to(t.dtype)
+    return t / count.reshape((-1,) + (1,) * (t.dim() - 1))
+
+
+def _window_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",
+                 bias: Tensor | None = None) -> Tensor:
+    if _window_hands_over(reduce, edge_weight):
+        return _spmm("gar")(graph, x, edge_weight, reduce, bias)
+    from fusegnn.sparse.window_aggregation import window_aggregate
+
+    out = window_aggregate(graph, x, edge_weight)
+    if reduce == "mean":
+        out = _mean_scale(graph, out)
+    return out if bias is None else out + bias.reshape(x.shape[1:])
+
+
+def _window_spmm_backward(graph: Graph, grad: Tensor, x: Tensor | None, weight: Tensor | None, reduce: str,
+                          need_x: bool, need_w: bool) -> tuple[Tensor | None, Tensor | None]:
+    if reduce == "max" or (weight is not None and weight.dim() == 2):
+        return _spmm_backward("gar")(graph, grad, x, weight, reduce, need_x, need_w)
+    from fusegnn.sparse.window_aggregation import window_aggregate_backward
+
+    if reduce == "mean":
+        grad = _mean_scale(graph, grad)
+    return window_aggregate_backward(graph, grad, x, weight, need_x, need_w)
+
+
+def _spmm_only(op: str):
+    def refuse(*args, **kwargs):
+        raise NotImplementedError(f"the 'window' backend runs spmm only, not {op}")
+
+    return refuse
+
+
 def register() -> bool:
-    """Register ``gas`` and ``gar`` if Triton is importable; returns whether it did."""
+    """Register ``gas``, ``gar`` and ``window`` if Triton is importable; returns whether it did."""
     if importlib.util.find_spec("triton") is None:
         return False
     try:
@@ -171,4 +223,14 @@ def register() -> bool:
                 edge_aggregate_backward=_edge_aggregate_backward,
             )
         )
+    register_backend(
+        Backend(
+            name="window",
+            spmm=_window_spmm,
+            sddmm=_spmm_only("sddmm"),
+            edge_softmax=_spmm_only("edge_softmax"),
+            supports=supports,
+            spmm_backward=_window_spmm_backward,
+        )
+    )
     return True

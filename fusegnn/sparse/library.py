@@ -91,7 +91,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fusegnn.sparse import reference, reference_grads
-from fusegnn.sparse.dispatch import Backend, backend_named, explain, resolve_aggregation
+from fusegnn.sparse.dispatch import Backend, backend_named, explain, for_capture, resolve_aggregation
 from fusegnn.sparse.graph import _REGISTRY, Graph, graph_by_uid
 from fusegnn.sparse.graph_ref import (
     GAT_SELF_LOOPS,
@@ -380,7 +380,11 @@ def register_op(spec: OpSpec) -> Callable[..., Any]:
 
 # ----------------------------------------------------------------------------- spmm
 def _spmm(og: OpGraph, x, weight, reduce, aggregation):
-    return resolve_aggregation(aggregation, og.graph, x).spmm(og.graph, x, og.weight, reduce)
+    # op="spmm" admits aggregation="window"; under for_capture "auto" decides as the compiled
+    # op always has (no host-bound regime: compiled code is replayed)
+    with for_capture():
+        backend = resolve_aggregation(aggregation, og.graph, x, op="spmm")
+    return backend.spmm(og.graph, x, og.weight, reduce)
 
 
 def _spmm_fake(sizes: Sizes, x, weight, reduce, aggregation):

@@ -123,8 +123,9 @@ def spmm(
             no incoming edge get zeros.
         bias: ``[F]`` (``[H, F]`` for 3-D ``x``: one value per output column) added to
             every output row, or ``None``.
-        aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``
-            (see :mod:`fusegnn.sparse.dispatch`).
+        aggregation: ``"auto"``, ``"gas"``, ``"gar"``, ``"window"`` (row windows on
+            tensor cores, :mod:`fusegnn.sparse.window_aggregation`; never chosen by
+            ``"auto"``) or ``"reference"`` (see :mod:`fusegnn.sparse.dispatch`).
 
     Returns:
         ``[N_dst, F]`` or ``[N_dst, H, F]``.
@@ -182,7 +183,7 @@ def _checked_spmm(graph, x, edge_weight, reduce, bias, aggregation) -> Tensor:
     if bias is not None:
         _check_bias(bias, x)
     if isinstance(graph, GraphRef):
-        out = library.spmm(graph, x, edge_weight, reduce, check_aggregation(aggregation))
+        out = library.spmm(graph, x, edge_weight, reduce, check_aggregation(aggregation, "spmm"))
         return out if bias is None else out + bias.reshape(x.shape[1:])
     backend = resolve_aggregation(aggregation, graph, x, op="spmm")
     return backend.spmm(graph, x, edge_weight, reduce, bias)

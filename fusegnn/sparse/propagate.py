@@ -66,14 +66,14 @@ def propagate(
         x: ``[N, F]`` or ``[N, H, F]`` node features.
         K: number of steps (``0`` returns ``x`` itself).
         alpha: teleport (restart) probability in ``[0, 1]``; ``0`` gives :math:`A^K x`.
-        aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``, for every
+        aggregation: ``"auto"``, ``"gas"``, ``"gar"``, ``"window"`` or ``"reference"``, for every
             aggregation of the forward and the backward (see :mod:`fusegnn.sparse.dispatch`).
 
     Returns:
         A tensor of ``x``'s shape.
     """
     K, alpha = check_propagation(K, alpha)
-    check_aggregation(aggregation)
+    check_aggregation(aggregation, "spmm")
     if not isinstance(x, Tensor):
         raise TypeError(f"propagate: x must be a torch.Tensor, got {type(x).__name__}")
     if torch.compiler.is_compiling():

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from fusegnn.sparse.graph import Graph, type_name
 
-__all__ = ["RowWindows", "TransposedVectorSparse", "VectorIndex", "VectorSparse", "transpose_index"]
+__all__ = ["RowWindows", "TransposedVectorSparse", "VectorIndex", "VectorSparse", "transpose_index", "vector_structure"]
 
 
 class VectorIndex(NamedTuple):
@@ -63,6 +63,19 @@ def _groups(row_ptr: Tensor) -> Tensor:
     """The row group of each stored vector (``int64 [nnz_v]``)."""
     counts = (row_ptr[1:] - row_ptr[:-1]).long()
     return torch.repeat_interleave(torch.arange(counts.numel(), device=row_ptr.device), counts)
+
+
+def vector_structure(rows: Tensor, cols: Tensor, shape: tuple[int, int], V: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The vectors holding COO entries ``(rows, cols)`` of an ``[M, K]`` matrix:
+    ``(row_ptr, col_idx, vector)`` with ``vector[e]`` the stored vector of entry ``e``
+    (duplicates share one), so that entry ``e`` sits at ``values[vector[e], rows[e] % V]``.
+    All tensor ops on the entries' device (one sort), int64."""
+    M, K = shape
+    rows, cols = rows.long(), cols.long()
+    key = (rows // V) * max(K, 1) + cols
+    uniq, vector = torch.unique(key, sorted=True, return_inverse=True)
+    row_ptr = _ptr(torch.bincount(uniq // max(K, 1), minlength=-(-M // V)))
+    return row_ptr, uniq % max(K, 1), vector
 
 
 def transpose_index(row_ptr: Tensor, col_idx: Tensor, num_cols: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -137,16 +150,10 @@ class VectorSparse:
         cls, rows: Tensor, cols: Tensor, vals: Tensor, shape: tuple[int, int], V: int
     ) -> "VectorSparse":
         """From COO entries (duplicates add up); every entry's vector is stored."""
-        M, K = shape
-        G = -(-M // V)
-        rows, cols = rows.long(), cols.long()
-        key = (rows // V) * max(K, 1) + cols
-        uniq, inv = torch.unique(key, sorted=True, return_inverse=True)
-        values = torch.zeros(uniq.numel(), V, dtype=vals.dtype, device=vals.device)
-        values.index_put_((inv, rows % V), vals, accumulate=True)
-        groups = uniq // max(K, 1)
-        row_ptr = _ptr(torch.bincount(groups, minlength=G))
-        return cls(row_ptr, uniq % max(K, 1), values, (M, K), validate=False)
+        row_ptr, col_idx, vector = vector_structure(rows, cols, shape, V)
+        values = torch.zeros(col_idx.numel(), V, dtype=vals.dtype, device=vals.device)
+        values.index_put_((vector, rows.long() % V), vals, accumulate=True)
+        return cls(row_ptr, col_idx, values, shape, validate=False)
 
     @classmethod
     def from_dense(cls, matrix: Tensor, V: int) -> "VectorSparse":
