@@ -77,7 +77,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.measure import free_memory, is_oom, measure
+from benchmarks.measure import free_memory, is_oom, measure, time_limit_passed
 from benchmarks.vector_workloads import (
     CPU_SIZES,
     GPU_SIZES,
@@ -304,11 +304,10 @@ def run_vector_suite(device: torch.device, out: Path, *, cases: list[str] | None
             applicable = [n for n in KIND_BACKENDS[case.kind] if n in names]
             if not applicable:
                 continue
-            if time_limit is not None and time.perf_counter() - started > time_limit:
+            late = time_limit_passed(started, time_limit)
+            if late is not None:
                 for name in applicable:
-                    record = new_record(case, name)
-                    record["error"] = f"not run: --time-limit {time_limit:g} s reached"
-                    results.add(record)
+                    results.add({**new_record(case, name), "error": late})
                 continue
             if progress:
                 print(f"vector {case.name} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)

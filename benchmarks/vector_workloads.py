@@ -18,6 +18,7 @@ Gradient names, each compared with the reference tensor of the same name:
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 import warnings
@@ -130,6 +131,17 @@ def _fallback_dtypes(dtype: torch.dtype) -> tuple[torch.dtype, ...]:
     return (dtype,) if dtype == torch.float32 else (dtype, torch.float32)
 
 
+def _cuda_feature(device: torch.device, module: str, name: str) -> Any:
+    """``module.name``, for a backend that runs on CUDA only (:class:`Unavailable` if not
+    here, or if the installed torch lacks it)."""
+    if device.type != "cuda":
+        raise Unavailable(f"{module}.{name} runs on CUDA only here")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise Unavailable(f"{module}.{name} missing ({type(err).__name__}: {err})") from None
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -219,12 +231,7 @@ def linear_inputs(case, sizes: Sizes, device: torch.device, seed: int) -> CaseIn
         return [Candidate(f"{_dtype_name(dtype)} dx+dW", make)]
 
     def cusparselt() -> list[Candidate]:
-        if device.type != "cuda":
-            raise Unavailable("to_sparse_semi_structured runs on CUDA only")
-        try:
-            from torch.sparse import to_sparse_semi_structured
-        except ImportError as err:
-            raise Unavailable(f"torch.sparse.to_sparse_semi_structured missing ({err})") from None
+        to_sparse_semi_structured = _cuda_feature(device, "torch.sparse", "to_sparse_semi_structured")
         w24 = prune_2_4(w0)
         w24_32 = w24.float()
         own = {"out": x32 @ w24_32.t(), "dx": g32 @ w24_32}
@@ -309,12 +316,7 @@ def mask_inputs(case, sizes: Sizes, device: torch.device, seed: int) -> CaseInpu
         return lambda: [Candidate(f"{_dtype_name(dtype)} dq+dk+dv", make)]
 
     def flex() -> list[Candidate]:
-        if device.type != "cuda":
-            raise Unavailable("compiled FlexAttention runs on CUDA only here")
-        try:
-            from torch.nn.attention.flex_attention import create_block_mask
-        except ImportError as err:
-            raise Unavailable(f"torch.nn.attention.flex_attention missing ({err})") from None
+        create_block_mask = _cuda_feature(device, "torch.nn.attention.flex_attention", "create_block_mask")
         from benchmarks.attention import _compiled_flex
 
         def make() -> Step:

@@ -578,3 +578,14 @@ def test_vector_suite_checks_before_timing_and_falls_back():
     assert run_backend(case, "cusparse", inputs, cfg)["error"] == "skipped: needs CUDA"
     failed = run_backend(case, "bsr", inputs, cfg)
     assert not failed["ok"] and failed["error"] == "bf16: NotImplementedError: no bfloat16 kernel"
+
+
+def test_vector_suite_time_limit(tmp_path):
+    """Cases not started within ``--time-limit`` are rows that say so; the files are written."""
+    code = main(["--suite", "vector", "--cases", "mask-random1-L4096", "--time-limit", "0", "--out", str(tmp_path),
+                 "--no-png", *FAST])
+    assert code == 0
+    doc = json.loads((tmp_path / "vector" / "cpu.json").read_text())
+    assert [r["backend"] for r in doc["records"]] == ["fusegnn", "element", "flex"]
+    assert all(r["error"] == "not run: --time-limit 0 s reached" and not r["ok"] for r in doc["records"])
+    assert "| mask-random1-L4096 | flex |" in (tmp_path / "vector" / "cpu.md").read_text()
