@@ -4,6 +4,7 @@ r"""Suite ``vector``: vector sparsity against the sparse and dense baselines (is
     python -m benchmarks.run --suite vector --quick         # linear s90 V=8, masks at 2%, aggregation F=128
     python -m benchmarks.run --suite vector --cases 'linear-*-s90-*' --backends fusegnn,cublas
     python -m benchmarks.run --suite vector --allow-cpu     # smoke run: tiny shapes, float32, on the CPU
+    python -m benchmarks.run --suite vector --cases 'agg-*' --append   # re-run some cases, keep the others
 
 **Cases** (the names carry the parameters):
 
@@ -273,9 +274,9 @@ def run_vector_suite(device: torch.device, out: Path, *, cases: list[str] | None
                      backends: list[str] | None = None, quick: bool = False, steps: int = 10, warmup: int = 5,
                      warmup_s: float = 3.0, rtol: float = DEFAULT_RTOL, seed: int = 0, scale: float = 1.0,
                      avg_degree: float | None = None, png: bool = True, time_limit: float | None = None,
-                     progress: bool = True) -> str:
+                     progress: bool = True, append: bool = False) -> str:
     """Run the suite; write ``out/vector/<gpu-slug>.{json,md,png}`` (the JSON after every
-    record); return the markdown."""
+    record; ``append`` keeps the records of the cases not run now); return the markdown."""
     from benchmarks.report import ResultFile, clean_number, environment, gpu_slug
 
     picked = select_cases(cases, quick)
@@ -297,7 +298,7 @@ def run_vector_suite(device: torch.device, out: Path, *, cases: list[str] | None
         "cases": {c.name: c.info() for c in picked},
     }
     path = out / SUITE / f"{gpu_slug(device)}.json"
-    results = ResultFile(path, header)
+    results = ResultFile(path, header, append=append, rerun_cases=[c.name for c in picked])
     started = time.perf_counter()
     try:
         for case in picked:
@@ -326,7 +327,8 @@ def run_vector_suite(device: torch.device, out: Path, *, cases: list[str] | None
             add_speedups(records, case.kind)
             for record in records:
                 results.add({k: clean_number(v) if isinstance(v, float) else v for k, v in record.items()})
-            results.doc["datasets"] = {"reddit-like": graphs.facts} if graphs.facts else {}
+            if graphs.facts:
+                results.doc["datasets"]["reddit-like"] = graphs.facts
     finally:
         graphs.release()
         free_memory(device)
@@ -488,5 +490,5 @@ def main_from_harness(args, device: torch.device) -> int:
     print(run_vector_suite(device, args.out, cases=args.cases, backends=args.backends, quick=args.quick,
                            steps=args.steps, warmup=args.warmup, warmup_s=args.warmup_s, rtol=rtol, seed=args.seed,
                            scale=args.scale, avg_degree=args.avg_degree, png=not args.no_png,
-                           time_limit=args.time_limit, progress=not args.quiet))
+                           time_limit=args.time_limit, progress=not args.quiet, append=args.append))
     return 0

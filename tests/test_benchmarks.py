@@ -589,3 +589,14 @@ def test_vector_suite_time_limit(tmp_path):
     assert [r["backend"] for r in doc["records"]] == ["fusegnn", "element", "flex"]
     assert all(r["error"] == "not run: --time-limit 0 s reached" and not r["ok"] for r in doc["records"])
     assert "| mask-random1-L4096 | flex |" in (tmp_path / "vector" / "cpu.md").read_text()
+
+
+def test_vector_suite_append_keeps_other_cases(tmp_path):
+    """``--append`` replaces the re-run cases' rows and keeps the others'."""
+    args = ["--suite", "vector", "--time-limit", "0", "--out", str(tmp_path), "--no-png", *FAST]
+    assert main([*args, "--cases", "mask-random1-L4096"]) == 0
+    assert main([*args, "--cases", "agg-reddit-f64,mask-random1-L4096"]) == 0
+    assert main([*args, "--cases", "agg-reddit-f64", "--append"]) == 0
+    doc = json.loads((tmp_path / "vector" / "cpu.json").read_text())
+    assert sorted({r["case"] for r in doc["records"]}) == ["agg-reddit-f64", "mask-random1-L4096"]
+    assert len(doc["records"]) == 6 and set(doc["cases"]) == {"agg-reddit-f64", "mask-random1-L4096"}
