@@ -426,8 +426,9 @@ def render_markdown(doc: dict) -> str:
                 build = f"{_fmt(build)} (+ reorder {_fmt(r['reorder_ms'])})"
             else:
                 build = _fmt(build)
-            lines.append(f"| {r['case']} | {r['backend']} | {_fmt(r.get('fwd_ms'), 4)} | {_fmt(r.get('fwdbwd_ms'), 4)} |"
-                         f"{speeds} {build} | {_fmt(r.get('peak_mem_mib'), 4)} | {_fmt(r.get('rel_err'), 2)} | "
+            times = f"{_fmt(r.get('fwd_ms'), 4)} | {_fmt(r.get('fwdbwd_ms'), 4)}"
+            lines.append(f"| {r['case']} | {r['backend']} | {times} |{speeds} {build} | "
+                         f"{_fmt(r.get('peak_mem_mib'), 4)} | {_fmt(r.get('rel_err'), 2)} | "
                          f"{r.get('grads') or '—'} | {_status(r)} |")
     if doc.get("datasets"):
         lines += ["", f"Reddit-like: {doc['datasets'].get('reddit-like')}"]
