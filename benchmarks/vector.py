@@ -198,7 +198,7 @@ def _phases(step: Step) -> list:
 def run_backend(case: VectorCase, name: str, inputs: CaseInputs, cfg: RunConfig) -> dict[str, Any]:
     """One row: the first candidate of ``name`` that runs, checked, then timed."""
     record = new_record(case, name)
-    record.update({k: v for k, v in inputs.info.items() if k in record})
+    record.update(inputs.info)
     try:
         candidates = inputs.candidates[name]()
     except Unavailable as why:

@@ -510,6 +510,8 @@ def test_vector_suite_smoke_on_cpu(tmp_path, one_thread):
     linear = "linear-4096x16384-s90-v8"
     timed(rows[(linear, "fusegnn")], "float32 dx+dW")
     assert set(rows[(linear, "fusegnn")]["rel_errs"]) == {"out", "dx", "dW@pattern"}
+    assert rows[(linear, "cublas")]["density"] == pytest.approx(0.1, abs=0.01)
+    assert rows[(linear, "cublas")]["shape"] == "x [16, 16], W [64, 16]"
     timed(rows[(linear, "cublas")], "float32 dx+dW")
     assert set(rows[(linear, "cublas")]["rel_errs"]) == {"out", "dx", "dW"}
     assert rows[(linear, "cublas")]["vs_cublas"] == 1.0
@@ -523,6 +525,7 @@ def test_vector_suite_smoke_on_cpu(tmp_path, one_thread):
 
     mask = "mask-random2-L4096"
     timed(rows[(mask, "element")], "float32 dq+dk+dv")
+    assert 0.02 < rows[(mask, "element")]["density"] < 0.1  # 2% and the diagonal, at L = 64
     vector = rows[(mask, "fusegnn")]
     if not vector["ok"]:  # aggregation="vector" not in this tree yet: the row records why
         assert "vector" in vector["error"] and vector["fwd_ms"] is None, vector
