@@ -10,7 +10,7 @@ r"""Suite ``vector``: vector sparsity against the sparse and dense baselines (is
 
 * ``linear-{in}x{out}-s{S}-v{V}`` -- a pruned linear layer :math:`y = x W^\top`, ``x``
   ``[8192, in]`` (8192 tokens), ``W`` ``[out, in]``: ``nn.Linear``'s initial weight
-  magnitude-pruned to ``S`` % of its ``V``-row vectors (:meth:`fusegnn.sparse.VectorSparse.prune`,
+  with the ``S`` % of its ``V``-row vectors of smallest norm pruned (:meth:`fusegnn.sparse.VectorSparse.prune`,
   as :class:`fusegnn.layers.VectorSparseLinear` builds it); ``in x out`` in
   ``4096x16384``, ``16384x4096``; ``S`` in 70, 90, 95; ``V`` in 4, 8, 16;
 * ``mask-random{P}-L{L}`` -- attention of ``q, k, v`` ``[1, 8, L, 64]`` under a random
