@@ -291,6 +291,7 @@ def run_loss_suite(device: torch.device, out: Path, *, cases: list[str] | None =
     On the CPU every case runs at a smoke size (:meth:`LossCase.smoke`)."""
     import fnmatch
 
+    from benchmarks.measure import time_limit_passed
     from benchmarks.report import ResultFile, clean_number, environment, gpu_slug
 
     picked = [c for c in CASES.values() if not cases or any(fnmatch.fnmatchcase(c.name, p) for p in cases)]
@@ -310,11 +311,10 @@ def run_loss_suite(device: torch.device, out: Path, *, cases: list[str] | None =
     results = ResultFile(path, header)
     started = time.perf_counter()
     for case in picked:
-        if time_limit is not None and time.perf_counter() - started > time_limit:
+        late = time_limit_passed(started, time_limit)
+        if late is not None:
             for name in names:
-                record = _record(case, name)
-                record["error"] = f"not run: --time-limit {time_limit:g} s reached"
-                results.add(record)
+                results.add({**_record(case, name), "error": late})
             continue
         for record in run_case(case, names, device, steps=steps, warmup=warmup, rtol=rtol, seed=seed):
             results.add({k: clean_number(v) if isinstance(v, float) else v for k, v in record.items()})

@@ -33,6 +33,7 @@ import torch
 
 __all__ = [
     "Measurement", "measure", "interleaved_ms", "timed_ms", "is_oom", "free_memory", "count_kernels", "synchronize",
+    "time_limit_passed",
 ]
 
 Phase = Callable[[], object]
@@ -213,3 +214,11 @@ def free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def time_limit_passed(started: float, time_limit: float | None) -> str | None:
+    """The error of a case not started because ``--time-limit`` seconds have passed since
+    ``started`` (a ``time.perf_counter()``), or ``None`` while there is time (or no limit)."""
+    if time_limit is None or time.perf_counter() - started <= time_limit:
+        return None
+    return f"not run: --time-limit {time_limit:g} s reached"

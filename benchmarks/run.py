@@ -9,6 +9,7 @@
     python -m benchmarks.run --suite sampled            # neighbour-sampled training (benchmarks.sampled)
     python -m benchmarks.run --suite dist               # full-graph training on 1..N GPUs (benchmarks.dist)
     python -m benchmarks.run --suite loss               # linear + cross-entropy heads (benchmarks.loss)
+    python -m benchmarks.run --suite vector             # vector sparsity vs cuBLAS / cuSPARSE / flex (benchmarks.vector)
 
 Writes ``<out>/<suite>/<gpu-slug>.json`` after every record, then ``.md`` and ``.png``,
 and prints the markdown table last. See ``benchmarks/README.md``.
@@ -72,7 +73,7 @@ def _split_at_sweep(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
-    p.add_argument("--suite", choices=(*SUITES, "attention", "overhead", "sampled", "dist", "loss", "all"),
+    p.add_argument("--suite", choices=(*SUITES, "attention", "overhead", "sampled", "dist", "loss", "vector", "all"),
                    default="paper")
     p.add_argument("--out", type=Path, default=_REPO / "benchmarks" / "results",
                    help="results directory; files go to <out>/<suite>/<gpu-slug>.* (default benchmarks/results)")
@@ -269,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
 
         cpu = args.list and not torch.cuda.is_available()
         return loss_main(args, torch.device("cpu") if cpu else resolve_device(args))
+    if args.suite == "vector":  # vector sparsity against its baselines: its own grid, see benchmarks/vector.py
+        from benchmarks.vector import main_from_harness as vector_main
+
+        cpu = args.list and not torch.cuda.is_available()
+        return vector_main(args, torch.device("cpu") if cpu else resolve_device(args))
     if args.list:
         cpu = not torch.cuda.is_available()
         _list(args, torch.device("cpu") if cpu else resolve_device(args))

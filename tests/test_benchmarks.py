@@ -446,3 +446,159 @@ def test_loss_suite_list(capsys):
     assert main(["--suite", "loss", "--list"]) == 0
     out = capsys.readouterr().out
     assert "loss-llm-8192x4096-v128256" in out and "fusegnn, eager, compile, liger, cce" in out
+
+
+# ----------------------------------------------------------------------------- suite vector
+
+VECTOR_SMOKE_CASES = "linear-4096x16384-s90-v8,mask-random2-L4096,agg-reddit-f64*"
+
+
+def test_vector_suite_names_are_the_issues():
+    """Issue #17's case names (parameters in the name) and backend names, exactly."""
+    from benchmarks.vector import BACKENDS, CASES, KIND_BACKENDS, QUICK
+
+    linear = {f"linear-{shape}-s{s}-v{V}" for shape in ("4096x16384", "16384x4096") for s in (70, 90, 95)
+              for V in (4, 8, 16)}
+    masks = {f"mask-random{p}-L{L}" for p in (1, 2, 5) for L in (4096, 16384)}
+    agg = {f"agg-reddit-f{F}{suffix}" for F in (64, 128, 256) for suffix in ("", "-rcm")}
+    assert set(CASES) == linear | masks | agg and len(CASES) == 30
+    assert BACKENDS == ("fusegnn", "cublas", "cusparse", "bsr", "cusparselt", "element", "flex")
+    assert KIND_BACKENDS == {"linear": ("fusegnn", "cublas", "cusparse", "bsr", "cusparselt"),
+                             "mask": ("fusegnn", "element", "flex"), "agg": ("fusegnn", "element", "cusparse")}
+    assert set(QUICK) <= set(CASES)
+    case = CASES["linear-16384x4096-s95-v16"]
+    assert (case.in_features, case.out_features, case.sparsity, case.V) == (16384, 4096, 95, 16)
+    assert (CASES["mask-random5-L16384"].density, CASES["mask-random5-L16384"].L) == (5, 16384)
+    assert (CASES["agg-reddit-f256-rcm"].features, CASES["agg-reddit-f256-rcm"].reorder) == (256, "rcm")
+    assert CASES["agg-reddit-f64"].reorder is None
+
+
+def test_vector_suite_list(capsys):
+    assert main(["--suite", "vector", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "suite vector: 30 of 30 cases" in out
+    for name in ("linear-4096x16384-s90-v8", "mask-random2-L16384", "agg-reddit-f128-rcm"):
+        assert f"  {name} " in out
+    assert "all backend names: fusegnn, cublas, cusparse, bsr, cusparselt, element, flex" in out
+    assert "backends (mask): fusegnn, element, flex" in out
+    assert main(["--suite", "vector", "--list", "--quick", "--cases", "agg-*"]) == 0
+    out = capsys.readouterr().out
+    assert "suite vector: 2 of 30 cases" in out and "agg-reddit-f128-rcm" in out and "linear-" not in out
+
+
+def test_vector_suite_smoke_on_cpu(tmp_path, one_thread):
+    """``--suite vector`` on the CPU (smoke sizes, float32): every row of a linear, a mask
+    and the two aggregation cases is checked against float32 and timed, or says why not."""
+    code = main(["--suite", "vector", "--cases", VECTOR_SMOKE_CASES, "--out", str(tmp_path), "--no-png", *FAST])
+    assert code == 0
+    doc = json.loads((tmp_path / "vector" / "cpu.json").read_text())
+    assert doc["suite"] == "vector" and doc["config"]["dtype"] == "float32" and doc["config"]["smoke_sizes"]
+    cases = ["linear-4096x16384-s90-v8", "mask-random2-L4096", "agg-reddit-f64", "agg-reddit-f64-rcm"]
+    assert list(doc["cases"]) == cases
+    rows = {(r["case"], r["backend"]): r for r in doc["records"]}
+    from benchmarks.vector import KIND_BACKENDS
+
+    assert set(rows) == {(c, b) for c in cases for b in KIND_BACKENDS[doc["cases"][c]["kind"]]}
+
+    def timed(row, grads):
+        assert row["ok"] and row["error"] is None, row
+        assert row["rel_err"] < 2e-2 and row["grads"] == grads, row
+        assert row["fwd_ms"] > 0 and row["bwd_ms"] > 0 and row["fwdbwd_ms"] == pytest.approx(
+            row["fwd_ms"] + row["bwd_ms"], rel=1e-4)
+        assert row["steps"] == 2
+
+    linear = "linear-4096x16384-s90-v8"
+    timed(rows[(linear, "fusegnn")], "float32 dx+dW")
+    assert set(rows[(linear, "fusegnn")]["rel_errs"]) == {"out", "dx", "dW@pattern"}
+    assert rows[(linear, "cublas")]["density"] == pytest.approx(0.1, abs=0.01)
+    assert rows[(linear, "cublas")]["shape"] == "x [16, 16], W [64, 16]"
+    timed(rows[(linear, "cublas")], "float32 dx+dW")
+    assert set(rows[(linear, "cublas")]["rel_errs"]) == {"out", "dx", "dW"}
+    assert rows[(linear, "cublas")]["vs_cublas"] == 1.0
+    assert rows[(linear, "fusegnn")]["vs_cublas"] > 0
+    timed(rows[(linear, "cusparse")], "float32 dx+dW")
+    bsr = rows[(linear, "bsr")]  # torch's CPU BSR has no backward: a forward-only row that says so
+    assert bsr["ok"] and bsr["fwd_ms"] > 0 and bsr["rel_err"] < 2e-2, bsr
+    if bsr["grads"] != "float32 dx+dW":
+        assert bsr["note"] and bsr["fwdbwd_ms"] is None and bsr["vs_cublas"] is None
+    assert rows[(linear, "cusparselt")]["error"].startswith("skipped: ")
+
+    mask = "mask-random2-L4096"
+    timed(rows[(mask, "element")], "float32 dq+dk+dv")
+    assert 0.02 < rows[(mask, "element")]["density"] < 0.1  # 2% and the diagonal, at L = 64
+    timed(rows[(mask, "fusegnn")], "float32 dq+dk+dv")  # sparse_attention(aggregation="vector")
+    assert rows[(mask, "flex")]["error"].startswith("skipped: ")
+
+    for case in ("agg-reddit-f64", "agg-reddit-f64-rcm"):
+        for name in ("fusegnn", "element", "cusparse"):
+            timed(rows[(case, name)], "float32 dx")
+        fusegnn = rows[(case, "fusegnn")]
+        assert fusegnn["build_ms"] > 0 and fusegnn["vs_cusparse"] > 0
+        assert 0 < fusegnn["tile_density"] <= 1 and 0 < fusegnn["tile_density_t"] <= 1
+        assert rows[(case, "element")]["path"] in ("gas", "gar", "reference")
+    assert rows[("agg-reddit-f64-rcm", "cusparse")]["reorder_ms"] > 0
+    assert rows[("agg-reddit-f64", "cusparse")]["reorder_ms"] is None
+    assert doc["datasets"]["reddit-like"]["nodes"] > 0
+
+    markdown = (tmp_path / "vector" / "cpu.md").read_text()
+    assert "### Targets (issue #17)" in markdown and "| pruned linear 90% V=8 vs cuBLAS | " in markdown
+    assert "| agg-reddit-f64-rcm | fusegnn |" in markdown and "### Irregular attention masks" in markdown
+
+
+def test_vector_suite_checks_before_timing_and_falls_back():
+    """A wrong output is an error row and is not timed; a candidate that raises gives way
+    to the next (the row says what failed); an unavailable backend is a skipped row."""
+    from benchmarks.vector import CASES, RunConfig, run_backend
+    from benchmarks.vector_workloads import Candidate, CaseInputs, Step, Unavailable
+
+    ref = torch.linspace(1, 2, 8)
+
+    def broken() -> Step:
+        raise NotImplementedError("no bfloat16 kernel")
+
+    def unavailable():
+        raise Unavailable("needs CUDA")
+
+    inputs = CaseInputs(
+        reference={"out": ref},
+        candidates={
+            "fusegnn": lambda: [Candidate("wrong", lambda: Step(lambda: ref * 1.1))],
+            "cublas": lambda: [Candidate("bf16", broken), Candidate("fp32", lambda: Step(lambda: ref.clone()))],
+            "cusparse": unavailable,
+            "bsr": lambda: [Candidate("bf16", broken)],
+        },
+    )
+    cfg = RunConfig(torch.device("cpu"), steps=2, warmup=1, warmup_s=1.0, rtol=2e-2)
+    case = CASES["linear-4096x16384-s90-v8"]
+    wrong = run_backend(case, "fusegnn", inputs, cfg)
+    assert not wrong["ok"] and wrong["error"].startswith("mismatch: rel err of out 0.1")
+    assert wrong["fwd_ms"] is None and wrong["steps"] is None
+    fallback = run_backend(case, "cublas", inputs, cfg)
+    assert fallback["ok"] and fallback["grads"] == "fp32" and fallback["rel_err"] == 0
+    assert fallback["note"] == "bf16: NotImplementedError: no bfloat16 kernel"
+    assert fallback["fwd_ms"] > 0 and fallback["bwd_ms"] is None and fallback["fwdbwd_ms"] is None
+    assert run_backend(case, "cusparse", inputs, cfg)["error"] == "skipped: needs CUDA"
+    failed = run_backend(case, "bsr", inputs, cfg)
+    assert not failed["ok"] and failed["error"] == "bf16: NotImplementedError: no bfloat16 kernel"
+
+
+def test_vector_suite_time_limit(tmp_path):
+    """Cases not started within ``--time-limit`` are rows that say so; the files are written."""
+    code = main(["--suite", "vector", "--cases", "mask-random1-L4096", "--time-limit", "0", "--out", str(tmp_path),
+                 "--no-png", *FAST])
+    assert code == 0
+    doc = json.loads((tmp_path / "vector" / "cpu.json").read_text())
+    assert [r["backend"] for r in doc["records"]] == ["fusegnn", "element", "flex"]
+    assert all(r["error"] == "not run: --time-limit 0 s reached" and not r["ok"] for r in doc["records"])
+    assert "| mask-random1-L4096 | flex |" in (tmp_path / "vector" / "cpu.md").read_text()
+
+
+def test_vector_suite_append_keeps_other_cases(tmp_path):
+    """``--append`` replaces the re-run cases' rows and keeps the others'."""
+    args = ["--suite", "vector", "--time-limit", "0", "--out", str(tmp_path), "--no-png", *FAST]
+    assert main([*args, "--cases", "mask-random1-L4096"]) == 0
+    assert main([*args, "--cases", "agg-reddit-f64,mask-random1-L4096"]) == 0
+    assert main([*args, "--cases", "agg-reddit-f64", "--append"]) == 0
+    doc = json.loads((tmp_path / "vector" / "cpu.json").read_text())
+    assert sorted({r["case"] for r in doc["records"]}) == ["agg-reddit-f64", "mask-random1-L4096"]
+    assert len(doc["records"]) == 6 and set(doc["cases"]) == {"agg-reddit-f64", "mask-random1-L4096"}

@@ -40,7 +40,7 @@ where it beats GAR / GAS has not been measured. The decision input is in place:
 row-window tile entries that hold an edge, cached on the graph; the window kernel wastes
 the rest of each tensor-core product). The rule to add is "window when the tile density
 is at least a threshold for the feature width", with the threshold calibrated on a GPU
-by the ``vector`` benchmark suite (``python -m benchmarks.vector_sparse_gpu``, and the
+by the ``vector`` benchmark suite (``python -m benchmarks.run --suite vector``, and the
 ``agg`` suite's ``fusegnn-window`` row against ``fusegnn-gar`` and ``cusparse``); no
 threshold is guessed here.
 
