@@ -54,6 +54,10 @@ curves and step times (matplotlib).
   0.125) -- the longer sequence needs a longer run.
 * A CPU run with ``--seq-len 1024 --steps 500 --models dense``: training loss below 0.2
   after about 175 steps, held-out accuracy 1.0.
+* N:M against dense (CPU, reference path, ``--seq-len 512 --steps 400 --models dense
+  --eval-batches 64``, with and without ``--nm 2:4``, seed 0): held-out accuracy 1.000 with
+  2:4 and 0.985 without; training loss first below 0.1 at step 151 (2:4) and 185 (dense)
+  (``benchmarks/results/examples/sparse-transformer-nm-L512-cpu.json``).
 """
 
 from __future__ import annotations
