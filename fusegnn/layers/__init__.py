@@ -9,6 +9,7 @@ from fusegnn.layers.gin_conv import GINConv
 from fusegnn.layers.gine_conv import GINEConv
 from fusegnn.layers.graph_conv import GraphConv
 from fusegnn.layers.sage_conv import SAGEConv
+from fusegnn.layers.semi_structured_linear import SemiStructuredLinear
 from fusegnn.layers.sg_conv import SGConv
 from fusegnn.layers.transformer_conv import TransformerConv
 from fusegnn.layers.vector_sparse_linear import VectorSparseLinear
@@ -23,6 +24,7 @@ __all__ = [
     "GraphConv",
     "SAGEConv",
     "SGConv",
+    "SemiStructuredLinear",
     "TransformerConv",
     "SparseMultiheadAttention",
     "SparseTransformerEncoderLayer",

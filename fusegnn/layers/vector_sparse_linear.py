@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from fusegnn.layers.semi_structured_linear import SemiStructuredLinear
 from fusegnn.sparse import VectorSparse, vspmm
 
 __all__ = ["VectorSparseLinear"]
@@ -31,6 +32,13 @@ class VectorSparseLinear(nn.Module):
         backend: ``"auto"``, ``"triton"`` or ``"reference"`` (see :mod:`fusegnn.sparse.vector_ops`).
 
     Shapes: ``x`` ``[..., in_features]`` -> ``[..., out_features]``.
+
+    **2:4 form.** :meth:`to_semi_structured` gives the frozen layer as a
+    :class:`~fusegnn.layers.SemiStructuredLinear` (the weight's input columns reordered,
+    Jigsaw-style, into an exact 2:4 matrix for torch's cuSPARSELt / CUTLASS matmul;
+    inference only). It is opt-in: no ``backend`` value, ``"auto"`` included, ever runs
+    it; the ``vector`` benchmark suite's ``cusparselt`` row times exactly that form
+    against ``cublas`` and ``fusegnn``.
     """
 
     def __init__(
@@ -76,6 +84,13 @@ class VectorSparseLinear(nn.Module):
     def dense_weight(self) -> Tensor:
         """The weight as a dense ``[out_features, in_features]`` matrix (differentiable)."""
         return self.pattern().to_dense()
+
+    def to_semi_structured(self, dtype: torch.dtype | None = None, *, window: int = 1024) -> SemiStructuredLinear:
+        """The frozen layer as a 2:4 :class:`~fusegnn.layers.SemiStructuredLinear` (same
+        outputs up to rounding; CUDA, ``dtype`` float16 / bfloat16, default the layer's;
+        ``window``: the layout search's, see
+        :func:`~fusegnn.sparse.semi_structured.semi_structured_layout`)."""
+        return SemiStructuredLinear(self.pattern(), self.bias, dtype=dtype, window=window)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.size(-1) != self.in_features:
