@@ -30,10 +30,15 @@ r"""Suite ``vector``: vector sparsity against the sparse and dense baselines (is
   ``cusparse``: ``torch.sparse.mm`` with ``W`` as CSR (cuSPARSE), torch's autograd:
   ``dx`` and the gradient of the sparse ``W`` (its CSR pattern, ``dW@pattern``);
   ``bsr``: the same with ``W.to_sparse_bsr(16)`` (the gradient on the non-empty 16 x 16
-  blocks, ``dW@bsr16``); ``cusparselt``: ``F.linear`` with
-  ``torch.sparse.to_sparse_semi_structured`` of a **2:4**-pruned weight of the same shape
-  (50 % dense: cuSPARSELt runs no other sparsity; CUTLASS where cuSPARSELt is absent,
-  ``impl`` says which), a frozen weight: ``dx`` only. A torch backend whose autograd
+  blocks, ``dW@bsr16``); ``cusparselt``: the layer's 2:4 inference form,
+  :meth:`~fusegnn.layers.VectorSparseLinear.to_semi_structured` -- the **same** V-sparse
+  weight, its input columns reordered (and zero-padded: ``width``, ``widening``) into an
+  exact 2:4 matrix (:mod:`fusegnn.sparse.semi_structured`), ``x``'s columns gathered, one
+  ``torch.sparse.to_sparse_semi_structured`` matmul (cuSPARSELt; CUTLASS where
+  cuSPARSELt is absent, ``impl`` says which; ``weight_density`` = ``widening / 2``);
+  ``build_ms`` includes the host-side layout search. Forward only: torch's 2:4 weight
+  has no transposed copy for ``dx``. This row is what decides whether the 2:4 form is
+  ever worth picking; no automatic rule picks it. A torch backend whose autograd
   cannot give a gradient falls back to fewer gradients, then to the forward alone, then
   to float32 (the ``note`` says what failed, ``grads`` and ``dtype`` what was timed);
 * masks -- ``fusegnn``: ``sparse_attention(..., aggregation="vector")``; ``element``:
@@ -50,7 +55,7 @@ r"""Suite ``vector``: vector sparsity against the sparse and dense baselines (is
 
 **Measured.** Every backend first runs once (forward and backward) and each output is
 compared with a float32 reference -- ``x W^T`` and its gradients in float32 (the
-cusparselt row against its own 2:4 weight); float32 SDPA with the boolean mask on batch
+cusparselt row too: its 2:4 weight is the same weight, reordered); float32 SDPA with the boolean mask on batch
 0, heads 0-1; float32 cuSPARSE on the same graph -- as the norm-wise relative error
 ``|out - ref| / |ref|`` (``rel_err``: the largest over the outputs, ``rel_errs`` each);
 above ``--rtol`` (2e-2 unless given) the row is an error and is not timed. Then

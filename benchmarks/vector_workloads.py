@@ -19,7 +19,6 @@ Gradient names, each compared with the reference tensor of the same name:
 from __future__ import annotations
 
 import importlib
-import math
 import time
 import warnings
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from benchmarks.measure import synchronize
 
 __all__ = [
     "AggGraphs", "CHECK_HEADS", "Candidate", "CaseInputs", "Sizes", "Step", "Unavailable",
-    "agg_inputs", "linear_inputs", "mask_inputs", "prune_2_4",
+    "agg_inputs", "linear_inputs", "mask_inputs",
 ]
 
 #: heads of batch 0 the attention reference covers (attention is independent per head)
@@ -147,16 +146,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
 # ----------------------------------------------------------------------------- linear
 
 
-def prune_2_4(weight: Tensor) -> Tensor:
-    """``weight`` with the 2 smallest magnitudes of every 4 consecutive input features
-    zeroed (the 2:4 pattern cuSPARSELt runs)."""
-    out, inp = weight.shape
-    groups = weight.reshape(out, inp // 4, 4)
-    keep = torch.zeros_like(groups, dtype=torch.bool)
-    keep.scatter_(-1, groups.abs().topk(2, dim=-1).indices, True)
-    return (groups * keep).reshape(out, inp)
-
-
 def _bsr_block_mask(dense: Tensor, block: int) -> Tensor:
     """Boolean ``dense.shape``: the elements of the non-empty ``block x block`` blocks."""
     rows, cols = dense.shape
@@ -206,8 +195,6 @@ def linear_inputs(case, sizes: Sizes, device: torch.device, seed: int) -> CaseIn
     gen = torch.Generator(device=device).manual_seed(seed)
     x = _randn((sizes.tokens, in_f), gen, device, dtype)
     g = _randn((sizes.tokens, out_f), gen, device, dtype)
-    bound = 1.0 / math.sqrt(in_f)
-    w0 = (torch.rand((out_f, in_f), generator=gen, device=device) * 2 - 1).mul_(bound).to(dtype)
 
     x32, g32, w32 = x.float(), g.float(), dense.float()
     dw = g32.t() @ x32
@@ -229,26 +216,20 @@ def linear_inputs(case, sizes: Sizes, device: torch.device, seed: int) -> CaseIn
         return [Candidate(f"{_dtype_name(dtype)} dx+dW", make)]
 
     def cusparselt() -> list[Candidate]:
-        to_sparse_semi_structured = _cuda_feature(device, "torch.sparse", "to_sparse_semi_structured")
-        w24 = prune_2_4(w0)
-        w24_32 = w24.float()
-        own = {"out": x32 @ w24_32.t(), "dx": g32 @ w24_32}
+        # the layer's own 2:4 form: its V-sparse weight, columns reordered into exact 2:4
+        _cuda_feature(device, "torch.sparse", "to_sparse_semi_structured")
         backend = torch.backends.cusparselt.is_available() if hasattr(torch.backends, "cusparselt") else False
 
-        def build(grad: bool) -> Callable[[], Step]:
-            def make() -> Step:
-                start = time.perf_counter()
-                wss = to_sparse_semi_structured(w24)
-                build_ms = _ms_since(start, device)
-                xl = _leaf(x, grad=grad)
-                return Step(lambda: F.linear(xl, wss), (xl,) if grad else (), ("dx",) if grad else (), g,
-                            reference=own,
-                            info={"build_ms": build_ms, "dtype": _dtype_name(dtype), "impl": type(wss).__name__,
-                                  "cusparselt_available": backend, "weight_density": 0.5})
-            return make
+        def make() -> Step:
+            start = time.perf_counter()
+            form = layer.to_semi_structured()  # the host-side layout search included
+            build_ms = _ms_since(start, device)
+            return Step(lambda: form(x), info={
+                "build_ms": build_ms, "dtype": _dtype_name(dtype), "impl": type(form.weight_2_4).__name__,
+                "cusparselt_available": backend, "width": form.width, "widening": form.layout.widening,
+                "weight_density": 0.5 * form.layout.widening})
 
-        return [Candidate(f"{_dtype_name(dtype)} 2:4 dx (weight frozen)", build(True)),
-                Candidate(f"{_dtype_name(dtype)} 2:4 forward only", build(False))]
+        return [Candidate(f"{_dtype_name(dtype)} 2:4 forward only (inference form)", make)]
 
     return CaseInputs(
         reference=reference,
