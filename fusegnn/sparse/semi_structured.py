@@ -28,26 +28,40 @@ operations plus a Python step per placed column (numpy-vectorised inside). Any t
 columns fit together, so every 4-slot group holds at least 2 columns: the width is at most
 twice the used columns (then rounded up to ``align``, 64 by default: torch's 2:4 shapes).
 
-**Measured widening** (``width / in``, on the CPU, the weight pruned from ``nn.Linear``'s
-initialisation by :meth:`~fusegnn.sparse.VectorSparse.prune`, ``window=1024``):
+**Measured widening** (``width / in``; ``W`` pruned from ``nn.Linear``'s initialisation by
+:meth:`~fusegnn.sparse.VectorSparse.prune`, seed 0, ``window=1024``; the time is the
+whole search on the CPU, 2 cores shared with other jobs, so an upper bound; a one-off
+cost per weight):
 
-========================  ====  ========  =========  =========
-``W [out, in]``           V     sparsity  widening   time (s)
-========================  ====  ========  =========  =========
-4096 x 16384               8     90 %     1.000      1.6
-4096 x 16384               8     95 %     1.000      1.2
-4096 x 16384               8     70 %     1.94       1.9
-4096 x 16384               4     90 %     1.000      2.3
-4096 x 16384              16     90 %     1.000      1.3
-16384 x 4096               8     90 %     1.44       1.4
-16384 x 4096               8     95 %     1.000      0.5
-========================  ====  ========  =========  =========
+==================  ====  ========  ========  ========
+``W [out, in]``     V     sparsity  widening  time (s)
+==================  ====  ========  ========  ========
+4096 x 16384         8     95 %     1.000     1.4
+4096 x 16384         8     90 %     1.000     1.0
+4096 x 16384         8     80 %     1.203     1.5
+4096 x 16384         8     70 %     1.934     1.5
+4096 x 16384         8     50 %     2.000     2.8
+4096 x 16384         4     90 %     1.004     1.9
+4096 x 16384        16     90 %     1.000     1.2
+16384 x 4096         8     95 %     1.016     0.6
+16384 x 4096         8     90 %     1.016     0.8
+16384 x 4096         8     80 %     2.000     0.7
+16384 x 4096         4     90 %     1.281     1.1
+16384 x 4096        16     90 %     1.016     0.5
+==================  ====  ========  ========  ========
+
+(1.016 at ``in = 4096`` is one alignment block of 64 padding slots; the ``vector``
+benchmark suite names cases ``linear-{in}x{out}``, so its ``linear-4096x16384-s90-v8`` is
+``W [16384, 4096]`` here.) A wider ``window``
+fills more groups at a proportional cost: 4096 x 16384, V = 8, 80 %: widening 1.289 /
+1.203 / 1.129 at ``window`` 256 / 1024 / 4096. Fewer row groups (``out / V``) and
+sparser weights fit better: a 4-slot group fails a row group that uses 3 of its columns.
 
 **What it can and cannot do.** The 2:4 weight has ``out x width / 2`` stored values
 whatever the V-sparsity: a 90 %-sparse weight reordered without widening is still 50 %
 dense in 2:4 form, so the 2:4 product does half a dense product's work at best (at
-``width = in``; the measured cuSPARSELt speed is 0.81-1.36x of dense at 8192-16384 cubed
-bf16 on the H100), against ``1 - sparsity`` for :func:`~fusegnn.sparse.vspmm`. The only
+``width = in``; torch's cuSPARSELt 2:4 matmul measured 0.81-1.01x of dense at 8192 cubed
+and 1.27-1.36x at 16384 cubed, bf16, on the H100), against ``1 - sparsity`` for :func:`~fusegnn.sparse.vspmm`. The only
 compaction one global order allows is dropping the columns *no* row group uses; at 90 %
 sparsity over hundreds of row groups there are none. Jigsaw compacts per block of rows
 (``BLOCK_TILE``: each row block drops its own empty columns and has its own reordering),
