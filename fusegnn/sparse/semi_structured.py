@@ -99,6 +99,10 @@ ROW_ALIGN = 32
 COLUMN_ALIGN = 64
 
 
+def _describe(value: object) -> str:
+    return f"{value.dtype} {tuple(value.shape)}" if isinstance(value, Tensor) else type_name(value)
+
+
 @dataclass(frozen=True)
 class SemiStructuredLayout:
     r"""Where each input column goes in the widened, 2:4-compatible input.
@@ -143,8 +147,7 @@ class SemiStructuredLayout:
         """``W_P`` (``[out, width]``): ``weight``'s used columns at their slots, zero
         elsewhere. ``weight`` must be zero in the dropped columns (no value is lost)."""
         if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.size(1) != self.in_features:
-            shape = tuple(weight.shape) if isinstance(weight, Tensor) else type_name(weight)
-            raise ValueError(f"weight must be [out, {self.in_features}], got {shape}")
+            raise ValueError(f"weight must be [out, {self.in_features}], got {_describe(weight)}")
         perm = self.perm.to(weight.device)
         dropped = perm[self.num_used:]
         if dropped.numel() and bool((weight.index_select(1, dropped) != 0).any()):
@@ -167,7 +170,7 @@ def is_2_4(matrix: Tensor) -> bool:
     """Whether every row of ``matrix`` (``[rows, cols]``, ``cols`` a multiple of 4) has at
     most 2 non-zeros in each 4 consecutive columns ``4j .. 4j + 3``."""
     if not isinstance(matrix, Tensor) or matrix.dim() != 2:
-        raise ValueError(f"matrix must be a 2-D tensor, got {type_name(matrix) if not isinstance(matrix, Tensor) else tuple(matrix.shape)}")
+        raise ValueError(f"matrix must be a 2-D tensor, got {_describe(matrix)}")
     rows, cols = matrix.shape
     if cols % 4:
         raise ValueError(f"matrix must have a multiple of 4 columns, got {cols}")
@@ -219,15 +222,16 @@ def _fill_groups(bits: np.ndarray, order: np.ndarray, window: int) -> list[list[
     return groups
 
 
-def semi_structured_layout(pattern: Tensor, *, align: int = COLUMN_ALIGN, window: int = 1024) -> SemiStructuredLayout:
+def semi_structured_layout(
+    pattern: Tensor, *, align: int = COLUMN_ALIGN, window: int = 1024
+) -> SemiStructuredLayout:
     r"""The column layout making a weight of vector pattern ``pattern`` (boolean
     ``[G, in]``, :func:`vector_pattern`) exactly 2:4 (module docstring: algorithm, cost,
     widening). ``align``: the width is a multiple of it (and of 4); ``window``: how many
     of the columns left each step considers (larger: fuller groups, slower). Computed on
     the host; the tensors are on ``pattern``'s device."""
     if not isinstance(pattern, Tensor) or pattern.dim() != 2 or pattern.dtype != torch.bool:
-        got = tuple(pattern.shape) if isinstance(pattern, Tensor) else type_name(pattern)
-        raise ValueError(f"pattern must be a boolean [row groups, in_features] tensor, got {got}")
+        raise ValueError(f"pattern must be a boolean [row groups, in_features] tensor, got {_describe(pattern)}")
     for name, value in (("align", align), ("window", window)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -237,8 +241,8 @@ def semi_structured_layout(pattern: Tensor, *, align: int = COLUMN_ALIGN, window
     used = np.flatnonzero(counts)
     order = used[np.argsort(-counts[used], kind="stable")]
     groups = _fill_groups(_column_bits(host), order, window)
-    slots = np.concatenate([4 * g + np.arange(len(m)) for g, m in enumerate(groups)]) if groups else np.zeros(0, np.int64)
-    columns = np.concatenate([np.asarray(m, dtype=np.int64) for m in groups]) if groups else np.zeros(0, np.int64)
+    slots = np.concatenate([4 * g + np.arange(len(m)) for g, m in enumerate(groups)] or [np.zeros(0, np.int64)])
+    columns = np.concatenate([np.asarray(m, dtype=np.int64) for m in groups] or [np.zeros(0, np.int64)])
     perm = np.concatenate([columns, np.flatnonzero(counts == 0)])
     multiple = int(np.lcm(4, align))
     width = max(-(-4 * len(groups) // multiple) * multiple, multiple)
@@ -252,10 +256,11 @@ def to_semi_structured(weight: Tensor) -> Tensor:
     float16 / bfloat16, CUDA), its rows zero-padded to a multiple of 32 (torch's shapes):
     the result has ``ceil(out / 32) * 32`` rows; slice the product's columns to ``out``."""
     if not isinstance(weight, Tensor) or weight.dim() != 2:
-        raise ValueError(f"weight must be a 2-D tensor, got {type_name(weight) if not isinstance(weight, Tensor) else tuple(weight.shape)}")
+        raise ValueError(f"weight must be a 2-D tensor, got {_describe(weight)}")
     if weight.dtype not in SEMI_STRUCTURED_DTYPES:
         raise TypeError(
-            f"the 2:4 form needs a float16 or bfloat16 weight (torch's semi-structured matmul), got dtype {weight.dtype}"
+            f"the 2:4 form needs a float16 or bfloat16 weight (torch's semi-structured matmul), "
+            f"got dtype {weight.dtype}"
         )
     if weight.device.type != "cuda":
         raise RuntimeError(
