@@ -148,6 +148,35 @@ def test_encoder_layer_trains_with_dropout():
     assert layer.self_attn.in_proj_weight.grad is not None
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_sparsify_feedforward_matches_pruned_dense(norm_first):
+    """``sparsify_feedforward``: linear1 / linear2 become VectorSparseLinear at the asked
+    density; the layer equals the dense one whose FF weights are the pruned ones (float64),
+    and trains through the kept vectors."""
+    from fusegnn.layers import VectorSparseLinear
+
+    torch.manual_seed(4)
+    B, L, E, H, F = 2, 12, 16, 2, 32
+    dense = SparseTransformerEncoderLayer(E, H, F, dropout=0.0, norm_first=norm_first, mask=longformer(L, 3, 1),
+                                          aggregation="reference").double()
+    sparse = SparseTransformerEncoderLayer(E, H, F, dropout=0.0, norm_first=norm_first, mask=longformer(L, 3, 1),
+                                           aggregation="reference").double()
+    sparse.load_state_dict(dense.state_dict())
+    assert sparse.sparsify_feedforward(0.75, V=8) is sparse
+    for name in ("linear1", "linear2"):
+        lin = getattr(sparse, name)
+        assert isinstance(lin, VectorSparseLinear) and lin.V == 8
+        assert lin.values.numel() == 0.25 * lin.in_features * lin.out_features
+        with torch.no_grad():  # the reference: the dense layer with the pruned weight
+            getattr(dense, name).weight.copy_(lin.dense_weight())
+    x = _x(B, L, E, seed=7)
+    torch.testing.assert_close(sparse(x), dense(x), atol=1e-10, rtol=1e-10)
+    sparse(x).sum().backward()
+    assert sparse.linear1.values.grad is not None and sparse.linear2.bias.grad is not None
+    with pytest.raises(TypeError, match="pruned already"):
+        sparse.sparsify_feedforward(0.5)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="dropout"):
         SparseMultiheadAttention(8, 2, dropout=0.1)
