@@ -85,7 +85,7 @@ curves and step times (matplotlib).
   unpruned model continued 200 steps -- a relative gap of -44 % (the pruned model lower,
   inside the 2 % target); mean training loss over the last 50 steps 0.0044 against 0.0217
   (-80 %: the unpruned model's training loss keeps spiking on single batches at lr 1e-3, the
-  pruned one's not). Step time 1179 ms pruned against 277 ms (the CPU runs vspmm's
+  pruned one's not). Step time 1179 ms pruned against 277 ms on two shared cores (vspmm's
   pure-PyTorch reference, no speed claim)
   (``benchmarks/results/examples/sparse-transformer-ff90-v8-L512-cpu.json``).
 """
