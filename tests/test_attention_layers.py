@@ -148,6 +148,35 @@ def test_encoder_layer_trains_with_dropout():
     assert layer.self_attn.in_proj_weight.grad is not None
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_sparsify_feedforward_matches_pruned_dense(norm_first):
+    """``sparsify_feedforward``: linear1 / linear2 become VectorSparseLinear at the asked
+    density; the layer equals the dense one whose FF weights are the pruned ones (float64),
+    and trains through the kept vectors."""
+    from fusegnn.layers import VectorSparseLinear
+
+    torch.manual_seed(4)
+    B, L, E, H, F = 2, 12, 16, 2, 32
+    dense = SparseTransformerEncoderLayer(E, H, F, dropout=0.0, norm_first=norm_first, mask=longformer(L, 3, 1),
+                                          aggregation="reference").double()
+    sparse = SparseTransformerEncoderLayer(E, H, F, dropout=0.0, norm_first=norm_first, mask=longformer(L, 3, 1),
+                                           aggregation="reference").double()
+    sparse.load_state_dict(dense.state_dict())
+    assert sparse.sparsify_feedforward(0.75, V=8) is sparse
+    for name in ("linear1", "linear2"):
+        lin = getattr(sparse, name)
+        assert isinstance(lin, VectorSparseLinear) and lin.V == 8
+        assert lin.values.numel() == 0.25 * lin.in_features * lin.out_features
+        with torch.no_grad():  # the reference: the dense layer with the pruned weight
+            getattr(dense, name).weight.copy_(lin.dense_weight())
+    x = _x(B, L, E, seed=7)
+    torch.testing.assert_close(sparse(x), dense(x), atol=1e-10, rtol=1e-10)
+    sparse(x).sum().backward()
+    assert sparse.linear1.values.grad is not None and sparse.linear2.bias.grad is not None
+    with pytest.raises(TypeError, match="pruned already"):
+        sparse.sparsify_feedforward(0.5)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="dropout"):
         SparseMultiheadAttention(8, 2, dropout=0.1)
@@ -207,6 +236,77 @@ def test_example_says_what_runs_once_and_draws_no_bar_into_a_log(capsys):
         assert "sparse model: reference -- q is on cpu" in err
         assert "need CUDA" in err and "TRITON_INTERPRET=1" in err
     assert "it/s" not in err and "%|" not in err
+
+
+def test_example_ff_finetune_run_json(tmp_path):
+    """``--ff-sparsity / --ff-vector / --finetune-steps``: the summary carries, per model,
+    the loss right after pruning, the fine-tuned and the continued runs (curves, held-out
+    evaluation) and the gaps, all finite; the plot is drawn."""
+    import math
+
+    example = _load_example()
+    out, png = tmp_path / "ff.json", tmp_path / "ff.png"
+    argv = ["--quick", "--steps", "3", "--seq-len", "64", "--eval-batches", "1", "--quiet", "--ff-sparsity", "0.75",
+            "--ff-vector", "8", "--finetune-steps", "3", "--compare-window", "2", "--json-out", str(out),
+            "--plot", str(png)]
+    assert example.main(argv) == 0
+    assert png.stat().st_size > 0
+    ft = json.loads(out.read_text())["finetune"]
+    assert (ft["ff_sparsity"], ft["ff_vector"], ft["steps"], ft["compare_window"]) == (0.75, 8, 3, 2)
+    assert ft["target_rel_gap"] == 0.02 and "held-out loss" in ft["loss_compared"]
+    assert set(ft["models"]) == {"dense", "sparse"}
+    for r in ft["models"].values():
+        assert r["ff_density"] == 0.25
+        for run in (r["continued"], r["finetuned"]):
+            assert len(run["loss_curve"]) == len(run["step_ms"]) == 3
+            assert all(math.isfinite(v) for v in run["loss_curve"] + [run["window_train_loss"], run["eval"]["loss"]])
+            assert 0 <= run["eval"]["accuracy"] <= 1
+        assert math.isfinite(r["pruned_eval"]["loss"]) and math.isfinite(r["finetuned"]["first_train_loss"])
+        cont, tuned = r["continued"]["eval"]["loss"], r["finetuned"]["eval"]["loss"]
+        assert r["loss_gap_rel"] == pytest.approx((tuned - cont) / cont)
+        assert math.isfinite(r["window_loss_gap_rel"]) and r["within_target"] == (r["loss_gap_rel"] <= 0.02)
+
+
+def test_example_prune_feedforward_makes_vector_sparse_copies():
+    """``prune_feedforward``: every layer's linear1 / linear2 become VectorSparseLinear at
+    the asked V and density; the trained model is untouched and the mask is shared."""
+    from fusegnn.layers import VectorSparseLinear
+
+    example = _load_example()
+    args = example.parse_args(["--quick", "--seq-len", "64"])
+    model = example.RetrievalEncoder(args, example.build_mask(args))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    pruned = example.prune_feedforward(model, 0.875, 8)
+    for layer, orig in zip(pruned.layers, model.layers):
+        assert layer.mask is orig.mask
+        for name in ("linear1", "linear2"):
+            lin = getattr(layer, name)
+            assert isinstance(lin, VectorSparseLinear) and lin.V == 8
+            assert lin.values.numel() == 0.125 * lin.in_features * lin.out_features
+            assert type(getattr(orig, name)) is nn.Linear
+    assert example.ff_density(pruned) == 0.125
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="VectorSparseLinear"):
+        example.ff_density(model)
+
+
+def test_example_finetune_at_sparsity_zero_follows_the_continued_model():
+    """Nothing pruned (sparsity 0), the optimizer state carried: the fine-tuned copy
+    takes the continued model's steps, so the two differ by the pruning only."""
+    example = _load_example()
+    args = example.parse_args(["--quick", "--steps", "3", "--seq-len", "64", "--eval-batches", "1", "--quiet",
+                               "--models", "dense", "--ff-sparsity", "0", "--finetune-steps", "4"])
+    r = example.train(args)["finetune"]["models"]["dense"]
+    assert r["ff_density"] == 1.0
+    torch.testing.assert_close(r["finetuned"]["loss_curve"], r["continued"]["loss_curve"], rtol=1e-4, atol=1e-5)
+    assert r["finetuned"]["eval"]["loss"] == pytest.approx(r["continued"]["eval"]["loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("bad", [["--ff-sparsity", "1.0"], ["--ff-sparsity", "0.9", "--ff-vector", "3"],
+                                 ["--ff-sparsity", "0.9", "--finetune-steps", "0"]])
+def test_example_ff_options_refused(bad):
+    with pytest.raises(SystemExit):
+        _load_example().parse_args(bad)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

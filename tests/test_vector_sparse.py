@@ -266,6 +266,46 @@ def test_layer_matches_masked_dense_linear(V):
     torch.testing.assert_close(grad_w, W.grad * mask, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("V, bias", [(4, True), (8, False)])
+def test_from_linear_keeps_trained_weight_at_pattern(V, bias):
+    """``from_linear``: the kept vectors hold the trained weight (the largest-norm ones),
+    the bias is a copy, and the output equals a dense linear with the pruned weight."""
+    torch.manual_seed(1)
+    dense = torch.nn.Linear(24, 16, bias=bias, dtype=torch.float64)
+    with torch.no_grad():
+        dense.weight.mul_(torch.rand(16, 24, dtype=torch.float64) * 3)  # a "trained" weight, not the init
+    before = {k: v.clone() for k, v in dense.state_dict().items()}
+    lin = VectorSparseLinear.from_linear(dense, 0.75, V)
+    assert lin.values.dtype == torch.float64 and lin.V == V
+    assert lin.values.numel() == round(0.25 * (16 // V) * 24) * V
+    mask = lin.pattern().mask()
+    W = lin.dense_weight().detach()
+    assert torch.equal(W, dense.weight.detach() * mask)  # the trained values, exactly
+    norms = dense.weight.detach().view(16 // V, V, 24).norm(dim=1)  # [groups, in]
+    kept = mask.view(16 // V, V, 24)[:, 0]
+    assert norms[kept].min() >= norms[~kept].max()  # magnitude pruning
+    x = torch.randn(2, 3, 24, dtype=torch.float64, requires_grad=True)
+    y = lin(x)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, W, dense.bias))
+    y.sum().backward()
+    assert lin.values.grad is not None and dense.weight.grad is None
+    if bias:
+        assert lin.bias is not dense.bias and torch.equal(lin.bias, dense.bias)
+    else:
+        assert lin.bias is None
+    for k, v in dense.state_dict().items():  # the source layer is unchanged
+        assert torch.equal(v, before[k])
+
+
+def test_from_linear_bad_input():
+    with pytest.raises(TypeError, match="linear"):
+        VectorSparseLinear.from_linear(torch.nn.Conv1d(2, 2, 1), 0.5, 4)
+    with pytest.raises(ValueError, match="sparsity"):
+        VectorSparseLinear.from_linear(torch.nn.Linear(8, 8), 1.0, 4)
+    with pytest.raises(ValueError, match="V"):
+        VectorSparseLinear.from_linear(torch.nn.Linear(8, 8), 0.5, 3)
+
+
 # ---------------------------------------------------------------------- torch.compile
 
 

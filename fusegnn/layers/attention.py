@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from fusegnn.attention.block_layout import BlockLayout
 from fusegnn.attention.masks import Mask, from_dense, sliding_window
 from fusegnn.attention.sparse_attention import ATTENTION_AGGREGATIONS, check_nm, sparse_attention
+from fusegnn.layers.vector_sparse_linear import VectorSparseLinear
 
 __all__ = ["SparseMultiheadAttention", "SparseTransformerEncoderLayer"]
 
@@ -301,3 +302,20 @@ class SparseTransformerEncoderLayer(nn.Module):
             x = self.norm1(x + self._sa_block(x, mask))
             x = self.norm2(x + self._ff_block(x))
         return x
+
+    def sparsify_feedforward(
+        self, sparsity: float, V: int = 8, *, backend: str = "auto"
+    ) -> "SparseTransformerEncoderLayer":
+        r"""Make the feed-forward block vector-sparse, in place: ``linear1`` and ``linear2``
+        (trained ``nn.Linear``) become :class:`~fusegnn.layers.VectorSparseLinear` through
+        :meth:`~fusegnn.layers.VectorSparseLinear.from_linear` -- each weight
+        magnitude-pruned to ``sparsity`` in ``V``-vectors, the kept vectors holding the
+        trained values, the biases kept -- so that fine-tuning trains only the kept vectors.
+        Returns the layer. The new parameters replace the old ones: an optimizer built
+        before the call must be rebuilt."""
+        for name in ("linear1", "linear2"):
+            linear = getattr(self, name)
+            if not isinstance(linear, nn.Linear):
+                raise TypeError(f"{name} must be an nn.Linear to prune, got {type(linear).__name__} (pruned already?)")
+            setattr(self, name, VectorSparseLinear.from_linear(linear, sparsity, V, backend=backend))
+        return self

@@ -107,3 +107,26 @@ class VectorSparseLinear(nn.Module):
         density = self.values.numel() / max(self.in_features * self.out_features, 1)
         return (f"in_features={self.in_features}, out_features={self.out_features}, V={self.V}, "
                 f"sparsity={self.sparsity}, density={density:.3f}, bias={self.bias is not None}")
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, sparsity: float, V: int = 8, *, backend: str = "auto"
+    ) -> "VectorSparseLinear":
+        r"""A trained ``linear`` made vector-sparse: its weight magnitude-pruned to
+        ``sparsity`` in ``V``-vectors (:meth:`~fusegnn.sparse.VectorSparse.prune`), the kept
+        vectors holding the trained values, its bias copied; on ``linear``'s device and
+        dtype. The result computes :math:`x (W \odot M)^\top + b` with :math:`M` the kept
+        vectors' mask; ``linear`` itself is left unchanged (the parameters are copies)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
+        pattern = VectorSparse.prune(linear.weight, sparsity, V)
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.in_features, layer.out_features = linear.in_features, linear.out_features
+        layer.sparsity, layer.backend, layer.V = sparsity, backend, pattern.V
+        layer.register_buffer("row_ptr", pattern.row_ptr)
+        layer.register_buffer("col_idx", pattern.col_idx)
+        layer.values = nn.Parameter(pattern.values)
+        layer.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+        layer._pattern = None
+        return layer
