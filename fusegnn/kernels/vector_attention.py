@@ -123,7 +123,7 @@ class VectorAttentionStructure(NamedTuple):
     """The kernels' view of a mask: ``rows`` (query windows, compacted key columns) for
     the forward and ``dQ``, ``cols`` (key windows, compacted query rows) for ``dK`` /
     ``dV``; ``num_heads`` is 1 (shared by every head) or the number of heads; ``nnz`` the
-    allowed elements (all heads)."""
+    distinct allowed elements (all heads; a repeated element counts once)."""
 
     W: int
     L_q: int
@@ -157,9 +157,9 @@ def check_vector_sizes(W: object, BLOCK_N: object) -> tuple[int, int]:
 
 
 def _window_index(group: Tensor, member: Tensor, offset: Tensor, num_groups: int, num_members: int,
-                  W: int) -> WindowIndex:
+                  W: int) -> tuple[WindowIndex, int]:
     """Entries ``(group, member)`` with the bits ``offset`` of their elements set
-    (duplicate elements count once)."""
+    (duplicate elements count once), and the number of distinct elements."""
     device = group.device
     key = torch.unique((group * num_members + member) * W + offset)  # sorted by group, member, offset
     entry = torch.div(key, W, rounding_mode="floor")
@@ -172,7 +172,8 @@ def _window_index(group: Tensor, member: Tensor, offset: Tensor, num_groups: int
     groups = torch.div(entries, num_members, rounding_mode="floor")
     ptr = torch.zeros(num_groups + 1, dtype=torch.int64, device=device)
     ptr[1:] = torch.cumsum(torch.bincount(groups, minlength=num_groups), 0)
-    return WindowIndex(ptr.to(torch.int32), (entries % num_members).to(torch.int32), bits.contiguous())
+    index = WindowIndex(ptr.to(torch.int32), (entries % num_members).to(torch.int32), bits.contiguous())
+    return index, key.numel()
 
 
 def _check_extent(value: object, name: str, minimum: int) -> int:
@@ -220,11 +221,12 @@ def build_structure(head: Tensor, query: Tensor, key: Tensor, L_q: int, L_k: int
     if L_q * L_k * num_heads >= 2**62 // W:
         raise ValueError("the mask is too large for the structure's int64 keys")
     nqw, nkw = -(-L_q // W), -(-L_k // W)
-    rows = _window_index(head * nqw + query // W, key, query % W, num_heads * nqw, L_k, W)
-    cols = _window_index(head * nkw + key // W, query, key % W, num_heads * nkw, L_q, W)
+    rows, nnz = _window_index(head * nqw + query // W, key, query % W, num_heads * nqw, L_k, W)
+    cols, _ = _window_index(head * nkw + key // W, query, key % W, num_heads * nkw, L_q, W)
     if max(rows.idx.numel(), cols.idx.numel()) >= 2**31:
         raise ValueError("too many compacted entries for int32 indices")
-    return VectorAttentionStructure(W, L_q, L_k, num_heads, rows, cols, int(head.numel()))
+    return VectorAttentionStructure(W, L_q, L_k, num_heads, rows, cols, nnz)
+
 
 
 def _dense_of(index: WindowIndex, W: int, num_heads: int, L_rows: int, L_idx: int) -> Tensor:
