@@ -129,6 +129,7 @@ def test_structure_counts_duplicate_elements_once():
     assert torch.equal(structure_dense(st), expect)
     assert torch.equal(structure_dense(st, transposed=True), expect)
     assert st.rows.idx.tolist() == [1, 4] and st.rows.bits.tolist() == [(1 << 3) | 1, 1 << 4]
+    assert st.nnz == 3  # the repeated elements count once
 
 
 def test_bit_63_of_a_64_window():
@@ -340,3 +341,123 @@ def test_vector_gpu_fp32_small_against_oracle():
         check(mask, B=2, H=2, D=64, D_v=32, block_size=(32, 64), tol=3e-2, seed=1)
     finally:
         torch.set_float32_matmul_precision(prev)
+
+
+# ----------------------------------------------------------------------------- review fixes
+def test_build_structure_rejects_bad_elements():
+    """An index out of range used to land silently in another window (key 25 of L_k = 20
+    became key 5 of the next window) and the kernels would read outside k / v."""
+    z = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"key must lie in \[0, 20\)"):
+        build_structure(z, z, z + 25, 20, 20, 1)
+    with pytest.raises(ValueError, match=r"query must lie in \[0, 20\)"):
+        build_structure(z, z - 1, z, 20, 20, 1)
+    with pytest.raises(ValueError, match=r"head must lie in \[0, 2\)"):
+        build_structure(z + 2, z, z, 20, 20, 2)
+    with pytest.raises(TypeError, match="query must be an integer tensor"):
+        build_structure(z, z.float() + 0.5, z, 20, 20, 1)
+    with pytest.raises(TypeError, match="key must be a torch.Tensor"):
+        build_structure(z, z, [0], 20, 20, 1)
+    with pytest.raises(ValueError, match="one entry per allowed element, got 1, 1, 2"):
+        build_structure(z, z, torch.zeros(2, dtype=torch.int64), 20, 20, 1)
+    with pytest.raises(ValueError, match="num_heads must be an int >= 1"):
+        build_structure(z, z, z, 20, 20, 0)
+    with pytest.raises(ValueError, match="L_k must be an int >= 0"):
+        build_structure(z, z, z, 20, 20.0, 1)
+    # int32 indices and empty element lists are fine
+    st = build_structure(z.int(), z.int(), z.int() + 19, 20, 20, 1)
+    assert structure_dense(st)[0, 0].nonzero().flatten().tolist() == [19]
+    empty = build_structure(z[:0], z[:0], z[:0], 20, 20, 1)
+    assert empty.nnz == 0 and not bool(structure_dense(empty).any())
+
+
+def test_zero_head_dim_needs_an_explicit_scale():
+    mask = M.causal(20)
+    q, k, v, _ = inputs(1, 1, 20, 20, 16, 16, 0)
+    with pytest.raises(ValueError, match="q: head dim D is 0"):
+        sparse_attention(q[..., :0], k[..., :0], v, mask, aggregation="vector")
+    with pytest.raises(ValueError, match="q: head dim D is 0"):
+        vector_sparse_attention(q[..., :0], k[..., :0], v, vector_structure(mask, 16, DEVICE))
+    # with a scale, D = 0 is well defined: every score is 0, a uniform average over the allowed keys
+    out = sparse_attention(q[..., :0], k[..., :0], v, mask, scale=1.0, aggregation="vector")
+    expect = torch.cumsum(v.double(), 2) / torch.arange(1, 21, dtype=torch.float64).view(1, 1, -1, 1)
+    torch.testing.assert_close(out.double(), expect, rtol=1e-5, atol=1e-5)
+
+
+def test_vector_path_keeps_no_element_graph_on_the_mask():
+    """The structure is cached on the mask; the nnz-sized element graph it is built from
+    is not (10^8 elements at L = 16384, 8 heads, 5 %)."""
+    mask = M.from_dense(random_mask(40, 40, 0.05, 7, heads=2))
+    q, k, v, _ = inputs(1, 2, 40, 40, 16, 16, 0)
+    sparse_attention(q, k, v, mask, aggregation="vector")
+    keys = list(mask._cache)
+    assert not any(isinstance(key, tuple) and key[0] == "graph" for key in keys), keys
+    st = vector_structure(mask, 16, DEVICE)
+    assert torch.equal(structure_dense(st).cpu(), mask.dense())
+    # the triples it is built from: every allowed element once, as to_graph has them
+    h, qq, kk = mask.allowed_elements(device=DEVICE)
+    dense = torch.zeros(2, 40, 40, dtype=torch.bool)
+    dense[h.cpu(), qq.cpu(), kk.cpu()] = True
+    assert torch.equal(dense, mask.dense()) and h.numel() == int(mask.dense().sum())
+    graph = mask.to_graph(device=DEVICE)
+    assert graph.num_edges == h.numel()
+
+
+def test_one_token_and_empty_lengths():
+    one = M.from_dense(torch.ones(1, 1, dtype=torch.bool))
+    check(one, B=1, H=1)
+    # L_q = 0 through the kernel entry point: nothing to launch, an empty result and gradients
+    st = build_structure(*(torch.zeros(0, dtype=torch.int64),) * 3, 0, 5, 1)
+    q = torch.randn(1, 1, 0, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(1, 1, 5, 16, device=DEVICE, requires_grad=True)
+    v = torch.randn(1, 1, 5, 16, device=DEVICE, requires_grad=True)
+    out = vector_sparse_attention(q, k, v, st)
+    assert out.shape == (1, 1, 0, 16)
+    out.sum().backward()
+    assert not bool(k.grad.any()) and not bool(v.grad.any())
+
+
+try:
+    from hypothesis import given, settings
+    from hypothesis import strategies as hst
+except ImportError:  # pragma: no cover - hypothesis is a test dependency
+    given = None
+
+
+if given is not None:
+
+    @settings(max_examples=30, deadline=None)
+    @given(
+        L_q=hst.integers(1, 70), L_k=hst.integers(1, 70), heads=hst.integers(1, 3),
+        density=hst.sampled_from([0.0, 0.02, 0.1, 0.5, 1.0]), W=hst.sampled_from([16, 32, 64]),
+        dup=hst.integers(0, 5), seed=hst.integers(0, 2**16),
+    )
+    def test_property_structure_decodes_to_the_mask(L_q, L_k, heads, density, W, dup, seed):
+        """Random small masks, given as shuffled element triples with ``dup`` repeats: both
+        directions of the structure decode to exactly the mask; every window's compacted
+        list is sorted and unique; ``nnz`` counts distinct elements."""
+        gen = torch.Generator().manual_seed(seed)
+        allowed = torch.rand(heads, L_q, L_k, generator=gen) < density
+        h, qq, kk = allowed.nonzero(as_tuple=True)
+        if h.numel():
+            extra = torch.randint(0, h.numel(), (dup,), generator=gen)
+            order = torch.randperm(h.numel() + dup, generator=gen)
+            h, qq, kk = (torch.cat([t, t[extra]])[order] for t in (h, qq, kk))
+        st = build_structure(h, qq, kk, L_q, L_k, heads, W)
+        assert torch.equal(structure_dense(st), allowed)
+        assert torch.equal(structure_dense(st, transposed=True), allowed)
+        assert st.nnz == int(allowed.sum())  # distinct elements: repeats count once
+        for index, members in ((st.rows, L_k), (st.cols, L_q)):
+            ptr, idx = index.ptr.long(), index.idx.long()
+            assert ptr[0] == 0 and ptr[-1] == idx.numel() and bool((ptr[1:] >= ptr[:-1]).all())
+            assert bool(((idx >= 0) & (idx < members)).all())
+            for g in range(ptr.numel() - 1):
+                seg = idx[ptr[g]:ptr[g + 1]]
+                assert bool((seg[1:] > seg[:-1]).all())
+            assert index.bits.dtype == (torch.int64 if W == 64 else torch.int32)
+            assert bool((index.bits != 0).all())  # no entry without an element
+        # and through a Mask: the vector path's builder gives the same structure
+        mask = M.from_dense(allowed if heads > 1 else allowed[0])
+        built = vector_structure(mask, W, torch.device("cpu"))
+        assert torch.equal(structure_dense(built), allowed)
+        assert torch.equal(structure_dense(built, transposed=True), allowed)

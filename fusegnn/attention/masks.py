@@ -478,7 +478,16 @@ class Mask:
         in_range = _in_range_counts(rb, cb, BM, BN, self.L_q, self.L_k)
         return _classify(counts, in_range).view(self.num_heads, nrb, ncb)
 
-    def _build_graph(self, head: int | None, device: torch.device) -> Graph:
+    def allowed_elements(
+        self, head: int | None = None, device: torch.device | str | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The allowed ``(head, query, key)`` triples (``int64`` on ``device``, in block
+        order; head 0 for a shared mask), of every head or of head ``head``. Built block
+        by block like :meth:`to_graph`, but **not cached**: for callers that derive their
+        own (cached) structure and should not keep an ``nnz``-sized graph alive as well."""
+        device = _device(device)
+        if head is not None:
+            head = self._head_index(head)
         BM, BN = self._graph_block_size
         bmap = self._block_map3(BM, BN, device)
         if head is not None:
@@ -487,7 +496,10 @@ class Mask:
         if head is not None:
             h = torch.full_like(h, head)
         full = bmap[bmap != EMPTY] == FULL
-        hh, qq, kk = block_edges(self, h, rb, cb, full, BM, BN, device)
+        return block_edges(self, h, rb, cb, full, BM, BN, device)
+
+    def _build_graph(self, head: int | None, device: torch.device) -> Graph:
+        hh, qq, kk = self.allowed_elements(head, device)
         num_heads = 1 if head is not None or self.num_heads == 1 else self.num_heads
         if num_heads > 1:
             src, dst = hh * self.L_k + kk, hh * self.L_q + qq

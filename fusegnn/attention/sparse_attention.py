@@ -178,6 +178,8 @@ def _check_mask(mask: Any, q: Tensor, k: Tensor) -> None:
 
 def _check_scale(scale: Any, head_dim: int) -> float:
     if scale is None:
+        if head_dim == 0:
+            raise ValueError("q: head dim D is 0, so the default scale 1/sqrt(D) is undefined; pass scale=")
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, Real):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")

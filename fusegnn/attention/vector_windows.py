@@ -9,9 +9,9 @@ once per mask and run by :mod:`fusegnn.kernels.vector_attention`.
   ``(W, BLOCK_N)``;
 * :func:`vector_structure` -- the mask's
   :class:`~fusegnn.kernels.vector_attention.VectorAttentionStructure` on a device, built
-  from the mask's element graph (:meth:`~fusegnn.attention.masks.Mask.to_graph`) with
-  torch ops on that device and cached on the mask per (``W``, device), like the block
-  path's layouts;
+  from the mask's allowed elements (:meth:`~fusegnn.attention.masks.Mask.allowed_elements`,
+  not cached: only the structure is) with torch ops on that device and cached on the mask
+  per (``W``, device), like the block path's layouts;
 * :func:`vector_path` -- the attention itself.
 """
 
@@ -48,11 +48,11 @@ def vector_structure(mask: Mask, W: int, device: torch.device):
     from fusegnn.kernels.vector_attention import build_structure
 
     def build():
-        graph = mask.to_graph(device=device)  # edges key -> query; per head: stacked block-diagonally
-        src, dst = graph.src.to(torch.int64), graph.dst.to(torch.int64)
-        head = torch.div(dst, mask.L_q, rounding_mode="floor")
-        return build_structure(head, dst - head * mask.L_q, src - head * mask.L_k, mask.L_q, mask.L_k,
-                               mask.num_heads, W)
+        # the triples, not mask.to_graph(): that graph is cached on the mask, and at issue
+        # sizes (L = 16384, 8 heads, 5 %: 10^8 elements) it would keep gigabytes alive
+        # next to the structure, which is all this path reads
+        head, query, key = mask.allowed_elements(device=device)
+        return build_structure(head, query, key, mask.L_q, mask.L_k, mask.num_heads, W)
 
     return mask.cached(("vector_structure", W, device), build)
 

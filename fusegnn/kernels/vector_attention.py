@@ -123,7 +123,7 @@ class VectorAttentionStructure(NamedTuple):
     """The kernels' view of a mask: ``rows`` (query windows, compacted key columns) for
     the forward and ``dQ``, ``cols`` (key windows, compacted query rows) for ``dK`` /
     ``dV``; ``num_heads`` is 1 (shared by every head) or the number of heads; ``nnz`` the
-    allowed elements (all heads)."""
+    distinct allowed elements (all heads; a repeated element counts once)."""
 
     W: int
     L_q: int
@@ -157,9 +157,9 @@ def check_vector_sizes(W: object, BLOCK_N: object) -> tuple[int, int]:
 
 
 def _window_index(group: Tensor, member: Tensor, offset: Tensor, num_groups: int, num_members: int,
-                  W: int) -> WindowIndex:
+                  W: int) -> tuple[WindowIndex, int]:
     """Entries ``(group, member)`` with the bits ``offset`` of their elements set
-    (duplicate elements count once)."""
+    (duplicate elements count once), and the number of distinct elements."""
     device = group.device
     key = torch.unique((group * num_members + member) * W + offset)  # sorted by group, member, offset
     entry = torch.div(key, W, rounding_mode="floor")
@@ -172,7 +172,40 @@ def _window_index(group: Tensor, member: Tensor, offset: Tensor, num_groups: int
     groups = torch.div(entries, num_members, rounding_mode="floor")
     ptr = torch.zeros(num_groups + 1, dtype=torch.int64, device=device)
     ptr[1:] = torch.cumsum(torch.bincount(groups, minlength=num_groups), 0)
-    return WindowIndex(ptr.to(torch.int32), (entries % num_members).to(torch.int32), bits.contiguous())
+    index = WindowIndex(ptr.to(torch.int32), (entries % num_members).to(torch.int32), bits.contiguous())
+    return index, key.numel()
+
+
+def _check_extent(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_elements(head: object, query: object, key: object, extents: tuple[int, int, int]) -> tuple[Tensor, ...]:
+    """``head``, ``query``, ``key`` as flat int64 tensors after checking that they are
+    integer tensors on one device with one entry per element, each within its extent (an
+    index out of range would land in another window and read outside ``k`` / ``v``)."""
+    named = (("head", head), ("query", query), ("key", key))
+    for name, t in named:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+    if not (head.device == query.device == key.device):
+        raise ValueError(f"head, query and key must be on one device, got {head.device}, {query.device}, {key.device}")
+    if not head.numel() == query.numel() == key.numel():
+        raise ValueError("head, query and key must hold one entry per allowed element, got "
+                         f"{head.numel()}, {query.numel()}, {key.numel()}")
+    out = []
+    for (name, t), extent in zip(named, extents):
+        t = t.to(torch.int64).reshape(-1)
+        if t.numel():
+            lo, hi = (int(m) for m in torch.aminmax(t))
+            if lo < 0 or hi >= extent:
+                raise ValueError(f"{name} must lie in [0, {extent}), got values in [{lo}, {hi}]")
+        out.append(t)
+    return tuple(out)
 
 
 def build_structure(head: Tensor, query: Tensor, key: Tensor, L_q: int, L_k: int, num_heads: int,
@@ -182,17 +215,18 @@ def build_structure(head: Tensor, query: Tensor, key: Tensor, L_q: int, L_k: int
     ``num_heads = 1``), on their device, with windows of ``W`` rows / keys. Torch ops
     only; two sorts of the elements."""
     W, _ = check_vector_sizes(W, DEFAULT_BLOCK_N)
-    head, query, key = (t.to(torch.int64).reshape(-1) for t in (head, query, key))
-    if not head.numel() == query.numel() == key.numel():
-        raise ValueError("head, query and key must hold one entry per allowed element")
+    L_q, L_k = _check_extent(L_q, "L_q", 0), _check_extent(L_k, "L_k", 0)
+    num_heads = _check_extent(num_heads, "num_heads", 1)
+    head, query, key = _check_elements(head, query, key, (num_heads, L_q, L_k))
     if L_q * L_k * num_heads >= 2**62 // W:
         raise ValueError("the mask is too large for the structure's int64 keys")
     nqw, nkw = -(-L_q // W), -(-L_k // W)
-    rows = _window_index(head * nqw + query // W, key, query % W, num_heads * nqw, L_k, W)
-    cols = _window_index(head * nkw + key // W, query, key % W, num_heads * nkw, L_q, W)
+    rows, nnz = _window_index(head * nqw + query // W, key, query % W, num_heads * nqw, L_k, W)
+    cols, _ = _window_index(head * nkw + key // W, query, key % W, num_heads * nkw, L_q, W)
     if max(rows.idx.numel(), cols.idx.numel()) >= 2**31:
         raise ValueError("too many compacted entries for int32 indices")
-    return VectorAttentionStructure(W, L_q, L_k, num_heads, rows, cols, int(head.numel()))
+    return VectorAttentionStructure(W, L_q, L_k, num_heads, rows, cols, nnz)
+
 
 
 def _dense_of(index: WindowIndex, W: int, num_heads: int, L_rows: int, L_idx: int) -> Tensor:
@@ -570,6 +604,8 @@ def vector_sparse_attention(
     if triton is None or not (q.device.type == "cuda" or (q.device.type == "cpu" and interpreter_enabled())):
         raise RuntimeError("vector_sparse_attention needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU) and triton")
     if scale is None:
+        if q.size(-1) == 0:
+            raise ValueError("q: head dim D is 0, so the default scale 1/sqrt(D) is undefined; pass scale=")
         scale = 1.0 / math.sqrt(q.size(-1))
     out, _ = VectorAttentionFunction.apply(q, k, v, structure, float(scale), _precision(q.dtype, allow_tf32), block_n)
     return out

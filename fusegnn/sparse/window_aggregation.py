@@ -39,6 +39,7 @@ future automatic choice of this path (see :mod:`fusegnn.sparse.dispatch`).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -166,6 +167,11 @@ def _product(graph: Graph, weight: Tensor | None, b: Tensor, W: int, transposed:
     return vspmm(windows.pattern.with_values(tiles), b)
 
 
+def _as_matrix(t: Tensor) -> Tensor:
+    """``t`` (``[N, *S]``) as ``[N, prod(S)]`` (``reshape(N, -1)`` fails for ``N = 0``)."""
+    return t.reshape(t.size(0), math.prod(t.shape[1:]))
+
+
 def _edge_dots(graph: Graph, x: Tensor, grad: Tensor) -> Tensor:
     r""":math:`\langle x_j, g_i \rangle` for every edge :math:`j \to i` (``[E]``)."""
     if use_kernel("auto", x, grad):
@@ -182,7 +188,7 @@ def window_aggregate_backward(
     r"""Backward of :func:`window_aggregate` as a plain function: ``(grad_x, grad_w)``,
     :math:`A^\top G` over the windows of :math:`A^\top` and one dot product per edge,
     each ``None`` unless needed (``x`` is read only for ``grad_w``). ``grad`` is ``[N_dst, *S]``."""
-    grad2 = grad.reshape(grad.size(0), -1)
+    grad2 = _as_matrix(grad)
     grad_x = grad_w = None
     if need_x:
         grad_x = _product(graph, weight, grad2, W, True, True)
@@ -190,7 +196,7 @@ def window_aggregate_backward(
     if need_w:
         if x is None:
             raise ValueError("the edge weights' gradient needs the forward's x")
-        grad_w = _edge_dots(graph, x.reshape(x.size(0), -1).to(grad.dtype), grad2).to(weight.dtype)
+        grad_w = _edge_dots(graph, _as_matrix(x).to(grad.dtype), grad2).to(weight.dtype)
     return grad_x, grad_w
 
 
@@ -226,5 +232,5 @@ def window_aggregate(graph: Graph, x: Tensor, weight: Tensor | None = None, W: i
     W = _check_rows(W)
     if weight is not None and weight.dtype != x.dtype:
         weight = weight.to(x.dtype)  # differentiable: the gradient comes back in weight's dtype
-    out = _WindowAggregate.apply(x.reshape(x.size(0), -1), weight, graph, W)
+    out = _WindowAggregate.apply(_as_matrix(x), weight, graph, W)
     return out.reshape((graph.num_dst_nodes,) + tuple(x.shape[1:]))
