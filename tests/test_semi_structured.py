@@ -172,6 +172,8 @@ def test_semi_structured_layer_matches_dense(dtype, V, sparsity, shape):
         form(x.requires_grad_())
     with pytest.raises(TypeError, match="float32"):
         form(x.detach().float())
+    with pytest.raises(ValueError, match="x is on cpu"):
+        form(x.detach().cpu())
 
 
 @needs_cuda

@@ -81,6 +81,12 @@ class SemiStructuredLinear(nn.Module):
                              f"got {tuple(x.shape) if isinstance(x, Tensor) else type_name(x)}")
         if x.dtype != self.dtype:
             raise TypeError(f"x must be {self.dtype} like the 2:4 weight, got dtype {x.dtype}")
+        if x.device != self.weight_2_4.device or self.gather.device != self.weight_2_4.device:
+            raise ValueError(
+                f"x is on {x.device} and the column index on {self.gather.device}, but the 2:4 weight lives on "
+                f"{self.weight_2_4.device} (torch's 2:4 tensors cannot move between devices: build the layer "
+                "where it runs)"
+            )
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError("SemiStructuredLinear is inference only: torch's 2:4 weight has no transposed copy "
                                "for dx; call it under torch.no_grad() or on x.detach()")
