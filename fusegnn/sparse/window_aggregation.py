@@ -139,7 +139,9 @@ def window_values(graph: Graph, weight: Tensor | None, dtype: torch.dtype, W: in
     """The tiles of ``graph``'s windows (``transposed``: of :math:`A^\top`'s) holding
     ``weight`` (``[E]``, or ``None`` for 1 per edge) in ``dtype``, detached. Memoised on the
     graph (one entry per dtype and side) while the same weight tensor comes back unchanged
-    (its storage, shape, strides and version)."""
+    (its storage, shape, strides and version). An in-place change through ``weight.data``
+    does not bump ``weight``'s version and is not seen: change weights in place on the
+    tensor itself (``weight.mul_``, an optimizer step) or pass a new tensor."""
     windows = graph_windows(graph, W, transposed=transposed)
     if weight is None:
         key: tuple = ("ones",)
