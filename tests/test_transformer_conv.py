@@ -37,7 +37,8 @@ def _randn(*shape, seed: int) -> torch.Tensor:
 
 CASES = {
     "plain": dict(kw=dict()),
-    "heads_edges": dict(kw=dict(heads=3, edge_dim=2)),
+    "heads_edges": dict(kw=dict(heads=3, edge_dim=2)),  # edge_dim < C: queries projected to the edge features
+    "wide_edges": dict(kw=dict(heads=2, edge_dim=7)),  # edge_dim >= C: the transformed edge features gathered
     "mean_heads": dict(kw=dict(heads=2, concat=False, edge_dim=3)),
     "beta": dict(kw=dict(heads=2, beta=True, edge_dim=2)),
     "beta_mean": dict(kw=dict(heads=2, beta=True, concat=False)),
@@ -150,23 +151,36 @@ def test_fused_ops_match_the_reference(name, aggregation):
         torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9)
 
 
-def test_edge_terms():
+class _Weighted:
+    """A stand-in for ``lin_edge`` whose weight is a gradcheck input."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+
+@pytest.mark.parametrize("edge_dim", [2, 5])  # < C: queries projected to the edge features; >= C: e' gathered
+def test_edge_terms(edge_dim):
     # the query-edge logit term against loops; the fused value term (edge_aggregate) against loops
     graph = Graph(random_graph(6, 15, 1), 6)
     q = _randn(6, 2, 3, seed=1).requires_grad_()
-    e = _randn(15, 2, 3, seed=2).requires_grad_()
+    lin_edge = torch.nn.Linear(edge_dim, 2 * 3, bias=False).double()
+    edge_attr = _randn(15, edge_dim, seed=2).requires_grad_()
+    e = lin_edge(edge_attr).view(15, 2, 3)
     alpha = _randn(15, 2, seed=3).requires_grad_()
     src, dst = graph.edge_index.tolist()
-    scores = _query_edge_scores(graph, q, e)
+    scores = _query_edge_scores(graph, q, edge_attr, lin_edge, e)
     for n in range(15):
         torch.testing.assert_close(scores[n], (q[dst[n]] * e[n]).sum(-1))
+    assert torch.autograd.gradcheck(
+        lambda q, a, w: _query_edge_scores(graph, q, a, _Weighted(w), (a @ w.t()).view(15, 2, 3)),
+        (q, edge_attr, lin_edge.weight.detach().clone().requires_grad_()))
+    e = e.detach().requires_grad_()
     v = _randn(6, 2, 3, seed=4).requires_grad_()
     summed = edge_aggregate(graph, v, e, edge_weight=alpha)
     for i in range(6):
         want = sum((alpha[n].unsqueeze(-1) * (v[src[n]] + e[n]) for n in range(15) if dst[n] == i),
                    torch.zeros(2, 3, dtype=F64))
         torch.testing.assert_close(summed[i], want)
-    assert torch.autograd.gradcheck(lambda q, e: _query_edge_scores(graph, q, e), (q, e))
     assert torch.autograd.gradcheck(lambda a, v, e: edge_aggregate(graph, v, e, edge_weight=a), (alpha, v, e))
 
 

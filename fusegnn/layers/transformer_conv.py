@@ -35,11 +35,23 @@ def _linear(in_channels: int, out_features: int, bias: bool, layer: str) -> nn.L
     return nn.Linear(in_channels, out_features, bias=bias)
 
 
-def _query_edge_scores(graph: Graph, query: Tensor, edge_values: Tensor) -> Tensor:
+def _query_edge_scores(graph: Graph, query: Tensor, edge_attr: Tensor, lin_edge: nn.Linear,
+                       edge_values: Tensor) -> Tensor:
     r"""The edge part of the attention logits, :math:`q_i \cdot e'_{ji}` per head: ``[E, H]``
-    from ``query`` ``[N_dst, H, C]`` and ``edge_values`` ``[E, H, C]`` (the transformed edge
-    features, in the graph's edge order). Plain differentiable tensor ops (a gather)."""
+    from ``query`` ``[N_dst, H, C]``, the edge features ``edge_attr`` ``[E, D_e]`` and their
+    transform ``edge_values`` :math:`e'_{ji} = W_e e_{ji}` ``[E, H, C]`` (``lin_edge``, no
+    bias; the graph's edge order). Plain differentiable tensor ops (a gather).
+
+    With :math:`W_e` viewed per head as ``[H, C, D_e]``,
+    :math:`q_i \cdot W_e e_{ji} = (W_e^\top q_i) \cdot e_{ji}`: when ``D_e < C`` the queries
+    are projected into the edge-feature space first (``[N_dst, H, D_e]``), so the per-edge
+    gather holds ``E x H x D_e`` values instead of ``E x H x C``."""
     dst = edge_index_of(graph)[1].long()
+    heads, channels = query.shape[1:]
+    edge_dim = edge_attr.size(-1)
+    if edge_dim < channels:
+        projected = torch.einsum("nhc,hcd->nhd", query, lin_edge.weight.view(heads, channels, edge_dim))
+        return (projected.index_select(0, dst) * edge_attr.unsqueeze(1)).sum(dim=-1)
     return (query.index_select(0, dst) * edge_values).sum(dim=-1)
 
 
@@ -195,7 +207,7 @@ class TransformerConv(nn.Module):
         agg = self.aggregation
         scores = sddmm(graph, key, query, "dot", aggregation=agg)  # [E, H]: k_j . q_i
         if edge_values is not None:
-            scores = scores + _query_edge_scores(graph, query, edge_values)
+            scores = scores + _query_edge_scores(graph, query, edge_attr, self.lin_edge, edge_values)
         alpha = edge_softmax(graph, scores / math.sqrt(C), aggregation=agg)
         weights = F.dropout(alpha, p=self.dropout, training=self.training)
         if edge_values is None:
