@@ -79,8 +79,9 @@ def _log_tails(world_size: int, out_dir: str, chars: int = 1500) -> str:
     return "\n".join(tails)
 
 
-def _spawn(world_size: int, cfg: dict, out_dir: str, attempts: int = 2) -> int:
-    """Run the ``world_size`` workers; return how many spawns it took.
+def _spawn(world_size: int, cfg: dict, out_dir: str, attempts: int = 2, worker=None) -> int:
+    """Run the ``world_size`` workers (``worker``, by default
+    :func:`benchmarks.dist_worker.worker`); return how many spawns it took.
 
     A spawn whose process died of a signal (a rendezvous or transport failure of the
     process group, seen once as SIGABRT of a gloo worker on a loaded CI host) is started
@@ -88,7 +89,8 @@ def _spawn(world_size: int, cfg: dict, out_dir: str, attempts: int = 2) -> int:
     A worker that raised a Python exception is not retried."""
     import torch.multiprocessing as mp
 
-    from benchmarks.dist_worker import worker
+    if worker is None:
+        from benchmarks.dist_worker import worker
 
     for attempt in range(1, attempts + 1):
         try:

@@ -418,6 +418,33 @@ def test_dist_suite_smoke_on_cpu(tmp_path):
     assert "*modelled*" in markdown and (tmp_path / "dist" / "cpu.md").is_file()
 
 
+def _abort_on_first_spawn(rank, world_size, init, cfg, out_dir):
+    """A ``dist`` worker that dies of SIGABRT on its first spawn (leaving a line in its log,
+    as a crashing gloo worker does) and succeeds on the next; ``cfg["always"]``: every time."""
+    import os
+
+    from benchmarks.dist_worker import worker_log
+
+    marker = os.path.join(out_dir, f"spawned-r{rank}")
+    if cfg.get("always") or not os.path.exists(marker):
+        open(marker, "w").close()
+        with open(worker_log(out_dir, world_size, rank), "w") as log:
+            log.write(f"worker {rank}: terminate called after throwing gloo::IoException\n")
+        os.abort()
+
+
+def test_dist_spawn_retries_a_worker_killed_by_a_signal(tmp_path):
+    """A spawn whose worker died of a signal is started once more (the count is returned);
+    one that dies every time raises with the workers' last words from their logs."""
+    from benchmarks.dist import _spawn
+
+    for name in ("once", "always"):
+        (tmp_path / name).mkdir()
+    assert _spawn(1, {}, str(tmp_path / "once"), worker=_abort_on_first_spawn) == 2
+    with pytest.raises(RuntimeError, match="gloo::IoException"):
+        _spawn(1, {"always": True}, str(tmp_path / "always"), worker=_abort_on_first_spawn)
+
+
 def test_loss_suite_smoke_on_cpu(tmp_path, one_thread):
     """``--suite loss`` on the CPU: every case at its smoke size, checked against float32
     eager and timed; the CUDA-only backends are rows that say why they were skipped."""
