@@ -176,8 +176,8 @@ def check_linear_input(
 def check_attention_args(layer: str, heads: int, dropout: float, edge_dim: int | None) -> None:
     """The constructor arguments the attention layers share: ``heads >= 1``, ``dropout``
     in ``[0, 1)``, ``edge_dim`` a positive int or ``None``."""
-    if heads < 1:
-        raise ValueError(f"{layer}: heads must be >= 1, got {heads}")
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+        raise ValueError(f"{layer}: heads must be >= 1 (an int), got {heads!r}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"{layer}: dropout must be in [0, 1), got {dropout}")
     if edge_dim is not None and (isinstance(edge_dim, bool) or not isinstance(edge_dim, int) or edge_dim < 1):

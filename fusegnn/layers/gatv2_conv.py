@@ -9,24 +9,20 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
-from fusegnn.layers._utils import bipartite_graph_for, glorot_, graph_for, node_pair
+from fusegnn.layers._utils import (
+    bipartite_graph_for,
+    channel_pair,
+    check_attention_args,
+    glorot_,
+    graph_for,
+    input_linear,
+    node_pair,
+)
 from fusegnn.sparse import Graph, edge_index_of, gatv2_attention
 from fusegnn.sparse.dispatch import check_aggregation
 from fusegnn.sparse.attention_loops import attention_self_loop_edge_attr, attention_self_loops
 
 __all__ = ["GATv2Conv"]
-
-
-def _linear(in_features: int, out_features: int, bias: bool, what: str) -> nn.Linear:
-    """``nn.Linear``, or ``nn.LazyLinear`` for ``in_features=-1`` (materialised and
-    initialised by :func:`_materialize` at the first forward)."""
-    if isinstance(in_features, bool) or not isinstance(in_features, int):
-        raise TypeError(f"GATv2Conv: {what} must be an int, got {type(in_features).__name__}")
-    if in_features == -1:
-        return nn.LazyLinear(out_features, bias=bias)
-    if in_features <= 0:
-        raise ValueError(f"GATv2Conv: {what} must be positive, or -1 to infer it at the first forward, got {in_features}")
-    return nn.Linear(in_features, out_features, bias=bias)
 
 
 def _reset_linear(lin: nn.Linear | None) -> None:
@@ -146,20 +142,10 @@ class GATv2Conv(nn.Module):
         aggregation: str = "auto",
     ) -> None:
         super().__init__()
-        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
-            raise ValueError(f"GATv2Conv: heads must be an int >= 1, got {heads!r}")
+        check_attention_args("GATv2Conv", heads, dropout, edge_dim)
         if isinstance(out_channels, bool) or not isinstance(out_channels, int) or out_channels < 1:
             raise ValueError(f"GATv2Conv: out_channels must be an int >= 1, got {out_channels!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"GATv2Conv: dropout must be in [0, 1), got {dropout}")
-        if edge_dim is not None and (isinstance(edge_dim, bool) or not isinstance(edge_dim, int) or edge_dim < 1):
-            raise ValueError(f"GATv2Conv: edge_dim must be a positive int or None, got {edge_dim!r}")
-        if isinstance(in_channels, (tuple, list)):
-            if len(in_channels) != 2:
-                raise ValueError(f"GATv2Conv: in_channels must be an int or a pair, got {in_channels!r}")
-            in_src, in_dst = in_channels
-        else:
-            in_src = in_dst = in_channels
+        in_src, in_dst = channel_pair(in_channels, "GATv2Conv")
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -173,12 +159,12 @@ class GATv2Conv(nn.Module):
         self.residual = residual
         self.aggregation = check_aggregation(aggregation)
         width = heads * out_channels
-        self.lin_l = _linear(in_src, width, bias, "in_channels")
-        self.lin_r = self.lin_l if share_weights else _linear(in_dst, width, bias, "in_channels")
+        self.lin_l = input_linear(in_src, width, "GATv2Conv", bias=bias)
+        self.lin_r = self.lin_l if share_weights else input_linear(in_dst, width, "GATv2Conv", bias=bias)
         self.att = nn.Parameter(torch.empty(1, heads, out_channels))
         self.lin_edge = nn.Linear(edge_dim, width, bias=False) if edge_dim is not None else None
         total = width if concat else out_channels
-        self.res = _linear(in_dst, total, False, "in_channels") if residual else None
+        self.res = input_linear(in_dst, total, "GATv2Conv") if residual else None
         self.bias = nn.Parameter(torch.empty(total)) if bias else None
         self.reset_parameters()
 

@@ -14,25 +14,13 @@ from fusegnn.layers._utils import (
     check_edge_features,
     check_linear_input,
     graph_for,
+    input_linear,
     node_pair,
 )
 from fusegnn.sparse import Graph, edge_aggregate, edge_index_of, edge_softmax, sddmm, spmm
 from fusegnn.sparse.dispatch import check_aggregation
 
 __all__ = ["TransformerConv"]
-
-
-def _linear(in_channels: int, out_features: int, bias: bool, layer: str) -> nn.Linear:
-    """``nn.Linear(in_channels, out_features, bias)``, or an ``nn.LazyLinear`` for
-    ``in_channels=-1`` (materialised at the first forward); nn.Linear's initialisation,
-    that of PyG's ``Linear`` here."""
-    if isinstance(in_channels, bool) or not isinstance(in_channels, int):
-        raise TypeError(f"{layer}: in_channels must be an int or a pair of ints, got {type(in_channels).__name__}")
-    if in_channels == -1:
-        return nn.LazyLinear(out_features, bias=bias)
-    if in_channels <= 0:
-        raise ValueError(f"{layer}: in_channels must be positive, or -1 to infer it at the first forward, got {in_channels}")
-    return nn.Linear(in_channels, out_features, bias=bias)
 
 
 def _query_edge_scores(graph: Graph, query: Tensor, edge_attr: Tensor, lin_edge: nn.Linear,
@@ -143,15 +131,15 @@ class TransformerConv(nn.Module):
         else:
             in_src = in_dst = in_channels
         width = heads * out_channels
-        self.lin_key = _linear(in_src, width, bias, name)
-        self.lin_query = _linear(in_dst, width, bias, name)
-        self.lin_value = _linear(in_src, width, bias, name)
+        self.lin_key = input_linear(in_src, width, name, bias=bias)
+        self.lin_query = input_linear(in_dst, width, name, bias=bias)
+        self.lin_value = input_linear(in_src, width, name, bias=bias)
         if edge_dim is not None:
             self.lin_edge = nn.Linear(edge_dim, width, bias=False)
         else:
             self.register_parameter("lin_edge", None)
         out_width = width if concat else out_channels
-        self.lin_skip = _linear(in_dst, out_width, bias, name)
+        self.lin_skip = input_linear(in_dst, out_width, name, bias=bias)
         if self.beta:
             self.lin_beta = nn.Linear(3 * out_width, 1, bias=False)
         else:
