@@ -22,6 +22,8 @@ if not torch.cuda.is_available():  # run the Triton kernels on the CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as hst  # noqa: E402
 
 pytest.importorskip("triton")
 
@@ -417,47 +419,38 @@ def test_one_token_and_empty_lengths():
     assert not bool(k.grad.any()) and not bool(v.grad.any())
 
 
-try:
-    from hypothesis import given, settings
-    from hypothesis import strategies as hst
-except ImportError:  # pragma: no cover - hypothesis is a test dependency
-    given = None
-
-
-if given is not None:
-
-    @settings(max_examples=30, deadline=None)
-    @given(
-        L_q=hst.integers(1, 70), L_k=hst.integers(1, 70), heads=hst.integers(1, 3),
-        density=hst.sampled_from([0.0, 0.02, 0.1, 0.5, 1.0]), W=hst.sampled_from([16, 32, 64]),
-        dup=hst.integers(0, 5), seed=hst.integers(0, 2**16),
-    )
-    def test_property_structure_decodes_to_the_mask(L_q, L_k, heads, density, W, dup, seed):
-        """Random small masks, given as shuffled element triples with ``dup`` repeats: both
-        directions of the structure decode to exactly the mask; every window's compacted
-        list is sorted and unique; ``nnz`` counts distinct elements."""
-        gen = torch.Generator().manual_seed(seed)
-        allowed = torch.rand(heads, L_q, L_k, generator=gen) < density
-        h, qq, kk = allowed.nonzero(as_tuple=True)
-        if h.numel():
-            extra = torch.randint(0, h.numel(), (dup,), generator=gen)
-            order = torch.randperm(h.numel() + dup, generator=gen)
-            h, qq, kk = (torch.cat([t, t[extra]])[order] for t in (h, qq, kk))
-        st = build_structure(h, qq, kk, L_q, L_k, heads, W)
-        assert torch.equal(structure_dense(st), allowed)
-        assert torch.equal(structure_dense(st, transposed=True), allowed)
-        assert st.nnz == int(allowed.sum())  # distinct elements: repeats count once
-        for index, members in ((st.rows, L_k), (st.cols, L_q)):
-            ptr, idx = index.ptr.long(), index.idx.long()
-            assert ptr[0] == 0 and ptr[-1] == idx.numel() and bool((ptr[1:] >= ptr[:-1]).all())
-            assert bool(((idx >= 0) & (idx < members)).all())
-            for g in range(ptr.numel() - 1):
-                seg = idx[ptr[g]:ptr[g + 1]]
-                assert bool((seg[1:] > seg[:-1]).all())
-            assert index.bits.dtype == (torch.int64 if W == 64 else torch.int32)
-            assert bool((index.bits != 0).all())  # no entry without an element
-        # and through a Mask: the vector path's builder gives the same structure
-        mask = M.from_dense(allowed if heads > 1 else allowed[0])
-        built = vector_structure(mask, W, torch.device("cpu"))
-        assert torch.equal(structure_dense(built), allowed)
-        assert torch.equal(structure_dense(built, transposed=True), allowed)
+@settings(max_examples=30, deadline=None)
+@given(
+    L_q=hst.integers(1, 70), L_k=hst.integers(1, 70), heads=hst.integers(1, 3),
+    density=hst.sampled_from([0.0, 0.02, 0.1, 0.5, 1.0]), W=hst.sampled_from([16, 32, 64]),
+    dup=hst.integers(0, 5), seed=hst.integers(0, 2**16),
+)
+def test_property_structure_decodes_to_the_mask(L_q, L_k, heads, density, W, dup, seed):
+    """Random small masks, given as shuffled element triples with ``dup`` repeats: both
+    directions of the structure decode to exactly the mask; every window's compacted
+    list is sorted and unique; ``nnz`` counts distinct elements."""
+    gen = torch.Generator().manual_seed(seed)
+    allowed = torch.rand(heads, L_q, L_k, generator=gen) < density
+    h, qq, kk = allowed.nonzero(as_tuple=True)
+    if h.numel():
+        extra = torch.randint(0, h.numel(), (dup,), generator=gen)
+        order = torch.randperm(h.numel() + dup, generator=gen)
+        h, qq, kk = (torch.cat([t, t[extra]])[order] for t in (h, qq, kk))
+    st = build_structure(h, qq, kk, L_q, L_k, heads, W)
+    assert torch.equal(structure_dense(st), allowed)
+    assert torch.equal(structure_dense(st, transposed=True), allowed)
+    assert st.nnz == int(allowed.sum())  # distinct elements: repeats count once
+    for index, members in ((st.rows, L_k), (st.cols, L_q)):
+        ptr, idx = index.ptr.long(), index.idx.long()
+        assert ptr[0] == 0 and ptr[-1] == idx.numel() and bool((ptr[1:] >= ptr[:-1]).all())
+        assert bool(((idx >= 0) & (idx < members)).all())
+        for g in range(ptr.numel() - 1):
+            seg = idx[ptr[g]:ptr[g + 1]]
+            assert bool((seg[1:] > seg[:-1]).all())
+        assert index.bits.dtype == (torch.int64 if W == 64 else torch.int32)
+        assert bool((index.bits != 0).all())  # no entry without an element
+    # and through a Mask: the vector path's builder gives the same structure
+    mask = M.from_dense(allowed if heads > 1 else allowed[0])
+    built = vector_structure(mask, W, torch.device("cpu"))
+    assert torch.equal(structure_dense(built), allowed)
+    assert torch.equal(structure_dense(built, transposed=True), allowed)

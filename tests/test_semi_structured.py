@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 import torch
 
 from fusegnn.layers import SemiStructuredLinear, VectorSparseLinear
@@ -189,39 +191,30 @@ def test_torch_semi_structured_has_no_dx():
         y.sum().backward()
 
 
-try:
-    from hypothesis import given, settings
-    from hypothesis import strategies as hst
-except ImportError:  # pragma: no cover - hypothesis is a test dependency
-    given = None
-
-
-if given is not None:
-
-    @settings(max_examples=30, deadline=None)
-    @given(
-        out_f=hst.integers(1, 70), in_f=hst.integers(1, 90), V=hst.sampled_from([2, 4, 8, 16]),
-        sparsity=hst.sampled_from([0.0, 0.3, 0.6, 0.9, 0.99]), window=hst.sampled_from([1, 3, 1024]),
-        align=hst.sampled_from([4, 64]), seed=hst.integers(0, 2**16),
-    )
-    def test_property_permuted_weight_is_2_4_and_exact(out_f, in_f, V, sparsity, window, align, seed):
-        """Random small vector-sparse weights (any shape, ``out`` not a multiple of ``V``,
-        empty to dense): the permuted, padded weight is 2:4, holds every value once, and
-        ``x[:, gather] @ W_P^T == x @ W^T`` in float64; the weight is not modified."""
-        weight = _pruned(out_f, in_f, sparsity, V, seed)
-        dense = weight.to_dense()
-        before = dense.clone()
-        layout = semi_structured_layout(vector_pattern(weight), align=align, window=window)
-        assert torch.equal(torch.sort(layout.perm).values, torch.arange(in_f))
-        assert layout.width % 4 == 0 and layout.width % align == 0 and layout.width >= layout.num_used
-        multiple = math.lcm(4, align)  # every 4-slot group holds >= 2 columns: at most twice the used ones
-        assert layout.width <= max(-(-2 * layout.num_used // multiple) * multiple, multiple)
-        permuted = layout.permute_weight(dense)
-        assert torch.equal(dense, before)
-        assert permuted.shape == (out_f, layout.width) and is_2_4(permuted)
-        assert permuted.count_nonzero() == dense.count_nonzero()
-        assert torch.equal(permuted.index_select(1, layout.slots), dense.index_select(1, layout.perm[: layout.num_used]))
-        gather = layout.gather
-        assert gather.shape == (layout.width,) and bool(((gather >= 0) & (gather < in_f)).all())
-        x = torch.randn(5, in_f, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
-        torch.testing.assert_close(x.index_select(1, gather) @ permuted.t(), x @ dense.t(), rtol=1e-12, atol=1e-12)
+@settings(max_examples=30, deadline=None)
+@given(
+    out_f=hst.integers(1, 70), in_f=hst.integers(1, 90), V=hst.sampled_from([2, 4, 8, 16]),
+    sparsity=hst.sampled_from([0.0, 0.3, 0.6, 0.9, 0.99]), window=hst.sampled_from([1, 3, 1024]),
+    align=hst.sampled_from([4, 64]), seed=hst.integers(0, 2**16),
+)
+def test_property_permuted_weight_is_2_4_and_exact(out_f, in_f, V, sparsity, window, align, seed):
+    """Random small vector-sparse weights (any shape, ``out`` not a multiple of ``V``,
+    empty to dense): the permuted, padded weight is 2:4, holds every value once, and
+    ``x[:, gather] @ W_P^T == x @ W^T`` in float64; the weight is not modified."""
+    weight = _pruned(out_f, in_f, sparsity, V, seed)
+    dense = weight.to_dense()
+    before = dense.clone()
+    layout = semi_structured_layout(vector_pattern(weight), align=align, window=window)
+    assert torch.equal(torch.sort(layout.perm).values, torch.arange(in_f))
+    assert layout.width % 4 == 0 and layout.width % align == 0 and layout.width >= layout.num_used
+    multiple = math.lcm(4, align)  # every 4-slot group holds >= 2 columns: at most twice the used ones
+    assert layout.width <= max(-(-2 * layout.num_used // multiple) * multiple, multiple)
+    permuted = layout.permute_weight(dense)
+    assert torch.equal(dense, before)
+    assert permuted.shape == (out_f, layout.width) and is_2_4(permuted)
+    assert permuted.count_nonzero() == dense.count_nonzero()
+    assert torch.equal(permuted.index_select(1, layout.slots), dense.index_select(1, layout.perm[: layout.num_used]))
+    gather = layout.gather
+    assert gather.shape == (layout.width,) and bool(((gather >= 0) & (gather < in_f)).all())
+    x = torch.randn(5, in_f, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    torch.testing.assert_close(x.index_select(1, gather) @ permuted.t(), x @ dense.t(), rtol=1e-12, atol=1e-12)

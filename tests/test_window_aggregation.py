@@ -5,6 +5,8 @@ interpreter and float64 through their PyTorch references, against dense float64 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 import torch
 
 import fusegnn.sparse.window_aggregation as wa
@@ -320,45 +322,36 @@ def test_zero_node_graphs_and_untouched_inputs():
     assert torch.equal(x, x0) and torch.equal(w, w0)
 
 
-try:
-    from hypothesis import given, settings
-    from hypothesis import strategies as hst
-except ImportError:  # pragma: no cover - hypothesis is a test dependency
-    given = None
-
-
-if given is not None:
-
-    @settings(max_examples=30, deadline=None)
-    @given(
-        num_src=hst.integers(1, 40), num_dst=hst.integers(1, 40),
-        edges=hst.lists(hst.tuples(hst.integers(0, 39), hst.integers(0, 39)), max_size=80),
-        loops=hst.integers(0, 4), dup=hst.integers(0, 6), weighted=hst.booleans(),
-        reduce=hst.sampled_from(["sum", "mean"]), seed=hst.integers(0, 2**16),
-    )
-    def test_property_window_equals_dense_float64(num_src, num_dst, edges, loops, dup, weighted, reduce, seed):
-        """Random small graphs (rectangular, isolated nodes, self-loops, duplicated edges,
-        none at all): ``spmm(aggregation="window")`` equals ``A @ x`` in float64, and so
-        do the gradients of ``x`` and of the edge weights."""
-        src = [s % num_src for s, _ in edges] + [i % min(num_src, num_dst) for i in range(loops)]
-        dst = [d % num_dst for _, d in edges] + [i % min(num_src, num_dst) for i in range(loops)]
-        src, dst = src + src[:dup], dst + dst[:dup]  # duplicates of the first edges
-        graph = Graph(torch.tensor([src, dst], dtype=torch.int64).view(2, -1), (num_src, num_dst))
-        gen = torch.Generator().manual_seed(seed)
-        x = torch.randn(num_src, 3, generator=gen, dtype=torch.float64, requires_grad=True)
-        w = (torch.rand(graph.num_edges, generator=gen, dtype=torch.float64) + 0.1).requires_grad_() if weighted else None
-        out = spmm(graph, x, w, reduce=reduce, aggregation="window")
-        dense = _dense(graph, w)
-        in_degree = torch.bincount(graph.dst.long(), minlength=num_dst).clamp(min=1).double()  # duplicates count
-        if reduce == "mean":
-            dense = dense / in_degree.view(-1, 1)
-        expect = dense @ x.detach()
-        torch.testing.assert_close(out, expect, rtol=1e-12, atol=1e-12)
-        assert bool(torch.isfinite(out).all())
-        g = torch.randn(num_dst, 3, generator=gen, dtype=torch.float64)
-        out.backward(g)
-        torch.testing.assert_close(x.grad, dense.t() @ g, rtol=1e-12, atol=1e-12)
-        if weighted:
-            per_row = g if reduce == "sum" else g / in_degree.view(-1, 1)
-            expect_w = (x.detach()[graph.src.long()] * per_row[graph.dst.long()]).sum(1)
-            torch.testing.assert_close(w.grad, expect_w, rtol=1e-12, atol=1e-12)
+@settings(max_examples=30, deadline=None)
+@given(
+    num_src=hst.integers(1, 40), num_dst=hst.integers(1, 40),
+    edges=hst.lists(hst.tuples(hst.integers(0, 39), hst.integers(0, 39)), max_size=80),
+    loops=hst.integers(0, 4), dup=hst.integers(0, 6), weighted=hst.booleans(),
+    reduce=hst.sampled_from(["sum", "mean"]), seed=hst.integers(0, 2**16),
+)
+def test_property_window_equals_dense_float64(num_src, num_dst, edges, loops, dup, weighted, reduce, seed):
+    """Random small graphs (rectangular, isolated nodes, self-loops, duplicated edges,
+    none at all): ``spmm(aggregation="window")`` equals ``A @ x`` in float64, and so
+    do the gradients of ``x`` and of the edge weights."""
+    src = [s % num_src for s, _ in edges] + [i % min(num_src, num_dst) for i in range(loops)]
+    dst = [d % num_dst for _, d in edges] + [i % min(num_src, num_dst) for i in range(loops)]
+    src, dst = src + src[:dup], dst + dst[:dup]  # duplicates of the first edges
+    graph = Graph(torch.tensor([src, dst], dtype=torch.int64).view(2, -1), (num_src, num_dst))
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_src, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = (torch.rand(graph.num_edges, generator=gen, dtype=torch.float64) + 0.1).requires_grad_() if weighted else None
+    out = spmm(graph, x, w, reduce=reduce, aggregation="window")
+    dense = _dense(graph, w)
+    in_degree = torch.bincount(graph.dst.long(), minlength=num_dst).clamp(min=1).double()  # duplicates count
+    if reduce == "mean":
+        dense = dense / in_degree.view(-1, 1)
+    expect = dense @ x.detach()
+    torch.testing.assert_close(out, expect, rtol=1e-12, atol=1e-12)
+    assert bool(torch.isfinite(out).all())
+    g = torch.randn(num_dst, 3, generator=gen, dtype=torch.float64)
+    out.backward(g)
+    torch.testing.assert_close(x.grad, dense.t() @ g, rtol=1e-12, atol=1e-12)
+    if weighted:
+        per_row = g if reduce == "sum" else g / in_degree.view(-1, 1)
+        expect_w = (x.detach()[graph.src.long()] * per_row[graph.dst.long()]).sum(1)
+        torch.testing.assert_close(w.grad, expect_w, rtol=1e-12, atol=1e-12)
