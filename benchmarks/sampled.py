@@ -30,7 +30,8 @@ feature and label gathering, every batch materialised on the device) and
 ``seeds_per_s``; ``train_s``, an epoch of training on freshly sampled batches (sampling
 included: the time a user waits per epoch); ``peak_mib``, peak GPU memory during the
 training epoch and ``batch_peak_mib``, the part above what was allocated before it (the
-graph, the features). A phase that passes its time limit stops and is
+graph, the features; for ``fusegnn-pinned`` the features are in CPU memory only, so
+its peak is the graph's structure plus the batch). A phase that passes its time limit stops and is
 extrapolated to the whole epoch (``*_batches`` says how many batches were timed);
 ``$FUSEGNN_BENCH_PHASE_S`` sets that limit (default 60), ``$FUSEGNN_BENCH_PYG_WORKERS``
 PyG's worker count (default ``min(8, cpus)``). ``--scale`` / ``--avg-degree`` size both
@@ -41,13 +42,14 @@ The model is the one of ``examples/train_sampled.py``.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import importlib.util
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,9 +199,40 @@ def pipeline(backend: str, data, case, device, seed):
     raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
 
 
+@contextlib.contextmanager
+def features_on_host(data, device: torch.device) -> Iterator[None]:
+    """``data.x`` in CPU memory for the ``with`` block (the generator makes it on the
+    device): the pinned backend's peak must not count a device copy of the features the
+    loader never reads. The device copy is freed and remade after the block."""
+    if device.type != "cuda" or not data.x.is_cuda:
+        yield
+        return
+    on_device = data.x
+    data.x = on_device.cpu()
+    del on_device
+    torch.cuda.empty_cache()
+    try:
+        yield
+    finally:
+        data.x = data.x.to(device)
+
+
 def measure(backend: str, data, case: SampledCase, device: torch.device, seed: int, phase_s: float,
             warmup: int = 2) -> dict:
-    """One record: sampling epoch, training epoch, peak memory."""
+    """One record: sampling epoch, training epoch, peak memory (for ``fusegnn-pinned``
+    with the features in CPU memory only, see :func:`features_on_host`)."""
+    if backend == "fusegnn-pinned":
+        with features_on_host(data, device):
+            record = _measure(backend, data, case, device, seed, phase_s, warmup)
+        record["features"] = "pinned CPU memory (no device copy)"
+        return record
+    record = _measure(backend, data, case, device, seed, phase_s, warmup)
+    record["features"] = "device" if data.x.device.type == device.type else "CPU"
+    return record
+
+
+def _measure(backend: str, data, case: SampledCase, device: torch.device, seed: int, phase_s: float,
+             warmup: int) -> dict:
     loader, model, forward, target = pipeline(backend, data, case, device, seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     losses: list[torch.Tensor] = []
