@@ -298,8 +298,16 @@ def test_example_finetune_at_sparsity_zero_follows_the_continued_model():
                                "--models", "dense", "--ff-sparsity", "0", "--finetune-steps", "4"])
     r = example.train(args)["finetune"]["models"]["dense"]
     assert r["ff_density"] == 1.0
-    torch.testing.assert_close(r["finetuned"]["loss_curve"], r["continued"]["loss_curve"], rtol=1e-4, atol=1e-5)
-    assert r["finetuned"]["eval"]["loss"] == pytest.approx(r["continued"]["eval"]["loss"], rel=1e-4)
+    # On the CPU both models run float32 (no autocast): they agree to float32 rounding. On
+    # CUDA the example trains under bf16 autocast, which casts the continued model's dense
+    # nn.Linear feed-forward to bfloat16 (unit roundoff 2**-9 ~ 2e-3) while the copy's
+    # VectorSparseLinear keeps float32 (the Triton kernel; autocast does not cast it): the
+    # losses then differ by bf16 rounding (1.2e-4 relative measured on an H100; up to 7e-4
+    # with the CPU under bf16 autocast), where an optimizer state not carried over moves
+    # them by 1.5e-2 to 6e-2 from the first fine-tuning step on.
+    rtol = 2e-3 if torch.cuda.is_available() else 1e-4
+    torch.testing.assert_close(r["finetuned"]["loss_curve"], r["continued"]["loss_curve"], rtol=rtol, atol=1e-5)
+    assert r["finetuned"]["eval"]["loss"] == pytest.approx(r["continued"]["eval"]["loss"], rel=rtol)
 
 
 @pytest.mark.parametrize("bad", [["--ff-sparsity", "1.0"], ["--ff-sparsity", "0.9", "--ff-vector", "3"],

@@ -382,7 +382,7 @@ def test_zero_head_dim_needs_an_explicit_scale():
         vector_sparse_attention(q[..., :0], k[..., :0], v, vector_structure(mask, 16, DEVICE))
     # with a scale, D = 0 is well defined: every score is 0, a uniform average over the allowed keys
     out = sparse_attention(q[..., :0], k[..., :0], v, mask, scale=1.0, aggregation="vector")
-    expect = torch.cumsum(v.double(), 2) / torch.arange(1, 21, dtype=torch.float64).view(1, 1, -1, 1)
+    expect = torch.cumsum(v.double(), 2) / torch.arange(1, 21, dtype=torch.float64, device=v.device).view(1, 1, -1, 1)
     torch.testing.assert_close(out.double(), expect, rtol=1e-5, atol=1e-5)
 
 
@@ -409,7 +409,7 @@ def test_one_token_and_empty_lengths():
     one = M.from_dense(torch.ones(1, 1, dtype=torch.bool))
     check(one, B=1, H=1)
     # L_q = 0 through the kernel entry point: nothing to launch, an empty result and gradients
-    st = build_structure(*(torch.zeros(0, dtype=torch.int64),) * 3, 0, 5, 1)
+    st = build_structure(*(torch.zeros(0, dtype=torch.int64, device=DEVICE),) * 3, 0, 5, 1)
     q = torch.randn(1, 1, 0, 16, device=DEVICE, requires_grad=True)
     k = torch.randn(1, 1, 5, 16, device=DEVICE, requires_grad=True)
     v = torch.randn(1, 1, 5, 16, device=DEVICE, requires_grad=True)

@@ -446,6 +446,25 @@ def test_decisions_taken_collects_the_path_of_each_op():
     assert len(outer) == 4 and dispatch.last_decision().name == "gar"
 
 
+def test_decisions_taken_collects_the_backward_on_every_device():
+    """A backward started inside the block is collected: on the CPU the calling thread runs
+    it; a CUDA backward runs in the autograd engine's device threads, which get the
+    open logs through torch's thread-local Python objects (copied into them per backward)."""
+    from fusegnn.sparse.propagate import propagate
+
+    graph = _graph(num_nodes=10, num_edges=50, seed=24, hub=0)
+    x, _ = _inputs(graph, None, 3, None, seed=24)
+    x.requires_grad_()
+    assert not torch._C._is_key_in_tls(dispatch._RECORDERS_KEY)
+    with dispatch.decisions_taken() as taken:
+        assert torch._C._get_obj_in_tls(dispatch._RECORDERS_KEY) == (taken,)
+        propagate(graph, x, 2, aggregation="gar").sum().backward()  # the backward: propagate on A^T
+    assert [d.name for d in taken] == ["gar"] * 4  # the forward's two steps and the backward's
+    removable = hasattr(torch._C, "_remove_obj_from_tls")
+    assert torch._C._is_key_in_tls(dispatch._RECORDERS_KEY) != removable  # else an empty tuple
+    assert dispatch._open_recorders() == ()
+
+
 def test_register_without_triton(monkeypatch):
     import importlib.util
 

@@ -1,5 +1,6 @@
-"""Vector-sparse format (CVSE), row windows, vspmm / vsddmm kernels (through the Triton
-interpreter on the CPU), Graph.reorder and VectorSparseLinear, against dense references."""
+"""Vector-sparse format (CVSE), row windows, vspmm / vsddmm kernels (on ``DEVICE``: CUDA,
+or the CPU through the Triton interpreter), Graph.reorder and VectorSparseLinear, against
+dense references."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from fusegnn.kernels import vector_spmm as kern
 from fusegnn.layers import VectorSparseLinear
 from fusegnn.sparse import Graph, RowWindows, VectorSparse, vsddmm, vspmm, window_spmm
 from tests.graphs import random_graph
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _sparse_dense(M, K, density, seed, dtype=torch.float64):
@@ -94,14 +97,14 @@ def test_bad_input():
 @pytest.mark.parametrize("V", [2, 4, 8, 16])
 def test_kernels_match_reference_fp32(V):
     M, K, N, F = 2 * V + 3, 37, 19, 21  # ragged: a partial last group, odd widths
-    d = _sparse_dense(M, K, 0.25, V, torch.float32)
+    d = _sparse_dense(M, K, 0.25, V, torch.float32).to(DEVICE)
     d[V : 2 * V] = 0  # an empty row group
     A = VectorSparse.from_dense(d, V)
     idx = A.index()
     g = torch.Generator().manual_seed(1)
-    b = torch.randn(K, N, generator=g)
-    bt = torch.randn(M, N, generator=g)
-    x, y = torch.randn(M, F, generator=g), torch.randn(K, F, generator=g)
+    b = torch.randn(K, N, generator=g).to(DEVICE)
+    bt = torch.randn(M, N, generator=g).to(DEVICE)
+    x, y = torch.randn(M, F, generator=g).to(DEVICE), torch.randn(K, F, generator=g).to(DEVICE)
     torch.testing.assert_close(kern.vspmm(A.values, idx.col_idx, idx.row_ptr, b, M),
                                kern.vspmm_reference(A.values, idx.col_idx, idx.row_ptr, b, M))
     torch.testing.assert_close(kern.vspmm_t(A.values, idx.t_ptr, idx.t_vec, idx.t_group, bt, M),
@@ -118,9 +121,9 @@ def test_kernels_match_reference_fp32(V):
 
 def test_kernel_bf16():
     V = 8
-    d = _sparse_dense(24, 40, 0.2, 5, torch.float32)
+    d = _sparse_dense(24, 40, 0.2, 5, torch.float32).to(DEVICE)
     A = VectorSparse.from_dense(d, V).to(dtype=torch.bfloat16)
-    b = torch.randn(40, 33, generator=torch.Generator().manual_seed(2)).bfloat16()
+    b = torch.randn(40, 33, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.bfloat16)
     out = vspmm(A, b, backend="triton")
     assert out.dtype == torch.bfloat16
     ref = A.to_dense().double() @ b.double()
@@ -130,11 +133,11 @@ def test_kernel_bf16():
 @pytest.mark.parametrize("V", [4, 16])
 def test_gradients_match_dense(V):
     M, K, N = V + 5, 23, 18
-    d = _sparse_dense(M, K, 0.3, 7, torch.float32)
+    d = _sparse_dense(M, K, 0.3, 7, torch.float32).to(DEVICE)
     A = VectorSparse.from_dense(d, V)
     g = torch.Generator().manual_seed(3)
-    b = torch.randn(K, N, generator=g)
-    go = torch.randn(M, N, generator=g)
+    b = torch.randn(K, N, generator=g).to(DEVICE)
+    go = torch.randn(M, N, generator=g).to(DEVICE)
     values = A.values.clone().requires_grad_(True)
     bk = b.clone().requires_grad_(True)
     vspmm(A.with_values(values), bk, backend="triton").backward(go)
@@ -146,8 +149,8 @@ def test_gradients_match_dense(V):
     torch.testing.assert_close(values.grad.double(), v64.grad, rtol=1e-5, atol=1e-5)
     # the transposed product
     values.grad = None
-    bt = torch.randn(M, N, generator=g).requires_grad_(True)
-    gt = torch.randn(K, N, generator=g)
+    bt = torch.randn(M, N, generator=g).to(DEVICE).requires_grad_(True)
+    gt = torch.randn(K, N, generator=g).to(DEVICE)
     vspmm(A.with_values(values).T, bt, backend="triton").backward(gt)
     v64.grad = None
     bt64 = bt.detach().double().requires_grad_(True)
@@ -158,11 +161,11 @@ def test_gradients_match_dense(V):
 
 def test_vsddmm_gradients_match_dense():
     V, M, K, F = 4, 10, 13, 17
-    A = VectorSparse.from_dense(_sparse_dense(M, K, 0.3, 9, torch.float32), V)
+    A = VectorSparse.from_dense(_sparse_dense(M, K, 0.3, 9, torch.float32).to(DEVICE), V)
     g = torch.Generator().manual_seed(4)
-    x = torch.randn(M, F, generator=g, requires_grad=True)
-    y = torch.randn(K, F, generator=g, requires_grad=True)
-    gs = torch.randn(A.num_vectors, V, generator=g)
+    x = torch.randn(M, F, generator=g).to(DEVICE).requires_grad_()
+    y = torch.randn(K, F, generator=g).to(DEVICE).requires_grad_()
+    gs = torch.randn(A.num_vectors, V, generator=g).to(DEVICE)
     vsddmm(x, y, A, backend="triton").backward(gs)
     x64 = x.detach().double().requires_grad_(True)
     y64 = y.detach().double().requires_grad_(True)
@@ -184,10 +187,11 @@ def test_gradcheck_reference_float64():
 
 @pytest.mark.filterwarnings("ignore:Input #:UserWarning")
 def test_gradcheck_kernels_tiny():
-    """The kernel backward (fp32 kernels, so a loose gradcheck)."""
-    A = VectorSparse.from_dense(_sparse_dense(5, 4, 0.6, 12, torch.float32), 2)
+    """The kernel backward (the kernels take no float64: a loose float32 gradcheck, on
+    CUDA as in the interpreter)."""
+    A = VectorSparse.from_dense(_sparse_dense(5, 4, 0.6, 12, torch.float32).to(DEVICE), 2)
     values = A.values.clone().requires_grad_(True)
-    b = torch.randn(4, 3, requires_grad=True)
+    b = torch.randn(4, 3).to(DEVICE).requires_grad_(True)
     assert torch.autograd.gradcheck(
         lambda v, bb: vspmm(A.with_values(v), bb, backend="triton"), (values, b), eps=1e-2, atol=1e-2, rtol=1e-2
     )
@@ -321,7 +325,7 @@ def fresh_dynamo():
 def _assert_same_with_grads(compiled, eager, inputs, **tol):
     for c, e in zip(compiled, eager):
         torch.testing.assert_close(c, e, **tol)
-    seeds = [torch.randn(e.shape, generator=torch.Generator().manual_seed(i), dtype=e.dtype)
+    seeds = [torch.randn(e.shape, generator=torch.Generator().manual_seed(i), dtype=e.dtype).to(e.device)
              for i, e in enumerate(eager)]
     gc = torch.autograd.grad([(c * s).sum() for c, s in zip(compiled, seeds)], inputs)
     ge = torch.autograd.grad([(e * s).sum() for e, s in zip(eager, seeds)], inputs)
@@ -336,15 +340,13 @@ def test_ops_compiled_match_eager(backend, dtype):
     index cached before tracing and without; outputs and gradients (values and dense
     operands) equal the eager ops'."""
     M, K, V = 10, 7, 4
-    d = _sparse_dense(M, K, 0.4, 21, dtype)
+    d = _sparse_dense(M, K, 0.4, 21, dtype).to(DEVICE)
     g = torch.Generator().manual_seed(22)
     values = VectorSparse.from_dense(d, V).values.clone().requires_grad_(True)
-    b = torch.randn(K, 3, generator=g, dtype=dtype, requires_grad=True)
-    bt = torch.randn(M, 3, generator=g, dtype=dtype, requires_grad=True)
-    x = torch.randn(M, 5, generator=g, dtype=dtype, requires_grad=True)
-    y = torch.randn(K, 5, generator=g, dtype=dtype, requires_grad=True)
-    win_dense = _sparse_dense(20, 9, 0.3, 23, dtype)
-    bw = torch.randn(9, 4, generator=g, dtype=dtype, requires_grad=True)
+    b, bt, x, y = (torch.randn(*shape, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
+                   for shape in ((K, 3), (M, 3), (M, 5), (K, 5)))
+    win_dense = _sparse_dense(20, 9, 0.3, 23, dtype).to(DEVICE)
+    bw = torch.randn(9, 4, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
 
     def fn(values, b, bt, x, y, bw, A, win):
         Av = A.with_values(values)
@@ -371,11 +373,11 @@ def test_layer_compiled_matches_eager(backend, dtype):
     import torch._dynamo.testing
 
     torch.manual_seed(0)
-    lin = VectorSparseLinear(12, 8, 0.5, V=4, backend=backend, dtype=dtype)
+    lin = VectorSparseLinear(12, 8, 0.5, V=4, backend=backend, dtype=dtype).to(DEVICE)
     twin = copy.deepcopy(lin)
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(twin, fullgraph=True, backend=counter)
-    x = torch.randn(2, 3, 12, dtype=dtype, requires_grad=True)
+    x = torch.randn(2, 3, 12, dtype=dtype).to(DEVICE).requires_grad_()
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
     for _ in range(2):  # the second call reuses the compiled code
         out = compiled(x)

@@ -1,6 +1,7 @@
 """spmm(aggregation="window"): graph aggregation through Jigsaw row windows
-(:mod:`fusegnn.sparse.window_aggregation`), float32 through the Triton kernels in the
-interpreter and float64 through their PyTorch references, against dense float64 A @ X."""
+(:mod:`fusegnn.sparse.window_aggregation`), float32 through the Triton kernels (on CUDA,
+or in the interpreter on the CPU) and float64 through their PyTorch references, against
+dense float64 A @ X. Everything is built on ``DEVICE``."""
 
 from __future__ import annotations
 
@@ -17,18 +18,26 @@ from tests.graphs import random_graph
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture
+def nasty_graph(nasty_graph):
+    """conftest's graph, on ``DEVICE``."""
+    return nasty_graph.to(DEVICE)
+
 
 def _graph(n=37, e=150, seed=1, **kw) -> Graph:
     num_dst = kw.get("num_dst_nodes")
-    return Graph(random_graph(n, e, seed, **kw), (n, num_dst) if num_dst is not None else n)
+    return Graph(random_graph(n, e, seed, **kw).to(DEVICE), (n, num_dst) if num_dst is not None else n)
 
 
 def _weights(graph: Graph, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
-    return torch.rand(graph.num_edges, generator=torch.Generator().manual_seed(seed), dtype=dtype) + 0.1
+    return (torch.rand(graph.num_edges, generator=torch.Generator().manual_seed(seed), dtype=dtype) + 0.1).to(DEVICE)
 
 
 def _x(rows: int, *shape: int, seed: int = 3, dtype=torch.float32) -> torch.Tensor:
-    return torch.randn(rows, *shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    return torch.randn(rows, *shape, generator=torch.Generator().manual_seed(seed), dtype=dtype).to(DEVICE)
 
 
 def _dense(graph: Graph, weight: torch.Tensor | None) -> torch.Tensor:
@@ -72,7 +81,7 @@ def test_bipartite_and_empty():
     w = _weights(graph)
     torch.testing.assert_close(spmm(graph, x, w, aggregation="window").double(), _dense(graph, w) @ x.double(),
                                rtol=1e-5, atol=1e-5)
-    empty = Graph(torch.empty(2, 0, dtype=torch.long), (4, 33))  # 33 targets, 3 windows, no edge
+    empty = Graph(torch.empty(2, 0, dtype=torch.long, device=DEVICE), (4, 33))  # 33 targets, 3 windows, no edge
     out = spmm(empty, _x(4, 6), aggregation="window")
     assert out.shape == (33, 6) and not out.any()
 
@@ -90,7 +99,7 @@ def test_gradients_match_dense(W, nasty_graph):
     out.backward(go)
     x64 = x.detach().double().requires_grad_(True)
     w64 = w.detach().double().requires_grad_(True)
-    ref = torch.zeros(graph.num_nodes, 19, dtype=torch.float64).index_add(
+    ref = torch.zeros(graph.num_nodes, 19, dtype=torch.float64, device=DEVICE).index_add(
         0, graph.dst.long(), x64[graph.src.long()] * w64[:, None])
     ref.backward(go.double())
     torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-5)
@@ -137,7 +146,7 @@ def test_max_and_head_weights_go_to_gar(nasty_graph):
     out = spmm(graph, x, reduce="max", aggregation="window")
     assert last_decision().name == "gar"
     torch.testing.assert_close(out, spmm(graph, x, reduce="max", aggregation="reference"))
-    heads = torch.rand(graph.num_edges, 2, generator=torch.Generator().manual_seed(1))
+    heads = torch.rand(graph.num_edges, 2, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     out = spmm(graph, x, heads, aggregation="window")
     assert last_decision().name == "gar"
     torch.testing.assert_close(out, spmm(graph, x, heads, aggregation="reference"), rtol=1e-5, atol=1e-5)
@@ -150,8 +159,8 @@ def test_max_and_head_weights_go_to_gar(nasty_graph):
 @pytest.mark.parametrize("channels", [(12, 5), (5, 12)])
 def test_gcnconv_window_equals_reference(cached, channels, nasty_graph):
     torch.manual_seed(0)
-    window = GCNConv(*channels, cached=cached, aggregation="window")
-    reference = GCNConv(*channels, cached=cached, aggregation="reference")
+    window = GCNConv(*channels, cached=cached, aggregation="window").to(DEVICE)
+    reference = GCNConv(*channels, cached=cached, aggregation="reference").to(DEVICE)
     reference.load_state_dict(window.state_dict())
     x = _x(nasty_graph.num_nodes, channels[0])
     for _ in range(2):  # the second call reuses the cached windows (and, cached, the graph)
@@ -171,7 +180,7 @@ def test_gcnconv_trainable_edge_weight(nasty_graph):
     """Weights given to forward that require grad: their gradient flows through the
     normalisation and the per-edge SDDMM."""
     torch.manual_seed(1)
-    layer = GCNConv(6, 4, aggregation="window")
+    layer = GCNConv(6, 4, aggregation="window").to(DEVICE)
     x = _x(nasty_graph.num_nodes, 6)
     grads = []
     for aggregation in ("window", "reference"):
@@ -187,7 +196,8 @@ def test_propagation_layers_accept_window(nasty_graph):
     for cls, opts in ((SGConv, {"K": 2}), (APPNP, {"K": 3, "alpha": 0.2})):
         torch.manual_seed(2)
         if cls is SGConv:
-            window, reference = cls(6, 3, aggregation="window", **opts), cls(6, 3, aggregation="reference", **opts)
+            window = cls(6, 3, aggregation="window", **opts).to(DEVICE)
+            reference = cls(6, 3, aggregation="reference", **opts).to(DEVICE)
             reference.load_state_dict(window.state_dict())
         else:
             window, reference = cls(aggregation="window", **opts), cls(aggregation="reference", **opts)
@@ -230,7 +240,7 @@ def test_windows_and_tile_density(nasty_graph):
     graph = nasty_graph
     windows = graph_windows(graph)
     assert windows.pattern.W == wa.WINDOW_ROWS
-    ones = RowWindows.from_graph(graph.with_edge_weight(torch.ones(graph.num_edges)), wa.WINDOW_ROWS)
+    ones = RowWindows.from_graph(graph.with_edge_weight(torch.ones(graph.num_edges, device=DEVICE)), wa.WINDOW_ROWS)
     assert torch.equal(windows.pattern.col_idx, ones.col_idx) and torch.equal(windows.pattern.row_ptr, ones.row_ptr)
     # every edge's slot holds its (target, source) entry
     tiles = wa.window_values(graph, None, torch.float64)
@@ -266,7 +276,7 @@ def test_bad_input(nasty_graph):
     with pytest.raises(ValueError, match="x has 5 rows"):
         spmm(nasty_graph, x[:5], aggregation="window")
     with pytest.raises(ValueError, match="edge_weight must have shape"):
-        spmm(nasty_graph, x, torch.ones(3), aggregation="window")
+        spmm(nasty_graph, x, torch.ones(3, device=DEVICE), aggregation="window")
     with pytest.raises(TypeError, match="graph must be a fusegnn.sparse.Graph"):
         window_tile_density(nasty_graph.edge_index)
     with pytest.raises(ValueError, match="W must be one of"):
@@ -280,8 +290,8 @@ def test_compiled_matches_eager(nasty_graph):
     """Under torch.compile spmm is the fusegnn::spmm custom op; "window" runs inside it,
     forward and backward (the backend's plain backward), GCN normalisation included."""
     torch.manual_seed(3)
-    layer = GCNConv(6, 4, aggregation="window")
-    reference = GCNConv(6, 4, aggregation="reference")
+    layer = GCNConv(6, 4, aggregation="window").to(DEVICE)
+    reference = GCNConv(6, 4, aggregation="reference").to(DEVICE)
     reference.load_state_dict(layer.state_dict())
     x = _x(nasty_graph.num_nodes, 6)
     compiled = torch.compile(lambda v: layer(v, nasty_graph), fullgraph=True, backend="aot_eager")
@@ -309,7 +319,7 @@ def test_zero_node_graphs_and_untouched_inputs():
     """No target or no source node: an empty / zero result and gradients (``reshape(0, -1)``
     used to raise); the inputs are never written."""
     for num_nodes, rows in (((0, 3), 0), ((3, 0), 3)):
-        graph = Graph(torch.zeros(2, 0, dtype=torch.int64), num_nodes)
+        graph = Graph(torch.zeros(2, 0, dtype=torch.int64, device=DEVICE), num_nodes)
         x = _x(rows, 4).requires_grad_()
         out = spmm(graph, x, aggregation="window")
         assert out.shape == (graph.num_dst_nodes, 4) and not bool(out.any())
@@ -336,10 +346,11 @@ def test_property_window_equals_dense_float64(num_src, num_dst, edges, loops, du
     src = [s % num_src for s, _ in edges] + [i % min(num_src, num_dst) for i in range(loops)]
     dst = [d % num_dst for _, d in edges] + [i % min(num_src, num_dst) for i in range(loops)]
     src, dst = src + src[:dup], dst + dst[:dup]  # duplicates of the first edges
-    graph = Graph(torch.tensor([src, dst], dtype=torch.int64).view(2, -1), (num_src, num_dst))
+    graph = Graph(torch.tensor([src, dst], dtype=torch.int64, device=DEVICE).view(2, -1), (num_src, num_dst))
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(num_src, 3, generator=gen, dtype=torch.float64, requires_grad=True)
-    w = (torch.rand(graph.num_edges, generator=gen, dtype=torch.float64) + 0.1).requires_grad_() if weighted else None
+    x = torch.randn(num_src, 3, generator=gen, dtype=torch.float64).to(DEVICE).requires_grad_()
+    w = ((torch.rand(graph.num_edges, generator=gen, dtype=torch.float64) + 0.1).to(DEVICE).requires_grad_()
+         if weighted else None)
     out = spmm(graph, x, w, reduce=reduce, aggregation="window")
     dense = _dense(graph, w)
     in_degree = torch.bincount(graph.dst.long(), minlength=num_dst).clamp(min=1).double()  # duplicates count
@@ -348,7 +359,7 @@ def test_property_window_equals_dense_float64(num_src, num_dst, edges, loops, du
     expect = dense @ x.detach()
     torch.testing.assert_close(out, expect, rtol=1e-12, atol=1e-12)
     assert bool(torch.isfinite(out).all())
-    g = torch.randn(num_dst, 3, generator=gen, dtype=torch.float64)
+    g = torch.randn(num_dst, 3, generator=gen, dtype=torch.float64).to(DEVICE)
     out.backward(g)
     torch.testing.assert_close(x.grad, dense.t() @ g, rtol=1e-12, atol=1e-12)
     if weighted:

@@ -404,8 +404,27 @@ def record_decision(decision: Decision) -> None:
         _collect(decision)
 
 
+# The open decisions_taken logs live in torch's thread-local Python objects, not in
+# ``_state``: the autograd engine copies those into the device threads that run a CUDA
+# backward, so the decisions of ``loss.backward()`` inside a block reach the block on
+# CUDA as they do on the CPU (where the calling thread runs the backward itself).
+_RECORDERS_KEY = "fusegnn.dispatch.decisions_taken"
+
+
+def _open_recorders() -> tuple[list[Decision], ...]:
+    return torch._C._get_obj_in_tls(_RECORDERS_KEY) if torch._C._is_key_in_tls(_RECORDERS_KEY) else ()
+
+
+def _set_recorders(recorders: tuple[list[Decision], ...]) -> None:
+    remove = getattr(torch._C, "_remove_obj_from_tls", None)  # absent from older torch
+    if recorders or remove is None:
+        torch._C._stash_obj_in_tls(_RECORDERS_KEY, recorders)
+    else:
+        remove(_RECORDERS_KEY)  # an empty thread-local map (a thread exiting holding one can deadlock)
+
+
 def _collect(decision: Decision) -> None:
-    for log in getattr(_state, "recorders", ()):
+    for log in _open_recorders():
         log.append(decision)
 
 
@@ -413,7 +432,8 @@ def _collect(decision: Decision) -> None:
 def decisions_taken() -> Iterator[list[Decision]]:
     """Context manager: a list that collects, in order, every :class:`Decision` the ops
     called inside the block record in this thread (the path each op took, including a
-    backend's hand-over of :func:`note_path`)::
+    backend's hand-over of :func:`note_path`), and in the autograd engine's device
+    threads for a backward started in the block (a CUDA backward runs there)::
 
         with decisions_taken() as taken:
             layer(x, graph)
@@ -421,8 +441,8 @@ def decisions_taken() -> Iterator[list[Decision]]:
     """
     global _recorders_open
     log: list[Decision] = []
-    outer = getattr(_state, "recorders", ())
-    _state.recorders = (*outer, log)
+    outer = _open_recorders()
+    _set_recorders((*outer, log))
     with _recorders_lock:
         _recorders_open += 1
     try:
@@ -430,7 +450,7 @@ def decisions_taken() -> Iterator[list[Decision]]:
     finally:
         with _recorders_lock:
             _recorders_open -= 1
-        _state.recorders = outer
+        _set_recorders(outer)
 
 
 def backend_named(name: str) -> Backend:
