@@ -11,7 +11,7 @@ import torch
 
 from fusegnn.kernels import vector_spmm as kern
 from fusegnn.layers import VectorSparseLinear
-from fusegnn.sparse import VectorSparse
+from fusegnn.sparse import VectorSparse, prefers_dense
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -69,7 +69,7 @@ def test_layer_gradients_through_the_dense_branch(dense_for_small):
     the masked dense linear's (float32 against float64)."""
     torch.manual_seed(0)
     layer = VectorSparseLinear(24, 40, 0.5, V=8).to(DEVICE)
-    assert kern.dense_is_cheaper(layer.values.numel(), 40, 24, 8)
+    assert prefers_dense(layer.pattern()) and not prefers_dense(layer.pattern(), backend="triton")
     x = torch.randn(5, 7, 24, device=DEVICE, requires_grad=True)
     out = layer(x)
     grad = torch.randn_like(out)
@@ -83,3 +83,24 @@ def test_layer_gradients_through_the_dense_branch(dense_for_small):
     mask = layer.pattern().mask()
     stored = layer.pattern().with_values(layer.values.grad).to_dense().double()
     torch.testing.assert_close(stored, w.grad * mask, rtol=1e-4, atol=1e-4)
+
+
+def test_prefers_dense_rule_and_bad_input(dense_for_small):
+    A = _matrix(40, 24, 8, 0.5, 0)
+    assert prefers_dense(A)
+    assert not prefers_dense(A, backend="reference") and not prefers_dense(A, backend="triton")
+    with pytest.raises(ValueError, match="backend"):
+        prefers_dense(A, backend="cuda")
+    with pytest.raises(TypeError, match="a must be a VectorSparse"):
+        prefers_dense(A.to_dense())
+
+
+def test_layer_sparse_and_dense_paths_agree(monkeypatch):
+    """The same layer through the kernels and through F.linear on the densified weight."""
+    torch.manual_seed(1)
+    layer = VectorSparseLinear(24, 40, 0.5, V=8).to(DEVICE)
+    x = torch.randn(6, 24, device=DEVICE)
+    sparse = layer(x)
+    assert not prefers_dense(layer.pattern())  # 960 entries: below the size floor
+    monkeypatch.setattr(kern, "DENSE_MIN_ELEMENTS", 1)
+    torch.testing.assert_close(layer(x), sparse, rtol=1e-5, atol=1e-5)

@@ -6,7 +6,9 @@ import torch
 from torch import Tensor, nn
 
 from fusegnn.layers.semi_structured_linear import SemiStructuredLinear
-from fusegnn.sparse import VectorSparse, vspmm
+import torch.nn.functional as F
+
+from fusegnn.sparse import VectorSparse, prefers_dense, vspmm
 
 __all__ = ["VectorSparseLinear"]
 
@@ -23,6 +25,14 @@ class VectorSparseLinear(nn.Module):
     gives :math:`\partial x^\top = W^\top \partial y^\top` through the transposed pattern
     and :math:`\partial W = \partial y^\top x` sampled at :math:`W`'s pattern
     (``vsddmm``), never a dense weight gradient.
+
+    **Dense fallback.** Where :func:`~fusegnn.sparse.prefers_dense` says a dense GEMM
+    is cheaper (``backend="auto"``, a weight of at least 2^22 entries and more than
+    ``V / 512`` of them stored: every pruned transformer-sized layer), the forward is
+    ``F.linear`` on the densified weight and the backward two dense GEMMs, the weight's
+    gradient gathered at the pattern: same values, the dense layer's speed. On an H100
+    (bf16, 4096 x 16384, 90 % sparse, V = 8) the sparse kernels took 3.8 ms forward and
+    47 ms backward against cuBLAS's 1.6 and 2.8 ms.
 
     Args:
         in_features, out_features: as ``nn.Linear``'s.
@@ -95,9 +105,12 @@ class VectorSparseLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.size(-1) != self.in_features:
             raise ValueError(f"x must have {self.in_features} features in its last axis, got {x.size(-1)}")
+        pattern = self.pattern()
+        if prefers_dense(pattern, backend=self.backend):
+            return F.linear(x, pattern.to_dense(), self.bias)
         lead = x.shape[:-1]
         xt = x.reshape(-1, self.in_features).t().contiguous()  # [in, T]: rows gathered by column index
-        yt = vspmm(self.pattern(), xt, backend=self.backend)  # [out, T]
+        yt = vspmm(pattern, xt, backend=self.backend)  # [out, T]
         y = yt.t()
         if self.bias is not None:
             y = y + self.bias

@@ -26,7 +26,7 @@ from fusegnn.sparse.graph import CompressedEdges, Graph
 from fusegnn.sparse.halo import HaloGraph
 from fusegnn.sparse.ops import as_graph, edge_aggregate, edge_index_of, edge_softmax, graph_arg, sddmm, spmm
 from fusegnn.sparse.propagate import propagate
-from fusegnn.sparse.vector_ops import vsddmm, vspmm, window_spmm
+from fusegnn.sparse.vector_ops import prefers_dense, vsddmm, vspmm, window_spmm
 from fusegnn.sparse.vector_sparse import RowWindows, TransposedVectorSparse, VectorSparse
 from fusegnn.sparse.window_aggregation import graph_windows, window_tile_density
 from fusegnn.sparse.processing import (
@@ -80,6 +80,7 @@ __all__ = [
     "VectorSparse",
     "vsddmm",
     "vspmm",
+    "prefers_dense",
     "window_spmm",
     "graph_windows",
     "window_tile_density",

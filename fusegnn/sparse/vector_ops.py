@@ -30,7 +30,7 @@ from fusegnn.sparse.graph import type_name
 from fusegnn.sparse.vector_library import BACKENDS, use_kernel
 from fusegnn.sparse.vector_sparse import RowWindows, TransposedVectorSparse, VectorIndex, VectorSparse
 
-__all__ = ["vsddmm", "vspmm", "window_spmm"]
+__all__ = ["prefers_dense", "vsddmm", "vspmm", "window_spmm"]
 
 
 def _kernels():
@@ -65,6 +65,19 @@ def _check_same(a: VectorSparse, t: Tensor, name: str) -> None:
         raise ValueError(f"{name} is on {t.device} but the sparse matrix is on {a.device}")
     if t.dtype != a.dtype:
         raise TypeError(f"{name} has dtype {t.dtype} but the sparse matrix's values are {a.dtype}")
+
+
+def prefers_dense(a: VectorSparse, *, backend: str = "auto") -> bool:
+    """Whether products with ``a`` are cheaper as dense GEMMs on ``a.to_dense()`` than
+    through the vector-sparse kernels (:func:`fusegnn.kernels.vector_spmm.dense_is_cheaper`
+    with the kernels' reuse of ``V``): only for ``backend="auto"``, which
+    :class:`~fusegnn.layers.VectorSparseLinear` then runs as ``F.linear`` on the densified
+    weight (gradients: two dense GEMMs, the weight's gathered at the pattern)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if not isinstance(a, VectorSparse):
+        raise TypeError(f"a must be a VectorSparse, got {type_name(a)}")
+    return backend == "auto" and _kernels().dense_is_cheaper(a.values.numel(), a.shape[0], a.shape[1], a.V)
 
 
 def vspmm(a: VectorSparse | TransposedVectorSparse, b: Tensor, *, backend: str = "auto") -> Tensor:

@@ -295,9 +295,10 @@ class VectorSparse:
         """The dense ``[M, K]`` matrix (differentiable in ``values``)."""
         M, K = self.shape
         G, V = self.num_groups, self.V
-        dense = torch.zeros(G, K, V, dtype=self.dtype, device=self.device)
-        dense = dense.index_put((self.vector_groups(), self.col_idx.long()), self.values)
-        return dense.permute(0, 2, 1).reshape(G * V, K)[:M]
+        rows = torch.arange(V, device=self.device)
+        index = (self.vector_groups()[:, None], rows[None, :], self.col_idx.long()[:, None])  # [nnz_v, V] each
+        dense = torch.zeros(G, V, K, dtype=self.dtype, device=self.device).index_put(index, self.values)
+        return dense.view(G * V, K)[:M]
 
     def mask(self) -> Tensor:
         """Boolean ``[M, K]``: the stored positions (whole vectors)."""
