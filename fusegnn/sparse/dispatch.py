@@ -191,8 +191,11 @@ _BACKENDS: dict[str, Backend] = {}
 _kernels_loaded = False
 _state = threading.local()
 _deterministic_global = False
-_recorders_open = 0  # decisions_taken blocks open in any thread (0: ops skip the look-up)
 _recorders_lock = threading.Lock()
+# The open decisions_taken logs are process-wide, not per thread: a CUDA backward runs in
+# the autograd engine's own device threads, and its decisions must reach the block that
+# started it as they do on the CPU (where the calling thread runs the backward itself).
+_open_logs: tuple[list["Decision"], ...] = ()
 
 
 # ------------------------------------------------------------------------- registry
@@ -391,7 +394,7 @@ def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor, op: st
         if not warns:
             memo[key] = decision
     _state.last = decision
-    if _recorders_open:
+    if _open_logs:
         _collect(decision)
     return _BACKENDS[decision.name]
 
@@ -400,57 +403,37 @@ def record_decision(decision: Decision) -> None:
     """Record ``decision`` as the path of the running op (for :func:`last_decision` and
     :func:`decisions_taken`)."""
     _state.last = decision
-    if _recorders_open:
+    if _open_logs:
         _collect(decision)
 
 
-# The open decisions_taken logs live in torch's thread-local Python objects, not in
-# ``_state``: the autograd engine copies those into the device threads that run a CUDA
-# backward, so the decisions of ``loss.backward()`` inside a block reach the block on
-# CUDA as they do on the CPU (where the calling thread runs the backward itself).
-_RECORDERS_KEY = "fusegnn.dispatch.decisions_taken"
-
-
-def _open_recorders() -> tuple[list[Decision], ...]:
-    return torch._C._get_obj_in_tls(_RECORDERS_KEY) if torch._C._is_key_in_tls(_RECORDERS_KEY) else ()
-
-
-def _set_recorders(recorders: tuple[list[Decision], ...]) -> None:
-    remove = getattr(torch._C, "_remove_obj_from_tls", None)  # absent from older torch
-    if recorders or remove is None:
-        torch._C._stash_obj_in_tls(_RECORDERS_KEY, recorders)
-    else:
-        remove(_RECORDERS_KEY)  # an empty thread-local map (a thread exiting holding one can deadlock)
-
-
 def _collect(decision: Decision) -> None:
-    for log in _open_recorders():
+    for log in _open_logs:
         log.append(decision)
 
 
 @contextlib.contextmanager
 def decisions_taken() -> Iterator[list[Decision]]:
-    """Context manager: a list that collects, in order, every :class:`Decision` the ops
-    called inside the block record in this thread (the path each op took, including a
-    backend's hand-over of :func:`note_path`), and in the autograd engine's device
-    threads for a backward started in the block (a CUDA backward runs there)::
+    """Context manager: a list that collects, in order, every :class:`Decision` recorded
+    while the block is open (the path each op took, including a backend's hand-over of
+    :func:`note_path`): the ops called in the block and the backward of a
+    ``loss.backward()`` in it (which on CUDA runs in the autograd engine's device
+    threads). The log is process-wide: ops that other threads run meanwhile are collected
+    too. ::
 
         with decisions_taken() as taken:
             layer(x, graph)
         taken[0].name, taken[0].reason   # e.g. "gar", "average degree 492.0 >= 20.0 ..."
     """
-    global _recorders_open
+    global _open_logs
     log: list[Decision] = []
-    outer = _open_recorders()
-    _set_recorders((*outer, log))
     with _recorders_lock:
-        _recorders_open += 1
+        _open_logs = (*_open_logs, log)
     try:
         yield log
     finally:
         with _recorders_lock:
-            _recorders_open -= 1
-        _set_recorders(outer)
+            _open_logs = tuple(other for other in _open_logs if other is not log)
 
 
 def backend_named(name: str) -> Backend:

@@ -281,7 +281,8 @@ class VectorSparse:
                 f"got {type_name(values) if not isinstance(values, Tensor) else tuple(values.shape)}"
             )
         other = object.__new__(type(self))
-        other.__dict__.update(self.__dict__)
+        # attribute by attribute: torch 2.11's Dynamo cannot trace ``__dict__.update``
+        other.row_ptr, other.col_idx, other.shape, other._cache = self.row_ptr, self.col_idx, self.shape, self._cache
         other.values = values
         return other
 
