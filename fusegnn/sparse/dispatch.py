@@ -16,7 +16,7 @@ Every public op takes ``aggregation``:
   1. tensors not on a CUDA device take the reference (also under the Triton
      interpreter, which only explicit ``"gas"`` / ``"gar"`` use on the CPU);
   2. in deterministic mode (below) GAR, which has no atomics;
-  3. otherwise fuseGNN's rule: GAR when the graph's average in-degree is at least
+  3. otherwise fuseGNN's rule (for ``spmm``, after the row-window rule below): GAR when the graph's average in-degree is at least
      :func:`gar_min_avg_degree` of the feature width (38 at 16 columns, 20 at 64, 5 at
      256: ``python -m benchmarks.run --suite agg --sweep spmm``, see
      ``benchmarks/NOTES-spmm.md``), GAS below it. The threshold assumes the CSR / CSC
@@ -34,15 +34,20 @@ Every public op takes ``aggregation``:
   and the ``torch.compile`` custom ops use) the host cost is paid once, so the fused
   kernels are chosen by the rule of 3 as before.
 
-**Row windows are not chosen automatically (yet).** ``"auto"`` never picks ``"window"``:
-where it beats GAR / GAS has not been measured. The decision input is in place:
-:func:`~fusegnn.sparse.window_aggregation.window_tile_density` (the fraction of the
-row-window tile entries that hold an edge, cached on the graph; the window kernel wastes
-the rest of each tensor-core product). The rule to add is "window when the tile density
-is at least a threshold for the feature width", with the threshold calibrated on a GPU
-by the ``vector`` benchmark suite (``python -m benchmarks.run --suite vector``, and the
-``agg`` suite's ``fusegnn-window`` row against ``fusegnn-gar`` and ``cusparse``); no
-threshold is guessed here.
+**Row windows.** For ``spmm`` one more rule comes before 3: ``"window"`` when the
+graph's row-window tile density (the fraction of the windows' tile entries holding an
+edge, :func:`~fusegnn.sparse.tile_density.estimate_tile_density`: counted on a sample of
+4,096 windows, cached on the graph) is at least :data:`WINDOW_MIN_TILE_DENSITY`. Measured
+on an H100 (bf16, F = 128 and 256, ``python -m benchmarks.run --suite vector --sweep
+window-crossover``): on 233k-node graphs of in-degree 128 the windows beat GAR at every
+tile density from 0.063 (1.18x) up, 1.7x at 0.096, 2.8-3.2x at 0.16 and 2.8-6.1x above
+0.25; on the Reddit-like graph (in-degree 492, heavy-tailed) GAR won at 0.065 (and 0.080
+after RCM): 8.5 against 10.8 ms forward + backward at F = 128. The threshold, 0.25, keeps
+GAR wherever the sweep leaves a doubt and bounds the windows' tile memory to 4 entries per
+edge in each direction (about what the CSR / CSC they replace take). The rule is for eager
+calls: a CUDA-graph capture, :func:`for_capture` and the compiled custom ops keep rule 3
+(the estimate's sorts sync the host, and the windows inside captured or compiled steps
+have not been measured).
 
 **Seeing the choice.** :func:`explain` returns the :class:`Decision` (backend name and
 reason) for given inputs without running anything; :func:`last_decision` /
@@ -83,6 +88,7 @@ import torch
 from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
+from fusegnn.sparse.tile_density import estimate_tile_density
 
 __all__ = [
     "AGGREGATIONS",
@@ -114,6 +120,9 @@ __all__ = [
 AGGREGATIONS = ("auto", "gas", "gar", "reference")
 # spmm alone also takes the row windows (see the module docstring)
 SPMM_AGGREGATIONS = (*AGGREGATIONS, "window")
+
+#: ``"auto"`` runs ``spmm`` on row windows from this tile density up (module docstring)
+WINDOW_MIN_TILE_DENSITY = 0.25
 
 # Average in-degree at and above which "auto" prefers GAR over GAS on a GPU, by feature
 # width (columns of x: H * F). Calibrated on an H200 by the "calib" stage of
@@ -363,6 +372,8 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str =
             f"host-bound: {graph.num_edges} edges x {width} columns < {HOST_BOUND_WORK} in an eager step "
             "(the fused kernels run inside CUDA graphs and on larger graphs)",
         )
+    if op == "spmm" and (windowed := _window_rule(graph, tensors)) is not None:
+        return windowed
     threshold = gar_min_avg_degree(width)
     if avg >= threshold:
         order, why = ("gar", "gas"), f"average degree {avg:.1f} >= {threshold:.1f}"
@@ -373,6 +384,17 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str =
         if _usable(name, graph, tensors):
             return Decision(name, why)
     return Decision("reference", "no fused backend can run on these inputs (Triton missing or unsupported dtype)")
+
+
+def _window_rule(graph: Graph, tensors: tuple[Tensor, ...]) -> Decision | None:
+    """The row-window rule of ``auto`` for an eager ``spmm`` (module docstring); ``None``
+    when it does not pick the windows."""
+    if capture_mode() or not _usable("window", graph, tensors):
+        return None
+    density = estimate_tile_density(graph)
+    if density < WINDOW_MIN_TILE_DENSITY:
+        return None
+    return Decision("window", f"row-window tile density {density:.3f} >= {WINDOW_MIN_TILE_DENSITY}")
 
 
 def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor, op: str = "") -> Backend:

@@ -383,6 +383,10 @@ class Graph:
         prefix = "struct:" if structural else "user:"
         return self._cached(prefix + key, compute)
 
+    def peek_cached(self, key: str, *, structural: bool = False):
+        """What :meth:`cached` holds under ``key`` (``None`` if nothing: computes nothing)."""
+        return self._cache.get(("struct:" if structural else "user:") + key)
+
     # ------------------------------------------------------------------ transforms
     def to(self, device: torch.device | str) -> "Graph":
         """The same graph on ``device`` (cached formats are recomputed there lazily)."""

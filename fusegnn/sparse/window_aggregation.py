@@ -48,6 +48,7 @@ from torch.autograd.function import once_differentiable
 
 from fusegnn.sparse import reference
 from fusegnn.sparse.graph import Graph, outside_graph_pools, type_name
+from fusegnn.sparse.tile_density import WINDOW_ROWS
 from fusegnn.sparse.vector_library import use_kernel
 from fusegnn.sparse.vector_ops import vspmm
 from fusegnn.sparse.vector_sparse import RowWindows, vector_structure
@@ -62,10 +63,6 @@ __all__ = [
     "window_values",
 ]
 
-#: Rows per window: the smallest ``tl.dot`` tile height, so no tensor-core row is padding
-#: and the tiles are as dense as windows get (32 would reuse each gathered row twice as often
-#: on denser graphs; the ``vector`` benchmarks compare both).
-WINDOW_ROWS = 16
 
 
 class GraphWindows(NamedTuple):
