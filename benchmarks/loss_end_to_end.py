@@ -85,7 +85,7 @@ def _rows(device: torch.device, steps: int, scale: float) -> list[dict]:
 
 
 def sweep_main(argv: list[str], out_dir: Path, device_fn) -> int:
-    from benchmarks.report import environment, gpu_slug
+    from benchmarks.report import environment, markdown_table, write_sweep_result
 
     p = argparse.ArgumentParser(prog="--sweep end-to-end")
     p.add_argument("--steps", type=int, default=10)
@@ -96,15 +96,12 @@ def sweep_main(argv: list[str], out_dir: Path, device_fn) -> int:
         raise SystemExit("--sweep end-to-end times CUDA steps and captures: it needs a CUDA device")
     rows = _rows(device, args.steps, args.scale)
     doc = {"sweep": "end-to-end", "environment": environment(device), "config": vars(args), "rows": rows}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"end-to-end-{gpu_slug(device)}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    lines = [f"## training step with and without the fused head, {doc['environment'].get('device', '?')}", "",
-             "| model | step | head | ms | peak MiB |", "|---|---|---|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['model']} | {'captured' if r['captured'] else 'eager'} | "
-                     f"{'fused (model.loss)' if r['fused_head'] else 'logits + F.cross_entropy'} | "
-                     f"{r['ms']:.2f} | {r['peak_mib']:.0f} |")
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    title = f"## training step with and without the fused head, {doc['environment'].get('device', '?')}"
+    table = markdown_table(
+        [("model", "l"), ("step", "l"), ("head", "l"), ("ms", "r"), ("peak MiB", "r")],
+        [[r["model"], "captured" if r["captured"] else "eager",
+          "fused (model.loss)" if r["fused_head"] else "logits + F.cross_entropy",
+          f"{r['ms']:.2f}", f"{r['peak_mib']:.0f}"] for r in rows])
+    lines = [title, "", *table]
+    write_sweep_result(out_dir, "end-to-end", device, doc, lines)
     return 0
