@@ -82,9 +82,13 @@ def reduce_messages(graph: Graph, messages: Tensor, reduce: str) -> Tensor:
 
 def _mean_divisor(graph: Graph, dtype: torch.dtype, dim: int) -> Tensor:
     """max(in-degree, 1) as ``dtype``, shaped ``[N_dst, 1, ...]`` to divide ``dim``-D sums;
-    cached on the graph's structure (two ATen ops fewer in every eager mean)."""
+    cached on the graph's structure (two ATen ops fewer in every eager mean). Not cached
+    under ``torch.inference_mode()``: an inference tensor in the cache could not be saved
+    for the backward of a later training step (the division saves its divisor)."""
     def compute() -> Tensor:
         return graph.in_degree.clamp(min=1).to(dtype).reshape((-1,) + (1,) * (dim - 1))
+    if torch.is_inference_mode_enabled():
+        return compute()
     return graph.cached(f"mean_divisor:{dtype}:{dim}", compute, structural=True)
 
 
