@@ -358,11 +358,6 @@ def main(argv: list[str] | None = None) -> int:
         print(table)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def write_sweep_result(out_dir: Path, name: str, device, doc: dict, lines: list[str]) -> Path:
     """A sweep's result: ``doc`` as ``<out_dir>/<name>-<gpu-slug>.json`` and the markdown
     ``lines`` beside it (``.md``, also printed); returns the JSON's path."""
@@ -381,3 +376,7 @@ def markdown_table(columns: list[tuple[str, str]], rows: list[list[str]]) -> lis
     lines = ["| " + " | ".join(title for title, _ in columns) + " |",
              "|" + "|".join("---:" if align == "r" else "---" for _, align in columns) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -104,3 +104,26 @@ def test_layer_sparse_and_dense_paths_agree(monkeypatch):
     assert not prefers_dense(layer.pattern())  # 960 entries: below the size floor
     monkeypatch.setattr(kern, "DENSE_MIN_ELEMENTS", 1)
     torch.testing.assert_close(layer(x), sparse, rtol=1e-5, atol=1e-5)
+
+
+def test_only_auto_takes_the_dense_branch(dense_for_small, monkeypatch):
+    """``backend="triton"`` always runs the sparse kernels (forward and backward); ``"auto"``
+    may hand the product to the dense GEMM."""
+    from fusegnn.sparse import vsddmm, vspmm
+
+    A = _matrix(40, 24, 8, 0.5, 3)
+    g = torch.Generator().manual_seed(4)
+    values = A.values.clone().requires_grad_()
+    b = torch.randn(24, 5, generator=g).to(DEVICE).requires_grad_()
+    x, y = torch.randn(40, 6, generator=g).to(DEVICE), torch.randn(24, 6, generator=g).to(DEVICE)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the dense branch ran")
+
+    monkeypatch.setattr(kern, "_densify", refuse)
+    Av = A.with_values(values)
+    out = vspmm(Av, b, backend="triton") + vspmm(Av.T, torch.randn(40, 5, generator=g).to(DEVICE), backend="triton").sum()
+    out.sum().backward()
+    vsddmm(x, y, A, backend="triton")
+    with pytest.raises(AssertionError, match="dense branch"):
+        vspmm(Av, b, backend="auto")

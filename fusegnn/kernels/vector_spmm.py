@@ -45,7 +45,8 @@ So, for matrices of at least :data:`DENSE_MIN_ELEMENTS` and at most
 huge ones -- graphs -- would not fit densified), each op runs the dense product when
 ``density > reuse / DENSE_LOADS_PER_MAC`` (``reuse`` = ``V`` for ``vspmm`` / ``vsddmm``,
 1 for ``vspmm_t``); :func:`dense_is_cheaper` is the rule and ``allow_dense=False`` turns
-it off. The result is the same product (one float32-accumulated GEMM, one rounding; in float32
+it off (the op layer passes ``allow_dense`` only for ``backend="auto"``: ``"triton"`` always
+runs the sparse kernels). The result is the same product (one float32-accumulated GEMM, one rounding; in float32
 the GEMM follows torch's matmul precision setting, IEEE unless TF32 is allowed).
 
 Dtypes: float16 / bfloat16 (float32 accumulation, one rounding at the store) and float32
@@ -370,14 +371,15 @@ def vsddmm_reference(x: Tensor, y: Tensor, col_idx: Tensor, row_ptr: Tensor, V: 
 
 class VectorSpmm(torch.autograd.Function):
     """``A @ b`` through :func:`vspmm`, differentiable in ``values`` and ``b``. ``index`` is
-    ``(row_ptr, col_idx, t_ptr, t_vec, t_group, num_rows, max_vectors)``."""
+    ``(row_ptr, col_idx, t_ptr, t_vec, t_group, num_rows, max_vectors)``; ``allow_dense``
+    lets every product of the op (forward and backward) take the dense fallback."""
 
     @staticmethod
-    def forward(ctx, values: Tensor, b: Tensor, index: tuple) -> Tensor:
+    def forward(ctx, values: Tensor, b: Tensor, index: tuple, allow_dense: bool = True) -> Tensor:
         row_ptr, col_idx = index[0], index[1]
-        ctx.index = index
+        ctx.index, ctx.allow_dense = index, allow_dense
         ctx.save_for_backward(values, b)
-        return vspmm(values, col_idx, row_ptr, b, index[5])
+        return vspmm(values, col_idx, row_ptr, b, index[5], allow_dense=allow_dense)
 
     @staticmethod
     @once_differentiable
@@ -386,20 +388,21 @@ class VectorSpmm(torch.autograd.Function):
         row_ptr, col_idx, t_ptr, t_vec, t_group, num_rows, max_vectors = ctx.index
         grad_values = grad_b = None
         if ctx.needs_input_grad[1]:
-            grad_b = vspmm_t(values, t_ptr, t_vec, t_group, grad, num_rows)
+            grad_b = vspmm_t(values, t_ptr, t_vec, t_group, grad, num_rows, allow_dense=ctx.allow_dense)
         if ctx.needs_input_grad[0]:
-            grad_values = vsddmm(grad, b, col_idx, row_ptr, values.size(1), max_vectors)
-        return grad_values, grad_b, None
+            grad_values = vsddmm(grad, b, col_idx, row_ptr, values.size(1), max_vectors, allow_dense=ctx.allow_dense)
+        return grad_values, grad_b, None, None
 
 
 class VectorSpmmT(torch.autograd.Function):
-    """``A^T @ b`` through :func:`vspmm_t`, differentiable in ``values`` and ``b`` (same ``index``)."""
+    """``A^T @ b`` through :func:`vspmm_t`, differentiable in ``values`` and ``b`` (same
+    ``index`` and ``allow_dense``)."""
 
     @staticmethod
-    def forward(ctx, values: Tensor, b: Tensor, index: tuple) -> Tensor:
-        ctx.index = index
+    def forward(ctx, values: Tensor, b: Tensor, index: tuple, allow_dense: bool = True) -> Tensor:
+        ctx.index, ctx.allow_dense = index, allow_dense
         ctx.save_for_backward(values, b)
-        return vspmm_t(values, index[2], index[3], index[4], b, index[5])
+        return vspmm_t(values, index[2], index[3], index[4], b, index[5], allow_dense=allow_dense)
 
     @staticmethod
     @once_differentiable
@@ -408,20 +411,21 @@ class VectorSpmmT(torch.autograd.Function):
         row_ptr, col_idx, _, _, _, num_rows, max_vectors = ctx.index
         grad_values = grad_b = None
         if ctx.needs_input_grad[1]:
-            grad_b = vspmm(values, col_idx, row_ptr, grad, num_rows)
+            grad_b = vspmm(values, col_idx, row_ptr, grad, num_rows, allow_dense=ctx.allow_dense)
         if ctx.needs_input_grad[0]:
-            grad_values = vsddmm(b, grad, col_idx, row_ptr, values.size(1), max_vectors)
-        return grad_values, grad_b, None
+            grad_values = vsddmm(b, grad, col_idx, row_ptr, values.size(1), max_vectors, allow_dense=ctx.allow_dense)
+        return grad_values, grad_b, None, None
 
 
 class VectorSddmm(torch.autograd.Function):
-    """:func:`vsddmm` of ``x [M, F]`` and ``y [K, F]``, differentiable in both (same ``index``)."""
+    """:func:`vsddmm` of ``x [M, F]`` and ``y [K, F]``, differentiable in both (same ``index``
+    and ``allow_dense``)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, y: Tensor, V: int, index: tuple) -> Tensor:
-        ctx.index = index
+    def forward(ctx, x: Tensor, y: Tensor, V: int, index: tuple, allow_dense: bool = True) -> Tensor:
+        ctx.index, ctx.allow_dense = index, allow_dense
         ctx.save_for_backward(x, y)
-        return vsddmm(x, y, index[1], index[0], V, index[6])
+        return vsddmm(x, y, index[1], index[0], V, index[6], allow_dense=allow_dense)
 
     @staticmethod
     @once_differentiable
@@ -431,7 +435,7 @@ class VectorSddmm(torch.autograd.Function):
         grad = grad.contiguous()
         grad_x = grad_y = None
         if ctx.needs_input_grad[0]:
-            grad_x = vspmm(grad, col_idx, row_ptr, y, num_rows)
+            grad_x = vspmm(grad, col_idx, row_ptr, y, num_rows, allow_dense=ctx.allow_dense)
         if ctx.needs_input_grad[1]:
-            grad_y = vspmm_t(grad, t_ptr, t_vec, t_group, x, num_rows)
-        return grad_x, grad_y, None, None
+            grad_y = vspmm_t(grad, t_ptr, t_vec, t_group, x, num_rows, allow_dense=ctx.allow_dense)
+        return grad_x, grad_y, None, None, None
