@@ -63,6 +63,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from fusegnn.kernels._triton import LazyKernel, interpreter_enabled, next_pow2
+from fusegnn.kernels.vector_layout import densify_vectors, vector_groups
 
 __all__ = [
     "DENSE_LOADS_PER_MAC",
@@ -101,22 +102,6 @@ def dense_is_cheaper(stored: int, rows: int, cols: int, reuse: int) -> bool:
     if not DENSE_MIN_ELEMENTS <= elements <= DENSE_MAX_ELEMENTS:
         return False
     return stored * DENSE_LOADS_PER_MAC > reuse * elements
-
-
-def _groups_of(ptr: Tensor, count: int) -> Tensor:
-    """For ``count`` items laid out by the offsets ``ptr``, each item's segment (no host sync)."""
-    items = torch.arange(count, device=ptr.device, dtype=ptr.dtype)
-    return torch.searchsorted(ptr, items, right=True) - 1
-
-
-def _densify(values: Tensor, groups: Tensor, cols: Tensor, num_rows: int, num_cols: int) -> Tensor:
-    """The dense ``[num_rows, num_cols]`` matrix of the vectors ``values[i]`` at row group
-    ``groups[i]``, column ``cols[i]`` (repeated positions add)."""
-    V = values.size(1)
-    G = (num_rows + V - 1) // V
-    dense = values.new_zeros(G, num_cols, V)
-    dense.index_put_((groups.long(), cols.long()), values, accumulate=True)
-    return dense.permute(0, 2, 1).reshape(G * V, num_cols)[:num_rows]
 
 
 def _vspmm_kernel(
@@ -248,7 +233,7 @@ def vspmm(values: Tensor, col_idx: Tensor, row_ptr: Tensor, b: Tensor, num_rows:
     G = row_ptr.numel() - 1
     N = b.size(1)
     if allow_dense and N > 0 and dense_is_cheaper(values.numel(), num_rows, b.size(0), V):
-        a = _densify(values, _groups_of(row_ptr, col_idx.numel()), col_idx, num_rows, b.size(0))
+        a = densify_vectors(values, vector_groups(row_ptr, col_idx.numel()), col_idx, num_rows, b.size(0))
         return a @ b
     out = torch.empty(num_rows, N, dtype=dtype, device=b.device)
     if num_rows == 0 or N == 0:
@@ -274,8 +259,8 @@ def vspmm_t(
     K = t_ptr.numel() - 1
     N = b.size(1)
     if allow_dense and N > 0 and dense_is_cheaper(values.numel(), num_rows, K, 1):
-        cols = _groups_of(t_ptr, t_vec.numel())
-        a = _densify(values[t_vec.long()], t_group, cols, num_rows, K)
+        cols = vector_groups(t_ptr, t_vec.numel())  # the column of each vector in column order
+        a = densify_vectors(values[t_vec.long()], t_group, cols, num_rows, K)
         return a.t() @ b
     out = torch.empty(K, N, dtype=dtype, device=b.device)
     if K == 0 or N == 0:
@@ -303,7 +288,7 @@ def vsddmm(x: Tensor, y: Tensor, col_idx: Tensor, row_ptr: Tensor, V: int, max_v
         rows = G * V
         xp = x if x.size(0) == rows else torch.cat([x, x.new_zeros(rows - x.size(0), x.size(1))])
         full = (xp @ y.t()).view(G, V, y.size(0))
-        return full[_groups_of(row_ptr, nnz), :, col_idx.long()]
+        return full[vector_groups(row_ptr, nnz), :, col_idx.long()]
     out = torch.empty(nnz, V, dtype=dtype, device=x.device)
     if nnz == 0:
         return out
@@ -324,12 +309,6 @@ def vsddmm(x: Tensor, y: Tensor, col_idx: Tensor, row_ptr: Tensor, V: int, max_v
 # ---------------------------------------------------------------------- references
 
 
-def vector_groups(row_ptr: Tensor) -> Tensor:
-    """The row group of every stored vector (``int64 [nnz_v]``)."""
-    counts = (row_ptr[1:] - row_ptr[:-1]).long()
-    return torch.repeat_interleave(torch.arange(counts.numel(), device=row_ptr.device), counts)
-
-
 def _padded_rows(num_rows: int, V: int, groups: int) -> int:
     return max(groups * V, num_rows)
 
@@ -338,7 +317,7 @@ def vspmm_reference(values: Tensor, col_idx: Tensor, row_ptr: Tensor, b: Tensor,
     """Pure-PyTorch :func:`vspmm` (differentiable in ``values`` and ``b``)."""
     V = values.size(1)
     G = row_ptr.numel() - 1
-    grp = vector_groups(row_ptr)
+    grp = vector_groups(row_ptr, col_idx.numel())
     contrib = values.unsqueeze(2) * b[col_idx.long()].unsqueeze(1)  # [nnz_v, V, N]
     out = torch.zeros(G, V, b.size(1), dtype=torch.promote_types(values.dtype, b.dtype), device=b.device)
     out = out.index_add(0, grp, contrib)
@@ -349,7 +328,7 @@ def vspmm_t_reference(values: Tensor, col_idx: Tensor, row_ptr: Tensor, b: Tenso
     """Pure-PyTorch :func:`vspmm_t`: ``A^T @ b`` with ``A`` given by its rows."""
     V = values.size(1)
     G = row_ptr.numel() - 1
-    grp = vector_groups(row_ptr)
+    grp = vector_groups(row_ptr, col_idx.numel())
     rows = _padded_rows(b.size(0), V, G)
     bp = torch.cat([b, b.new_zeros(rows - b.size(0), b.size(1))]).view(-1, V, b.size(1))
     contrib = (values.unsqueeze(2) * bp[grp]).sum(1)  # [nnz_v, N]
@@ -360,7 +339,7 @@ def vspmm_t_reference(values: Tensor, col_idx: Tensor, row_ptr: Tensor, b: Tenso
 def vsddmm_reference(x: Tensor, y: Tensor, col_idx: Tensor, row_ptr: Tensor, V: int) -> Tensor:
     """Pure-PyTorch :func:`vsddmm` (differentiable in ``x`` and ``y``)."""
     G = row_ptr.numel() - 1
-    grp = vector_groups(row_ptr)
+    grp = vector_groups(row_ptr, col_idx.numel())
     rows = _padded_rows(x.size(0), V, G)
     xp = torch.cat([x, x.new_zeros(rows - x.size(0), x.size(1))]).view(-1, V, x.size(1))
     return (xp[grp] * y[col_idx.long()].unsqueeze(1)).sum(2)
