@@ -76,11 +76,11 @@ def reduce_messages(graph: Graph, messages: Tensor, reduce: str) -> Tensor:
     dst = graph.dst.long()
     out = messages.new_zeros((graph.num_dst_nodes,) + tuple(messages.shape[1:])).index_add(0, dst, messages)
     if reduce == "mean":
-        out = out / _mean_divisor(graph, messages.dtype, messages.dim())
+        out = out / mean_divisor(graph, messages.dtype, messages.dim())
     return out
 
 
-def _mean_divisor(graph: Graph, dtype: torch.dtype, dim: int) -> Tensor:
+def mean_divisor(graph: Graph, dtype: torch.dtype, dim: int) -> Tensor:
     """max(in-degree, 1) as ``dtype``, shaped ``[N_dst, 1, ...]`` to divide ``dim``-D sums;
     cached on the graph's structure (two ATen ops fewer in every eager mean). Not cached
     under ``torch.inference_mode()``: an inference tensor in the cache could not be saved
