@@ -52,8 +52,9 @@ with dropout because ``out`` carries the mask):
 **Long rows** are split into work items of at most ``chunk`` edges with the GAT kernels'
 schedule (:func:`~fusegnn.kernels._edge_utils.chunk_schedule`): forward partials
 ``(m, l, acc)`` merged by the GAT combine kernel, backward partial sums added in item
-order. Launch tiles and the :func:`fusegnn.kernels.gat_fused.tuning` overrides are those
-of the GAT kernels.
+order. Launch tiles are the GAT kernels' for several heads and :data:`GATV2_TILES` for
+one head (three live ``[edges, C]`` tiles per step, not one); the
+:func:`fusegnn.kernels.gat_fused.tuning` overrides apply to both.
 
 Accumulation is in float32 (float64 for float64 inputs); the LeakyReLU slope and the
 dropout scale are float64 kernel arguments (see :mod:`fusegnn.kernels.gat_fused`). The
@@ -62,15 +63,18 @@ backward is not itself differentiable (``once_differentiable``).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from fusegnn.kernels import gat_fused
-from fusegnn.kernels._triton import LazyKernel, kernel_helper, shared_kernel_helper
+from fusegnn.kernels._triton import LazyKernel, kernel_helper, next_pow2, shared_kernel_helper
 from fusegnn.kernels.gat_fused import (
     DEFAULT_CHUNK,
+    Launch,
     _combine_sums,
     _Config,
     _items,
@@ -79,6 +83,7 @@ from fusegnn.kernels.gat_fused import (
     _seed_tensor,
     _TL_ACC,
     _TUNING,
+    _tuned,
     gat_combine_kernel,
     padded_channels,
 )
@@ -444,17 +449,43 @@ class GATv2AttentionFunction(torch.autograd.Function):
         return gl, gr, ga.reshape(ctx.att_shape), ge, None
 
 
+#: values of a one-head GATv2 tile (edges x padded channels) per kernel. A GATv2 step keeps
+#: three ``[edges, C]`` tiles live (the gathered rows, ``z`` and its LeakyReLU) where a GAT
+#: step keeps one, so GAT's 2,048-value forward tile spills. H100, Reddit-sized graph
+#: (115M edges), fp32, forward + backward of the op: 1 x 48 channels 27.1 -> ~20 ms
+#: (forward 6.8 -> 4.9 ms at 8 edges, row pass best at 8 edges, column pass at 4),
+#: 1 x 16 7.4 -> ~6.5 ms (forward 1.9 -> 1.4 ms at 32 edges); one warp throughout
+#: (``results/agg/raw/gatv2-tiles-nvidia-h100-80gb-hbm3.log``). Several heads keep
+#: GAT's tiles (not swept).
+GATV2_TILES = {"fwd": 512, "row": 512, "col": 256}
+
+
+def _one_head_launches(cfg: _Config) -> None:
+    """Replace the GAT tiles of a one-head ``cfg`` by :data:`GATV2_TILES` (one warp, at most
+    the edges a typical row has, at least 2); :func:`fusegnn.kernels.gat_fused.tuning`
+    overrides still win."""
+    if cfg.block_h != 1:
+        return
+    by_degree = min(max(next_pow2(math.ceil(cfg.graph.avg_degree)), 16), 128)
+    for kernel, tile in GATV2_TILES.items():
+        default = Launch(min(by_degree, max(tile // cfg.block_c, 2)), 1)
+        setattr(cfg, kernel, _tuned(kernel, default))
+
+
 def gatv2_config(graph, x_l: Tensor, att: Tensor, negative_slope: float, dropout: float,
                  seed: int | Tensor | None, aggregation: str, chunk: int | None = None) -> _Config:
     """The launch configuration of :func:`gatv2_forward` / :func:`gatv2_backward` (the GAT
     kernels' :class:`~fusegnn.kernels.gat_fused._Config`: tiles by heads, channels and
-    average degree, dropout seed as a ``[1]`` tensor; ``seed`` read only with dropout)."""
+    average degree -- one head: :data:`GATV2_TILES` --, dropout seed as a ``[1]`` tensor;
+    ``seed`` read only with dropout)."""
     if aggregation not in _AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {_AGGREGATIONS}, got {aggregation!r}")
     if chunk is None:
         chunk = _TUNING.get("chunk", DEFAULT_CHUNK)
     seed_t = _seed_tensor(seed, x_l.device) if dropout > 0.0 else None
-    return _Config(graph, x_l, att.dtype, negative_slope, dropout, seed_t, aggregation, chunk)
+    cfg = _Config(graph, x_l, att.dtype, negative_slope, dropout, seed_t, aggregation, chunk)
+    _one_head_launches(cfg)
+    return cfg
 
 
 def fused_gatv2_attention(
