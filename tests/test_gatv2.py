@@ -457,9 +457,10 @@ def test_layer_rejects_bad_arguments():
         GATv2Conv(6, 4, aggregation="fast")
 
 
-def test_one_head_launch_tiles():
-    """One head: GATV2_TILES (512 / 512 / 256 values, one warp; the H100 sweep's best at
-    1 x 48 and 1 x 16); several heads keep GAT's tiles; the ``tuning`` overrides win."""
+def test_launch_tiles():
+    """GATV2_TILES: one head 512 / 512 / 256 values, several heads 256 / 128 / GAT's column
+    launch, one warp (the H100 sweeps' best); never more edges than a row has (<= 128
+    here), at least 1; the ``tuning`` overrides win."""
     from fusegnn.kernels import gat_fused
     from fusegnn.kernels.gatv2_fused import gatv2_config
 
@@ -467,13 +468,16 @@ def test_one_head_launch_tiles():
     n = 160  # complete graph: average degree 160 -> at most 128 edges a step
     src, dst = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
     graph = Graph(torch.stack([src.flatten(), dst.flatten()]), n)
-    for channels, (fwd, row, col) in ((48, (8, 8, 4)), (16, (32, 32, 16)), (1, (128, 128, 128))):
-        x = torch.zeros(n, 1, channels)
-        cfg = gatv2_config(graph, x, torch.zeros(1, channels), 0.2, 0.0, None, "gar")
-        assert (cfg.fwd, cfg.row, cfg.col) == (L(fwd, 1), L(row, 1), L(col, 1)), channels
-    multi = gatv2_config(graph, torch.zeros(n, 8, 8), torch.zeros(8, 8), 0.2, 0.0, None, "gar")
-    gat = gat_fused._block_sizes(8, 8, graph.avg_degree)
-    assert (multi.fwd, multi.row, multi.col) == (gat.fwd, gat.row, gat.col)
+
+    def launches(heads, channels):
+        cfg = gatv2_config(graph, torch.zeros(n, heads, channels), torch.zeros(heads, channels), 0.2, 0.0, None, "gar")
+        return cfg.fwd, cfg.row, cfg.col
+
+    assert launches(1, 48) == (L(8, 1), L(8, 1), L(4, 1))
+    assert launches(1, 16) == (L(32, 1), L(32, 1), L(16, 1))
+    assert launches(1, 1) == (L(128, 1), L(128, 1), L(128, 1))
+    gat = gat_fused._block_sizes(8, 16, graph.avg_degree)
+    assert launches(8, 16) == (L(2, 1), L(1, 1), gat.col)
+    assert launches(8, 64)[:2] == (L(1, 1), L(1, 1))
     with gat_fused.tuning(fwd=(4, 2), col=(2, 1)):
-        cfg = gatv2_config(graph, torch.zeros(n, 1, 48), torch.zeros(1, 48), 0.2, 0.0, None, "gar")
-    assert (cfg.fwd, cfg.row, cfg.col) == (L(4, 2), L(8, 1), L(2, 1))
+        assert launches(1, 48) == (L(4, 2), L(8, 1), L(2, 1))

@@ -52,9 +52,9 @@ with dropout because ``out`` carries the mask):
 **Long rows** are split into work items of at most ``chunk`` edges with the GAT kernels'
 schedule (:func:`~fusegnn.kernels._edge_utils.chunk_schedule`): forward partials
 ``(m, l, acc)`` merged by the GAT combine kernel, backward partial sums added in item
-order. Launch tiles are the GAT kernels' for several heads and :data:`GATV2_TILES` for
-one head (three live ``[edges, C]`` tiles per step, not one); the
-:func:`fusegnn.kernels.gat_fused.tuning` overrides apply to both.
+order. Launch tiles are :data:`GATV2_TILES` (smaller than GAT's: three live
+``[edges, H, C]`` tiles per step, not one); the :func:`fusegnn.kernels.gat_fused.tuning`
+overrides apply.
 
 Accumulation is in float32 (float64 for float64 inputs); the LeakyReLU slope and the
 dropout scale are float64 kernel arguments (see :mod:`fusegnn.kernels.gat_fused`). The
@@ -449,34 +449,34 @@ class GATv2AttentionFunction(torch.autograd.Function):
         return gl, gr, ga.reshape(ctx.att_shape), ge, None
 
 
-#: values of a one-head GATv2 tile (edges x padded channels) per kernel. A GATv2 step keeps
-#: three ``[edges, C]`` tiles live (the gathered rows, ``z`` and its LeakyReLU) where a GAT
-#: step keeps one, so GAT's 2,048-value forward tile spills. H100, Reddit-sized graph
-#: (115M edges), fp32, forward + backward of the op: 1 x 48 channels 27.1 -> ~20 ms
-#: (forward 6.8 -> 4.9 ms at 8 edges, row pass best at 8 edges, column pass at 4),
-#: 1 x 16 7.4 -> ~6.5 ms (forward 1.9 -> 1.4 ms at 32 edges); one warp throughout
-#: (``results/agg/raw/gatv2-tiles-nvidia-h100-80gb-hbm3.log``). Several heads keep
-#: GAT's tiles (not swept).
-GATV2_TILES = {"fwd": 512, "row": 512, "col": 256}
+#: values of a GATv2 tile (edges x heads x padded channels) per kernel, one warp, by
+#: heads: ``(one head, several heads)``; ``None`` keeps GAT's launch. A GATv2 step keeps
+#: three ``[edges, H, C]`` tiles live (the gathered rows, ``z`` and its LeakyReLU) where a
+#: GAT step keeps one, so GAT's 2,048-value forward tile spills. H100, Reddit-sized graph
+#: (115M edges), fp32, forward + backward of the op, no dropout: 1 x 48 channels
+#: 27.1 -> 22.3 ms (forward 6.8 -> 4.9 ms), 1 x 16 7.4 -> 6.8 ms (forward 1.9 -> 1.4 ms),
+#: 8 x 16 forward 29 -> 15 ms at 2 edges a step and row pass 87 -> 79 ms at 1 edge (the
+#: column pass keeps GAT's 4-warp tile: within 1 %);
+#: ``results/agg/raw/gatv2-tiles-nvidia-h100-80gb-hbm3.log``.
+GATV2_TILES = {"fwd": (512, 256), "row": (512, 128), "col": (256, None)}
 
 
-def _one_head_launches(cfg: _Config) -> None:
-    """Replace the GAT tiles of a one-head ``cfg`` by :data:`GATV2_TILES` (one warp, at most
-    the edges a typical row has, at least 2); :func:`fusegnn.kernels.gat_fused.tuning`
-    overrides still win."""
-    if cfg.block_h != 1:
-        return
+def _gatv2_launches(cfg: _Config) -> None:
+    """Replace ``cfg``'s GAT tiles by :data:`GATV2_TILES` (at most the edges a typical row
+    has, at least 1); :func:`fusegnn.kernels.gat_fused.tuning` overrides still win."""
     by_degree = min(max(next_pow2(math.ceil(cfg.graph.avg_degree)), 16), 128)
-    for kernel, tile in GATV2_TILES.items():
-        default = Launch(min(by_degree, max(tile // cfg.block_c, 2)), 1)
-        setattr(cfg, kernel, _tuned(kernel, default))
+    width = cfg.block_h * cfg.block_c
+    for kernel, tiles in GATV2_TILES.items():
+        tile = tiles[0] if cfg.block_h == 1 else tiles[1]
+        if tile is not None:
+            setattr(cfg, kernel, _tuned(kernel, Launch(min(by_degree, max(tile // width, 1)), 1)))
 
 
 def gatv2_config(graph, x_l: Tensor, att: Tensor, negative_slope: float, dropout: float,
                  seed: int | Tensor | None, aggregation: str, chunk: int | None = None) -> _Config:
     """The launch configuration of :func:`gatv2_forward` / :func:`gatv2_backward` (the GAT
     kernels' :class:`~fusegnn.kernels.gat_fused._Config`: tiles by heads, channels and
-    average degree -- one head: :data:`GATV2_TILES` --, dropout seed as a ``[1]`` tensor;
+    average degree, :data:`GATV2_TILES`, dropout seed as a ``[1]`` tensor;
     ``seed`` read only with dropout)."""
     if aggregation not in _AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {_AGGREGATIONS}, got {aggregation!r}")
@@ -484,7 +484,7 @@ def gatv2_config(graph, x_l: Tensor, att: Tensor, negative_slope: float, dropout
         chunk = _TUNING.get("chunk", DEFAULT_CHUNK)
     seed_t = _seed_tensor(seed, x_l.device) if dropout > 0.0 else None
     cfg = _Config(graph, x_l, att.dtype, negative_slope, dropout, seed_t, aggregation, chunk)
-    _one_head_launches(cfg)
+    _gatv2_launches(cfg)
     return cfg
 
 
