@@ -181,6 +181,36 @@ def test_inputs_not_modified_and_grad_scaled():
         assert torch.equal(t, c)
 
 
+def test_counted_rows_follow_the_targets():
+    """The count of counted rows is reused for the same ``target`` / ``index`` tensors, and
+    recomputed when either changes in place, is another tensor, or ``ignore_index`` differs."""
+    h, w, y, b = _inputs(12, 5, 4)
+    index = torch.tensor([0, 3, 3, 7, 9], device=DEVICE)
+
+    def check(y_, index_, ignore_index=-100):
+        leaves = [t.clone().requires_grad_() for t in (h, w, b)]
+        got = linear_cross_entropy(leaves[0], leaves[1], y_, leaves[2], index=index_, ignore_index=ignore_index,
+                                   backend="fused")
+        y64, index64 = y_.long(), (index_.long() if index_ is not None else None)  # F.cross_entropy's dtypes
+        want = _torch_loss(h, w, y64, b, index64, "mean", 0.0, ignore_index=ignore_index)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        ref = [t.clone().requires_grad_() for t in (h, w, b)]
+        _torch_loss(ref[0], ref[1], y64, ref[2], index64, "mean", 0.0, ignore_index=ignore_index).backward()
+        got.backward()
+        for a, e in zip(leaves, ref):
+            torch.testing.assert_close(a.grad, e.grad, rtol=1e-10, atol=1e-12)
+
+    check(y, index)
+    check(y, index)
+    y[3] = -100  # in place: one counted row fewer (it is picked twice)
+    check(y, index)
+    index[0] = 3  # in place
+    check(y, index)
+    check(y, None)
+    check(y.to(torch.int32), index.to(torch.int32))
+    check(y.clamp_min(0), index, ignore_index=int(y[9]))
+
+
 def test_only_some_gradients():
     h, w, y, b = _inputs(9, 4, 6)
     wl = w.clone().requires_grad_()

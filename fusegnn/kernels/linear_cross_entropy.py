@@ -438,11 +438,7 @@ def fused_linear_cross_entropy(
     grad_h = grad_w = grad_w_acc = grad_b = None
     if want_h:
         grad_h = torch.zeros_like(h) if index is not None else torch.empty_like(h)
-    if want_w:
-        exact = num_classes * features * 4 <= CHUNK_BYTES
-        grad_w_acc = torch.zeros(weight.shape, dtype=acc if exact else h.dtype, device=h.device)
-    if want_b:
-        grad_b = torch.zeros(num_classes, dtype=acc, device=h.device)
+    exact = num_classes * features * 4 <= CHUNK_BYTES
     if scale is None:
         scale = torch.ones(1, dtype=acc, device=h.device)
     per_row = scale.numel() != 1
@@ -480,33 +476,45 @@ def fused_linear_cross_entropy(
         if want_w:
             if h_rows is None:
                 h_rows = h.index_select(0, idx) if idx is not None else h[r0:r1]
-            _accumulate_weight_grad(grad_w_acc, dz, h_rows)
+            grad_w_acc = _accumulate_weight_grad(grad_w_acc, dz, h_rows, acc if exact else h.dtype)
         if want_b:
-            grad_b += dz.sum(0, dtype=acc)
+            db = dz.sum(0, dtype=acc)
+            grad_b = db if grad_b is None else grad_b.add_(db)
     if want_w:
+        if grad_w_acc is None:  # no rows
+            grad_w_acc = torch.zeros(weight.shape, dtype=h.dtype, device=h.device)
         grad_w = grad_w_acc if grad_w_acc.dtype == h.dtype else grad_w_acc.to(h.dtype)
     if want_b:
-        grad_b = grad_b.to(h.dtype)
+        grad_b = (grad_b if grad_b is not None else torch.zeros(num_classes, dtype=acc, device=h.device)).to(h.dtype)
     return LossAndGrads(loss, grad_h, grad_w, grad_b)
 
 
 _MM_OUT_DTYPE = {"works": None}
 
 
-def _accumulate_weight_grad(acc: Tensor, dz: Tensor, h_rows: Tensor) -> None:
-    """``acc += dz^T @ h_rows``: in place when ``acc`` has the inputs' dtype, else (a float32
-    accumulator of half inputs) through a float32 GEMM output where cuBLAS offers one."""
-    if acc.dtype == dz.dtype:
-        acc.addmm_(dz.t(), h_rows)
-        return
+def _weight_grad_product(dz: Tensor, h_rows: Tensor, dtype: torch.dtype) -> Tensor:
+    """``dz^T @ h_rows`` in ``dtype``: for a float32 result of half inputs through a
+    float32 GEMM output where cuBLAS offers one (one rounding, none per partial sum)."""
+    if dtype == dz.dtype:
+        return torch.mm(dz.t(), h_rows)
     if dz.is_cuda and _MM_OUT_DTYPE["works"] is not False:
         try:
-            acc += torch.mm(dz.t(), h_rows, out_dtype=acc.dtype)
+            out = torch.mm(dz.t(), h_rows, out_dtype=dtype)
             _MM_OUT_DTYPE["works"] = True
-            return
+            return out
         except (TypeError, RuntimeError):  # an older torch: no mm(out_dtype=)
             _MM_OUT_DTYPE["works"] = False
-    acc += torch.mm(dz.t(), h_rows)
+    return torch.mm(dz.t(), h_rows).to(dtype)
+
+
+def _accumulate_weight_grad(acc: Tensor | None, dz: Tensor, h_rows: Tensor, dtype: torch.dtype) -> Tensor:
+    """``acc + dz^T @ h_rows`` in ``dtype`` (the first chunk's product is the accumulator:
+    no zero fill, no addition); in place when ``acc`` has the inputs' dtype."""
+    if acc is None:
+        return _weight_grad_product(dz, h_rows, dtype)
+    if acc.dtype == dz.dtype:
+        return acc.addmm_(dz.t(), h_rows)
+    return acc.add_(_weight_grad_product(dz, h_rows, dtype))
 
 
 def linear_cross_entropy_reference(

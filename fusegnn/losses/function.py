@@ -16,6 +16,8 @@ reference.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -40,6 +42,32 @@ def _is_one(g: Tensor) -> bool:
     return bool(g == 1)
 
 
+# ``(key, target ref, index ref, n_valid, 1 / n_valid)`` of the (target, index) pair used
+# last: a training loop passes the same tensors every step, so their count of counted
+# rows (three kernels) and its reciprocal are computed once, not per step.
+_LAST_ROWS: tuple = ()
+
+
+def _valid_rows(target: Tensor, index: Tensor | None, ignore_index: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``(n_valid, 1 / n_valid)`` in ``dtype`` (0-d and ``[1]``): the rows of ``target[index]``
+    that are not ``ignore_index``. Reused while ``target`` and ``index`` are the same
+    objects at the same versions; computed afresh (and not kept) during a CUDA graph
+    capture, whose graph must own what it reads."""
+    global _LAST_ROWS
+    capturing = target.is_cuda and torch.cuda.is_current_stream_capturing()
+    key = (id(target), target._version, id(index), None if index is None else index._version, ignore_index, dtype)
+    if not capturing and _LAST_ROWS and _LAST_ROWS[0] == key and _LAST_ROWS[1]() is target and (
+        index is None or _LAST_ROWS[2]() is index
+    ):
+        return _LAST_ROWS[3], _LAST_ROWS[4]
+    picked = target.index_select(0, index.to(torch.int64)) if index is not None else target
+    n_valid = (picked != ignore_index).sum().to(dtype)
+    scale = (1.0 / n_valid).reshape(1)
+    if not capturing:
+        _LAST_ROWS = (key, weakref.ref(target), weakref.ref(index) if index is not None else None, n_valid, scale)
+    return n_valid, scale
+
+
 class FusedLinearCrossEntropy(torch.autograd.Function):
     """``loss = fused(h, weight, bias, target, index)``; see the module docstring."""
 
@@ -49,15 +77,13 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         want = tuple(ctx.needs_input_grad[:3])
         h, weight = h.contiguous(), weight.contiguous()
         bias = bias.contiguous() if bias is not None else None
+        n_valid, mean_scale = _valid_rows(target, index, ignore_index, acc_dtype(h.dtype))  # the caller's tensors
         target = target.to(torch.int64).contiguous()
         index = index.to(torch.int64).contiguous() if index is not None else None
-        acc = acc_dtype(h.dtype)
-        picked = target.index_select(0, index) if index is not None else target
-        n_valid = (picked != ignore_index).sum().to(acc)
         eager_grads = reduction != "none" and any(want)
         scale = None
         if eager_grads:
-            scale = (1.0 / n_valid).reshape(1) if reduction == "mean" else torch.ones(1, dtype=acc, device=h.device)
+            scale = mean_scale if reduction == "mean" else torch.ones(1, dtype=n_valid.dtype, device=h.device)
         out = kernels.fused_linear_cross_entropy(
             h, weight, target, bias, index, ignore_index, smoothing, scale,
             grads=want if eager_grads else (False, False, False), chunk_rows=chunk_rows,
