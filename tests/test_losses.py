@@ -16,6 +16,7 @@ worse than eager bfloat16 against float32).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -29,6 +30,7 @@ import torch.nn.functional as F  # noqa: E402
 pytest.importorskip("triton")
 
 from fusegnn.kernels import linear_cross_entropy as kernels  # noqa: E402
+from fusegnn.losses.function import FUSED_MIN_WORK, pick_backend  # noqa: E402
 from fusegnn.losses import LinearCrossEntropy, linear_cross_entropy, linear_cross_entropy_reference  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -228,9 +230,16 @@ def test_reference_and_dispatch():
     want = _torch_loss(h, w, y, b, None, "sum", 0.1)
     got = linear_cross_entropy_reference(h, w, y, b, reduction="sum", label_smoothing=0.1)
     torch.testing.assert_close(got, want)
-    # auto: fused on CUDA, the reference on the CPU (no autograd Function then)
+    # auto: the reference on the CPU and for small heads (no autograd Function then); fused
+    # on CUDA from FUSED_MIN_WORK rows x (classes + features) on
     auto = linear_cross_entropy(h, w, y, b.clone().requires_grad_())
-    assert (type(auto.grad_fn).__name__ == "FusedLinearCrossEntropyBackward") == CUDA
+    assert type(auto.grad_fn).__name__ != "FusedLinearCrossEntropyBackward"
+    big = torch.empty(FUSED_MIN_WORK // 8, 4, device=DEVICE)  # rows x (4 + 4) = FUSED_MIN_WORK
+    small_index = torch.zeros(FUSED_MIN_WORK // 8 - 1, dtype=torch.int64, device=DEVICE)
+    for index, fused in ((None, CUDA), (small_index, False)):
+        for dtype in (torch.float32, torch.bfloat16):
+            got = pick_backend("auto", big.to(dtype), torch.empty(4, 4, device=DEVICE, dtype=dtype), None, index)
+            assert got == ("fused" if fused else "reference"), (index is None, dtype)
     with pytest.raises(ValueError, match="backend"):
         linear_cross_entropy(h, w, y, b, backend="cuda")
 
@@ -356,10 +365,11 @@ def test_cuda_float32_and_bfloat16(classes, features, use_index):
 
     for reduction in ("mean", "none"):
         want = run(torch.float32, linear_cross_entropy_reference, reduction)
-        got32 = run(torch.float32, linear_cross_entropy, reduction)
+        fused = functools.partial(linear_cross_entropy, backend="fused")  # "auto" takes the reference here
+        got32 = run(torch.float32, fused, reduction)
         for a, e in zip(got32, want):
             assert _rel(a, e) < 1e-5
         eager16 = run(torch.bfloat16, linear_cross_entropy_reference, reduction)
-        got16 = run(torch.bfloat16, linear_cross_entropy, reduction)
+        got16 = run(torch.bfloat16, fused, reduction)
         for a, e, ref in zip(got16, eager16, want):
             assert _rel(a, ref) < max(2e-3, 1.5 * _rel(e, ref)), (reduction, _rel(a, ref), _rel(e, ref))
