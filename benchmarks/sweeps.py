@@ -49,6 +49,8 @@ SWEEPS: tuple[Sweep, ...] = (
           "per-kernel launch sweep (fwd, dq, dkdv) of the block-sparse attention kernels"),
     Sweep("loss", "end-to-end", "benchmarks.loss_end_to_end",
           "GCN / GAT training steps on the Reddit-like graph with and without the fused head, eager and captured"),
+    Sweep("loss", "crossover", "benchmarks.loss_crossover",
+          "fused vs reference linear cross-entropy by head size: the data for backend='auto' (FUSED_MIN_WORK)"),
     Sweep("vector", "window-crossover", "benchmarks.window_crossover",
           "window vs GAR aggregation over graphs of rising tile density: the data for spmm's auto rule"),
     Sweep("agg", "spmm", "benchmarks.kernels_spmm_gpu",

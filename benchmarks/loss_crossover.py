@@ -1,0 +1,93 @@
+"""Fused against reference linear + cross-entropy by head size: the data for
+``linear_cross_entropy``'s ``backend="auto"`` rule (``fusegnn.losses.function.FUSED_MIN_WORK``).
+
+    python -m benchmarks.run --suite loss --sweep crossover [--reps 20]
+
+For heads of (features, classes) 128 x 41 (Reddit), 256 x 47 (products), 128 x 172 and
+256 x 349 (ogbn-mag), and 8k to 1M rows: a bf16 forward + backward (gradients of ``h`` and
+``W``) through ``backend="fused"`` and ``backend="reference"`` (``F.linear`` +
+``F.cross_entropy``), back to back like a training loop. Per point the median of three
+runs of ``--reps`` steps (CUDA events around each run, so host time counts where the
+host is the bottleneck). The losses of both paths are compared before timing.
+
+Writes ``<out>/loss/crossover-<gpu-slug>.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+HEADS = ((128, 41), (256, 47), (128, 172), (256, 349))
+ROWS = (8192, 32768, 65536, 131072, 262144, 524288, 1048576)
+
+
+def _ms(step, reps: int) -> float:
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(3):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(reps):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(begin.elapsed_time(end) / reps)
+    return sorted(times)[1]
+
+
+def _rows(device: torch.device, reps: int) -> list[dict]:
+    from fusegnn.losses import linear_cross_entropy
+
+    rows = []
+    for features, classes in HEADS:
+        for n in ROWS:
+            gen = torch.Generator(device=device).manual_seed(n + classes)
+            h = torch.randn(n, features, device=device, generator=gen, dtype=torch.bfloat16).requires_grad_()
+            w = (torch.randn(classes, features, device=device, generator=gen) * features ** -0.5).to(torch.bfloat16)
+            w.requires_grad_()
+            y = torch.randint(0, classes, (n,), device=device, generator=gen)
+            losses = [float(linear_cross_entropy(h, w, y, backend=b)) for b in ("fused", "reference")]
+            if abs(losses[0] - losses[1]) > 2e-2 * abs(losses[1]):
+                raise AssertionError(f"{features} x {classes}, {n} rows: fused {losses[0]} != reference {losses[1]}")
+            times = {}
+            for backend in ("fused", "reference"):
+                def step(backend=backend):
+                    h.grad = w.grad = None
+                    linear_cross_entropy(h, w, y, backend=backend).backward()
+
+                times[backend] = _ms(step, reps)
+            rows.append({"features": features, "classes": classes, "rows": n, "work": n * (features + classes),
+                         "fused_ms": times["fused"], "reference_ms": times["reference"]})
+            print(rows[-1], flush=True)
+            del h, w, y
+    return rows
+
+
+def sweep_main(argv: list[str], out_dir: Path, device_fn) -> int:
+    from benchmarks.report import environment, markdown_table, write_sweep_result
+    from fusegnn.losses.function import FUSED_MIN_WORK
+
+    p = argparse.ArgumentParser(prog="--sweep crossover")
+    p.add_argument("--reps", type=int, default=20, help="steps per timed run")
+    args = p.parse_args(argv)
+    device = device_fn()
+    if device.type != "cuda":
+        raise SystemExit("--sweep crossover times CUDA steps: it needs a CUDA device")
+    rows = _rows(device, args.reps)
+    doc = {"sweep": "crossover", "environment": environment(device), "config": vars(args),
+           "fused_min_work": FUSED_MIN_WORK, "rows": rows}
+    title = (f"## linear cross-entropy, fused vs reference, bf16 forward + backward, "
+             f"{doc['environment'].get('device', '?')} (auto: fused from {FUSED_MIN_WORK / 1e6:.0f}M)")
+    table = markdown_table(
+        [("features x classes", "l"), ("rows", "r"), ("rows x (C + K)", "r"), ("fused ms", "r"),
+         ("reference ms", "r"), ("fused speed-up", "r"), ("auto", "l")],
+        [[f"{r['features']} x {r['classes']}", str(r["rows"]), f"{r['work'] / 1e6:.1f}M", f"{r['fused_ms']:.3f}",
+          f"{r['reference_ms']:.3f}", f"{r['reference_ms'] / r['fused_ms']:.2f}x",
+          "fused" if r["work"] >= FUSED_MIN_WORK else "reference"] for r in rows])
+    write_sweep_result(out_dir, "crossover", device, doc, [title, "", *table])
+    return 0
