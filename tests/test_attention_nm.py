@@ -195,6 +195,23 @@ def test_nm_dense_mask_and_sub_tiled_backward():
             torch.testing.assert_close(a.grad.double(), b.grad, atol=2e-5, rtol=2e-5)
 
 
+def test_nm_launch_config():
+    """With N:M the table's dK/dV takes whole query blocks (its selection runs as queries
+    x keys, which needs >= 64-row products for warpgroup MMA) and dQ sub-tiles of at
+    least 8 M keys (whole 8-column groups per N:M chunk); the rest is the table's."""
+    from fusegnn.kernels.block_attention import launch_config
+
+    base = launch_config(64, 64, 64, torch.bfloat16)
+    for nm in NM_PATTERNS:
+        cfg = launch_config(64, 64, 64, torch.bfloat16, nm)
+        assert cfg.sub_m(64) == 64
+        assert cfg.sub_n(64) == min(64, max(base.sub_n(64), 8 * nm[1]))
+        assert (cfg.fwd_warps, cfg.fwd_stages, cfg.fwd_maxnreg) == (base.fwd_warps, base.fwd_stages, base.fwd_maxnreg)
+        assert cfg.dkdv_maxnreg is None or cfg.dkdv_maxnreg >= (base.dkdv_maxnreg or 0)
+    assert launch_config(64, 64, 64, torch.float32, (1, 2)).dkdv_maxnreg is None  # no caps for float32
+    assert launch_config(64, 64, 64, torch.bfloat16, None) == base
+
+
 def test_reference_gradcheck_float64():
     mask = causal(12)
     gen = torch.Generator().manual_seed(0)
