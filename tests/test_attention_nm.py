@@ -195,6 +195,34 @@ def test_nm_dense_mask_and_sub_tiled_backward():
             torch.testing.assert_close(a.grad.double(), b.grad, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("min_chunk", [1, 64], ids=["chunks", "grouped"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("nm", NM_PATTERNS)
+def test_both_selection_paths(monkeypatch, nm, dtype, min_chunk):
+    """Both in-kernel selections -- elementwise on the chunks of key tiles loaded in the
+    N:M order, and on ``[rows, groups, M]`` reshapes in key order (tiles whose chunks
+    would be narrower than ``NM_MIN_CHUNK`` columns) -- on several key blocks per row,
+    a ragged last block and non-integer 16-bit values, against the reference. (The
+    interpreter cannot show compiled layout bugs; the GPU probe
+    ``benchmarks/nm_gpu_probe.py`` runs the same paths compiled.)"""
+    import fusegnn.kernels.block_attention as ba
+
+    monkeypatch.setattr(ba, "NM_MIN_CHUNK", min_chunk)
+    L = 61
+    mask = longformer(L, 12, 2)
+    layout = BlockLayout.from_mask(mask, 16, 32, DEVICE)  # fresh layout: plans built with min_chunk
+    (q, k, v), g = _inputs(1, 1, L, L, 16, seed=nm[1] + min_chunk)
+    q, k, v, g = (t.to(dtype) for t in (q, k, v, g))
+    out, grads = _run(q, k, v, g, layout, nm)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = nm_reference(qd, kd, vd, mask.dense(), nm)
+    ref.backward(g.double())
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+    for a, b in zip(grads, (qd.grad, kd.grad, vd.grad)):
+        torch.testing.assert_close(a.double(), b, atol=4 * tol, rtol=4 * tol)
+
+
 def test_nm_launch_config():
     """With N:M the table's dK/dV takes whole query blocks (its selection runs as queries
     x keys, which needs >= 64-row products for warpgroup MMA) and dQ sub-tiles of at
@@ -337,7 +365,10 @@ def test_attention_suite_nm_backend(tmp_path):
     records = {r["backend"]: r for r in doc["records"]}
     nm = records["fusegnn-nm"]
     assert nm["ok"], nm["error"]
-    assert nm["rel_err"] < 1e-4 and "2:4 selection" in nm["checked_against"]
+    # float32 on the CPU; the GPU grid is bfloat16, whose rounding of the outputs and
+    # gradients alone is ~3e-3 of their largest magnitude (a changed kept set: ~1e-2 and up)
+    bound = 1e-4 if (bench.GPU_SIZES if cuda else bench.CPU_SIZES).dtype == torch.float32 else 1e-2
+    assert nm["rel_err"] < bound and "2:4 selection" in nm["checked_against"]
     assert nm["block_size"].endswith("nm 2:4") and nm["vs_block"] > 0
     assert records["fusegnn-block"]["ok"] and records["fusegnn-block"]["vs_block"] is None
 

@@ -94,7 +94,10 @@ every score's rank in its group -- the others greater, plus the others equal at 
 index -- is a few elementwise comparisons of chunks; scores of rank ``>= N`` get
 probability 0. (A ``[rows, groups, M]`` reshape with an ``M x M`` broadcast instead
 moved every tile through shared memory and spilled: 3-20x the time of the kernel
-without N:M on an H100, issue 19.) The key order changes
+without N:M on an H100, issue 19.) Tiles whose chunks would be narrower than
+``NM_MIN_CHUNK`` (8) columns -- ``BN = 16`` with 2:4 or 4:8 -- keep the key order and
+that reshape (16-bit inputs gave wrong outputs on an H100 through the chunk path
+there). The key order changes
 nothing else: ``K``, ``V``, ``dK`` and ``dV`` rows are read and written at their own
 addresses, and the products with ``V`` sum over the same keys. The forward's online
 softmax runs over the kept scores (its log-sum-exp is theirs), and both backward kernels
@@ -243,15 +246,18 @@ def _mask_block(x, pattern_ptrs, band_ptr, rows, cols, key_valid, fill: tl.const
 
 
 @kernel_helper
-def _nm_key_order(COLS: tl.constexpr, NM_M: tl.constexpr):
+def _nm_key_order(COLS: tl.constexpr, NM_M: tl.constexpr, NM_MIN_CHUNK: tl.constexpr):
     """``[COLS]`` int32: the key (offset in an ``M``-aligned run of ``COLS`` keys) held by
     each position of a tile in the *N:M order*: position ``c = r * (COLS / M) + g`` holds
     key ``g * M + r``, member ``r`` of group ``g``. Chunk ``r`` of the tile (positions
     ``r * COLS / M`` onwards) is then every group's ``r``-th member: a group's scores sit
-    at the same place of ``M`` equally shaped chunks. ``NM_M = 0``: the identity."""
+    at the same place of ``M`` equally shaped chunks. The identity for ``NM_M = 0`` and
+    for tiles whose chunks would be narrower than ``NM_MIN_CHUNK`` columns (those select
+    in key order, :func:`_nm_keep`)."""
     c = tl.arange(0, COLS)
     if NM_M > 0:
-        c = (c % (COLS // NM_M)) * NM_M + c // (COLS // NM_M)
+        if COLS // NM_M >= NM_MIN_CHUNK:
+            c = (c % (COLS // NM_M)) * NM_M + c // (COLS // NM_M)
     return c
 
 
@@ -308,7 +314,40 @@ def _outranked(x, a, b, c, d):
 
 
 @kernel_helper
-def _nm_keep(s, NM_N: tl.constexpr, NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+def _nm_keep(s, NM_N: tl.constexpr, NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+             NM_MIN_CHUNK: tl.constexpr):
+    """bool ``[ROWS, COLS]``: whether each score of the tile ``s`` (columns in the order
+    of :func:`_nm_key_order`) is among the ``NM_N`` largest of its group of ``NM_M``
+    keys: :func:`_nm_keep_chunks` where the tile is in the N:M order, else
+    :func:`_nm_keep_grouped` (key order)."""
+    if COLS // NM_M >= NM_MIN_CHUNK:
+        keep = _nm_keep_chunks(s, NM_N, NM_M, ROWS, COLS)
+    else:
+        keep = _nm_keep_grouped(s, NM_N, NM_M, ROWS, COLS)
+    return keep
+
+
+@kernel_helper
+def _nm_keep_grouped(s, NM_N: tl.constexpr, NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """bool ``[ROWS, COLS]``: whether each score of the tile ``s``, whose columns are in
+    key order, is among the ``NM_N`` largest of its group of ``NM_M`` consecutive keys.
+    The tile is reshaped to ``[ROWS, groups, M]`` and a score's rank (the others in its
+    group that are greater, or equal at a lower key index) counted through an
+    ``[ROWS, groups, M, M]`` broadcast: slow (shared memory, spills), but the selection
+    that ran correctly on sm_90 with tiles of any width; for tiles whose N:M chunks would
+    be narrower than ``NM_MIN_CHUNK`` columns (``BN = 16`` with 2:4 or 4:8: 16-bit inputs
+    gave wrong outputs on an H100 with the chunk path there)."""
+    idx = tl.arange(0, NM_M)
+    g = tl.reshape(s, (ROWS, COLS // NM_M, NM_M))
+    me = g[:, :, :, None]
+    other = g[:, :, None, :]
+    lower = (idx[None, :] < idx[:, None])[None, None, :, :]  # [me, other]: other comes first
+    rank = tl.sum(((other > me) | ((other == me) & lower)).to(tl.int32), 3)
+    return tl.reshape(rank < NM_N, (ROWS, COLS))
+
+
+@kernel_helper
+def _nm_keep_chunks(s, NM_N: tl.constexpr, NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
     """bool ``[ROWS, COLS]``: whether each score of the tile ``s``, whose columns are in
     the N:M order (:func:`_nm_key_order`), is among the ``NM_N`` largest of its group of
     ``NM_M`` keys. A score's rank is the number of others in its group that are greater,
@@ -366,16 +405,16 @@ def _nm_keep(s, NM_N: tl.constexpr, NM_M: tl.constexpr, ROWS: tl.constexpr, COLS
 @kernel_helper
 def _nm_probabilities(p, qk, sm_scale_log2, pattern_ptrs, band_ptr, rows, cols, key_valid, PARTIAL: tl.constexpr,
                       EVEN_K: tl.constexpr, BANDS: tl.constexpr, SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr,
-                      NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+                      NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, NM_MIN_CHUNK: tl.constexpr):
     """The backward's probabilities ``p`` of a ``[ROWS, COLS]`` tile (queries x keys in
-    the N:M order) with the forward's N:M selection: the selection is recomputed from the
+    the order of :func:`_nm_key_order`) with the forward's N:M selection: the selection is recomputed from the
     products ``qk`` exactly as the forward made it (on ``qk`` for ``scale > 0``, else on
     ``qk * scale * log2(e)``, masked scores ``-inf``); dropped and masked scores get 0."""
     key = qk
     if not SCALE_POSITIVE:
         key = qk * sm_scale_log2
     key = _mask_block(key, pattern_ptrs, band_ptr, rows, cols, key_valid, float("-inf"), PARTIAL, EVEN_K, BANDS)
-    keep = _nm_keep(key, NM_N, NM_M, ROWS, COLS) & (key > float("-inf"))
+    keep = _nm_keep(key, NM_N, NM_M, ROWS, COLS, NM_MIN_CHUNK) & (key > float("-inf"))
     return tl.where(keep, p, 0.0)
 
 
@@ -414,14 +453,14 @@ def _fwd_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     SCALE_POSITIVE: tl.constexpr, DILATION: tl.constexpr, BANDS: tl.constexpr,
-    NM_N: tl.constexpr, NM_M: tl.constexpr,
+    NM_N: tl.constexpr, NM_M: tl.constexpr, NM_MIN_CHUNK: tl.constexpr,
 ):
     bh, pid_m = _scheduled_block(sched, BH, NRB)  # heavy rows of every bh first
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
     start, split, end = _block_span(row_ptr, row_split, h_l, NRB, pid_m)  # partial blocks first
 
     tok_m, m_valid = _residue_tokens(pid_m * BM + tl.arange(0, BM), r, L_q, DILATION)
-    offs_bn = _nm_key_order(BN, NM_M)  # the block's keys (in the N:M order with nm)
+    offs_bn = _nm_key_order(BN, NM_M, NM_MIN_CHUNK)  # the block's keys (in the N:M order with nm)
     offs_d = tl.arange(0, BD)
     d_valid = offs_d < D
     rows = tok_m[:, None].to(tl.int64)
@@ -453,7 +492,7 @@ def _fwd_kernel(
             s = _mask_block(s, patterns + pid * (BM * BN) + pat_offs, bands + 2 * pid, tl.arange(0, BM)[:, None],
                             offs_bn[None, :], n_valid[None, :], float("-inf"), phase == 0, EVEN_K, BANDS)
             if NM_M > 0:  # N:M: only the N largest of every M keys enter the softmax
-                s = tl.where(_nm_keep(s, NM_N, NM_M, BM, BN), s, float("-inf"))
+                s = tl.where(_nm_keep(s, NM_N, NM_M, BM, BN, NM_MIN_CHUNK), s, float("-inf"))
             if SCALE_POSITIVE:
                 # max(scale * s) = scale * max(s): one fused multiply-add per score below
                 m_new = tl.maximum(m_i, tl.max(s, 1) * sm_scale_log2)
@@ -512,13 +551,13 @@ def _bwd_dkdv_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SUB_M: tl.constexpr,
     DILATION: tl.constexpr, BANDS: tl.constexpr,
-    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr,
+    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr, NM_MIN_CHUNK: tl.constexpr,
 ):
     bh, pid_n = _scheduled_block(sched, BH, NCB)  # heavy columns of every bh first
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
     start, split, end = _block_span(col_ptr, col_split, h_l, NCB, pid_n)  # partial blocks first
 
-    offs_bn = _nm_key_order(BN, NM_M)  # the block's keys (in the N:M order with nm)
+    offs_bn = _nm_key_order(BN, NM_M, NM_MIN_CHUNK)  # the block's keys (in the N:M order with nm)
     tok_n, n_valid = _residue_tokens(pid_n * BN + offs_bn, r, L_k, DILATION)
     offs_bm = tl.arange(0, SUB_M)
     offs_d = tl.arange(0, BD)
@@ -566,7 +605,8 @@ def _bwd_dkdv_kernel(
                     p = tl.exp2(qk * sm_scale_log2 - lse[:, None])
                     p = _nm_probabilities(p, qk, sm_scale_log2, pat_base + pat_offs, bands + 2 * pid,
                                           (sub * SUB_M + offs_bm)[:, None], offs_bn[None, :], n_valid[None, :],
-                                          phase == 0, EVEN_K, BANDS, SCALE_POSITIVE, NM_N, NM_M, SUB_M, BN)
+                                          phase == 0, EVEN_K, BANDS, SCALE_POSITIVE, NM_N, NM_M, SUB_M, BN,
+                                          NM_MIN_CHUNK)
                     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
                     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
                     ds = p * (dp - delta[:, None])
@@ -602,14 +642,14 @@ def _bwd_dq_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     SUB_N: tl.constexpr, DILATION: tl.constexpr, BANDS: tl.constexpr,
-    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr,
+    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr, NM_MIN_CHUNK: tl.constexpr,
 ):
     bh, pid_m = _scheduled_block(sched, BH, NRB)
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
     start, split, end = _block_span(row_ptr, row_split, h_l, NRB, pid_m)  # partial blocks first
 
     tok_m, m_valid = _residue_tokens(pid_m * BM + tl.arange(0, BM), r, L_q, DILATION)
-    offs_bn = _nm_key_order(SUB_N, NM_M)  # a sub-tile's keys (in the N:M order with nm)
+    offs_bn = _nm_key_order(SUB_N, NM_M, NM_MIN_CHUNK)  # a sub-tile's keys (in the N:M order with nm)
     offs_d = tl.arange(0, BD)
     d_valid = offs_d < D
     qd_mask = m_valid[:, None] & d_valid[None, :]
@@ -650,7 +690,7 @@ def _bwd_dq_kernel(
                 if NM_M > 0:  # the forward's N:M selection, recomputed
                     p = _nm_probabilities(p, qk, sm_scale_log2, pat_ptrs, bands + 2 * pid, tl.arange(0, BM)[:, None],
                                           (sub * SUB_N + offs_bn)[None, :], n_valid[None, :], phase == 0, EVEN_K,
-                                          BANDS, SCALE_POSITIVE, NM_N, NM_M, BM, SUB_N)
+                                          BANDS, SCALE_POSITIVE, NM_N, NM_M, BM, SUB_N, NM_MIN_CHUNK)
                 else:
                     p = _mask_block(p, pat_ptrs, bands + 2 * pid, tl.arange(0, BM)[:, None],
                                     (sub * SUB_N + offs_bn)[None, :], n_valid[None, :], 0.0, phase == 0, EVEN_K, BANDS)
@@ -1083,10 +1123,19 @@ class _Launch(NamedTuple):
 # allocations, aligned; the layout's arrays are checked once, _layout_aligned).
 
 
+#: The narrowest N:M chunk (``cols / M`` columns of a ``cols``-key tile) for which the
+#: kernels load keys in the N:M order and select elementwise on the chunks; narrower
+#: tiles select in key order (:func:`_nm_keep_grouped`). 8 columns is one MMA
+#: accumulator column group: on an H100 (Triton 3.6) 16-bit inputs with 16-key tiles
+#: and 2:4 (chunks of 4) gave grossly wrong outputs through the chunk path, while chunks
+#: of 8 and 16 columns (64 x 64 blocks) matched the reference.
+NM_MIN_CHUNK = 8
+
+
 def _nm_meta(nm: tuple[int, int] | None) -> dict:
     """The kernels' N:M constexprs (``NM_M = 0``: no selection, compiled out)."""
     n, m = nm if nm is not None else (0, 0)
-    return dict(NM_N=n, NM_M=m)
+    return dict(NM_N=n, NM_M=m, NM_MIN_CHUNK=NM_MIN_CHUNK)
 
 
 def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: PreparedLayout, scale: float, precision: str,
