@@ -94,10 +94,14 @@ every score's rank in its group -- the others greater, plus the others equal at 
 index -- is a few elementwise comparisons of chunks; scores of rank ``>= N`` get
 probability 0. (A ``[rows, groups, M]`` reshape with an ``M x M`` broadcast instead
 moved every tile through shared memory and spilled: 3-20x the time of the kernel
-without N:M on an H100, issue 19.) Tiles whose chunks would be narrower than
-``NM_MIN_CHUNK`` (8) columns -- ``BN = 16`` with 2:4 or 4:8 -- keep the key order and
-that reshape (16-bit inputs gave wrong outputs on an H100 through the chunk path
-there). The key order changes
+without N:M on an H100, issue 19.) Each kernel selects on a tile of its own shape --
+the forward on ``BM x BN``, ``_bwd_dq`` on ``BM x SUB_N``, ``_bwd_dkdv`` on ``SUB_M x BN``
+-- and takes the N:M order and the chunks only where that tile has at least
+``NM_MIN_ROWS`` (64) rows and chunks of at least ``NM_MIN_CHUNK`` (8) columns
+(:func:`nm_chunk_path`, decided on the host and passed as the constexpr ``NM_CHUNKS``,
+which picks both the key order and the selection); other tiles keep the key order and
+that reshape (16-bit inputs gave grossly wrong outputs on an H100 through the chunk
+path on 16-row tiles, even with 8-column chunks). The N:M order changes
 nothing else: ``K``, ``V``, ``dK`` and ``dV`` rows are read and written at their own
 addresses, and the products with ``V`` sum over the same keys. The forward's online
 softmax runs over the kept scores (its log-sum-exp is theirs), and both backward kernels
@@ -137,6 +141,9 @@ __all__ = [
     "block_sparse_attention_lse",
     "block_sparse_attention_prechecked",
     "launch_config",
+    "nm_chunk_path",
+    "nm_paths",
+    "nm_selection_tiles",
     "prepare_layout",
     "SUPPORTED_DTYPES",
 ]
@@ -246,17 +253,17 @@ def _mask_block(x, pattern_ptrs, band_ptr, rows, cols, key_valid, fill: tl.const
 
 
 @kernel_helper
-def _nm_key_order(COLS: tl.constexpr, NM_M: tl.constexpr, NM_MIN_CHUNK: tl.constexpr):
+def _nm_key_order(COLS: tl.constexpr, NM_M: tl.constexpr, NM_CHUNKS: tl.constexpr):
     """``[COLS]`` int32: the key (offset in an ``M``-aligned run of ``COLS`` keys) held by
     each position of a tile in the *N:M order*: position ``c = r * (COLS / M) + g`` holds
     key ``g * M + r``, member ``r`` of group ``g``. Chunk ``r`` of the tile (positions
     ``r * COLS / M`` onwards) is then every group's ``r``-th member: a group's scores sit
     at the same place of ``M`` equally shaped chunks. The identity for ``NM_M = 0`` and
-    for tiles whose chunks would be narrower than ``NM_MIN_CHUNK`` columns (those select
-    in key order, :func:`_nm_keep`)."""
+    for kernels whose selection tile takes the key-order path (``NM_CHUNKS`` false, see
+    :func:`nm_chunk_path`; the same flag picks :func:`_nm_keep`'s path)."""
     c = tl.arange(0, COLS)
     if NM_M > 0:
-        if COLS // NM_M >= NM_MIN_CHUNK:
+        if NM_CHUNKS:
             c = (c % (COLS // NM_M)) * NM_M + c // (COLS // NM_M)
     return c
 
@@ -315,12 +322,12 @@ def _outranked(x, a, b, c, d):
 
 @kernel_helper
 def _nm_keep(s, NM_N: tl.constexpr, NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
-             NM_MIN_CHUNK: tl.constexpr):
+             NM_CHUNKS: tl.constexpr):
     """bool ``[ROWS, COLS]``: whether each score of the tile ``s`` (columns in the order
-    of :func:`_nm_key_order`) is among the ``NM_N`` largest of its group of ``NM_M``
-    keys: :func:`_nm_keep_chunks` where the tile is in the N:M order, else
-    :func:`_nm_keep_grouped` (key order)."""
-    if COLS // NM_M >= NM_MIN_CHUNK:
+    of :func:`_nm_key_order` with the same ``NM_CHUNKS``) is among the ``NM_N`` largest
+    of its group of ``NM_M`` keys: :func:`_nm_keep_chunks` where the tile is in the N:M
+    order (``NM_CHUNKS``), else :func:`_nm_keep_grouped` (key order)."""
+    if NM_CHUNKS:
         keep = _nm_keep_chunks(s, NM_N, NM_M, ROWS, COLS)
     else:
         keep = _nm_keep_grouped(s, NM_N, NM_M, ROWS, COLS)
@@ -334,9 +341,10 @@ def _nm_keep_grouped(s, NM_N: tl.constexpr, NM_M: tl.constexpr, ROWS: tl.constex
     The tile is reshaped to ``[ROWS, groups, M]`` and a score's rank (the others in its
     group that are greater, or equal at a lower key index) counted through an
     ``[ROWS, groups, M, M]`` broadcast: slow (shared memory, spills), but the selection
-    that ran correctly on sm_90 with tiles of any width; for tiles whose N:M chunks would
-    be narrower than ``NM_MIN_CHUNK`` columns (``BN = 16`` with 2:4 or 4:8: 16-bit inputs
-    gave wrong outputs on an H100 with the chunk path there)."""
+    that ran correctly on sm_90 with tiles of any shape; for the tiles
+    :func:`nm_chunk_path` refuses (fewer than ``NM_MIN_ROWS`` rows, or chunks narrower
+    than ``NM_MIN_CHUNK`` columns: 16-bit inputs gave wrong outputs on an H100 with the
+    chunk path on 16-row tiles)."""
     idx = tl.arange(0, NM_M)
     g = tl.reshape(s, (ROWS, COLS // NM_M, NM_M))
     me = g[:, :, :, None]
@@ -405,7 +413,7 @@ def _nm_keep_chunks(s, NM_N: tl.constexpr, NM_M: tl.constexpr, ROWS: tl.constexp
 @kernel_helper
 def _nm_probabilities(p, qk, sm_scale_log2, pattern_ptrs, band_ptr, rows, cols, key_valid, PARTIAL: tl.constexpr,
                       EVEN_K: tl.constexpr, BANDS: tl.constexpr, SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr,
-                      NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, NM_MIN_CHUNK: tl.constexpr):
+                      NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, NM_CHUNKS: tl.constexpr):
     """The backward's probabilities ``p`` of a ``[ROWS, COLS]`` tile (queries x keys in
     the order of :func:`_nm_key_order`) with the forward's N:M selection: the selection is recomputed from the
     products ``qk`` exactly as the forward made it (on ``qk`` for ``scale > 0``, else on
@@ -414,7 +422,7 @@ def _nm_probabilities(p, qk, sm_scale_log2, pattern_ptrs, band_ptr, rows, cols, 
     if not SCALE_POSITIVE:
         key = qk * sm_scale_log2
     key = _mask_block(key, pattern_ptrs, band_ptr, rows, cols, key_valid, float("-inf"), PARTIAL, EVEN_K, BANDS)
-    keep = _nm_keep(key, NM_N, NM_M, ROWS, COLS, NM_MIN_CHUNK) & (key > float("-inf"))
+    keep = _nm_keep(key, NM_N, NM_M, ROWS, COLS, NM_CHUNKS) & (key > float("-inf"))
     return tl.where(keep, p, 0.0)
 
 
@@ -453,14 +461,14 @@ def _fwd_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     SCALE_POSITIVE: tl.constexpr, DILATION: tl.constexpr, BANDS: tl.constexpr,
-    NM_N: tl.constexpr, NM_M: tl.constexpr, NM_MIN_CHUNK: tl.constexpr,
+    NM_N: tl.constexpr, NM_M: tl.constexpr, NM_CHUNKS: tl.constexpr,
 ):
     bh, pid_m = _scheduled_block(sched, BH, NRB)  # heavy rows of every bh first
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
     start, split, end = _block_span(row_ptr, row_split, h_l, NRB, pid_m)  # partial blocks first
 
     tok_m, m_valid = _residue_tokens(pid_m * BM + tl.arange(0, BM), r, L_q, DILATION)
-    offs_bn = _nm_key_order(BN, NM_M, NM_MIN_CHUNK)  # the block's keys (in the N:M order with nm)
+    offs_bn = _nm_key_order(BN, NM_M, NM_CHUNKS)  # the block's keys (in the N:M order with nm)
     offs_d = tl.arange(0, BD)
     d_valid = offs_d < D
     rows = tok_m[:, None].to(tl.int64)
@@ -492,7 +500,7 @@ def _fwd_kernel(
             s = _mask_block(s, patterns + pid * (BM * BN) + pat_offs, bands + 2 * pid, tl.arange(0, BM)[:, None],
                             offs_bn[None, :], n_valid[None, :], float("-inf"), phase == 0, EVEN_K, BANDS)
             if NM_M > 0:  # N:M: only the N largest of every M keys enter the softmax
-                s = tl.where(_nm_keep(s, NM_N, NM_M, BM, BN, NM_MIN_CHUNK), s, float("-inf"))
+                s = tl.where(_nm_keep(s, NM_N, NM_M, BM, BN, NM_CHUNKS), s, float("-inf"))
             if SCALE_POSITIVE:
                 # max(scale * s) = scale * max(s): one fused multiply-add per score below
                 m_new = tl.maximum(m_i, tl.max(s, 1) * sm_scale_log2)
@@ -551,13 +559,13 @@ def _bwd_dkdv_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SUB_M: tl.constexpr,
     DILATION: tl.constexpr, BANDS: tl.constexpr,
-    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr, NM_MIN_CHUNK: tl.constexpr,
+    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr, NM_CHUNKS: tl.constexpr,
 ):
     bh, pid_n = _scheduled_block(sched, BH, NCB)  # heavy columns of every bh first
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
     start, split, end = _block_span(col_ptr, col_split, h_l, NCB, pid_n)  # partial blocks first
 
-    offs_bn = _nm_key_order(BN, NM_M, NM_MIN_CHUNK)  # the block's keys (in the N:M order with nm)
+    offs_bn = _nm_key_order(BN, NM_M, NM_CHUNKS)  # the block's keys (in the N:M order with nm)
     tok_n, n_valid = _residue_tokens(pid_n * BN + offs_bn, r, L_k, DILATION)
     offs_bm = tl.arange(0, SUB_M)
     offs_d = tl.arange(0, BD)
@@ -606,7 +614,7 @@ def _bwd_dkdv_kernel(
                     p = _nm_probabilities(p, qk, sm_scale_log2, pat_base + pat_offs, bands + 2 * pid,
                                           (sub * SUB_M + offs_bm)[:, None], offs_bn[None, :], n_valid[None, :],
                                           phase == 0, EVEN_K, BANDS, SCALE_POSITIVE, NM_N, NM_M, SUB_M, BN,
-                                          NM_MIN_CHUNK)
+                                          NM_CHUNKS)
                     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
                     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
                     ds = p * (dp - delta[:, None])
@@ -642,14 +650,14 @@ def _bwd_dq_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     SUB_N: tl.constexpr, DILATION: tl.constexpr, BANDS: tl.constexpr,
-    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr, NM_MIN_CHUNK: tl.constexpr,
+    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr, NM_CHUNKS: tl.constexpr,
 ):
     bh, pid_m = _scheduled_block(sched, BH, NRB)
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
     start, split, end = _block_span(row_ptr, row_split, h_l, NRB, pid_m)  # partial blocks first
 
     tok_m, m_valid = _residue_tokens(pid_m * BM + tl.arange(0, BM), r, L_q, DILATION)
-    offs_bn = _nm_key_order(SUB_N, NM_M, NM_MIN_CHUNK)  # a sub-tile's keys (in the N:M order with nm)
+    offs_bn = _nm_key_order(SUB_N, NM_M, NM_CHUNKS)  # a sub-tile's keys (in the N:M order with nm)
     offs_d = tl.arange(0, BD)
     d_valid = offs_d < D
     qd_mask = m_valid[:, None] & d_valid[None, :]
@@ -690,7 +698,7 @@ def _bwd_dq_kernel(
                 if NM_M > 0:  # the forward's N:M selection, recomputed
                     p = _nm_probabilities(p, qk, sm_scale_log2, pat_ptrs, bands + 2 * pid, tl.arange(0, BM)[:, None],
                                           (sub * SUB_N + offs_bn)[None, :], n_valid[None, :], phase == 0, EVEN_K,
-                                          BANDS, SCALE_POSITIVE, NM_N, NM_M, BM, SUB_N, NM_MIN_CHUNK)
+                                          BANDS, SCALE_POSITIVE, NM_N, NM_M, BM, SUB_N, NM_CHUNKS)
                 else:
                     p = _mask_block(p, pat_ptrs, bands + 2 * pid, tl.arange(0, BM)[:, None],
                                     (sub * SUB_N + offs_bn)[None, :], n_valid[None, :], 0.0, phase == 0, EVEN_K, BANDS)
@@ -1123,19 +1131,48 @@ class _Launch(NamedTuple):
 # allocations, aligned; the layout's arrays are checked once, _layout_aligned).
 
 
-#: The narrowest N:M chunk (``cols / M`` columns of a ``cols``-key tile) for which the
-#: kernels load keys in the N:M order and select elementwise on the chunks; narrower
-#: tiles select in key order (:func:`_nm_keep_grouped`). 8 columns is one MMA
-#: accumulator column group: on an H100 (Triton 3.6) 16-bit inputs with 16-key tiles
-#: and 2:4 (chunks of 4) gave grossly wrong outputs through the chunk path, while chunks
-#: of 8 and 16 columns (64 x 64 blocks) matched the reference.
+#: The fewest rows and the narrowest N:M chunk (``cols / M`` columns of a ``cols``-key
+#: tile) of a selection tile for which a kernel loads its keys in the N:M order and
+#: selects elementwise on the chunks (:func:`nm_chunk_path`); other tiles select in key
+#: order (:func:`_nm_keep_grouped`). On an H100 (Triton 3.6) 16-bit inputs gave grossly
+#: wrong outputs through the chunk path on 16-row tiles (mma.sync accumulators) with
+#: chunks of 2, 4 and 8 columns, while 64 x 64 blocks (warpgroup MMA; chunks of 8 and
+#: 16 columns) matched the reference; float32 passed on every tile. The gate holds for
+#: every dtype (one rule; float32 N:M on small tiles is not a case worth a second one).
+NM_MIN_ROWS = 64
 NM_MIN_CHUNK = 8
 
 
-def _nm_meta(nm: tuple[int, int] | None) -> dict:
-    """The kernels' N:M constexprs (``NM_M = 0``: no selection, compiled out)."""
-    n, m = nm if nm is not None else (0, 0)
-    return dict(NM_N=n, NM_M=m, NM_MIN_CHUNK=NM_MIN_CHUNK)
+def nm_chunk_path(rows: int, cols: int, m: int) -> bool:
+    """Whether a kernel whose N:M selection tile is ``[rows, cols]`` (queries x keys)
+    with groups of ``m`` keys loads its keys in the N:M order and selects on the chunks
+    (``rows >= NM_MIN_ROWS`` and ``cols / m >= NM_MIN_CHUNK``), rather than in key order.
+    The kernels' constexpr ``NM_CHUNKS`` is this value for their tile
+    (:func:`nm_selection_tiles`)."""
+    return rows >= NM_MIN_ROWS and cols // m >= NM_MIN_CHUNK
+
+
+def nm_selection_tiles(BM: int, BN: int, cfg: LaunchConfig) -> dict[str, tuple[int, int]]:
+    """``{kernel: (rows, cols)}``: the shape of the tile each kernel selects on with
+    ``BM x BN`` blocks and the launch ``cfg`` -- the forward's whole block, ``_bwd_dq``'s
+    ``BM x SUB_N`` sub-tiles, ``_bwd_dkdv``'s ``SUB_M x BN`` sub-tiles (it recomputes the
+    forward's queries x keys orientation)."""
+    return {"fwd": (BM, BN), "dq": (BM, cfg.sub_n(BN)), "dkdv": (cfg.sub_m(BM), BN)}
+
+
+def nm_paths(BM: int, BN: int, cfg: LaunchConfig, nm: tuple[int, int]) -> dict[str, str]:
+    """``{kernel: "chunks" | "grouped"}``: the selection each kernel makes with N:M
+    pattern ``nm`` (for probes and reports)."""
+    return {name: "chunks" if nm_chunk_path(rows, cols, nm[1]) else "grouped"
+            for name, (rows, cols) in nm_selection_tiles(BM, BN, cfg).items()}
+
+
+def _nm_meta(nm: tuple[int, int] | None, rows: int, cols: int) -> dict:
+    """The N:M constexprs of a kernel whose selection tile is ``[rows, cols]``
+    (``NM_M = 0``: no selection, compiled out)."""
+    if nm is None:
+        return dict(NM_N=0, NM_M=0, NM_CHUNKS=False)
+    return dict(NM_N=nm[0], NM_M=nm[1], NM_CHUNKS=nm_chunk_path(rows, cols, nm[1]))
 
 
 def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: PreparedLayout, scale: float, precision: str,
@@ -1145,6 +1182,7 @@ def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: PreparedLayout,
     BM, BN = int(layout.BM), int(layout.BN)
     BD = max(16, next_pow2(D))
     cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype, nm)
+    tiles = nm_selection_tiles(BM, BN, cfg)
     out_strides = (H * L_q * D, L_q * D, D)  # out is allocated contiguous
     rows = B * H * dilation  # kernel rows: one per (b, h) and residue
     return _Launch(
@@ -1155,7 +1193,7 @@ def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: PreparedLayout,
          H, int(layout.num_heads), L_q, L_k, int(layout.nrb), rows, D),
         _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % (BN * dilation) == 0, EVEN_D=BD == D,
                        PRECISION=precision, UPCAST=_upcast(q.dtype), SCALE_POSITIVE=scale > 0,
-                       DILATION=dilation, BANDS=prep.all_bands, **_nm_meta(nm)), cfg.fwd_maxnreg),
+                       DILATION=dilation, BANDS=prep.all_bands, **_nm_meta(nm, *tiles["fwd"])), cfg.fwd_maxnreg),
         cfg.fwd_warps, cfg.fwd_stages,
     )
 
@@ -1202,6 +1240,7 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
     BM, BN = int(layout.BM), int(layout.BN)
     BD = max(16, next_pow2(D))
     cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype, nm)
+    tiles = nm_selection_tiles(BM, BN, cfg)
     scale_log2 = scale * _LOG2E
     nhl = int(layout.num_heads)
     even_k = L_k % (BN * dilation) == 0
@@ -1220,7 +1259,7 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
              H, nhl, L_q, L_k, int(layout.nrb), rows, D),
             _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, EVEN_D=BD == D, PRECISION=precision,
                            UPCAST=upcast, SUB_N=cfg.sub_n(BN), DILATION=dilation, BANDS=prep.all_bands,
-                           SCALE_POSITIVE=scale > 0, **_nm_meta(nm)),
+                           SCALE_POSITIVE=scale > 0, **_nm_meta(nm, *tiles["dq"])),
                       cfg.dq_maxnreg),
             dq_warps, dq_stages,
         )
@@ -1237,7 +1276,7 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
              H, nhl, L_q, L_k, int(layout.ncb), rows, D),
             _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, PRECISION=precision, UPCAST=upcast,
                            SUB_M=cfg.sub_m(BM), DILATION=dilation, BANDS=prep.all_bands,
-                           SCALE_POSITIVE=scale > 0, **_nm_meta(nm)), cfg.dkdv_maxnreg),
+                           SCALE_POSITIVE=scale > 0, **_nm_meta(nm, *tiles["dkdv"])), cfg.dkdv_maxnreg),
             cfg.bwd_warps, cfg.bwd_stages,
         )
     return dq_launch, pre_launch, dkdv_launch
