@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 
 __all__ = [
+    "markdown_table",
+    "write_sweep_result",
     "ANCHORS",
     "DISPLAY_ORDER",
     "ResultFile",
@@ -355,6 +357,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"PNG not written: {why}", file=sys.stderr)
         print(table)
     return 0
+
+def write_sweep_result(out_dir: Path, name: str, device, doc: dict, lines: list[str]) -> Path:
+    """A sweep's result: ``doc`` as ``<out_dir>/<name>-<gpu-slug>.json`` and the markdown
+    ``lines`` beside it (``.md``, also printed); returns the JSON's path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}-{gpu_slug(device)}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return path
+
+
+def markdown_table(columns: list[tuple[str, str]], rows: list[list[str]]) -> list[str]:
+    """The lines of a markdown table: ``columns`` as ``(title, alignment)`` pairs
+    (``"l"`` or ``"r"``), then one line per row of cells."""
+    lines = ["| " + " | ".join(title for title, _ in columns) + " |",
+             "|" + "|".join("---:" if align == "r" else "---" for _, align in columns) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 if __name__ == "__main__":

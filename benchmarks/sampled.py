@@ -224,7 +224,7 @@ def measure(backend: str, data, case: SampledCase, device: torch.device, seed: i
     if backend == "fusegnn-pinned":
         with features_on_host(data, device):
             record = _measure(backend, data, case, device, seed, phase_s, warmup)
-        record["features"] = "pinned CPU memory (no device copy)"
+        record["features"] = "CPU memory, each batch through pinned buffers (no device copy)"
         return record
     record = _measure(backend, data, case, device, seed, phase_s, warmup)
     record["features"] = "device" if data.x.device.type == device.type else "CPU"

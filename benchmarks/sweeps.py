@@ -47,6 +47,8 @@ SWEEPS: tuple[Sweep, ...] = (
           "launch table; --fit FILE... refits from saved results without a GPU"),
     Sweep("attention", "kernels", "benchmarks.attention_kernels_gpu",
           "per-kernel launch sweep (fwd, dq, dkdv) of the block-sparse attention kernels"),
+    Sweep("loss", "end-to-end", "benchmarks.loss_end_to_end",
+          "GCN / GAT training steps on the Reddit-like graph with and without the fused head, eager and captured"),
     Sweep("vector", "window-crossover", "benchmarks.window_crossover",
           "window vs GAR aggregation over graphs of rising tile density: the data for spmm's auto rule"),
     Sweep("agg", "spmm", "benchmarks.kernels_spmm_gpu",

@@ -107,7 +107,7 @@ def crossover(rows: list[dict]) -> float | None:
 
 
 def sweep_main(argv: list[str], out_dir: Path, device_fn) -> int:
-    from benchmarks.report import environment, gpu_slug
+    from benchmarks.report import environment, markdown_table, write_sweep_result
 
     p = argparse.ArgumentParser(prog="--sweep window-crossover")
     p.add_argument("--nodes", type=int, default=232_965)
@@ -133,18 +133,14 @@ def sweep_main(argv: list[str], out_dir: Path, device_fn) -> int:
         del graph
     doc = {"sweep": "window-crossover", "environment": environment(device), "config": vars(args),
            "rows": rows, "crossover_tile_density": crossover(rows)}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"window-crossover-{gpu_slug(device)}.json"
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    table = markdown_table(
+        [("locality", "r"), ("F", "r"), ("tile density (A / A^T)", "l"), ("GAR fwd / fwd+bwd ms", "l"),
+         ("window fwd / fwd+bwd ms", "l"), ("window speed-up", "r")],
+        [[f"{r['locality']:.2f}", str(r["features"]), f"{r['tile_density']:.3f} / {r['tile_density_t']:.3f}",
+          f"{r['gar_fwd_ms']:.3f} / {r['gar_fwdbwd_ms']:.3f}", f"{r['window_fwd_ms']:.3f} / {r['window_fwdbwd_ms']:.3f}",
+          f"{r['window_over_gar']:.2f}x"] for r in rows])
     lines = [f"## window vs GAR aggregation on {doc['environment'].get('device', '?')}", "",
              f"{args.nodes} nodes, {args.degree} in-edges each, blocks of {args.block}, {args.dtype}; "
-             f"crossover tile density: {doc['crossover_tile_density']}", "",
-             "| locality | F | tile density (A / A^T) | GAR fwd / fwd+bwd ms | window fwd / fwd+bwd ms | window speed-up |",
-             "|---:|---:|---|---|---|---:|"]
-    for r in rows:
-        lines.append(f"| {r['locality']:.2f} | {r['features']} | {r['tile_density']:.3f} / {r['tile_density_t']:.3f} | "
-                     f"{r['gar_fwd_ms']:.3f} / {r['gar_fwdbwd_ms']:.3f} | {r['window_fwd_ms']:.3f} / "
-                     f"{r['window_fwdbwd_ms']:.3f} | {r['window_over_gar']:.2f}x |")
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+             f"crossover tile density: {doc['crossover_tile_density']}", "", *table]
+    write_sweep_result(out_dir, "window-crossover", device, doc, lines)
     return 0

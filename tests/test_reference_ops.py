@@ -376,3 +376,22 @@ def test_property_edge_softmax_sums_to_one(case, heads, scale):
     has = g.in_degree > 0
     torch.testing.assert_close(sums[has], torch.ones_like(sums[has]))
     assert torch.all(sums[~has] == 0)
+
+
+def test_mean_after_inference_mode_trains():
+    """A mean first run under ``torch.inference_mode()`` (evaluation) leaves no inference
+    tensor in the graph's cache: the next training step's backward still works, and the
+    divisor cached by that step is shared by the following ones."""
+    spec = SPECS[1]
+    g = Graph(spec.build(), spec.num_nodes)
+    x = _randn(spec.num_nodes, 3, seed=5).requires_grad_()
+    with torch.inference_mode():
+        evaluated = spmm(g, x.detach(), reduce="mean", aggregation="reference")
+    out = spmm(g, x, reduce="mean", aggregation="reference")
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(out.detach(), evaluated.clone())
+    A = dense_matrix(g.edge_index, g.num_nodes)
+    mean = A / g.in_degree.clamp(min=1).double()[:, None]
+    torch.testing.assert_close(grad, mean.t() @ torch.ones_like(out))
+    cached = g.peek_cached(f"mean_divisor:{F64}:2", structural=True)
+    assert cached is not None and not cached.is_inference()

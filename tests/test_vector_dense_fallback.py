@@ -104,3 +104,47 @@ def test_layer_sparse_and_dense_paths_agree(monkeypatch):
     assert not prefers_dense(layer.pattern())  # 960 entries: below the size floor
     monkeypatch.setattr(kern, "DENSE_MIN_ELEMENTS", 1)
     torch.testing.assert_close(layer(x), sparse, rtol=1e-5, atol=1e-5)
+
+
+def test_only_auto_takes_the_dense_branch(dense_for_small, monkeypatch):
+    """``backend="triton"`` always runs the sparse kernels (forward and backward); ``"auto"``
+    may hand the product to the dense GEMM."""
+    from fusegnn.sparse import vsddmm, vspmm
+
+    A = _matrix(40, 24, 8, 0.5, 3)
+    g = torch.Generator().manual_seed(4)
+    values = A.values.clone().requires_grad_()
+    b = torch.randn(24, 5, generator=g).to(DEVICE).requires_grad_()
+    x, y = torch.randn(40, 6, generator=g).to(DEVICE), torch.randn(24, 6, generator=g).to(DEVICE)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the dense branch ran")
+
+    monkeypatch.setattr(kern, "densify_vectors", refuse)
+    Av = A.with_values(values)
+    out = vspmm(Av, b, backend="triton") + vspmm(Av.T, torch.randn(40, 5, generator=g).to(DEVICE), backend="triton").sum()
+    out.sum().backward()
+    vsddmm(x, y, A, backend="triton")
+    with pytest.raises(AssertionError, match="dense branch"):
+        vspmm(Av, b, backend="auto")
+
+
+def test_to_dense_adds_a_vector_stored_twice_like_the_products():
+    """Two vectors at one (row group, column) add up in ``to_dense`` as in ``vspmm``; the
+    gradient reaches both; the last, partial group is cut at ``M`` rows."""
+    from fusegnn.kernels.vector_layout import vector_groups
+
+    row_ptr = torch.tensor([0, 2, 3], device=DEVICE)
+    col_idx = torch.tensor([1, 1, 0], device=DEVICE)
+    values = torch.arange(1.0, 13.0, device=DEVICE).view(3, 4).requires_grad_()
+    A = VectorSparse(row_ptr, col_idx, values, (6, 3))
+    assert vector_groups(row_ptr, 3).tolist() == [0, 0, 1]
+    dense = A.to_dense()
+    expected = torch.zeros(8, 3, device=DEVICE)
+    expected[0:4, 1] = values[0].detach() + values[1].detach()
+    expected[4:8, 0] = values[2].detach()
+    torch.testing.assert_close(dense, expected[:6])
+    b = torch.randn(3, 2, device=DEVICE)
+    torch.testing.assert_close(kern.vspmm_reference(values.detach(), col_idx, row_ptr, b, 6), dense.detach() @ b)
+    dense.sum().backward()
+    assert torch.equal(values.grad, torch.tensor([[1.0] * 4, [1.0] * 4, [1.0, 1.0, 0.0, 0.0]], device=DEVICE))

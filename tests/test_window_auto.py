@@ -72,6 +72,18 @@ def test_window_rule(monkeypatch):
     assert dispatch._window_rule(clustered, (x,)) is None
 
 
+def test_window_rule_declines_float64(monkeypatch):
+    """The window backend takes float64 (explicitly asked for, through the vector-sparse
+    reference: a ``[V, N]`` product per tile column), so ``auto`` must not pick it there:
+    the vector kernels run float16 / bfloat16 / float32 only."""
+    monkeypatch.setattr(dispatch, "_usable", lambda name, graph, tensors: True)
+    clustered = _local_graph(4_096, 16, 16, 1.0)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        decision = dispatch._window_rule(clustered, (torch.zeros(4_096, 8, dtype=dtype, device=DEVICE),))
+        assert decision is not None and decision.name == "window", dtype
+    assert dispatch._window_rule(clustered, (torch.zeros(4_096, 8, dtype=torch.float64, device=DEVICE),)) is None
+
+
 @pytest.mark.skipif(not CUDA, reason="auto runs fused kernels on CUDA only")
 def test_auto_picks_windows_on_a_clustered_graph_on_cuda():
     clustered = _local_graph(40_000, 16, 16, 0.98)  # tile density about 0.5

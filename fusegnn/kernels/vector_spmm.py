@@ -45,7 +45,8 @@ So, for matrices of at least :data:`DENSE_MIN_ELEMENTS` and at most
 huge ones -- graphs -- would not fit densified), each op runs the dense product when
 ``density > reuse / DENSE_LOADS_PER_MAC`` (``reuse`` = ``V`` for ``vspmm`` / ``vsddmm``,
 1 for ``vspmm_t``); :func:`dense_is_cheaper` is the rule and ``allow_dense=False`` turns
-it off. The result is the same product (one float32-accumulated GEMM, one rounding; in float32
+it off (the op layer passes ``allow_dense`` only for ``backend="auto"``: ``"triton"`` always
+runs the sparse kernels). The result is the same product (one float32-accumulated GEMM, one rounding; in float32
 the GEMM follows torch's matmul precision setting, IEEE unless TF32 is allowed).
 
 Dtypes: float16 / bfloat16 (float32 accumulation, one rounding at the store) and float32
@@ -62,6 +63,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from fusegnn.kernels._triton import LazyKernel, interpreter_enabled, next_pow2
+from fusegnn.kernels.vector_layout import densify_vectors, vector_groups
 
 __all__ = [
     "DENSE_LOADS_PER_MAC",
@@ -100,22 +102,6 @@ def dense_is_cheaper(stored: int, rows: int, cols: int, reuse: int) -> bool:
     if not DENSE_MIN_ELEMENTS <= elements <= DENSE_MAX_ELEMENTS:
         return False
     return stored * DENSE_LOADS_PER_MAC > reuse * elements
-
-
-def _groups_of(ptr: Tensor, count: int) -> Tensor:
-    """For ``count`` items laid out by the offsets ``ptr``, each item's segment (no host sync)."""
-    items = torch.arange(count, device=ptr.device, dtype=ptr.dtype)
-    return torch.searchsorted(ptr, items, right=True) - 1
-
-
-def _densify(values: Tensor, groups: Tensor, cols: Tensor, num_rows: int, num_cols: int) -> Tensor:
-    """The dense ``[num_rows, num_cols]`` matrix of the vectors ``values[i]`` at row group
-    ``groups[i]``, column ``cols[i]`` (repeated positions add)."""
-    V = values.size(1)
-    G = (num_rows + V - 1) // V
-    dense = values.new_zeros(G, num_cols, V)
-    dense.index_put_((groups.long(), cols.long()), values, accumulate=True)
-    return dense.permute(0, 2, 1).reshape(G * V, num_cols)[:num_rows]
 
 
 def _vspmm_kernel(
@@ -247,7 +233,7 @@ def vspmm(values: Tensor, col_idx: Tensor, row_ptr: Tensor, b: Tensor, num_rows:
     G = row_ptr.numel() - 1
     N = b.size(1)
     if allow_dense and N > 0 and dense_is_cheaper(values.numel(), num_rows, b.size(0), V):
-        a = _densify(values, _groups_of(row_ptr, col_idx.numel()), col_idx, num_rows, b.size(0))
+        a = densify_vectors(values, vector_groups(row_ptr, col_idx.numel()), col_idx, num_rows, b.size(0))
         return a @ b
     out = torch.empty(num_rows, N, dtype=dtype, device=b.device)
     if num_rows == 0 or N == 0:
@@ -273,8 +259,8 @@ def vspmm_t(
     K = t_ptr.numel() - 1
     N = b.size(1)
     if allow_dense and N > 0 and dense_is_cheaper(values.numel(), num_rows, K, 1):
-        cols = _groups_of(t_ptr, t_vec.numel())
-        a = _densify(values[t_vec.long()], t_group, cols, num_rows, K)
+        cols = vector_groups(t_ptr, t_vec.numel())  # the column of each vector in column order
+        a = densify_vectors(values[t_vec.long()], t_group, cols, num_rows, K)
         return a.t() @ b
     out = torch.empty(K, N, dtype=dtype, device=b.device)
     if K == 0 or N == 0:
@@ -302,7 +288,7 @@ def vsddmm(x: Tensor, y: Tensor, col_idx: Tensor, row_ptr: Tensor, V: int, max_v
         rows = G * V
         xp = x if x.size(0) == rows else torch.cat([x, x.new_zeros(rows - x.size(0), x.size(1))])
         full = (xp @ y.t()).view(G, V, y.size(0))
-        return full[_groups_of(row_ptr, nnz), :, col_idx.long()]
+        return full[vector_groups(row_ptr, nnz), :, col_idx.long()]
     out = torch.empty(nnz, V, dtype=dtype, device=x.device)
     if nnz == 0:
         return out
@@ -323,12 +309,6 @@ def vsddmm(x: Tensor, y: Tensor, col_idx: Tensor, row_ptr: Tensor, V: int, max_v
 # ---------------------------------------------------------------------- references
 
 
-def vector_groups(row_ptr: Tensor) -> Tensor:
-    """The row group of every stored vector (``int64 [nnz_v]``)."""
-    counts = (row_ptr[1:] - row_ptr[:-1]).long()
-    return torch.repeat_interleave(torch.arange(counts.numel(), device=row_ptr.device), counts)
-
-
 def _padded_rows(num_rows: int, V: int, groups: int) -> int:
     return max(groups * V, num_rows)
 
@@ -337,7 +317,7 @@ def vspmm_reference(values: Tensor, col_idx: Tensor, row_ptr: Tensor, b: Tensor,
     """Pure-PyTorch :func:`vspmm` (differentiable in ``values`` and ``b``)."""
     V = values.size(1)
     G = row_ptr.numel() - 1
-    grp = vector_groups(row_ptr)
+    grp = vector_groups(row_ptr, col_idx.numel())
     contrib = values.unsqueeze(2) * b[col_idx.long()].unsqueeze(1)  # [nnz_v, V, N]
     out = torch.zeros(G, V, b.size(1), dtype=torch.promote_types(values.dtype, b.dtype), device=b.device)
     out = out.index_add(0, grp, contrib)
@@ -348,7 +328,7 @@ def vspmm_t_reference(values: Tensor, col_idx: Tensor, row_ptr: Tensor, b: Tenso
     """Pure-PyTorch :func:`vspmm_t`: ``A^T @ b`` with ``A`` given by its rows."""
     V = values.size(1)
     G = row_ptr.numel() - 1
-    grp = vector_groups(row_ptr)
+    grp = vector_groups(row_ptr, col_idx.numel())
     rows = _padded_rows(b.size(0), V, G)
     bp = torch.cat([b, b.new_zeros(rows - b.size(0), b.size(1))]).view(-1, V, b.size(1))
     contrib = (values.unsqueeze(2) * bp[grp]).sum(1)  # [nnz_v, N]
@@ -359,7 +339,7 @@ def vspmm_t_reference(values: Tensor, col_idx: Tensor, row_ptr: Tensor, b: Tenso
 def vsddmm_reference(x: Tensor, y: Tensor, col_idx: Tensor, row_ptr: Tensor, V: int) -> Tensor:
     """Pure-PyTorch :func:`vsddmm` (differentiable in ``x`` and ``y``)."""
     G = row_ptr.numel() - 1
-    grp = vector_groups(row_ptr)
+    grp = vector_groups(row_ptr, col_idx.numel())
     rows = _padded_rows(x.size(0), V, G)
     xp = torch.cat([x, x.new_zeros(rows - x.size(0), x.size(1))]).view(-1, V, x.size(1))
     return (xp[grp] * y[col_idx.long()].unsqueeze(1)).sum(2)
@@ -370,14 +350,15 @@ def vsddmm_reference(x: Tensor, y: Tensor, col_idx: Tensor, row_ptr: Tensor, V: 
 
 class VectorSpmm(torch.autograd.Function):
     """``A @ b`` through :func:`vspmm`, differentiable in ``values`` and ``b``. ``index`` is
-    ``(row_ptr, col_idx, t_ptr, t_vec, t_group, num_rows, max_vectors)``."""
+    ``(row_ptr, col_idx, t_ptr, t_vec, t_group, num_rows, max_vectors)``; ``allow_dense``
+    lets every product of the op (forward and backward) take the dense fallback."""
 
     @staticmethod
-    def forward(ctx, values: Tensor, b: Tensor, index: tuple) -> Tensor:
+    def forward(ctx, values: Tensor, b: Tensor, index: tuple, allow_dense: bool = True) -> Tensor:
         row_ptr, col_idx = index[0], index[1]
-        ctx.index = index
+        ctx.index, ctx.allow_dense = index, allow_dense
         ctx.save_for_backward(values, b)
-        return vspmm(values, col_idx, row_ptr, b, index[5])
+        return vspmm(values, col_idx, row_ptr, b, index[5], allow_dense=allow_dense)
 
     @staticmethod
     @once_differentiable
@@ -386,20 +367,21 @@ class VectorSpmm(torch.autograd.Function):
         row_ptr, col_idx, t_ptr, t_vec, t_group, num_rows, max_vectors = ctx.index
         grad_values = grad_b = None
         if ctx.needs_input_grad[1]:
-            grad_b = vspmm_t(values, t_ptr, t_vec, t_group, grad, num_rows)
+            grad_b = vspmm_t(values, t_ptr, t_vec, t_group, grad, num_rows, allow_dense=ctx.allow_dense)
         if ctx.needs_input_grad[0]:
-            grad_values = vsddmm(grad, b, col_idx, row_ptr, values.size(1), max_vectors)
-        return grad_values, grad_b, None
+            grad_values = vsddmm(grad, b, col_idx, row_ptr, values.size(1), max_vectors, allow_dense=ctx.allow_dense)
+        return grad_values, grad_b, None, None
 
 
 class VectorSpmmT(torch.autograd.Function):
-    """``A^T @ b`` through :func:`vspmm_t`, differentiable in ``values`` and ``b`` (same ``index``)."""
+    """``A^T @ b`` through :func:`vspmm_t`, differentiable in ``values`` and ``b`` (same
+    ``index`` and ``allow_dense``)."""
 
     @staticmethod
-    def forward(ctx, values: Tensor, b: Tensor, index: tuple) -> Tensor:
-        ctx.index = index
+    def forward(ctx, values: Tensor, b: Tensor, index: tuple, allow_dense: bool = True) -> Tensor:
+        ctx.index, ctx.allow_dense = index, allow_dense
         ctx.save_for_backward(values, b)
-        return vspmm_t(values, index[2], index[3], index[4], b, index[5])
+        return vspmm_t(values, index[2], index[3], index[4], b, index[5], allow_dense=allow_dense)
 
     @staticmethod
     @once_differentiable
@@ -408,20 +390,21 @@ class VectorSpmmT(torch.autograd.Function):
         row_ptr, col_idx, _, _, _, num_rows, max_vectors = ctx.index
         grad_values = grad_b = None
         if ctx.needs_input_grad[1]:
-            grad_b = vspmm(values, col_idx, row_ptr, grad, num_rows)
+            grad_b = vspmm(values, col_idx, row_ptr, grad, num_rows, allow_dense=ctx.allow_dense)
         if ctx.needs_input_grad[0]:
-            grad_values = vsddmm(b, grad, col_idx, row_ptr, values.size(1), max_vectors)
-        return grad_values, grad_b, None
+            grad_values = vsddmm(b, grad, col_idx, row_ptr, values.size(1), max_vectors, allow_dense=ctx.allow_dense)
+        return grad_values, grad_b, None, None
 
 
 class VectorSddmm(torch.autograd.Function):
-    """:func:`vsddmm` of ``x [M, F]`` and ``y [K, F]``, differentiable in both (same ``index``)."""
+    """:func:`vsddmm` of ``x [M, F]`` and ``y [K, F]``, differentiable in both (same ``index``
+    and ``allow_dense``)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, y: Tensor, V: int, index: tuple) -> Tensor:
-        ctx.index = index
+    def forward(ctx, x: Tensor, y: Tensor, V: int, index: tuple, allow_dense: bool = True) -> Tensor:
+        ctx.index, ctx.allow_dense = index, allow_dense
         ctx.save_for_backward(x, y)
-        return vsddmm(x, y, index[1], index[0], V, index[6])
+        return vsddmm(x, y, index[1], index[0], V, index[6], allow_dense=allow_dense)
 
     @staticmethod
     @once_differentiable
@@ -431,7 +414,7 @@ class VectorSddmm(torch.autograd.Function):
         grad = grad.contiguous()
         grad_x = grad_y = None
         if ctx.needs_input_grad[0]:
-            grad_x = vspmm(grad, col_idx, row_ptr, y, num_rows)
+            grad_x = vspmm(grad, col_idx, row_ptr, y, num_rows, allow_dense=ctx.allow_dense)
         if ctx.needs_input_grad[1]:
-            grad_y = vspmm_t(grad, t_ptr, t_vec, t_group, x, num_rows)
-        return grad_x, grad_y, None, None
+            grad_y = vspmm_t(grad, t_ptr, t_vec, t_group, x, num_rows, allow_dense=ctx.allow_dense)
+        return grad_x, grad_y, None, None, None

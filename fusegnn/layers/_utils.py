@@ -164,7 +164,8 @@ def check_linear_input(
         lin.reset_parameters()
         if glorot:
             glorot_(lin.weight)
-    lin.in_features = lin.weight.size(1)
+    if lin.in_features != lin.weight.size(1):  # (nn.Module.__setattr__ costs microseconds per call)
+        lin.in_features = lin.weight.size(1)
     if x.size(1) != lin.in_features:
         per = "edge" if name == "edge_attr" else "node"
         raise ValueError(

@@ -34,9 +34,10 @@ Every public op takes ``aggregation``:
   and the ``torch.compile`` custom ops use) the host cost is paid once, so the fused
   kernels are chosen by the rule of 3 as before.
 
-**Row windows.** For ``spmm`` one more rule comes before 3: ``"window"`` when the
-graph's row-window tile density (the fraction of the windows' tile entries holding an
-edge, :func:`~fusegnn.sparse.tile_density.estimate_tile_density`: counted on a sample of
+**Row windows.** For ``spmm`` one more rule comes before 3: ``"window"`` (for float16 /
+bfloat16 / float32 ``x``, the vector-sparse kernels' dtypes) when the graph's row-window
+tile density (the fraction of the windows' tile entries holding an edge,
+:func:`~fusegnn.sparse.tile_density.estimate_tile_density`: counted on a sample of
 4,096 windows, cached on the graph) is at least :data:`WINDOW_MIN_TILE_DENSITY`. Measured
 on an H100 (bf16, F = 128 and 256, ``python -m benchmarks.run --suite vector --sweep
 window-crossover``): on 233k-node graphs of in-degree 128 the windows beat GAR at every
@@ -89,6 +90,7 @@ from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
 from fusegnn.sparse.tile_density import estimate_tile_density
+from fusegnn.sparse.vector_library import use_kernel
 
 __all__ = [
     "AGGREGATIONS",
@@ -391,6 +393,8 @@ def _window_rule(graph: Graph, tensors: tuple[Tensor, ...]) -> Decision | None:
     when it does not pick the windows."""
     if capture_mode() or not _usable("window", graph, tensors):
         return None
+    if not use_kernel("auto", *tensors):
+        return None  # float64: the windows' products would run the vector-sparse reference (V x N per tile column)
     density = estimate_tile_density(graph)
     if density < WINDOW_MIN_TILE_DENSITY:
         return None

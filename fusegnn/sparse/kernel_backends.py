@@ -153,26 +153,24 @@ def _edge_softmax_backward(graph: Graph, alpha: Tensor, grad: Tensor) -> Tensor:
     return edge_softmax_backward(graph, alpha.contiguous(), grad)
 
 
-def _window_hands_over(reduce: str, weight: Tensor | None) -> bool:
-    """Whether the window backend hands this spmm to GAR (and records that)."""
+def _window_hand_over(reduce: str, weight: Tensor | None) -> str | None:
+    """Why the window backend hands this spmm to GAR, or ``None`` when it runs it."""
     if reduce == "max":
-        note_path("gar", "reduce='max' runs GAR's fused max (row windows hold sums)")
-        return True
+        return "reduce='max' runs GAR's fused max (row windows hold sums)"
     if weight is not None and weight.dim() == 2:
-        note_path("gar", "per-head [E, H] weights run on GAR (a row window holds one weight per edge)")
-        return True
-    return False
+        return "per-head [E, H] weights run on GAR (a row window holds one weight per edge)"
+    return None
 
 
 def _mean_scale(graph: Graph, t: Tensor) -> Tensor:
     """``t`` (``[N_dst, *S]``) divided by the in-degrees clamped to 1: a mean from a sum."""
-    count = graph.in_degree.clamp(min=1).to(t.dtype)
-    return t / count.reshape((-1,) + (1,) * (t.dim() - 1))
+    return t / reference.mean_divisor(graph, t.dtype, t.dim())
 
 
 def _window_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",
                  bias: Tensor | None = None) -> Tensor:
-    if _window_hands_over(reduce, edge_weight):
+    if (why := _window_hand_over(reduce, edge_weight)) is not None:
+        note_path("gar", why)
         return _spmm("gar")(graph, x, edge_weight, reduce, bias)
     from fusegnn.sparse.window_aggregation import window_aggregate
 
@@ -184,7 +182,7 @@ def _window_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, red
 
 def _window_spmm_backward(graph: Graph, grad: Tensor, x: Tensor | None, weight: Tensor | None, reduce: str,
                           need_x: bool, need_w: bool) -> tuple[Tensor | None, Tensor | None]:
-    if reduce == "max" or (weight is not None and weight.dim() == 2):
+    if _window_hand_over(reduce, weight) is not None:
         return _spmm_backward("gar")(graph, grad, x, weight, reduce, need_x, need_w)
     from fusegnn.sparse.window_aggregation import window_aggregate_backward
 

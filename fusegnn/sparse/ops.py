@@ -124,8 +124,9 @@ def spmm(
         bias: ``[F]`` (``[H, F]`` for 3-D ``x``: one value per output column) added to
             every output row, or ``None``.
         aggregation: ``"auto"``, ``"gas"``, ``"gar"``, ``"window"`` (row windows on
-            tensor cores, :mod:`fusegnn.sparse.window_aggregation`; never chosen by
-            ``"auto"``) or ``"reference"`` (see :mod:`fusegnn.sparse.dispatch`).
+            tensor cores, :mod:`fusegnn.sparse.window_aggregation`; ``"auto"`` takes it
+            eagerly on graphs of row-window tile density >= 0.25) or ``"reference"``
+            (see :mod:`fusegnn.sparse.dispatch`).
 
     Returns:
         ``[N_dst, F]`` or ``[N_dst, H, F]``.

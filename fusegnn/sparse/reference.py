@@ -56,7 +56,9 @@ def spmm(
     :func:`max_and_argmax`); targets without incoming edges get zeros (then ``b``).
     """
     out = _aggregate(graph, x, edge_weight, reduce)
-    return out if bias is None else out + bias.reshape(x.shape[1:])
+    if bias is None:
+        return out
+    return out + (bias if bias.shape == x.shape[1:] else bias.reshape(x.shape[1:]))  # no view node when it fits
 
 
 def _aggregate(graph: Graph, x: Tensor, edge_weight: Tensor | None, reduce: str) -> Tensor:
@@ -74,9 +76,20 @@ def reduce_messages(graph: Graph, messages: Tensor, reduce: str) -> Tensor:
     dst = graph.dst.long()
     out = messages.new_zeros((graph.num_dst_nodes,) + tuple(messages.shape[1:])).index_add(0, dst, messages)
     if reduce == "mean":
-        count = graph.in_degree.clamp(min=1).to(messages.dtype)
-        out = out / count.reshape((-1,) + (1,) * (messages.dim() - 1))
+        out = out / mean_divisor(graph, messages.dtype, messages.dim())
     return out
+
+
+def mean_divisor(graph: Graph, dtype: torch.dtype, dim: int) -> Tensor:
+    """max(in-degree, 1) as ``dtype``, shaped ``[N_dst, 1, ...]`` to divide ``dim``-D sums;
+    cached on the graph's structure (two ATen ops fewer in every eager mean). Not cached
+    under ``torch.inference_mode()``: an inference tensor in the cache could not be saved
+    for the backward of a later training step (the division saves its divisor)."""
+    def compute() -> Tensor:
+        return graph.in_degree.clamp(min=1).to(dtype).reshape((-1,) + (1,) * (dim - 1))
+    if torch.is_inference_mode_enabled():
+        return compute()
+    return graph.cached(f"mean_divisor:{dtype}:{dim}", compute, structural=True)
 
 
 def max_and_argmax(graph: Graph, messages: Tensor) -> tuple[Tensor, Tensor]:

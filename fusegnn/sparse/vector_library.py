@@ -86,23 +86,27 @@ def _index(row_ptr: Tensor, col_idx: Tensor, t_ptr: Tensor, t_vec: Tensor, t_gro
 
 
 # ----------------------------------------------------------------------------- run time
-def _product(values: Tensor, b: Tensor, idx: VectorIndex, transposed: bool, kernel: bool) -> Tensor:
-    """:math:`A b` (``transposed``: :math:`A^\\top b`), ``A`` the index holding ``values``."""
+def _product(values: Tensor, b: Tensor, idx: VectorIndex, transposed: bool, kernel: bool, backend: str) -> Tensor:
+    """:math:`A b` (``transposed``: :math:`A^\\top b`), ``A`` the index holding ``values``
+    (the kernels' dense fallback for ``backend="auto"`` only)."""
     k = _kernels()
     if kernel:
+        dense = backend == "auto"
         if transposed:
-            return k.vspmm_t(values, idx.t_ptr, idx.t_vec, idx.t_group, b.contiguous(), idx.num_rows)
-        return k.vspmm(values, idx.col_idx, idx.row_ptr, b.contiguous(), idx.num_rows)
+            return k.vspmm_t(values, idx.t_ptr, idx.t_vec, idx.t_group, b.contiguous(), idx.num_rows, allow_dense=dense)
+        return k.vspmm(values, idx.col_idx, idx.row_ptr, b.contiguous(), idx.num_rows, allow_dense=dense)
     if transposed:
         return k.vspmm_t_reference(values, idx.col_idx, idx.row_ptr, b, idx.t_ptr.numel() - 1)
     return k.vspmm_reference(values, idx.col_idx, idx.row_ptr, b, idx.num_rows)
 
 
-def _sample(x: Tensor, y: Tensor, idx: VectorIndex, V: int, kernel: bool) -> Tensor:
-    """:math:`X Y^\\top` at the index's vectors (``[nnz_v, V]``)."""
+def _sample(x: Tensor, y: Tensor, idx: VectorIndex, V: int, kernel: bool, backend: str) -> Tensor:
+    """:math:`X Y^\\top` at the index's vectors (``[nnz_v, V]``; the dense fallback for
+    ``backend="auto"`` only)."""
     k = _kernels()
     if kernel:
-        return k.vsddmm(x.contiguous(), y.contiguous(), idx.col_idx, idx.row_ptr, V, idx.max_vectors)
+        return k.vsddmm(x.contiguous(), y.contiguous(), idx.col_idx, idx.row_ptr, V, idx.max_vectors,
+                        allow_dense=backend == "auto")
     return k.vsddmm_reference(x, y, idx.col_idx, idx.row_ptr, V)
 
 
@@ -119,7 +123,7 @@ def _empty(like: Tensor) -> Tensor:
 )
 def _vspmm_op(values, b, row_ptr, col_idx, t_ptr, t_vec, t_group, num_rows, max_vectors, transposed, backend):
     idx = VectorIndex(row_ptr, col_idx, t_ptr, t_vec, t_group, num_rows, max_vectors)
-    return _product(values, b, idx, transposed, use_kernel(backend, values, b)).contiguous()
+    return _product(values, b, idx, transposed, use_kernel(backend, values, b), backend).contiguous()
 
 
 @_vspmm_op.register_fake
@@ -138,11 +142,11 @@ def _vspmm_backward_op(grad, values, b, row_ptr, col_idx, t_ptr, t_vec, t_group,
     kernel = use_kernel(backend, values, b)
     idx = _index(row_ptr, col_idx, t_ptr, t_vec, t_group, num_rows, max_vectors if need_values and kernel else 0)
     grad = grad.contiguous()
-    grad_b = _product(values, grad, idx, not transposed, kernel).contiguous() if need_b else _empty(b)
+    grad_b = _product(values, grad, idx, not transposed, kernel, backend).contiguous() if need_b else _empty(b)
     if not need_values:
         return _empty(values), grad_b
     pair = (b, grad) if transposed else (grad, b)
-    return _sample(*pair, idx, values.size(1), kernel).contiguous(), grad_b
+    return _sample(*pair, idx, values.size(1), kernel, backend).contiguous(), grad_b
 
 
 @_vspmm_backward_op.register_fake
@@ -176,7 +180,7 @@ _vspmm_op.register_autograd(_vspmm_autograd, setup_context=_vspmm_setup)
 def _vsddmm_op(x, y, row_ptr, col_idx, t_ptr, t_vec, t_group, V, max_vectors, backend):
     kernel = use_kernel(backend, x, y)
     idx = _index(row_ptr, col_idx, t_ptr, t_vec, t_group, x.size(0), max_vectors if kernel else 0)
-    return _sample(x, y, idx, V, kernel).contiguous()
+    return _sample(x, y, idx, V, kernel, backend).contiguous()
 
 
 @_vsddmm_op.register_fake
@@ -193,8 +197,8 @@ def _vsddmm_backward_op(grad, x, y, row_ptr, col_idx, t_ptr, t_vec, t_group, bac
     idx = VectorIndex(row_ptr, col_idx, t_ptr, t_vec, t_group, x.size(0), 0)
     kernel = use_kernel(backend, x, y)
     grad = grad.contiguous()
-    grad_x = _product(grad, y, idx, False, kernel).contiguous() if need_x else _empty(x)
-    grad_y = _product(grad, x, idx, True, kernel).contiguous() if need_y else _empty(y)
+    grad_x = _product(grad, y, idx, False, kernel, backend).contiguous() if need_x else _empty(x)
+    grad_y = _product(grad, x, idx, True, kernel, backend).contiguous() if need_y else _empty(y)
     return grad_x, grad_y
 
 

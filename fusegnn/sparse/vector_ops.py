@@ -10,7 +10,9 @@ r"""Public vector-sparse ops: :func:`vspmm`, :func:`vsddmm`, :func:`window_spmm`
 All are differentiable in the values and the dense operands. ``backend="auto"`` runs the
 Triton kernels of :mod:`fusegnn.kernels.vector_spmm` where they can (CUDA tensors, or the
 CPU with ``TRITON_INTERPRET=1``; float16 / bfloat16 / float32) and the pure-PyTorch
-reference otherwise (float64 included); ``"triton"`` and ``"reference"`` force one.
+reference otherwise (float64 included); ``"triton"`` and ``"reference"`` force one. Only
+``"auto"`` lets the kernels hand a large, dense-ish product to one dense GEMM
+(:func:`fusegnn.kernels.vector_spmm.dense_is_cheaper`).
 
 Under ``torch.compile`` (:func:`torch.compiler.is_compiling`) they call the custom ops of
 :mod:`fusegnn.sparse.vector_library` instead (one opaque node each, forward and
@@ -95,7 +97,7 @@ def vspmm(a: VectorSparse | TransposedVectorSparse, b: Tensor, *, backend: str =
     index = base.index()
     if use_kernel(backend, base.values, b):
         fn = _kernels().VectorSpmmT if transposed else _kernels().VectorSpmm
-        return fn.apply(base.values, b, tuple(index))
+        return fn.apply(base.values, b, tuple(index), backend == "auto")
     k = _kernels()
     if transposed:
         return k.vspmm_t_reference(base.values, index.col_idx, index.row_ptr, b, base.shape[1])
@@ -120,7 +122,7 @@ def vsddmm(x: Tensor, y: Tensor, pattern: VectorSparse, *, backend: str = "auto"
         return vector_library.vsddmm(x, y, _traced_index(pattern, backend), pattern.V, backend)
     index = pattern.index()
     if use_kernel(backend, x, y):
-        return _kernels().VectorSddmm.apply(x, y, pattern.V, tuple(index))
+        return _kernels().VectorSddmm.apply(x, y, pattern.V, tuple(index), backend == "auto")
     return _kernels().vsddmm_reference(x, y, index.col_idx, index.row_ptr, pattern.V)
 
 

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from fusegnn.kernels.vector_layout import densify_vectors, vector_groups
 from fusegnn.sparse.graph import Graph, type_name
 
 __all__ = ["RowWindows", "TransposedVectorSparse", "VectorIndex", "VectorSparse", "transpose_index", "vector_structure"]
@@ -59,12 +60,6 @@ def _ptr(counts: Tensor) -> Tensor:
     return ptr
 
 
-def _groups(row_ptr: Tensor) -> Tensor:
-    """The row group of each stored vector (``int64 [nnz_v]``)."""
-    counts = (row_ptr[1:] - row_ptr[:-1]).long()
-    return torch.repeat_interleave(torch.arange(counts.numel(), device=row_ptr.device), counts)
-
-
 def vector_structure(rows: Tensor, cols: Tensor, shape: tuple[int, int], V: int) -> tuple[Tensor, Tensor, Tensor]:
     """The vectors holding COO entries ``(rows, cols)`` of an ``[M, K]`` matrix:
     ``(row_ptr, col_idx, vector)`` with ``vector[e]`` the stored vector of entry ``e``
@@ -84,7 +79,7 @@ def transpose_index(row_ptr: Tensor, col_idx: Tensor, num_cols: int) -> tuple[Te
     (the vectors in column order, stable) and ``t_group`` (their row groups), all int32."""
     order = torch.argsort(col_idx.long(), stable=True)
     t_ptr = _ptr(torch.bincount(col_idx.long(), minlength=num_cols))
-    return t_ptr.to(torch.int32), order.to(torch.int32), _groups(row_ptr)[order].to(torch.int32)
+    return t_ptr.to(torch.int32), order.to(torch.int32), vector_groups(row_ptr, col_idx.numel())[order].to(torch.int32)
 
 
 class VectorSparse:
@@ -248,7 +243,7 @@ class VectorSparse:
 
     def vector_groups(self) -> Tensor:
         """The row group of each stored vector (``int64 [nnz_v]``)."""
-        return self._cached("groups", lambda: _groups(self.row_ptr))
+        return self._cached("groups", lambda: vector_groups(self.row_ptr, self.num_vectors))
 
     def index(self) -> VectorIndex:
         """The kernels' :class:`VectorIndex` (the column-sorted half computed once, cached)."""
@@ -293,13 +288,10 @@ class VectorSparse:
                           self.values.to(device=device, dtype=dtype or self.dtype), self.shape, validate=False)
 
     def to_dense(self) -> Tensor:
-        """The dense ``[M, K]`` matrix (differentiable in ``values``)."""
+        """The dense ``[M, K]`` matrix (differentiable in ``values``; vectors stored twice
+        at one position add, as in the products)."""
         M, K = self.shape
-        G, V = self.num_groups, self.V
-        rows = torch.arange(V, device=self.device)
-        index = (self.vector_groups()[:, None], rows[None, :], self.col_idx.long()[:, None])  # [nnz_v, V] each
-        dense = torch.zeros(G, V, K, dtype=self.dtype, device=self.device).index_put(index, self.values)
-        return dense.view(G * V, K)[:M]
+        return densify_vectors(self.values, self.vector_groups(), self.col_idx, M, K)
 
     def mask(self) -> Tensor:
         """Boolean ``[M, K]``: the stored positions (whole vectors)."""

@@ -182,15 +182,17 @@ def _edge_dots(graph: Graph, x: Tensor, grad: Tensor) -> Tensor:
 
 def window_aggregate_backward(
     graph: Graph, grad: Tensor, x: Tensor | None, weight: Tensor | None, need_x: bool, need_w: bool,
-    W: int = WINDOW_ROWS,
+    W: int = WINDOW_ROWS, *, memoise: bool = True,
 ) -> tuple[Tensor | None, Tensor | None]:
     r"""Backward of :func:`window_aggregate` as a plain function: ``(grad_x, grad_w)``,
     :math:`A^\top G` over the windows of :math:`A^\top` and one dot product per edge,
-    each ``None`` unless needed (``x`` is read only for ``grad_w``). ``grad`` is ``[N_dst, *S]``."""
+    each ``None`` unless needed (``x`` is read only for ``grad_w``). ``grad`` is ``[N_dst, *S]``;
+    ``memoise``: keep the tiles of :math:`A^\top` (:func:`window_values`), not for a weight
+    that changes every call."""
     grad2 = _as_matrix(grad)
     grad_x = grad_w = None
     if need_x:
-        grad_x = _product(graph, weight, grad2, W, True, True)
+        grad_x = _product(graph, weight, grad2, W, True, memoise)
         grad_x = grad_x.reshape((graph.num_src_nodes,) + tuple(grad.shape[1:]))
     if need_w:
         if x is None:
@@ -214,12 +216,8 @@ class _WindowAggregate(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         x, weight = ctx.saved_tensors
-        grad = grad.contiguous()
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _product(ctx.graph, weight, grad, ctx.W, True, ctx.memoise)
-        if ctx.needs_input_grad[1]:
-            grad_w = _edge_dots(ctx.graph, x, grad)
+        grad_x, grad_w = window_aggregate_backward(ctx.graph, grad.contiguous(), x, weight, *ctx.needs_input_grad[:2],
+                                                   ctx.W, memoise=ctx.memoise)
         return grad_x, grad_w, None, None
 
 
