@@ -163,11 +163,15 @@ def test_half_precision(dtype):
     mask = bigbird(48, 3, 4, 16, 0.15, seed=0)
     layout = BlockLayout.from_mask(mask, 16, 16, DEVICE)
     (q, k, v), g = _integer_inputs(1, 48, 16, seed=1, dtype=dtype)
-    out, grads = _run(q, k, v, g, layout, (2, 4))
+    _check_at(q, k, v, g, mask.dense(), layout, (2, 4), 3e-2 if dtype == torch.bfloat16 else 5e-3)
+
+
+def _check_at(q, k, v, g, allowed, layout, nm, tol):
+    """Outputs within ``tol`` of the float64 reference, gradients within ``4 tol``."""
+    out, grads = _run(q, k, v, g, layout, nm)
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref = nm_reference(qd, kd, vd, mask.dense(), (2, 4))
+    ref = nm_reference(qd, kd, vd, allowed, nm)
     ref.backward(g.double())
-    tol = 3e-2 if dtype == torch.bfloat16 else 5e-3
     torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
     for a, b in zip(grads, (qd.grad, kd.grad, vd.grad)):
         torch.testing.assert_close(a.double(), b, atol=4 * tol, rtol=4 * tol)
@@ -193,6 +197,141 @@ def test_nm_dense_mask_and_sub_tiled_backward():
         torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
         for a, b in ((q2, qd), (k2, kd), (v2, vd)):
             torch.testing.assert_close(a.grad.double(), b.grad, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("gate", [(1, 1), (1, 64)], ids=["chunks", "grouped"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("nm", NM_PATTERNS)
+def test_both_selection_paths(monkeypatch, nm, dtype, gate):
+    """Both in-kernel selections -- elementwise on the chunks of key tiles loaded in the
+    N:M order, and on ``[rows, groups, M]`` reshapes in key order (the tiles
+    ``nm_chunk_path`` refuses) -- on several key blocks per row, a ragged last block and
+    non-integer 16-bit values, against the reference. ``gate`` is ``(NM_MIN_ROWS,
+    NM_MIN_CHUNK)`` for the run: ``(1, 1)`` takes the chunk path everywhere. (The
+    interpreter cannot show compiled layout bugs; the GPU probe
+    ``benchmarks/nm_gpu_probe.py`` runs the same paths compiled.)
+
+    Compiled, the chunk path is only correct on the tiles its gate admits (16-row bf16
+    tiles forced through it fail on an H100: the reason for the gate), so on a GPU the
+    blocks are 64 x 64 (both paths still forced by ``gate``); the interpreter runs the
+    small 16 x 32 blocks, which reach the ragged and multi-block cases faster."""
+    import fusegnn.kernels.block_attention as ba
+
+    monkeypatch.setattr(ba, "NM_MIN_ROWS", gate[0])
+    monkeypatch.setattr(ba, "NM_MIN_CHUNK", gate[1])
+    block_m, block_n, L = (64, 64, 157) if DEVICE.type == "cuda" else (16, 32, 61)
+    mask = longformer(L, 12, 2)
+    layout = BlockLayout.from_mask(mask, block_m, block_n, DEVICE)  # fresh layout: plans built with the gate
+    (q, k, v), g = _inputs(1, 1, L, L, 16, seed=nm[1] + gate[1])
+    q, k, v, g = (t.to(dtype) for t in (q, k, v, g))
+    _check_at(q, k, v, g, mask.dense(), layout, nm, 2e-5 if dtype == torch.float32 else 3e-2)
+
+
+def test_nm_launch_config():
+    """With N:M the table's dK/dV takes whole query blocks (its selection runs as queries
+    x keys, which needs >= 64-row products for warpgroup MMA) and dQ sub-tiles of at
+    least 8 M keys (whole 8-column groups per N:M chunk); the rest is the table's."""
+    from fusegnn.kernels.block_attention import launch_config
+
+    base = launch_config(64, 64, 64, torch.bfloat16)
+    for nm in NM_PATTERNS:
+        cfg = launch_config(64, 64, 64, torch.bfloat16, nm)
+        assert cfg.sub_m(64) == 64
+        assert cfg.sub_n(64) == min(64, max(base.sub_n(64), 8 * nm[1]))
+        assert (cfg.fwd_warps, cfg.fwd_stages, cfg.fwd_maxnreg) == (base.fwd_warps, base.fwd_stages, base.fwd_maxnreg)
+        assert cfg.dkdv_maxnreg is None or cfg.dkdv_maxnreg >= (base.dkdv_maxnreg or 0)
+    assert launch_config(64, 64, 64, torch.float32, (1, 2)).dkdv_maxnreg is None  # no caps for float32
+    assert launch_config(64, 64, 64, torch.bfloat16, None) == base
+
+
+def test_nm_chunk_path_rule():
+    """The chunk path needs a selection tile of >= 64 rows with chunks of >= 8 columns
+    (16-row tiles gave wrong 16-bit outputs on an H100 even with 8-column chunks); the
+    table's 64 x 64 launches (the default block size from L = 64 on) take it in all
+    three kernels, 16 x 16 and 32 x 32 blocks in none."""
+    import fusegnn.kernels.block_attention as ba
+
+    assert (ba.NM_MIN_ROWS, ba.NM_MIN_CHUNK) == (64, 8)
+    assert ba.nm_chunk_path(64, 32, 4) and ba.nm_chunk_path(128, 64, 8)
+    assert not ba.nm_chunk_path(16, 16, 2)  # the H100 failure: 16 rows, 8-column chunks
+    assert not ba.nm_chunk_path(32, 64, 2) and not ba.nm_chunk_path(64, 16, 4)
+    for nm in NM_PATTERNS:
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            cfg = ba.launch_config(64, 64, 64, dtype, nm)
+            assert ba.nm_paths(64, 64, cfg, nm) == dict.fromkeys(("fwd", "dq", "dkdv"), "chunks")
+        for block in (16, 32):
+            cfg = ba.launch_config(block, block, 64, torch.bfloat16, nm)
+            assert ba.nm_paths(block, block, cfg, nm) == dict.fromkeys(("fwd", "dq", "dkdv"), "grouped")
+    sub = ba.LaunchConfig(4, 2, 4, 2, dkdv_sub_m=32, dq_sub_n=16)  # dK/dV on 32-row, dQ on 16-key sub-tiles
+    assert ba.nm_selection_tiles(64, 64, sub) == {"fwd": (64, 64), "dq": (64, 16), "dkdv": (32, 64)}
+    assert ba.nm_paths(64, 64, sub, (1, 2)) == {"fwd": "chunks", "dq": "chunks", "dkdv": "grouped"}
+    assert ba.nm_paths(64, 64, sub, (2, 4)) == {"fwd": "chunks", "dq": "grouped", "dkdv": "grouped"}
+
+
+@pytest.mark.parametrize("launch", [None, "sub"])
+def test_kernels_take_the_path_of_their_tile(launch):
+    """Each kernel's ``NM_CHUNKS`` constexpr -- which picks both its key load order and
+    its selection -- is ``nm_chunk_path`` of the tile it selects on, read from its own
+    constexprs: forward ``BM x BN``, dQ ``BM x SUB_N``, dK/dV ``SUB_M x BN``."""
+    import fusegnn.kernels.block_attention as ba
+
+    L, D = 128, 16
+    layout = BlockLayout.from_mask(causal(L), 64, 64, DEVICE)
+    prep = layout.prepared(DEVICE)
+    cfg = None if launch is None else ba.LaunchConfig(4, 2, 4, 2, dkdv_sub_m=32, dq_sub_n=16)
+    (q, k, v), g = _inputs(1, 1, L, L, D, seed=0)
+    for nm in NM_PATTERNS:
+        fwd = ba._forward_plan(q, k, v, layout, prep, 0.25, "ieee", cfg, 1, nm)
+        dq, _, dkdv = ba._backward_plan(g, q, k, v, q, layout, prep, 0.25, "ieee", True, True, cfg, 1, nm)
+        tiles = {"fwd": (fwd.meta["BM"], fwd.meta["BN"]), "dq": (dq.meta["BM"], dq.meta["SUB_N"]),
+                 "dkdv": (dkdv.meta["SUB_M"], dkdv.meta["BN"])}
+        for name, plan in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv)):
+            assert plan.meta["NM_M"] == nm[1] and "NM_MIN_CHUNK" not in plan.meta
+            assert plan.meta["NM_CHUNKS"] == ba.nm_chunk_path(*tiles[name], nm[1]), (name, nm)
+        want = ba.nm_paths(64, 64, cfg or ba.launch_config(64, 64, D, q.dtype, nm), nm)
+        assert {n: "chunks" if p.meta["NM_CHUNKS"] else "grouped"
+                for n, p in (("fwd", fwd), ("dq", dq), ("dkdv", dkdv))} == want
+    plain = ba._forward_plan(q, k, v, layout, prep, 0.25, "ieee", cfg, 1, None)
+    assert (plain.meta["NM_M"], plain.meta["NM_CHUNKS"]) == (0, False)
+
+
+@pytest.mark.skipif(CUDA, reason="spies on the interpreter's device functions")
+def test_interpreter_runs_the_chosen_selection(monkeypatch):
+    """Run through the interpreter with a gate that splits the kernels (``NM_MIN_ROWS =
+    32``: forward 32 x 64 and dQ 32 x 32 take the chunks, dK/dV on 16-row sub-tiles the
+    key order): the selection functions each kernel calls are the ones ``nm_paths``
+    names, and the outputs and gradients are the reference's (so each kernel's key
+    order agrees with its selection)."""
+    import fusegnn.kernels.block_attention as ba
+
+    L = 64
+    mask = bigbird(L, 6, 4, 32, 0.2, seed=1)
+    allowed = mask.dense()
+    (q, k, v), g = _inputs(1, 1, L, L, 16, seed=5)
+    launch = ba.LaunchConfig(2, 1, 2, 1, dkdv_sub_m=16, dq_sub_n=32)
+    nm = (1, 2)
+    _run(q, k, v, g, BlockLayout.from_mask(mask, 32, 64, DEVICE), nm)  # jit the device functions first
+    monkeypatch.setattr(ba, "NM_MIN_ROWS", 32)
+    calls = {"chunks": set(), "grouped": set()}
+    for path, name in (("chunks", "_nm_keep_chunks"), ("grouped", "_nm_keep_grouped")):
+        def spy(s, n, m, rows, cols, _fn=getattr(ba, name), _path=path):
+            calls[_path].add((int(rows), int(cols)))
+            return _fn(s, n, m, rows, cols)
+        monkeypatch.setattr(ba, name, spy)
+    layout = BlockLayout.from_mask(mask, 32, 64, DEVICE)  # fresh: plans built with the gate
+    q2, k2, v2 = (t.detach().requires_grad_() for t in (q, k, v))
+    out = block_sparse_attention(q2, k2, v2, layout, nm=nm, launch=launch, allow_tf32=False)
+    out.backward(g)
+    tiles = ba.nm_selection_tiles(32, 64, launch)
+    paths = ba.nm_paths(32, 64, launch, nm)
+    assert paths == {"fwd": "chunks", "dq": "chunks", "dkdv": "grouped"}
+    assert calls == {p: {tiles[n] for n in tiles if paths[n] == p} for p in ("chunks", "grouped")}
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = nm_reference(qd, kd, vd, allowed, nm)
+    ref.backward(g.double())
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
+    for a, b in ((q2, qd), (k2, kd), (v2, vd)):
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=2e-5, rtol=2e-5)
 
 
 def test_reference_gradcheck_float64():
@@ -320,7 +459,10 @@ def test_attention_suite_nm_backend(tmp_path):
     records = {r["backend"]: r for r in doc["records"]}
     nm = records["fusegnn-nm"]
     assert nm["ok"], nm["error"]
-    assert nm["rel_err"] < 1e-4 and "2:4 selection" in nm["checked_against"]
+    # float32 on the CPU; the GPU grid is bfloat16, whose rounding of the outputs and
+    # gradients alone is ~3e-3 of their largest magnitude (a changed kept set: ~1e-2 and up)
+    bound = 1e-4 if (bench.GPU_SIZES if cuda else bench.CPU_SIZES).dtype == torch.float32 else 1e-2
+    assert nm["rel_err"] < bound and "2:4 selection" in nm["checked_against"]
     assert nm["block_size"].endswith("nm 2:4") and nm["vs_block"] > 0
     assert records["fusegnn-block"]["ok"] and records["fusegnn-block"]["vs_block"] is None
 

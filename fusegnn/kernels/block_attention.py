@@ -85,14 +85,31 @@ package.
 ``M`` consecutive keys of a row (groups aligned to multiples of ``M``), only the ``N``
 largest allowed scores take part in the softmax (ties to the lower key index; masked
 scores and padding keys ``>= L_k`` are never kept; a group with fewer than ``N`` allowed
-scores keeps them all). Each score tile (``BN`` and the sub-tiles are multiples of
-``M``) is reshaped to ``[rows, groups, M]`` and every score's rank in its group --
-the others greater, plus the others equal at a lower index -- is counted in registers;
-scores of rank ``>= N`` get probability 0. The forward's online softmax runs over the
-kept scores (its log-sum-exp is theirs), and both backward kernels recompute the same
-selection from the same float32 products (``q . k``, scaled first when ``scale <= 0``),
-so dropped scores get no gradient; nothing is stored. Not with ``dilation > 1`` (the
-groups are in absolute key index, which a dilated tile interleaves).
+scores keeps them all). The kernels load each key tile (``BN`` keys, or a sub-tile;
+multiples of ``M``) in the *N:M order*: tile column ``r * (BN / M) + g`` holds key
+``g * M + r``, so column chunk ``r`` is every group's ``r``-th member. Splitting the
+score tile into its ``M`` chunks moves no data (the chunks differ in the tile's highest
+column bits, which the MMA accumulator layout keeps in each thread's registers), and
+every score's rank in its group -- the others greater, plus the others equal at a lower
+index -- is a few elementwise comparisons of chunks; scores of rank ``>= N`` get
+probability 0. (A ``[rows, groups, M]`` reshape with an ``M x M`` broadcast instead
+moved every tile through shared memory and spilled: 3-20x the time of the kernel
+without N:M on an H100, issue 19.) Each kernel selects on a tile of its own shape --
+the forward on ``BM x BN``, ``_bwd_dq`` on ``BM x SUB_N``, ``_bwd_dkdv`` on ``SUB_M x BN``
+-- and takes the N:M order and the chunks only where that tile has at least
+``NM_MIN_ROWS`` (64) rows and chunks of at least ``NM_MIN_CHUNK`` (8) columns
+(:func:`nm_chunk_path`, decided on the host and passed as the constexpr ``NM_CHUNKS``,
+which picks both the key order and the selection); other tiles keep the key order and
+that reshape (16-bit inputs gave grossly wrong outputs on an H100 through the chunk
+path on 16-row tiles, even with 8-column chunks). The N:M order changes
+nothing else: ``K``, ``V``, ``dK`` and ``dV`` rows are read and written at their own
+addresses, and the products with ``V`` sum over the same keys. The forward's online
+softmax runs over the kept scores (its log-sum-exp is theirs), and both backward kernels
+recompute the same selection from the same float32 products (``q . k``, queries x keys
+as in the forward -- ``_bwd_dkdv`` too, transposing its probabilities for the products
+with ``dO`` and ``q`` -- scaled first when ``scale <= 0``), so dropped scores get no
+gradient; nothing is stored. Not with ``dilation > 1`` (the groups are in absolute key
+index, which a dilated tile interleaves).
 
 dtypes: float16, bfloat16, float32 (float32 accumulation; float32 inputs use TF32 tensor
 cores when ``torch.get_float32_matmul_precision() != "highest"``, IEEE otherwise, or as
@@ -124,6 +141,9 @@ __all__ = [
     "block_sparse_attention_lse",
     "block_sparse_attention_prechecked",
     "launch_config",
+    "nm_chunk_path",
+    "nm_paths",
+    "nm_selection_tiles",
     "prepare_layout",
     "SUPPORTED_DTYPES",
 ]
@@ -233,43 +253,176 @@ def _mask_block(x, pattern_ptrs, band_ptr, rows, cols, key_valid, fill: tl.const
 
 
 @kernel_helper
+def _nm_key_order(COLS: tl.constexpr, NM_M: tl.constexpr, NM_CHUNKS: tl.constexpr):
+    """``[COLS]`` int32: the key (offset in an ``M``-aligned run of ``COLS`` keys) held by
+    each position of a tile in the *N:M order*: position ``c = r * (COLS / M) + g`` holds
+    key ``g * M + r``, member ``r`` of group ``g``. Chunk ``r`` of the tile (positions
+    ``r * COLS / M`` onwards) is then every group's ``r``-th member: a group's scores sit
+    at the same place of ``M`` equally shaped chunks. The identity for ``NM_M = 0`` and
+    for kernels whose selection tile takes the key-order path (``NM_CHUNKS`` false, see
+    :func:`nm_chunk_path`; the same flag picks :func:`_nm_keep`'s path)."""
+    c = tl.arange(0, COLS)
+    if NM_M > 0:
+        if NM_CHUNKS:
+            c = (c % (COLS // NM_M)) * NM_M + c // (COLS // NM_M)
+    return c
+
+
+@kernel_helper
+def _halves(x, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """``(x[:, :COLS/2], x[:, COLS/2:])`` of a ``[ROWS, COLS]`` tile. The split is on the
+    highest column bit, which the MMA accumulator layout keeps in each thread's own
+    registers (for ``COLS / 2 >= 8``): no data moves between threads."""
+    return tl.split(tl.permute(tl.reshape(x, (ROWS, 2, COLS // 2)), (0, 2, 1)))
+
+
+@kernel_helper
+def _joined(a, b, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """The ``[ROWS, COLS]`` tile whose halves are ``a`` and ``b`` (inverse of :func:`_halves`)."""
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (ROWS, COLS))
+
+
+@kernel_helper
+def _first(a, b):
+    """int32 1 where ``a`` outranks ``b``, ``a``'s key being the lower index: ``a >= b``."""
+    return (a >= b).to(tl.int32)
+
+
+@kernel_helper
+def _ranks4(c0, c1, c2, c3):
+    """The ranks of 4 same-shaped score tiles ``c0..c3`` (members ``r = 0..3`` of the same
+    groups) among the 4: the others greater, or equal at a lower index."""
+    f01 = _first(c0, c1)
+    f02 = _first(c0, c2)
+    f03 = _first(c0, c3)
+    f12 = _first(c1, c2)
+    f13 = _first(c1, c3)
+    f23 = _first(c2, c3)
+    return 3 - f01 - f02 - f03, 2 + f01 - f12 - f13, 1 + f02 + f12 - f23, f03 + f13 + f23
+
+
+@kernel_helper
+def _majority(a, b, c):
+    """Where at least 2 of the booleans ``a, b, c`` hold."""
+    return (a & b) | (c & (a | b))
+
+
+@kernel_helper
+def _outranking(x, a, b, c, d):
+    """How many of ``a, b, c, d`` are ``<= x``: with ``x`` at the lower key index, the
+    ones ``x`` outranks."""
+    return _first(x, a) + _first(x, b) + _first(x, c) + _first(x, d)
+
+
+@kernel_helper
+def _outranked(x, a, b, c, d):
+    """How many of ``a, b, c, d`` (keys at lower indices than ``x``'s) outrank ``x``."""
+    return _first(a, x) + _first(b, x) + _first(c, x) + _first(d, x)
+
+
+@kernel_helper
 def _nm_keep(s, NM_N: tl.constexpr, NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
-             KEY_AXIS: tl.constexpr):
-    """bool ``[ROWS, COLS]``: whether each score of the tile ``s`` is among the ``NM_N``
-    largest of its group of ``NM_M`` consecutive keys along ``KEY_AXIS`` (1: keys are the
-    columns, 0: the rows, as in ``_bwd_dkdv``'s transposed tile). A score's rank is the
-    number of others in its group that are greater, or equal at a lower key index; masked
-    scores are ``-inf``, so they never outrank an allowed one (a kept ``-inf`` has
-    probability 0). ``NM_M * NM_M`` comparisons per group, all in registers."""
-    idx = tl.arange(0, NM_M)
-    if KEY_AXIS == 1:
-        g = tl.reshape(s, (ROWS, COLS // NM_M, NM_M))
-        me = g[:, :, :, None]
-        other = g[:, :, None, :]
-        lower = (idx[None, :] < idx[:, None])[None, None, :, :]  # [me, other]: other comes first
-        rank = tl.sum(((other > me) | ((other == me) & lower)).to(tl.int32), 3)
+             NM_CHUNKS: tl.constexpr):
+    """bool ``[ROWS, COLS]``: whether each score of the tile ``s`` (columns in the order
+    of :func:`_nm_key_order` with the same ``NM_CHUNKS``) is among the ``NM_N`` largest
+    of its group of ``NM_M`` keys: :func:`_nm_keep_chunks` where the tile is in the N:M
+    order (``NM_CHUNKS``), else :func:`_nm_keep_grouped` (key order)."""
+    if NM_CHUNKS:
+        keep = _nm_keep_chunks(s, NM_N, NM_M, ROWS, COLS)
     else:
-        g = tl.reshape(s, (ROWS // NM_M, NM_M, COLS))
-        me = g[:, :, None, :]
-        other = g[:, None, :, :]
-        lower = (idx[None, :] < idx[:, None])[None, :, :, None]
-        rank = tl.sum(((other > me) | ((other == me) & lower)).to(tl.int32), 2)
+        keep = _nm_keep_grouped(s, NM_N, NM_M, ROWS, COLS)
+    return keep
+
+
+@kernel_helper
+def _nm_keep_grouped(s, NM_N: tl.constexpr, NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """bool ``[ROWS, COLS]``: whether each score of the tile ``s``, whose columns are in
+    key order, is among the ``NM_N`` largest of its group of ``NM_M`` consecutive keys.
+    The tile is reshaped to ``[ROWS, groups, M]`` and a score's rank (the others in its
+    group that are greater, or equal at a lower key index) counted through an
+    ``[ROWS, groups, M, M]`` broadcast: slow (shared memory, spills), but the selection
+    that ran correctly on sm_90 with tiles of any shape; for the tiles
+    :func:`nm_chunk_path` refuses (fewer than ``NM_MIN_ROWS`` rows, or chunks narrower
+    than ``NM_MIN_CHUNK`` columns: 16-bit inputs gave wrong outputs on an H100 with the
+    chunk path on 16-row tiles)."""
+    idx = tl.arange(0, NM_M)
+    g = tl.reshape(s, (ROWS, COLS // NM_M, NM_M))
+    me = g[:, :, :, None]
+    other = g[:, :, None, :]
+    lower = (idx[None, :] < idx[:, None])[None, None, :, :]  # [me, other]: other comes first
+    rank = tl.sum(((other > me) | ((other == me) & lower)).to(tl.int32), 3)
     return tl.reshape(rank < NM_N, (ROWS, COLS))
+
+
+@kernel_helper
+def _nm_keep_chunks(s, NM_N: tl.constexpr, NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """bool ``[ROWS, COLS]``: whether each score of the tile ``s``, whose columns are in
+    the N:M order (:func:`_nm_key_order`), is among the ``NM_N`` largest of its group of
+    ``NM_M`` keys. A score's rank is the number of others in its group that are greater,
+    or equal at a lower key index; masked scores are ``-inf``, so they never outrank an
+    allowed one (a kept ``-inf`` has probability 0). A group's members are the same
+    element of the tile's ``M`` column chunks, so the ranks are ``M (M - 1) / 2``
+    elementwise comparisons of chunk tiles, each in its thread's registers."""
+    if NM_M == 2:
+        c0, c1 = _halves(s, ROWS, COLS)
+        f01 = _first(c0, c1)
+        keep = _joined(1 - f01 < NM_N, f01 < NM_N, ROWS, COLS)
+    elif NM_M == 4:  # 2:4 (check_nm's only N for M = 4)
+        tl.static_assert(NM_N == 2)
+        lo, hi = _halves(s, ROWS, COLS)
+        c0, c1 = _halves(lo, ROWS, COLS // 2)
+        c2, c3 = _halves(hi, ROWS, COLS // 2)
+        # a key is kept when it outranks at least 2 of the other 3: a majority of 3
+        # pairwise outcomes (predicate logic, no counting)
+        f01 = c0 >= c1
+        f02 = c0 >= c2
+        f03 = c0 >= c3
+        f12 = c1 >= c2
+        f13 = c1 >= c3
+        f23 = c2 >= c3
+        k0 = _majority(f01, f02, f03)
+        k1 = _majority(f01 == 0, f12, f13)
+        k2 = _majority(f02 == 0, f12 == 0, f23)
+        k3 = _majority(f03 == 0, f13 == 0, f23 == 0)
+        keep = _joined(_joined(k0, k1, ROWS, COLS // 2), _joined(k2, k3, ROWS, COLS // 2), ROWS, COLS)
+    else:  # NM_M == 8: the ranks within each half of 4, plus the other half's members that outrank
+        lo, hi = _halves(s, ROWS, COLS)
+        l0, l1 = _halves(lo, ROWS, COLS // 2)
+        h0, h1 = _halves(hi, ROWS, COLS // 2)
+        c0, c1 = _halves(l0, ROWS, COLS // 4)
+        c2, c3 = _halves(l1, ROWS, COLS // 4)
+        c4, c5 = _halves(h0, ROWS, COLS // 4)
+        c6, c7 = _halves(h1, ROWS, COLS // 4)
+        r0, r1, r2, r3 = _ranks4(c0, c1, c2, c3)
+        r4, r5, r6, r7 = _ranks4(c4, c5, c6, c7)
+        r0 += 4 - _outranking(c0, c4, c5, c6, c7)  # an upper member outranks unless it is <= this one
+        r1 += 4 - _outranking(c1, c4, c5, c6, c7)
+        r2 += 4 - _outranking(c2, c4, c5, c6, c7)
+        r3 += 4 - _outranking(c3, c4, c5, c6, c7)
+        r4 += _outranked(c4, c0, c1, c2, c3)
+        r5 += _outranked(c5, c0, c1, c2, c3)
+        r6 += _outranked(c6, c0, c1, c2, c3)
+        r7 += _outranked(c7, c0, c1, c2, c3)
+        keep = _joined(
+            _joined(_joined(r0 < NM_N, r1 < NM_N, ROWS, COLS // 4), _joined(r2 < NM_N, r3 < NM_N, ROWS, COLS // 4), ROWS, COLS // 2),
+            _joined(_joined(r4 < NM_N, r5 < NM_N, ROWS, COLS // 4), _joined(r6 < NM_N, r7 < NM_N, ROWS, COLS // 4), ROWS, COLS // 2),
+            ROWS, COLS)
+    return keep
 
 
 @kernel_helper
 def _nm_probabilities(p, qk, sm_scale_log2, pattern_ptrs, band_ptr, rows, cols, key_valid, PARTIAL: tl.constexpr,
                       EVEN_K: tl.constexpr, BANDS: tl.constexpr, SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr,
-                      NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, KEY_AXIS: tl.constexpr):
-    """The backward's probabilities ``p`` of a tile with the forward's N:M selection: the
-    selection is recomputed from the products ``qk`` exactly as the forward made it
-    (on ``qk`` for ``scale > 0``, else on ``qk * scale * log2(e)``, masked scores
-    ``-inf``); dropped and masked scores get 0."""
+                      NM_M: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, NM_CHUNKS: tl.constexpr):
+    """The backward's probabilities ``p`` of a ``[ROWS, COLS]`` tile (queries x keys in
+    the order of :func:`_nm_key_order`) with the forward's N:M selection: the selection is recomputed from the
+    products ``qk`` exactly as the forward made it (on ``qk`` for ``scale > 0``, else on
+    ``qk * scale * log2(e)``, masked scores ``-inf``); dropped and masked scores get 0."""
     key = qk
     if not SCALE_POSITIVE:
         key = qk * sm_scale_log2
     key = _mask_block(key, pattern_ptrs, band_ptr, rows, cols, key_valid, float("-inf"), PARTIAL, EVEN_K, BANDS)
-    keep = _nm_keep(key, NM_N, NM_M, ROWS, COLS, KEY_AXIS) & (key > float("-inf"))
+    keep = _nm_keep(key, NM_N, NM_M, ROWS, COLS, NM_CHUNKS) & (key > float("-inf"))
     return tl.where(keep, p, 0.0)
 
 
@@ -308,14 +461,14 @@ def _fwd_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     SCALE_POSITIVE: tl.constexpr, DILATION: tl.constexpr, BANDS: tl.constexpr,
-    NM_N: tl.constexpr, NM_M: tl.constexpr,
+    NM_N: tl.constexpr, NM_M: tl.constexpr, NM_CHUNKS: tl.constexpr,
 ):
     bh, pid_m = _scheduled_block(sched, BH, NRB)  # heavy rows of every bh first
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
     start, split, end = _block_span(row_ptr, row_split, h_l, NRB, pid_m)  # partial blocks first
 
     tok_m, m_valid = _residue_tokens(pid_m * BM + tl.arange(0, BM), r, L_q, DILATION)
-    offs_bn = tl.arange(0, BN)
+    offs_bn = _nm_key_order(BN, NM_M, NM_CHUNKS)  # the block's keys (in the N:M order with nm)
     offs_d = tl.arange(0, BD)
     d_valid = offs_d < D
     rows = tok_m[:, None].to(tl.int64)
@@ -347,7 +500,7 @@ def _fwd_kernel(
             s = _mask_block(s, patterns + pid * (BM * BN) + pat_offs, bands + 2 * pid, tl.arange(0, BM)[:, None],
                             offs_bn[None, :], n_valid[None, :], float("-inf"), phase == 0, EVEN_K, BANDS)
             if NM_M > 0:  # N:M: only the N largest of every M keys enter the softmax
-                s = tl.where(_nm_keep(s, NM_N, NM_M, BM, BN, 1), s, float("-inf"))
+                s = tl.where(_nm_keep(s, NM_N, NM_M, BM, BN, NM_CHUNKS), s, float("-inf"))
             if SCALE_POSITIVE:
                 # max(scale * s) = scale * max(s): one fused multiply-add per score below
                 m_new = tl.maximum(m_i, tl.max(s, 1) * sm_scale_log2)
@@ -406,13 +559,14 @@ def _bwd_dkdv_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, SUB_M: tl.constexpr,
     DILATION: tl.constexpr, BANDS: tl.constexpr,
-    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr,
+    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr, NM_CHUNKS: tl.constexpr,
 ):
     bh, pid_n = _scheduled_block(sched, BH, NCB)  # heavy columns of every bh first
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
     start, split, end = _block_span(col_ptr, col_split, h_l, NCB, pid_n)  # partial blocks first
 
-    tok_n, n_valid = _residue_tokens(pid_n * BN + tl.arange(0, BN), r, L_k, DILATION)
+    offs_bn = _nm_key_order(BN, NM_M, NM_CHUNKS)  # the block's keys (in the N:M order with nm)
+    tok_n, n_valid = _residue_tokens(pid_n * BN + offs_bn, r, L_k, DILATION)
     offs_bm = tl.arange(0, SUB_M)
     offs_d = tl.arange(0, BD)
     d_valid = offs_d < D
@@ -424,8 +578,9 @@ def _bwd_dkdv_kernel(
     q_base = Q + b * stride_qb + h * stride_qh + offs_d[None, :]
     do_base = DO + b * stride_db + h * stride_dh + offs_d[None, :]
     stat_base = bhh.to(tl.int64) * L_q
-    # element (i, j) of a [BM, BN] pattern, read transposed as [BN, SUB_M] per sub-tile
-    patT_offs = offs_bm[None, :] * BN + tl.arange(0, BN)[:, None]
+    # element (i, j) of a [BM, BN] pattern, read as [SUB_M, BN] (nm) or transposed per sub-tile
+    pat_offs = offs_bm[:, None] * BN + offs_bn[None, :]
+    patT_offs = offs_bm[None, :] * BN + offs_bn[:, None]
 
     dk = tl.zeros([BN, BD], dtype=tl.float32)
     dv = tl.zeros([BN, BD], dtype=tl.float32)
@@ -450,21 +605,29 @@ def _bwd_dkdv_kernel(
                 # rows >= L_q and empty rows have lse = +inf: P = 0, no gradient
                 lse = tl.load(Lse + stat_base + tok_m, mask=m_valid, other=float("inf"))
                 delta = tl.load(Delta + stat_base + tok_m, mask=m_valid, other=0.0)
-                qkT = tl.dot(k, tl.trans(q), input_precision=PRECISION)
-                pT = tl.exp2(qkT * sm_scale_log2 - lse[None, :])
-                pat_ptrs = patterns + pid * (BM * BN) + sub * (SUB_M * BN) + patT_offs
-                if NM_M > 0:  # the forward's N:M selection, recomputed (keys are the rows here)
-                    pT = _nm_probabilities(pT, qkT, sm_scale_log2, pat_ptrs, bands + 2 * pid,
-                                           (sub * SUB_M + offs_bm)[None, :], tl.arange(0, BN)[:, None],
-                                           n_valid[:, None], phase == 0, EVEN_K, BANDS, SCALE_POSITIVE, NM_N, NM_M,
-                                           BN, SUB_M, 0)
+                pat_base = patterns + pid * (BM * BN) + sub * (SUB_M * BN)
+                if NM_M > 0:
+                    # the forward's N:M selection, recomputed on the forward's orientation
+                    # (queries x keys, the groups along a thread's registers), then transposed
+                    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+                    p = tl.exp2(qk * sm_scale_log2 - lse[:, None])
+                    p = _nm_probabilities(p, qk, sm_scale_log2, pat_base + pat_offs, bands + 2 * pid,
+                                          (sub * SUB_M + offs_bm)[:, None], offs_bn[None, :], n_valid[None, :],
+                                          phase == 0, EVEN_K, BANDS, SCALE_POSITIVE, NM_N, NM_M, SUB_M, BN,
+                                          NM_CHUNKS)
+                    dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+                    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+                    ds = p * (dp - delta[:, None])
+                    dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
                 else:
-                    pT = _mask_block(pT, pat_ptrs, bands + 2 * pid, (sub * SUB_M + offs_bm)[None, :],
-                                     tl.arange(0, BN)[:, None], n_valid[:, None], 0.0, phase == 0, EVEN_K, BANDS)
-                dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
-                dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-                dsT = pT * (dpT - delta[None, :])
-                dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
+                    qkT = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+                    pT = tl.exp2(qkT * sm_scale_log2 - lse[None, :])
+                    pT = _mask_block(pT, pat_base + patT_offs, bands + 2 * pid, (sub * SUB_M + offs_bm)[None, :],
+                                     offs_bn[:, None], n_valid[:, None], 0.0, phase == 0, EVEN_K, BANDS)
+                    dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
+                    dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+                    dsT = pT * (dpT - delta[None, :])
+                    dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
 
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + h * stride_dkh + cols * stride_dkn + offs_d[None, :],
@@ -487,14 +650,14 @@ def _bwd_dq_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     SUB_N: tl.constexpr, DILATION: tl.constexpr, BANDS: tl.constexpr,
-    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr,
+    SCALE_POSITIVE: tl.constexpr, NM_N: tl.constexpr, NM_M: tl.constexpr, NM_CHUNKS: tl.constexpr,
 ):
     bh, pid_m = _scheduled_block(sched, BH, NRB)
     bhh, b, h, h_l, r = _program_heads(bh, H, NHL, DILATION)
     start, split, end = _block_span(row_ptr, row_split, h_l, NRB, pid_m)  # partial blocks first
 
     tok_m, m_valid = _residue_tokens(pid_m * BM + tl.arange(0, BM), r, L_q, DILATION)
-    offs_bn = tl.arange(0, SUB_N)
+    offs_bn = _nm_key_order(SUB_N, NM_M, NM_CHUNKS)  # a sub-tile's keys (in the N:M order with nm)
     offs_d = tl.arange(0, BD)
     d_valid = offs_d < D
     qd_mask = m_valid[:, None] & d_valid[None, :]
@@ -535,7 +698,7 @@ def _bwd_dq_kernel(
                 if NM_M > 0:  # the forward's N:M selection, recomputed
                     p = _nm_probabilities(p, qk, sm_scale_log2, pat_ptrs, bands + 2 * pid, tl.arange(0, BM)[:, None],
                                           (sub * SUB_N + offs_bn)[None, :], n_valid[None, :], phase == 0, EVEN_K,
-                                          BANDS, SCALE_POSITIVE, NM_N, NM_M, BM, SUB_N, 1)
+                                          BANDS, SCALE_POSITIVE, NM_N, NM_M, BM, SUB_N, NM_CHUNKS)
                 else:
                     p = _mask_block(p, pat_ptrs, bands + 2 * pid, tl.arange(0, BM)[:, None],
                                     (sub * SUB_N + offs_bn)[None, :], n_valid[None, :], 0.0, phase == 0, EVEN_K, BANDS)
@@ -613,13 +776,37 @@ _MEASURED_D64: dict[tuple[int, int], LaunchConfig] = {
 }
 
 
+#: ``_bwd_dkdv``'s register cap with N:M (16-bit inputs, where the table caps it): its
+#: whole-block step holds one more ``[BM, BN]`` tile than the table's sub-tiles; 168
+#: registers still fit 3 programs of 4 warps per multiprocessor, with few spills in the
+#: loop (sm_90 compile: ``benchmarks/NOTES-attention.md``, "N:M selection")
+_NM_DKDV_MAXNREG = 168
+
+
 @functools.lru_cache(maxsize=256)
-def launch_config(BM: int, BN: int, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> LaunchConfig:
+def launch_config(BM: int, BN: int, head_dim: int, dtype: torch.dtype = torch.bfloat16,
+                  nm: tuple[int, int] | None = None) -> LaunchConfig:
     """The launch table: measured on an H200 for head dims <= 64 at 64x64, 128x64,
     64x128 and 128x128 (for float32 inputs without the register caps, which were
     measured on bfloat16); otherwise 4 warps per 64-row tile (8 for 128-row tiles, 2 for
     16-row tiles), 3 pipeline stages for D <= 64, 2 above (shared memory), the backward
-    one step leaner (it holds more tiles: k, v, dk, dv and the streamed q, dO)."""
+    one step leaner (it holds more tiles: k, v, dk, dv and the streamed q, dO).
+
+    With ``nm = (N, M)``: ``_bwd_dkdv`` takes whole ``BM``-row blocks (it recomputes the
+    selection on ``[rows, keys]`` tiles, whose products need >= 64 rows for Hopper's
+    warpgroup MMA) and ``_bwd_dq`` sub-tiles of at least ``8 M`` keys (so that the N:M
+    order's ``M`` chunks are whole 8-column groups of the MMA layout, each thread's own)."""
+    cfg = _table_config(BM, BN, head_dim, dtype)
+    if nm is None:
+        return cfg
+    m = nm[1]
+    dkdv_cap = None if cfg.dkdv_maxnreg is None else max(cfg.dkdv_maxnreg, _NM_DKDV_MAXNREG)
+    dq_sub_n = None if cfg.dq_sub_n is None else max(cfg.dq_sub_n, 8 * m)
+    return replace(cfg, dkdv_sub_m=None, dkdv_maxnreg=dkdv_cap, dq_sub_n=dq_sub_n)
+
+
+def _table_config(BM: int, BN: int, head_dim: int, dtype: torch.dtype) -> LaunchConfig:
+    """:func:`launch_config` without N:M."""
     if head_dim <= 64 and (BM, BN) in _MEASURED_D64:
         cfg = _MEASURED_D64[(BM, BN)]
         if dtype == torch.float32:
@@ -944,10 +1131,48 @@ class _Launch(NamedTuple):
 # allocations, aligned; the layout's arrays are checked once, _layout_aligned).
 
 
-def _nm_meta(nm: tuple[int, int] | None) -> dict:
-    """The kernels' N:M constexprs (``NM_M = 0``: no selection, compiled out)."""
-    n, m = nm if nm is not None else (0, 0)
-    return dict(NM_N=n, NM_M=m)
+#: The fewest rows and the narrowest N:M chunk (``cols / M`` columns of a ``cols``-key
+#: tile) of a selection tile for which a kernel loads its keys in the N:M order and
+#: selects elementwise on the chunks (:func:`nm_chunk_path`); other tiles select in key
+#: order (:func:`_nm_keep_grouped`). On an H100 (Triton 3.6) 16-bit inputs gave grossly
+#: wrong outputs through the chunk path on 16-row tiles (mma.sync accumulators) with
+#: chunks of 2, 4 and 8 columns, while 64 x 64 blocks (warpgroup MMA; chunks of 8 and
+#: 16 columns) matched the reference; float32 passed on every tile. The gate holds for
+#: every dtype (one rule; float32 N:M on small tiles is not a case worth a second one).
+NM_MIN_ROWS = 64
+NM_MIN_CHUNK = 8
+
+
+def nm_chunk_path(rows: int, cols: int, m: int) -> bool:
+    """Whether a kernel whose N:M selection tile is ``[rows, cols]`` (queries x keys)
+    with groups of ``m`` keys loads its keys in the N:M order and selects on the chunks
+    (``rows >= NM_MIN_ROWS`` and ``cols / m >= NM_MIN_CHUNK``), rather than in key order.
+    The kernels' constexpr ``NM_CHUNKS`` is this value for their tile
+    (:func:`nm_selection_tiles`)."""
+    return rows >= NM_MIN_ROWS and cols // m >= NM_MIN_CHUNK
+
+
+def nm_selection_tiles(BM: int, BN: int, cfg: LaunchConfig) -> dict[str, tuple[int, int]]:
+    """``{kernel: (rows, cols)}``: the shape of the tile each kernel selects on with
+    ``BM x BN`` blocks and the launch ``cfg`` -- the forward's whole block, ``_bwd_dq``'s
+    ``BM x SUB_N`` sub-tiles, ``_bwd_dkdv``'s ``SUB_M x BN`` sub-tiles (it recomputes the
+    forward's queries x keys orientation)."""
+    return {"fwd": (BM, BN), "dq": (BM, cfg.sub_n(BN)), "dkdv": (cfg.sub_m(BM), BN)}
+
+
+def nm_paths(BM: int, BN: int, cfg: LaunchConfig, nm: tuple[int, int]) -> dict[str, str]:
+    """``{kernel: "chunks" | "grouped"}``: the selection each kernel makes with N:M
+    pattern ``nm`` (for probes and reports)."""
+    return {name: "chunks" if nm_chunk_path(rows, cols, nm[1]) else "grouped"
+            for name, (rows, cols) in nm_selection_tiles(BM, BN, cfg).items()}
+
+
+def _nm_meta(nm: tuple[int, int] | None, rows: int, cols: int) -> dict:
+    """The N:M constexprs of a kernel whose selection tile is ``[rows, cols]``
+    (``NM_M = 0``: no selection, compiled out)."""
+    if nm is None:
+        return dict(NM_N=0, NM_M=0, NM_CHUNKS=False)
+    return dict(NM_N=nm[0], NM_M=nm[1], NM_CHUNKS=nm_chunk_path(rows, cols, nm[1]))
 
 
 def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: PreparedLayout, scale: float, precision: str,
@@ -956,7 +1181,8 @@ def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: PreparedLayout,
     L_k = k.shape[2]
     BM, BN = int(layout.BM), int(layout.BN)
     BD = max(16, next_pow2(D))
-    cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype)
+    cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype, nm)
+    tiles = nm_selection_tiles(BM, BN, cfg)
     out_strides = (H * L_q * D, L_q * D, D)  # out is allocated contiguous
     rows = B * H * dilation  # kernel rows: one per (b, h) and residue
     return _Launch(
@@ -967,7 +1193,7 @@ def _forward_plan(q: Tensor, k: Tensor, v: Tensor, layout, prep: PreparedLayout,
          H, int(layout.num_heads), L_q, L_k, int(layout.nrb), rows, D),
         _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=L_k % (BN * dilation) == 0, EVEN_D=BD == D,
                        PRECISION=precision, UPCAST=_upcast(q.dtype), SCALE_POSITIVE=scale > 0,
-                       DILATION=dilation, BANDS=prep.all_bands, **_nm_meta(nm)), cfg.fwd_maxnreg),
+                       DILATION=dilation, BANDS=prep.all_bands, **_nm_meta(nm, *tiles["fwd"])), cfg.fwd_maxnreg),
         cfg.fwd_warps, cfg.fwd_stages,
     )
 
@@ -1013,7 +1239,8 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
     L_k = k.shape[2]
     BM, BN = int(layout.BM), int(layout.BN)
     BD = max(16, next_pow2(D))
-    cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype)
+    cfg = launch if launch is not None else launch_config(BM, BN, D, q.dtype, nm)
+    tiles = nm_selection_tiles(BM, BN, cfg)
     scale_log2 = scale * _LOG2E
     nhl = int(layout.num_heads)
     even_k = L_k % (BN * dilation) == 0
@@ -1032,7 +1259,7 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
              H, nhl, L_q, L_k, int(layout.nrb), rows, D),
             _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, EVEN_D=BD == D, PRECISION=precision,
                            UPCAST=upcast, SUB_N=cfg.sub_n(BN), DILATION=dilation, BANDS=prep.all_bands,
-                           SCALE_POSITIVE=scale > 0, **_nm_meta(nm)),
+                           SCALE_POSITIVE=scale > 0, **_nm_meta(nm, *tiles["dq"])),
                       cfg.dq_maxnreg),
             dq_warps, dq_stages,
         )
@@ -1049,7 +1276,7 @@ def _backward_plan(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lay
              H, nhl, L_q, L_k, int(layout.ncb), rows, D),
             _with_cap(dict(BM=BM, BN=BN, BD=BD, EVEN_K=even_k, PRECISION=precision, UPCAST=upcast,
                            SUB_M=cfg.sub_m(BM), DILATION=dilation, BANDS=prep.all_bands,
-                           SCALE_POSITIVE=scale > 0, **_nm_meta(nm)), cfg.dkdv_maxnreg),
+                           SCALE_POSITIVE=scale > 0, **_nm_meta(nm, *tiles["dkdv"])), cfg.dkdv_maxnreg),
             cfg.bwd_warps, cfg.bwd_stages,
         )
     return dq_launch, pre_launch, dkdv_launch
