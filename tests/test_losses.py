@@ -234,11 +234,11 @@ def test_reference_and_dispatch():
     # on CUDA from FUSED_MIN_WORK rows x (classes + features) on
     auto = linear_cross_entropy(h, w, y, b.clone().requires_grad_())
     assert type(auto.grad_fn).__name__ != "FusedLinearCrossEntropyBackward"
-    big = torch.empty(FUSED_MIN_WORK // 8, 4, device=DEVICE)  # rows x (4 + 4) = FUSED_MIN_WORK
-    small_index = torch.zeros(FUSED_MIN_WORK // 8 - 1, dtype=torch.int64, device=DEVICE)
+    small_index = torch.zeros(1, dtype=torch.int64, device=DEVICE).expand(FUSED_MIN_WORK // 8 - 1)
     for index, fused in ((None, CUDA), (small_index, False)):
         for dtype in (torch.float32, torch.bfloat16):
-            got = pick_backend("auto", big.to(dtype), torch.empty(4, 4, device=DEVICE, dtype=dtype), None, index)
+            big = torch.zeros(1, 4, device=DEVICE, dtype=dtype).expand(FUSED_MIN_WORK // 8, 4)  # rows x (4 + 4)
+            got = pick_backend("auto", big, torch.empty(4, 4, device=DEVICE, dtype=dtype), None, index)
             assert got == ("fused" if fused else "reference"), (index is None, dtype)
     with pytest.raises(ValueError, match="backend"):
         linear_cross_entropy(h, w, y, b, backend="cuda")

@@ -123,13 +123,15 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
 
 #: ``backend="auto"`` takes the fused path on CUDA from this many ``rows x (classes +
 #: features)`` on. Below it the reference (``F.linear`` + ``F.cross_entropy``) is faster:
-#: its GPU time is under the fused path's host time (about 0.45-0.6 ms a step for the
-#: autograd Function, the row count, the kernel and the ``dW`` GEMM). H100, bf16,
-#: forward + backward: 41 classes x 128 features fused 0.68x at 131k rows (22M), 1.57x at
-#: 262k (44M); 47 x 256 0.61x at 131k (40M), 1.60x at 262k; 172 x 128 0.66x at 65k (20M),
-#: 1.10x at 131k (39M); 349 x 256 0.70x at 32k (20M), 1.01x at 65k (40M), 1.36x at 131k
-#: (``benchmarks/results/loss/crossover-nvidia-h100-80gb-hbm3.json``).
-FUSED_MIN_WORK = 40_000_000
+#: its GPU time is under the fused path's host time (0.45-1.1 ms a step for the autograd
+#: Function, the row count, the kernel and the ``dW`` GEMM, varying between runs). Two
+#: H100 runs, bf16, forward + backward (fused speed-up): the first crossed at ~40M
+#: (41 x 128: 0.68x at 22M, 1.57x at 44M; 349 x 256: 1.01x at 40M, 1.36x at 79M), the
+#: second, whose host was slower, at ~80-130M (41 x 128: 0.97x at 44M, 1.38x at 89M;
+#: 172 x 128: 0.83x at 79M, 1.28x at 157M; 349 x 256: 0.94x at 79M, 1.33x at 159M;
+#: 47 x 256: 1.85x at 79M). 64M sits between them
+#: (``benchmarks/results/loss/crossover-nvidia-h100-80gb-hbm3.md`` and ``raw/``).
+FUSED_MIN_WORK = 64_000_000
 
 
 def pick_backend(backend: str, h: Tensor, weight: Tensor, bias: Tensor | None, index: Tensor | None = None) -> str:
