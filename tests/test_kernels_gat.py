@@ -360,3 +360,39 @@ def test_config_block_sizes_and_tuning():
     assert gat_fused._TUNING == {}
     with pytest.raises(ValueError, match="chunk must be a positive int"):
         fused_gat_attention(graph, h, s, t, chunk=0)
+
+
+@pytest.mark.parametrize("variant", ["gar", "gas"])
+@pytest.mark.parametrize("heads", [1, 3, 8])
+def test_dropout_mask_read_as_bits_equals_the_drawn_one(monkeypatch, variant, heads):
+    """Up to MAX_BITS_HEADS heads the passes read the keep mask as one byte per edge in
+    their CSR / CSC order (drawn once per pass by keep_bits_kernel); above it they draw it
+    per edge. Both give bitwise the same outputs and gradients (GAT and GATv2), and the
+    bytes decode to dropout_keep_mask's rows in that order."""
+    from fusegnn.kernels.gatv2_fused import fused_gatv2_attention
+
+    graph = _graph()
+    h, s, t = _inputs(graph, heads, 5, seed=3)
+    xr = torch.randn(graph.num_dst_nodes, heads, 5, dtype=h.dtype, device=DEVICE, requires_grad=True)
+    att = torch.randn(1, heads, 5, dtype=h.dtype, device=DEVICE, requires_grad=True)
+    g = torch.randn(graph.num_dst_nodes, heads, 5, dtype=h.dtype, device=DEVICE)
+
+    def run():
+        out = fused_gat_attention(graph, h, s, t, SLOPE, 0.4, seed=11, aggregation=variant, chunk=SHORT_CHUNK)[0]
+        out2 = fused_gatv2_attention(graph, h, xr, att, None, SLOPE, 0.4, seed=11, aggregation=variant,
+                                     chunk=SHORT_CHUNK)
+        return (out, out2, *torch.autograd.grad((out * g).sum() + (out2 * g).sum(), (h, s, t, xr, att)))
+
+    read = run()
+    monkeypatch.setattr(gat_fused, "MAX_BITS_HEADS", 0)  # every pass draws the mask
+    drawn = run()
+    for a, b in zip(read, drawn):
+        assert torch.equal(a, b)
+    keep = dropout_keep_mask(graph.num_edges, heads, 0.4, 11, DEVICE)
+    monkeypatch.setattr(gat_fused, "MAX_BITS_HEADS", 8)
+    cfg = gat_fused.attention_config(graph, h, s, SLOPE, 0.4, 11, "gar")[0]
+    for order in ("csr", "csc"):
+        bits = cfg.keep_bits(order).to(torch.int64)
+        decoded = ((bits[:, None] >> torch.arange(heads, device=DEVICE)) & 1).bool()
+        comp = graph.csr if order == "csr" else graph.csc
+        assert torch.equal(decoded, keep[comp.perm.long()])

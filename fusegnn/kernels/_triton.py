@@ -123,12 +123,18 @@ def shared_kernel_helper(module: str, name: str, into: str) -> Callable:
 
 
 def _jit_helpers(kernel_fn: Callable) -> None:
+    """Jit the helpers of ``kernel_fn``'s module in its namespace, and those of every module
+    it shares helpers from in theirs (a shared helper resolves the helpers it calls in
+    its own module)."""
     import triton
 
-    namespace = kernel_fn.__globals__
-    for name, helper in _HELPERS.get(kernel_fn.__module__, {}).items():
-        if namespace.get(name) is helper:
-            namespace[name] = triton.jit(helper)
+    namespaces = {kernel_fn.__module__: kernel_fn.__globals__}
+    for helper in _HELPERS.get(kernel_fn.__module__, {}).values():
+        namespaces.setdefault(helper.__module__, helper.__globals__)
+    for module, namespace in namespaces.items():
+        for name, helper in _HELPERS.get(module, {}).items():
+            if namespace.get(name) is helper:
+                namespace[name] = triton.jit(helper)
 
 
 class LazyKernel:

@@ -17,8 +17,13 @@ like the dropout counter) and :math:`M_{ji} \in \{0, 1\}` the dropout keep mask.
 row's edges keeps FlashAttention's running maximum :math:`m`, normaliser :math:`l` and
 accumulator :math:`a` per head, rescaling both by :math:`\exp(m_{old} - m_{new})` when the
 maximum grows; ``out = a / l`` and the log-sum-exp :math:`L_i = m + \log l` is kept for
-the backward. Nothing of size ``E`` is written. The keep mask is not stored either: it
-is regenerated from a counter-based RNG, ``tl.rand(seed, coo_edge_id * H + head) >= p``.
+the backward. Nothing of size ``E`` is kept. The keep mask is not stored between passes
+either: it is defined by a counter-based RNG, ``tl.rand(seed, coo_edge_id * H + head) >= p``.
+For up to :data:`MAX_BITS_HEADS` heads each pass first draws it into one byte per edge
+in the pass's own (CSR or CSC) order (:meth:`_Config.keep_bits`, ``E`` bytes, freed after
+the pass) and reads that contiguously; drawing it inside the pass instead costs a random
+draw per edge and head replicated over the lanes of a small edge tile (GATv2 1 x 48 on the
+Reddit-sized graph, H100: forward 4.9 ms without dropout, 9.9 ms drawing it).
 
 **Backward.** With :math:`g_i = \partial \mathcal{L} / \partial \mathrm{out}_i` and
 :math:`\alpha_{ji} = \exp(e_{ji} - L_i)` recomputed from the stored log-sum-exp:
@@ -126,6 +131,21 @@ def _dropout_keep(seed, edge_id, offs_h, H, p_drop, RNG64: tl.constexpr):
 
 
 @kernel_helper
+def _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64: tl.constexpr, HAS_BITS: tl.constexpr):
+    """``[E, H]`` dropout keep mask of a tile of edges at positions ``pos`` of the pass's
+    order: read from ``keep_bits`` (one byte per edge in that order, bit ``h`` for head
+    ``h``: :func:`keep_bits`) with ``HAS_BITS``, else drawn (:func:`_dropout_keep`). Both
+    give the same mask; reading it avoids a random draw per edge and head in every pass,
+    which small edge tiles make costly (their ``[E, H]`` values are replicated over the
+    lanes of the channel axis)."""
+    if HAS_BITS:
+        b = tl.load(keep_bits + pos, mask=me, other=0).to(tl.int32)
+        return ((b[:, None] >> offs_h[None, :]) & 1) != 0
+    else:
+        return _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
+
+
+@kernel_helper
 def _score_grads(alpha, dp, d, z, meh, slope, keep, scale, DROPOUT: tl.constexpr):
     """Back through dropout, the softmax and the LeakyReLU for a block of edges:
     ``w`` (the coefficient applied to the messages: alpha, or alpha * keep / (1 - p)) and
@@ -147,9 +167,10 @@ def _gat_fwd_kernel(
     h, s_src, s_dst, s_edge,
     out, lse,
     part_acc, part_m, part_l,
-    seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
+    keep_bits, seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK,
     HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr, HAS_EDGE: tl.constexpr,
+    HAS_BITS: tl.constexpr, DRAW: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     ACC: tl.constexpr,
 ):
@@ -177,7 +198,8 @@ def _gat_fwd_kernel(
         meh = me[:, None] & mask_h[None, :]
         s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         z = s + t[None, :]
-        if DROPOUT or HAS_EDGE:
+        cid = pos  # read only with DRAW or HAS_EDGE
+        if DRAW or HAS_EDGE:
             cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         if HAS_EDGE:
             z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
@@ -189,7 +211,7 @@ def _gat_fwd_kernel(
         pexp = tl.exp(e - m_safe[None, :])
         l = l * rescale + tl.sum(pexp, axis=0)
         if DROPOUT:
-            keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
+            keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
             pexp = tl.where(keep, pexp * scale, 0.0)
         hj = tl.load(
             h + j[:, None, None] * (H * C) + hc[None, :, :],
@@ -252,9 +274,10 @@ def _gat_bwd_row_kernel(
     item_row, item_start, item_slot,
     h, s_src, s_dst, s_edge, out, lse, grad_out, d_extra, grad_alpha,
     grad_dst, part_dst, aux_buf, grad_h, grad_src, grad_edge,
-    seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
+    keep_bits, seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK, AUX_STRIDE,
     HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr, HAS_EDGE: tl.constexpr,
+    HAS_BITS: tl.constexpr, DRAW: tl.constexpr,
     HAS_GALPHA: tl.constexpr, SCATTER_SRC: tl.constexpr, STORE_AUX: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     ACC: tl.constexpr,
@@ -290,7 +313,8 @@ def _gat_bwd_row_kernel(
         j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
         s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         z = s + t[None, :]
-        if DROPOUT or HAS_GALPHA or HAS_EDGE:
+        cid = pos  # read only with DRAW, HAS_GALPHA or HAS_EDGE
+        if DRAW or HAS_GALPHA or HAS_EDGE:
             cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         if HAS_EDGE:
             z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
@@ -306,7 +330,7 @@ def _gat_bwd_row_kernel(
             dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         keep = meh  # read only with DROPOUT
         if DROPOUT:
-            keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
+            keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
         w, dz = _score_grads(alpha, dp, d[None, :], z, meh, slope, keep, scale, DROPOUT)
         dt += tl.sum(dz, axis=0)
         if HAS_EDGE:
@@ -334,9 +358,10 @@ def _gat_bwd_col_kernel(
     item_row, item_start, item_slot,
     h, s_src, s_edge, aux, grad_out, grad_alpha,
     grad_h, grad_src, part_h, part_src,
-    seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
+    keep_bits, seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK, AUX_STRIDE,
     HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr, HAS_EDGE: tl.constexpr,
+    HAS_BITS: tl.constexpr, DRAW: tl.constexpr,
     HAS_GALPHA: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     ACC: tl.constexpr,
@@ -368,7 +393,8 @@ def _gat_bwd_col_kernel(
         lse_i = tl.load(ih + H, mask=meh, other=0.0)
         d = tl.load(ih + 2 * H, mask=meh, other=0.0)
         z = s[None, :] + t
-        if DROPOUT or HAS_GALPHA or HAS_EDGE:
+        cid = pos  # read only with DRAW, HAS_GALPHA or HAS_EDGE
+        if DRAW or HAS_GALPHA or HAS_EDGE:
             cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         if HAS_EDGE:
             z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
@@ -384,7 +410,7 @@ def _gat_bwd_col_kernel(
             dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         keep = meh  # read only with DROPOUT
         if DROPOUT:
-            keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
+            keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
         w, dz = _score_grads(alpha, dp, d, z, meh, slope, keep, scale, DROPOUT)
         acc_s += tl.sum(dz, axis=0)
         acc_h += tl.sum(w[:, :, None] * gi, axis=0)
@@ -469,12 +495,28 @@ def _keep_mask_kernel(keep, seed_ptr, p_drop, n, RNG64: tl.constexpr, BLOCK: tl.
     tl.store(keep + off, k.to(tl.int8), mask=m)
 
 
+def _keep_bits_kernel(perm, bits, seed_ptr, p_drop, E, H, RNG64: tl.constexpr, BLOCK_E: tl.constexpr,
+                      BLOCK_H: tl.constexpr):
+    """``bits[pos]``: bit ``h`` set where (edge ``perm[pos]``, head ``h``) survives dropout
+    (:func:`_dropout_keep`'s draw), for the edges of one CSR / CSC order in that order."""
+    pid = tl.program_id(0)
+    seed = tl.load(seed_ptr)
+    pos = pid.to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+    me = pos < E
+    cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_H)
+    keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64) & (offs_h[None, :] < H)
+    b = tl.sum(keep.to(tl.int32) << offs_h[None, :], axis=1)
+    tl.store(bits + pos, b.to(tl.uint8), mask=me)
+
+
 gat_fwd_kernel = LazyKernel(_gat_fwd_kernel)
 gat_combine_kernel = LazyKernel(_gat_combine_kernel)
 gat_bwd_row_kernel = LazyKernel(_gat_bwd_row_kernel)
 gat_bwd_col_kernel = LazyKernel(_gat_bwd_col_kernel)
 gat_alpha_kernel = LazyKernel(_gat_alpha_kernel)
 keep_mask_kernel = LazyKernel(_keep_mask_kernel)
+keep_bits_kernel = LazyKernel(_keep_bits_kernel)
 sum_partials_kernel = LazyKernel(_sum_partials_kernel)
 
 
@@ -538,6 +580,10 @@ def _block_sizes(heads: int, channels: int, avg_degree: float) -> BlockSizes:
         bwd = Launch(min(by_degree, max(BWD_TILE_MULTIHEAD // width, 2)), 4)
     return BlockSizes(block_h, block_c, fwd, bwd, bwd)
 
+
+#: most heads whose dropout keep mask the passes read as bits of one byte per edge
+#: (:meth:`_Config.keep_bits`); more heads draw it in every pass
+MAX_BITS_HEADS = 8
 
 _TUNING: dict = {}
 _KERNELS = ("fwd", "row", "col")
@@ -656,6 +702,29 @@ class _Config:
         self.row = _tuned("row", sizes.row)
         self.col = _tuned("col", sizes.col)
 
+    def keep_bits(self, order: str) -> Tensor | None:
+        """The dropout keep mask of the edges of ``graph.csr`` (``order="csr"``) or
+        ``graph.csc`` in that order, one byte per edge (bit ``h``: head ``h``) -- what a
+        pass reads instead of drawing it (:func:`_keep`) -- or ``None`` without dropout or
+        with more than :data:`MAX_BITS_HEADS` heads (the passes draw it then). Drawn afresh
+        per call from the device seed, so a CUDA graph replay gets a fresh mask too."""
+        if not self.dropout or self.heads > MAX_BITS_HEADS or self.graph.num_edges == 0:
+            return None
+        comp = self.graph.csr if order == "csr" else self.graph.csc
+        num_edges = self.graph.num_edges
+        bits = torch.empty(num_edges, dtype=torch.uint8, device=comp.perm.device)
+        block = 1024
+        keep_bits_kernel[(triton.cdiv(num_edges, block),)](
+            comp.perm, bits, self.seed, self.p, num_edges, self.heads,
+            RNG64=self.rng64, BLOCK_E=block, BLOCK_H=self.block_h,
+        )
+        return bits
+
+    def keep_args(self, bits: Tensor | None, dummy: Tensor) -> tuple[Tensor, dict]:
+        """``(keep_bits argument, constexprs)`` of a pass given :meth:`keep_bits`'s result."""
+        return (bits if bits is not None else dummy), {"HAS_BITS": bits is not None,
+                                                        "DRAW": self.dropout and bits is None}
+
     def rng_args(self):
         seed = self.seed if self.seed is not None else self.graph.edge_index  # not read
         return seed, self.p, self.drop_scale, self.negative_slope
@@ -675,14 +744,15 @@ def _forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor, s_edge: Tens
         part_l = torch.empty((sched.num_slots, H), dtype=cfg.acc, device=h.device)
     else:
         part_acc = part_m = part_l = lse
+    bits, keep = cfg.keep_args(cfg.keep_bits("csr"), lse)
     gat_fwd_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
         h, s_src, s_dst, s_edge if s_edge is not None else s_src, out, lse,
         part_acc, part_m, part_l,
-        *cfg.rng_args(),
+        bits, *cfg.rng_args(),
         H, C, cfg.chunk,
-        HAS_ITEMS=sched is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=s_edge is not None,
+        HAS_ITEMS=sched is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=s_edge is not None, **keep,
         BLOCK_E=cfg.fwd.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=_TL_ACC[cfg.acc],
         num_warps=cfg.fwd.num_warps,
     )
@@ -742,13 +812,14 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
     has_edge = s_edge is not None
     # every edge lies in one CSR row, so pass R writes each dZ once (no zero fill needed)
     grad_edge = torch.empty((graph.num_edges, H), dtype=cfg.acc, device=dev) if has_edge else None
+    bits, keep = cfg.keep_args(cfg.keep_bits("csr"), lse)
     gat_bwd_row_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
         h, s_src, s_dst, s_edge if has_edge else s_src, out, lse, grad_out, d_extra, grad_alpha,
         grad_dst, part_dst, aux, grad_h, grad_src, grad_edge if has_edge else lse,
-        *cfg.rng_args(), H, C, cfg.chunk, aux_stride,
-        HAS_ITEMS=sched_r is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=has_edge,
+        bits, *cfg.rng_args(), H, C, cfg.chunk, aux_stride,
+        HAS_ITEMS=sched_r is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=has_edge, **keep,
         HAS_GALPHA=has_galpha, SCATTER_SRC=scatter, STORE_AUX=not scatter,
         BLOCK_E=cfg.row.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
         num_warps=cfg.row.num_warps,
@@ -763,13 +834,15 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
         part_h = _partials(sched_c, (H, C), cfg.acc, dev, lse)
         part_src = _partials(sched_c, (H,), cfg.acc, dev, lse)
         if n_src > 0:
+            del bits  # the CSR mask: freed before the CSC one is drawn
+            bits, keep = cfg.keep_args(cfg.keep_bits("csc"), lse)
             gat_bwd_col_kernel[(grid,)](
                 csc.ptr, csc.index, csc.perm,
                 item_row, item_start, item_slot,
                 h, s_src, s_edge if has_edge else s_src, aux, grad_out, grad_alpha,
                 grad_h, grad_src, part_h, part_src,
-                *cfg.rng_args(), H, C, cfg.chunk, aux_stride,
-                HAS_ITEMS=sched_c is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=has_edge,
+                bits, *cfg.rng_args(), H, C, cfg.chunk, aux_stride,
+                HAS_ITEMS=sched_c is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=has_edge, **keep,
                 HAS_GALPHA=has_galpha,
                 BLOCK_E=cfg.col.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
                 num_warps=cfg.col.num_warps,

@@ -22,8 +22,9 @@ tile of edges the program gathers :math:`x^l_j` (and :math:`e_{ji}` through
 :math:`a`, and folds the scores into FlashAttention's running maximum :math:`m`,
 normaliser :math:`l` and accumulator. ``out = acc / l`` and :math:`L_i = m + \log l` are
 stored; nothing of size ``E`` is. Dropout regenerates the keep mask from the counter-based
-RNG of the GAT kernels (``tl.rand(seed, coo_edge_id * H + head) >= p``), so
-:func:`fusegnn.kernels.gat_fused.dropout_keep_mask` gives this op's mask too.
+RNG of the GAT kernels (``tl.rand(seed, coo_edge_id * H + head) >= p``), read as one
+byte per edge in each pass's order like theirs (:meth:`~fusegnn.kernels.gat_fused._Config.keep_bits`),
+so :func:`fusegnn.kernels.gat_fused.dropout_keep_mask` gives this op's mask too.
 
 **Backward** (no ``[E, H, C]`` intermediate stored; the scores are recomputed and
 :math:`\alpha_{ji} = \exp(s_{ji} - L_i)`). With :math:`g_i` the output gradient and
@@ -96,7 +97,7 @@ _AGGREGATIONS = ("gar", "gas")
 
 # the GAT kernels' work-item and dropout-mask device helpers, jitted with these kernels
 _work_item = shared_kernel_helper(gat_fused.__name__, "_work_item", __name__)
-_dropout_keep = shared_kernel_helper(gat_fused.__name__, "_dropout_keep", __name__)
+_keep = shared_kernel_helper(gat_fused.__name__, "_keep", __name__)
 
 
 @kernel_helper
@@ -122,11 +123,11 @@ def _edge_scores(z, a, edge, cid, hc, m3, slope, H, C, HAS_EDGE: tl.constexpr, A
 
 @kernel_helper
 def _target_row_tile(e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
-                     HAS_EDGE: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr):
+                     HAS_EDGE: tl.constexpr, DRAW: tl.constexpr, ACC: tl.constexpr):
     """The tile of a target row's edges from position ``e0`` (before ``end``): ``(me, meh,
     m3, j, cid, x_l[j], z, LeakyReLU(z), score)`` -- masks of the edges, (edge, head) and
     (edge, head, channel) entries, the sources, the COO edge ids (read only with
-    ``HAS_EDGE`` or ``DROPOUT``), the gathered source rows and the scores."""
+    ``HAS_EDGE`` or ``DRAW``: dropout drawn per edge), the gathered source rows and the scores."""
     pos = e0 + offs_e
     me = pos < end
     meh = me[:, None] & mask_h[None, :]
@@ -134,7 +135,7 @@ def _target_row_tile(e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, 
     j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
     xj = tl.load(xl + j[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
     cid = pos
-    if HAS_EDGE or DROPOUT:
+    if HAS_EDGE or DRAW:
         cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
     z, lr, s = _edge_scores(xj + xr_i[None, :, :], a, edge, cid, hc, m3, slope, H, C, HAS_EDGE, ACC)
     return me, meh, m3, j, cid, xj, z, lr, s
@@ -161,9 +162,10 @@ def _gatv2_fwd_kernel(
     xl, xr, att, edge,
     out, lse,
     part_acc, part_m, part_l,
-    seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
+    keep_bits, seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK,
     HAS_ITEMS: tl.constexpr, HAS_EDGE: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
+    HAS_BITS: tl.constexpr, DRAW: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     ACC: tl.constexpr,
 ):
@@ -183,7 +185,7 @@ def _gatv2_fwd_kernel(
     for e0 in range(start, end, BLOCK_E):
         me, meh, m3, j, cid, xj, z, lr, s = _target_row_tile(
             e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
-            HAS_EDGE, DROPOUT, ACC,
+            HAS_EDGE, DRAW, ACC,
         )
         s = tl.where(meh, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=0))
@@ -192,7 +194,7 @@ def _gatv2_fwd_kernel(
         pexp = tl.exp(s - m_safe[None, :])
         l = l * rescale + tl.sum(pexp, axis=0)
         if DROPOUT:
-            keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
+            keep = _keep(seed, keep_bits, cid, e0 + offs_e, me, offs_h, H, p_drop, RNG64, HAS_BITS)
             pexp = tl.where(keep, pexp * scale, 0.0)
         acc = acc * rescale[:, None] + tl.sum(pexp[:, :, None] * xj, axis=0)
         m = m_new
@@ -212,9 +214,10 @@ def _gatv2_bwd_row_kernel(
     item_row, item_start, item_slot,
     xl, xr, att, edge, out, lse, grad_out,
     grad_xr, grad_att, part_xr, part_att, aux, grad_edge, grad_xl,
-    seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
+    keep_bits, seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK,
     HAS_ITEMS: tl.constexpr, HAS_EDGE: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
+    HAS_BITS: tl.constexpr, DRAW: tl.constexpr,
     SCATTER_SRC: tl.constexpr, STORE_AUX: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     ACC: tl.constexpr,
@@ -239,12 +242,12 @@ def _gatv2_bwd_row_kernel(
     for e0 in range(start, end, BLOCK_E):
         me, meh, m3, j, cid, xj, z, lr, s = _target_row_tile(
             e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
-            HAS_EDGE, DROPOUT, ACC,
+            HAS_EDGE, DRAW, ACC,
         )
         alpha = tl.where(meh, tl.exp(s - lse_i[None, :]), 0.0)
         keep = meh  # read only with DROPOUT
         if DROPOUT:
-            keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
+            keep = _keep(seed, keep_bits, cid, e0 + offs_e, me, offs_h, H, p_drop, RNG64, HAS_BITS)
         w, ds, dz = _edge_grads(alpha, tl.sum(g[None, :, :] * xj, axis=2), d[None, :], z, a, slope, keep, scale,
                                 DROPOUT)
         dxr += tl.sum(dz, axis=0)
@@ -271,9 +274,10 @@ def _gatv2_bwd_col_kernel(
     item_row, item_start, item_slot,
     xl, xr, att, edge, aux, grad_out,
     grad_xl, part_xl,
-    seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
+    keep_bits, seed_ptr, p_drop, drop_scale: tl.float64, negative_slope: tl.float64,
     H, C, CHUNK,
     HAS_ITEMS: tl.constexpr, HAS_EDGE: tl.constexpr, DROPOUT: tl.constexpr, RNG64: tl.constexpr,
+    HAS_BITS: tl.constexpr, DRAW: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
     ACC: tl.constexpr,
 ):
@@ -295,8 +299,8 @@ def _gatv2_bwd_col_kernel(
         m3 = me[:, None, None] & mask_hc[None, :, :]
         i = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
         rows = i[:, None, None] * (H * C) + hc[None, :, :]
-        cid = pos  # read only with HAS_EDGE or DROPOUT
-        if HAS_EDGE or DROPOUT:
+        cid = pos  # read only with HAS_EDGE or DRAW
+        if HAS_EDGE or DRAW:
             cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
         z = xj[None, :, :] + tl.load(xr + rows, mask=m3, other=0.0).to(ACC)
         z, lr, s = _edge_scores(z, a, edge, cid, hc, m3, slope, H, C, HAS_EDGE, ACC)
@@ -306,7 +310,7 @@ def _gatv2_bwd_col_kernel(
         alpha = tl.where(meh, tl.exp(s - lse_i), 0.0)
         keep = meh  # read only with DROPOUT
         if DROPOUT:
-            keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64)
+            keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
         w, ds, dz = _edge_grads(alpha, tl.sum(gi * xj[None, :, :], axis=2), d, z, a, slope, keep, scale, DROPOUT)
         acc += tl.sum(w[:, :, None] * gi + dz, axis=0)
     if slot < 0:
@@ -332,14 +336,15 @@ def _forward(cfg: _Config, xl: Tensor, xr: Tensor, att: Tensor, edge: Tensor | N
     part_acc = _partials(sched, (H, C), cfg.acc, xl.device, lse)
     part_m = _partials(sched, (H,), cfg.acc, xl.device, lse)
     part_l = _partials(sched, (H,), cfg.acc, xl.device, lse)
+    bits, keep = cfg.keep_args(cfg.keep_bits("csr"), lse)
     gatv2_fwd_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
         xl, xr, att, edge if edge is not None else xl,
         out, lse, part_acc, part_m, part_l,
-        *cfg.rng_args(),
+        bits, *cfg.rng_args(),
         H, C, cfg.chunk,
-        HAS_ITEMS=sched is not None, HAS_EDGE=edge is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
+        HAS_ITEMS=sched is not None, HAS_EDGE=edge is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, **keep,
         BLOCK_E=cfg.fwd.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=_TL_ACC[cfg.acc],
         num_warps=cfg.fwd.num_warps,
     )
@@ -369,13 +374,14 @@ def _backward(cfg: _Config, xl, xr, att, edge, out, lse, grad_out):
     aux = torch.empty((n_dst, 2 * H), dtype=cfg.acc, device=dev) if not scatter else lse
     grad_edge = torch.empty((graph.num_edges, H, C), dtype=cfg.acc, device=dev) if has_edge else lse
     grad_xl = torch.zeros((n_src, H, C), dtype=cfg.acc, device=dev) if scatter else lse
+    bits, keep = cfg.keep_args(cfg.keep_bits("csr"), lse)
     gatv2_bwd_row_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
         xl, xr, att, edge if has_edge else xl, out, lse, grad_out,
         grad_xr, att_rows, part_xr, part_att, aux, grad_edge, grad_xl,
-        *cfg.rng_args(), H, C, cfg.chunk,
-        HAS_ITEMS=sched_r is not None, HAS_EDGE=has_edge, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
+        bits, *cfg.rng_args(), H, C, cfg.chunk,
+        HAS_ITEMS=sched_r is not None, HAS_EDGE=has_edge, DROPOUT=cfg.dropout, RNG64=cfg.rng64, **keep,
         SCATTER_SRC=scatter, STORE_AUX=not scatter,
         BLOCK_E=cfg.row.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
         num_warps=cfg.row.num_warps,
@@ -388,13 +394,15 @@ def _backward(cfg: _Config, xl, xr, att, edge, out, lse, grad_out):
         grad_xl = torch.empty((n_src, H, C), dtype=cfg.acc, device=dev)
         part_xl = _partials(sched_c, (H, C), cfg.acc, dev, lse)
         if n_src > 0:
+            del bits  # the CSR mask: freed before the CSC one is drawn
+            bits, keep = cfg.keep_args(cfg.keep_bits("csc"), lse)
             gatv2_bwd_col_kernel[(grid,)](
                 csc.ptr, csc.index, csc.perm,
                 item_row, item_start, item_slot,
                 xl, xr, att, edge if has_edge else xl, aux, grad_out,
                 grad_xl, part_xl,
-                *cfg.rng_args(), H, C, cfg.chunk,
-                HAS_ITEMS=sched_c is not None, HAS_EDGE=has_edge, DROPOUT=cfg.dropout, RNG64=cfg.rng64,
+                bits, *cfg.rng_args(), H, C, cfg.chunk,
+                HAS_ITEMS=sched_c is not None, HAS_EDGE=has_edge, DROPOUT=cfg.dropout, RNG64=cfg.rng64, **keep,
                 BLOCK_E=cfg.col.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
                 num_warps=cfg.col.num_warps,
             )
