@@ -336,7 +336,7 @@ def _forward(cfg: _Config, xl: Tensor, xr: Tensor, att: Tensor, edge: Tensor | N
     part_acc = _partials(sched, (H, C), cfg.acc, xl.device, lse)
     part_m = _partials(sched, (H,), cfg.acc, xl.device, lse)
     part_l = _partials(sched, (H,), cfg.acc, xl.device, lse)
-    bits, keep = cfg.keep_args(cfg.keep_bits("csr"), lse)
+    bits, keep = cfg.keep_args(cfg.keep_bits("csr", cfg.fwd), lse)
     gatv2_fwd_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
@@ -374,7 +374,7 @@ def _backward(cfg: _Config, xl, xr, att, edge, out, lse, grad_out):
     aux = torch.empty((n_dst, 2 * H), dtype=cfg.acc, device=dev) if not scatter else lse
     grad_edge = torch.empty((graph.num_edges, H, C), dtype=cfg.acc, device=dev) if has_edge else lse
     grad_xl = torch.zeros((n_src, H, C), dtype=cfg.acc, device=dev) if scatter else lse
-    bits, keep = cfg.keep_args(cfg.keep_bits("csr"), lse)
+    bits, keep = cfg.keep_args(cfg.keep_bits("csr", cfg.row), lse)
     gatv2_bwd_row_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
@@ -395,7 +395,7 @@ def _backward(cfg: _Config, xl, xr, att, edge, out, lse, grad_out):
         part_xl = _partials(sched_c, (H, C), cfg.acc, dev, lse)
         if n_src > 0:
             del bits  # the CSR mask: freed before the CSC one is drawn
-            bits, keep = cfg.keep_args(cfg.keep_bits("csc"), lse)
+            bits, keep = cfg.keep_args(cfg.keep_bits("csc", cfg.col), lse)
             gatv2_bwd_col_kernel[(grid,)](
                 csc.ptr, csc.index, csc.perm,
                 item_row, item_start, item_slot,
