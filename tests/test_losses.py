@@ -211,6 +211,9 @@ def test_counted_rows_follow_the_targets():
     check(y, None)
     check(y.to(torch.int32), index.to(torch.int32))
     check(y.clamp_min(0), index, ignore_index=int(y[9]))
+    with torch.inference_mode():  # not kept: an inference tensor cannot be saved for backward
+        linear_cross_entropy(h, w, y, b, index=index, backend="fused")
+    check(y, index)
 
 
 def test_only_some_gradients():

@@ -10,9 +10,9 @@ logits chunk by chunk with :math:`s_i = g_i`.
 
 Dispatch (``backend="auto"``): CUDA tensors take the fused path when the head is large
 enough for it to pay (:data:`FUSED_MIN_WORK`) or while a CUDA graph is captured (a
-replay has no host time), otherwise (and on the CPU) the PyTorch reference. ``backend="fused"`` forces the fused path (on the CPU it needs
-``TRITON_INTERPRET=1``: how the tests run the Triton kernel), ``backend="reference"`` the
-reference.
+replay has no host time), otherwise (and on the CPU) the PyTorch reference.
+``backend="fused"`` forces the fused path (on the CPU it needs ``TRITON_INTERPRET=1``:
+how the tests run the Triton kernel), ``backend="reference"`` the reference.
 """
 
 from __future__ import annotations
@@ -52,10 +52,13 @@ _LAST_ROWS: tuple = ()
 def _valid_rows(target: Tensor, index: Tensor | None, ignore_index: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """``(n_valid, 1 / n_valid)`` in ``dtype`` (0-d and ``[1]``): the rows of ``target[index]``
     that are not ``ignore_index``. Reused while ``target`` and ``index`` are the same
-    objects at the same versions; computed afresh (and not kept) during a CUDA graph
-    capture, whose graph must own what it reads."""
+    objects at the same versions; computed afresh and not kept during a CUDA graph capture
+    (whose graph must own what it reads), under ``torch.inference_mode`` (an inference
+    tensor could not be saved for a later training step's backward) and while
+    ``torch.compile`` traces (no module state in a graph)."""
     global _LAST_ROWS
-    capturing = target.is_cuda and torch.cuda.is_current_stream_capturing()
+    capturing = (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
+                 or (target.is_cuda and torch.cuda.is_current_stream_capturing()))
     key = (id(target), target._version, id(index), None if index is None else index._version, ignore_index, dtype)
     if not capturing and _LAST_ROWS and _LAST_ROWS[0] == key and _LAST_ROWS[1]() is target and (
         index is None or _LAST_ROWS[2]() is index
