@@ -470,7 +470,8 @@ def test_launch_tiles():
     graph = Graph(torch.stack([src.flatten(), dst.flatten()]), n)
 
     def launches(heads, channels):
-        cfg = gatv2_config(graph, torch.zeros(n, heads, channels), torch.zeros(heads, channels), 0.2, 0.0, None, "gar")
+        x, att = torch.zeros(n, heads, channels), torch.zeros(heads, channels)
+        cfg = gatv2_config(graph, x, att, 0.2, 0.0, None, "gar")
         return cfg.fwd, cfg.row, cfg.col
 
     assert launches(1, 48) == (L(8, 1), L(8, 1), L(4, 1))

@@ -135,7 +135,7 @@ def _dropout_keep(seed, edge_id, offs_h, H, p_drop, RNG64: tl.constexpr):
 def _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64: tl.constexpr, HAS_BITS: tl.constexpr):
     """``[E, H]`` dropout keep mask of a tile of edges at positions ``pos`` of the pass's
     order: read from ``keep_bits`` (one byte per edge in that order, bit ``h`` for head
-    ``h``: :func:`keep_bits`) with ``HAS_BITS``, else drawn (:func:`_dropout_keep`). Both
+    ``h``: :meth:`_Config.keep_bits`) with ``HAS_BITS``, else drawn (:func:`_dropout_keep`). Both
     give the same mask; reading it avoids a random draw per edge and head in every pass,
     which small edge tiles make costly (their ``[E, H]`` values are replicated over the
     lanes of the channel axis)."""
@@ -754,7 +754,7 @@ def _forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor, s_edge: Tens
         part_l = torch.empty((sched.num_slots, H), dtype=cfg.acc, device=h.device)
     else:
         part_acc = part_m = part_l = lse
-    bits, keep = cfg.keep_args(cfg.keep_bits("csr", cfg.fwd), lse)
+    bits, keep_flags = cfg.keep_args(cfg.keep_bits("csr", cfg.fwd), lse)
     gat_fwd_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
@@ -762,7 +762,7 @@ def _forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor, s_edge: Tens
         part_acc, part_m, part_l,
         bits, *cfg.rng_args(),
         H, C, cfg.chunk,
-        HAS_ITEMS=sched is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=s_edge is not None, **keep,
+        HAS_ITEMS=sched is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=s_edge is not None, **keep_flags,
         BLOCK_E=cfg.fwd.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=_TL_ACC[cfg.acc],
         num_warps=cfg.fwd.num_warps,
     )
@@ -822,14 +822,14 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
     has_edge = s_edge is not None
     # every edge lies in one CSR row, so pass R writes each dZ once (no zero fill needed)
     grad_edge = torch.empty((graph.num_edges, H), dtype=cfg.acc, device=dev) if has_edge else None
-    bits, keep = cfg.keep_args(cfg.keep_bits("csr", cfg.row), lse)
+    bits, keep_flags = cfg.keep_args(cfg.keep_bits("csr", cfg.row), lse)
     gat_bwd_row_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
         h, s_src, s_dst, s_edge if has_edge else s_src, out, lse, grad_out, d_extra, grad_alpha,
         grad_dst, part_dst, aux, grad_h, grad_src, grad_edge if has_edge else lse,
         bits, *cfg.rng_args(), H, C, cfg.chunk, aux_stride,
-        HAS_ITEMS=sched_r is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=has_edge, **keep,
+        HAS_ITEMS=sched_r is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=has_edge, **keep_flags,
         HAS_GALPHA=has_galpha, SCATTER_SRC=scatter, STORE_AUX=not scatter,
         BLOCK_E=cfg.row.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
         num_warps=cfg.row.num_warps,
@@ -845,14 +845,14 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
         part_src = _partials(sched_c, (H,), cfg.acc, dev, lse)
         if n_src > 0:
             del bits  # the CSR mask: freed before the CSC one is drawn
-            bits, keep = cfg.keep_args(cfg.keep_bits("csc", cfg.col), lse)
+            bits, keep_flags = cfg.keep_args(cfg.keep_bits("csc", cfg.col), lse)
             gat_bwd_col_kernel[(grid,)](
                 csc.ptr, csc.index, csc.perm,
                 item_row, item_start, item_slot,
                 h, s_src, s_edge if has_edge else s_src, aux, grad_out, grad_alpha,
                 grad_h, grad_src, part_h, part_src,
                 bits, *cfg.rng_args(), H, C, cfg.chunk, aux_stride,
-                HAS_ITEMS=sched_c is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=has_edge, **keep,
+                HAS_ITEMS=sched_c is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, HAS_EDGE=has_edge, **keep_flags,
                 HAS_GALPHA=has_galpha,
                 BLOCK_E=cfg.col.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
                 num_warps=cfg.col.num_warps,

@@ -336,7 +336,7 @@ def _forward(cfg: _Config, xl: Tensor, xr: Tensor, att: Tensor, edge: Tensor | N
     part_acc = _partials(sched, (H, C), cfg.acc, xl.device, lse)
     part_m = _partials(sched, (H,), cfg.acc, xl.device, lse)
     part_l = _partials(sched, (H,), cfg.acc, xl.device, lse)
-    bits, keep = cfg.keep_args(cfg.keep_bits("csr", cfg.fwd), lse)
+    bits, keep_flags = cfg.keep_args(cfg.keep_bits("csr", cfg.fwd), lse)
     gatv2_fwd_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
@@ -344,7 +344,7 @@ def _forward(cfg: _Config, xl: Tensor, xr: Tensor, att: Tensor, edge: Tensor | N
         out, lse, part_acc, part_m, part_l,
         bits, *cfg.rng_args(),
         H, C, cfg.chunk,
-        HAS_ITEMS=sched is not None, HAS_EDGE=edge is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, **keep,
+        HAS_ITEMS=sched is not None, HAS_EDGE=edge is not None, DROPOUT=cfg.dropout, RNG64=cfg.rng64, **keep_flags,
         BLOCK_E=cfg.fwd.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=_TL_ACC[cfg.acc],
         num_warps=cfg.fwd.num_warps,
     )
@@ -374,14 +374,14 @@ def _backward(cfg: _Config, xl, xr, att, edge, out, lse, grad_out):
     aux = torch.empty((n_dst, 2 * H), dtype=cfg.acc, device=dev) if not scatter else lse
     grad_edge = torch.empty((graph.num_edges, H, C), dtype=cfg.acc, device=dev) if has_edge else lse
     grad_xl = torch.zeros((n_src, H, C), dtype=cfg.acc, device=dev) if scatter else lse
-    bits, keep = cfg.keep_args(cfg.keep_bits("csr", cfg.row), lse)
+    bits, keep_flags = cfg.keep_args(cfg.keep_bits("csr", cfg.row), lse)
     gatv2_bwd_row_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
         xl, xr, att, edge if has_edge else xl, out, lse, grad_out,
         grad_xr, att_rows, part_xr, part_att, aux, grad_edge, grad_xl,
         bits, *cfg.rng_args(), H, C, cfg.chunk,
-        HAS_ITEMS=sched_r is not None, HAS_EDGE=has_edge, DROPOUT=cfg.dropout, RNG64=cfg.rng64, **keep,
+        HAS_ITEMS=sched_r is not None, HAS_EDGE=has_edge, DROPOUT=cfg.dropout, RNG64=cfg.rng64, **keep_flags,
         SCATTER_SRC=scatter, STORE_AUX=not scatter,
         BLOCK_E=cfg.row.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
         num_warps=cfg.row.num_warps,
@@ -395,14 +395,14 @@ def _backward(cfg: _Config, xl, xr, att, edge, out, lse, grad_out):
         part_xl = _partials(sched_c, (H, C), cfg.acc, dev, lse)
         if n_src > 0:
             del bits  # the CSR mask: freed before the CSC one is drawn
-            bits, keep = cfg.keep_args(cfg.keep_bits("csc", cfg.col), lse)
+            bits, keep_flags = cfg.keep_args(cfg.keep_bits("csc", cfg.col), lse)
             gatv2_bwd_col_kernel[(grid,)](
                 csc.ptr, csc.index, csc.perm,
                 item_row, item_start, item_slot,
                 xl, xr, att, edge if has_edge else xl, aux, grad_out,
                 grad_xl, part_xl,
                 bits, *cfg.rng_args(), H, C, cfg.chunk,
-                HAS_ITEMS=sched_c is not None, HAS_EDGE=has_edge, DROPOUT=cfg.dropout, RNG64=cfg.rng64, **keep,
+                HAS_ITEMS=sched_c is not None, HAS_EDGE=has_edge, DROPOUT=cfg.dropout, RNG64=cfg.rng64, **keep_flags,
                 BLOCK_E=cfg.col.block_e, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ACC=acc_tl,
                 num_warps=cfg.col.num_warps,
             )
