@@ -216,6 +216,32 @@ def test_counted_rows_follow_the_targets():
     check(y, index)
 
 
+@pytest.mark.parametrize("backend", ["fused", "reference"])
+def test_targets_made_under_inference_mode(backend):
+    """Targets and index made under ``torch.inference_mode`` (an evaluation loop's labels)
+    have no version counter: the value check and the counted-row memo must not read
+    one, inside inference_mode or after it (under no_grad: torch refuses to save an
+    inference tensor for a backward)."""
+    h, w, y, b = _inputs(12, 5, 4, ignored=(2,))
+    with torch.inference_mode():
+        y_inf, index_inf = y.clone(), torch.tensor([0, 2, 3, 3, 7], device=DEVICE)
+    want = _torch_loss(h, w, y, b, index_inf.clone(), "mean", 0.0)
+    for mode in (torch.inference_mode, torch.no_grad):
+        with mode():
+            for _ in range(2):
+                got = linear_cross_entropy(h, w, y_inf, b, index=index_inf, backend=backend)
+                torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    with torch.inference_mode():  # no version counter: an in-place change is seen only if nothing is kept
+        labels = y.clone()
+        linear_cross_entropy(h, w, labels, b, backend=backend)
+        labels[0] = 9
+        with pytest.raises(ValueError, match="class id 9"):
+            linear_cross_entropy(h, w, labels, b, backend=backend)
+        labels[0] = -100
+        torch.testing.assert_close(linear_cross_entropy(h, w, labels, b, backend=backend),
+                                   _torch_loss(h, w, labels.clone(), b, None, "mean", 0.0), rtol=1e-10, atol=1e-12)
+
+
 def test_only_some_gradients():
     h, w, y, b = _inputs(9, 4, 6)
     wl = w.clone().requires_grad_()

@@ -87,12 +87,15 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
     """Class ids in ``[0, C)`` (or ``ignore_index``) and ``index`` in ``[0, N)``: the minima
     and maxima of both, read back in one transfer. Skipped for the pair of tensors checked
     last (unchanged since: same objects, same versions) and while a CUDA graph is being
-    captured (the eager steps before a capture check them; a capture cannot read back)."""
+    captured (the eager steps before a capture check them; a capture cannot read back).
+    Inference tensors (made under ``torch.inference_mode``) have no version counter: they
+    are checked at every call and not remembered."""
     global _LAST_VALID
     if target.is_cuda and torch.cuda.is_current_stream_capturing():
         return
-    key = _checked_key(target, index, num_rows, num_classes, ignore_index)
-    if _LAST_VALID and _LAST_VALID[0] == key and _LAST_VALID[1]() is target and (
+    versioned = not (target.is_inference() or (index is not None and index.is_inference()))
+    key = _checked_key(target, index, num_rows, num_classes, ignore_index) if versioned else None
+    if versioned and _LAST_VALID and _LAST_VALID[0] == key and _LAST_VALID[1]() is target and (
         index is None or _LAST_VALID[2]() is index
     ):
         return
@@ -113,7 +116,8 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
         )
     if index is not None and index.numel() and not (0 <= bounds[-2] and bounds[-1] < num_rows):
         raise IndexError(f"linear_cross_entropy: index holds rows outside [0, {num_rows}) (h has {num_rows} rows)")
-    _LAST_VALID = (key, weakref.ref(target), weakref.ref(index) if index is not None else None)
+    if versioned:
+        _LAST_VALID = (key, weakref.ref(target), weakref.ref(index) if index is not None else None)
 
 
 def check_arguments(h, weight, target, bias, index, ignore_index, reduction, label_smoothing) -> None:

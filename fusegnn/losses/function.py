@@ -54,12 +54,16 @@ def _valid_rows(target: Tensor, index: Tensor | None, ignore_index: int, dtype: 
     that are not ``ignore_index``. Reused while ``target`` and ``index`` are the same
     objects at the same versions; computed afresh and not kept during a CUDA graph capture
     (whose graph must own what it reads), under ``torch.inference_mode`` (an inference
-    tensor could not be saved for a later training step's backward) and while
-    ``torch.compile`` traces (no module state in a graph)."""
+    tensor could not be saved for a later training step's backward), while
+    ``torch.compile`` traces (no module state in a graph), and for inference tensors
+    (no version counter to tell an in-place change)."""
     global _LAST_ROWS
     capturing = (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
+                 or target.is_inference() or (index is not None and index.is_inference())
                  or (target.is_cuda and torch.cuda.is_current_stream_capturing()))
-    key = (id(target), target._version, id(index), None if index is None else index._version, ignore_index, dtype)
+    key = None if capturing else (
+        id(target), target._version, id(index), None if index is None else index._version, ignore_index, dtype
+    )
     if not capturing and _LAST_ROWS and _LAST_ROWS[0] == key and _LAST_ROWS[1]() is target and (
         index is None or _LAST_ROWS[2]() is index
     ):
