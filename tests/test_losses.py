@@ -273,6 +273,22 @@ def test_reference_and_dispatch():
         linear_cross_entropy(h, w, y, b, backend="cuda")
 
 
+def test_auto_warm_up_for_capture_takes_the_captured_path():
+    """graphed_step's warm-up steps run under for_capture: ``auto`` takes there the path
+    the capture records (fused on CUDA at any size), so that they compile and cache it."""
+    from fusegnn.sparse.dispatch import for_capture
+
+    h, w, y, b = _inputs(7, 3, 4)
+    assert pick_backend("auto", h, w, b) == "reference"
+    with for_capture():
+        assert pick_backend("auto", h, w, b) == ("fused" if CUDA else "reference")  # the CPU: always the reference
+        if CUDA:
+            got = linear_cross_entropy(h, w, y, b.clone().requires_grad_())
+            assert type(got.grad_fn).__name__ == "FusedLinearCrossEntropyBackward"
+            torch.testing.assert_close(got, _torch_loss(h, w, y, b, None, "mean", 0.0), rtol=1e-10, atol=1e-12)
+    assert pick_backend("auto", h, w, b) == "reference"
+
+
 def test_module():
     torch.manual_seed(0)
     head = LinearCrossEntropy(6, 9, label_smoothing=0.05).to(DEVICE, torch.float64)

@@ -10,7 +10,9 @@ logits chunk by chunk with :math:`s_i = g_i`.
 
 Dispatch (``backend="auto"``): CUDA tensors take the fused path when the head is large
 enough for it to pay (:data:`FUSED_MIN_WORK`) or while a CUDA graph is captured (a
-replay has no host time), otherwise (and on the CPU) the PyTorch reference.
+replay has no host time) or warmed up for a capture
+(:func:`fusegnn.sparse.dispatch.for_capture`, as in :func:`fusegnn.graphed_step`),
+otherwise (and on the CPU) the PyTorch reference.
 ``backend="fused"`` forces the fused path (on the CPU it needs ``TRITON_INTERPRET=1``:
 how the tests run the Triton kernel), ``backend="reference"`` the reference.
 """
@@ -26,6 +28,7 @@ from fusegnn.kernels._edge_utils import acc_dtype
 from fusegnn.kernels import linear_cross_entropy as linear_cross_entropy_kernels
 from fusegnn.kernels._triton import FLOAT_DTYPES, fused_can_run
 from fusegnn.losses.checks import check_arguments
+from fusegnn.sparse.dispatch import capture_mode
 
 __all__ = ["BACKENDS", "FUSED_MIN_WORK", "FusedLinearCrossEntropy", "linear_cross_entropy", "pick_backend"]
 
@@ -158,7 +161,9 @@ def pick_backend(backend: str, h: Tensor, weight: Tensor, bias: Tensor | None, i
         return "fused"
     if not (runnable and h.is_cuda):
         return "reference"
-    if torch.cuda.is_current_stream_capturing():  # a replayed graph has no host time to amortise
+    # a replayed graph has no host time to amortise; capture_mode is also on in the warm-up
+    # steps of fusegnn.graphed_step, which must run (compile, cache) what the capture records
+    if capture_mode():
         return "fused"
     rows = index.numel() if index is not None else h.shape[0]
     return "fused" if rows * (weight.shape[0] + weight.shape[1]) >= FUSED_MIN_WORK else "reference"
@@ -200,8 +205,8 @@ def linear_cross_entropy(
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[M]`` per-row losses, 0 on
             ignored rows).
         backend: ``"auto"`` (fused on CUDA from :data:`FUSED_MIN_WORK` rows x (classes +
-            features) on, where it is faster, and in CUDA graph captures; the reference
-            otherwise), ``"fused"``, ``"reference"``.
+            features) on, where it is faster, and in CUDA graph captures and their
+            warm-up steps; the reference otherwise), ``"fused"``, ``"reference"``.
         chunk_rows: rows per chunk of the fused path (default: a 128 MiB logits budget).
 
     Returns the loss in ``h``'s dtype (computed in float32, float64 for float64 inputs).
