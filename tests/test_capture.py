@@ -201,6 +201,54 @@ def test_replays_train_like_eager_steps(kind, aggregation):
 
 
 @requires_cuda
+def test_small_fused_loss_head_is_warmed_up_on_the_captured_path(monkeypatch):
+    """linear_cross_entropy's ``auto`` takes the reference for a small eager head and the
+    fused path in a capture; graphed_step's warm-up steps (under for_capture) take the
+    fused path too, so that the capture records kernels they already compiled and ran.
+    The replays train like eager steps."""
+    from fusegnn.losses import function, linear_cross_entropy
+
+    taken = []
+
+    def spy(*args, **kwargs):
+        taken.append(pick(*args, **kwargs))
+        return taken[-1]
+
+    pick = function.pick_backend
+    monkeypatch.setattr(function, "pick_backend", spy)
+    x, y, _, index = _data(4)
+    torch.manual_seed(0)
+    eager = torch.nn.Linear(FEAT, CLASSES).cuda()
+    twin = torch.nn.Linear(FEAT, CLASSES).cuda()
+    twin.load_state_dict(eager.state_dict())
+    opt_e = torch.optim.Adam(eager.parameters(), lr=0.01, capturable=True)
+    opt_t = torch.optim.Adam(twin.parameters(), lr=0.01, capturable=True)
+
+    def step(lin, opt):
+        def train_step():
+            opt.zero_grad(set_to_none=True)
+            loss = linear_cross_entropy(x, lin.weight, y, lin.bias, index=index)
+            loss.backward()
+            opt.step()
+            return loss
+        return train_step
+
+    step_e, graphed = step(eager, opt_e), graphed_step(step(twin, opt_t), opt_t, warmup=2)
+    losses_e, losses_t = [], []
+    for k in range(6):
+        losses_e.append(step_e().detach())
+        assert taken.pop() == "reference"  # eager: a small head
+        losses_t.append(graphed().clone())
+        if k < 3:  # two warm-up calls and the capture; the replays call nothing
+            assert taken.pop() == "fused", k
+        assert not taken
+    assert graphed.captured
+    torch.testing.assert_close(torch.stack(losses_t), torch.stack(losses_e), rtol=1e-4, atol=1e-6)
+    for p_e, p_t in zip(eager.parameters(), twin.parameters()):
+        torch.testing.assert_close(p_t, p_e, rtol=1e-4, atol=1e-5)
+
+
+@requires_cuda
 @pytest.mark.parametrize("kind", ["gcn", "gat"])
 def test_loss_falls_over_replays_with_dropout(kind):
     x, y, graph, index = _data(1)
