@@ -116,7 +116,8 @@ def shared_kernel_helper(module: str, name: str, into: str) -> Callable:
     function, which ``into``'s first launch jits and rebinds in ``into``'s namespace. (A
     plain ``from module import name`` would not do: the name could be bound to either the
     plain function or, once ``module`` launched, its jitted version there, and ``into``'s
-    launches only jit its own registered helpers.)"""
+    launches only jit the helpers registered for ``into`` -- and, in their own modules,
+    the helpers of the modules it shares from, which a shared helper's calls resolve in.)"""
     fn = _HELPERS[module][name]
     _HELPERS.setdefault(into, {})[name] = fn
     return fn
