@@ -418,3 +418,31 @@ def test_cuda_float32_and_bfloat16(classes, features, use_index):
         got16 = run(torch.bfloat16, fused, reduction)
         for a, e, ref in zip(got16, eager16, want):
             assert _rel(a, ref) < max(2e-3, 1.5 * _rel(e, ref)), (reduction, _rel(a, ref), _rel(e, ref))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("use_index", (False, True))
+def test_cuda_wide_path_holds_one_chunk_of_logits(use_index):
+    """The wide path's chunks share one logits buffer (and one buffer of gathered rows): a
+    larger chunk raises the peak by its own size once, not by two chunks' worth (the
+    previous chunk's logits alive while the next GEMM allocates)."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    n, k, c = 4096, 64, 20_000  # C > HEAD_MAX_CLASSES: the wide path
+    h = torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16).requires_grad_()
+    w = (torch.randn(c, k, device="cuda", generator=gen) * k ** -0.5).to(torch.bfloat16).requires_grad_()
+    y = torch.randint(0, c, (n,), device="cuda", generator=gen)
+    index = torch.randperm(n, device="cuda", generator=gen)[: n // 2] if use_index else None
+
+    def peak(chunk_rows):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        linear_cross_entropy(h, w, y, index=index, backend="fused", chunk_rows=chunk_rows).backward()
+        torch.cuda.synchronize()
+        h.grad = w.grad = None
+        return torch.cuda.max_memory_allocated() - base
+
+    peak(256)  # warm-up (kernels compiled, allocator primed)
+    step = 256 * (c * 2 + (k * 2 if use_index else 0))  # one more chunk of logits (and gathered rows)
+    grown = peak(512) - peak(256)
+    assert grown < 1.5 * step, (grown, step)

@@ -453,10 +453,20 @@ def fused_linear_cross_entropy(
                   if want_h and index is not None else None)
     else:
         rows = chunk_rows or chunk_rows_for(num_rows, num_classes, h.dtype)
+        # one logits buffer for every chunk: a chunk's GEMM writes into it, so the previous
+        # chunk's logits are never alive beside the next ones (2 chunks at peak otherwise)
+        logits_buf = torch.empty(min(rows, num_rows), num_classes, dtype=h.dtype, device=h.device)
+    # the gathered rows of h (with index) for the GEMMs, one buffer reused by every chunk
+    rows_buf = (torch.empty(min(rows, num_rows), features, dtype=h.dtype, device=h.device)
+                if index is not None and num_rows > 0 and (want_w or not head) else None)
     for r0 in range(0, num_rows, rows):
         r1 = min(r0 + rows, num_rows)
         idx = index[r0:r1] if index is not None else None
         h_rows = None
+        if idx is not None and rows_buf is not None:
+            h_rows = torch.index_select(h, 0, idx, out=rows_buf[: r1 - r0])
+        elif idx is None:
+            h_rows = h[r0:r1]
         if head:
             dz = dz_buf[: r1 - r0, :num_classes] if dz_buf is not None else None
             dh = grad_h if dh_buf is None else dh_buf[: r1 - r0]
@@ -465,8 +475,11 @@ def fused_linear_cross_entropy(
             if dh_buf is not None:
                 grad_h.index_add_(0, idx, dh)
         else:
-            h_rows = h.index_select(0, idx) if idx is not None else h[r0:r1]
-            dz = torch.addmm(bias, h_rows, weight.t()) if bias is not None else torch.mm(h_rows, weight.t())
+            dz = logits_buf[: r1 - r0]
+            if bias is not None:
+                torch.addmm(bias, h_rows, weight.t(), out=dz)
+            else:
+                torch.mm(h_rows, weight.t(), out=dz)
             _launch_rows(dz, target, index, scale, loss, r0, ignore_index, smoothing, any(grads), per_row)
             if want_h:
                 if idx is None:
@@ -474,8 +487,6 @@ def fused_linear_cross_entropy(
                 else:
                     grad_h.index_add_(0, idx, torch.mm(dz, weight))
         if want_w:
-            if h_rows is None:
-                h_rows = h.index_select(0, idx) if idx is not None else h[r0:r1]
             grad_w_acc = _accumulate_weight_grad(grad_w_acc, dz, h_rows, acc if exact else h.dtype)
         if want_b:
             db = dz.sum(0, dtype=acc)
