@@ -1,17 +1,17 @@
 """Argument checks of :func:`fusegnn.losses.linear_cross_entropy` (one place, clear errors).
 
 Every error names the argument. The value checks (class ids in range, ``index`` in range)
-read one small flag tensor back to the host: one synchronisation per call, like the
+read one small flag tensor back to the host: one synchronisation per new label tensor, like the
 device-side asserts of ``F.cross_entropy`` but with a Python error instead of a dead
 CUDA context.
 """
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import Tensor
+
+from fusegnn.losses.target_memo import pair_facts
 
 __all__ = ["REDUCTIONS", "check_arguments"]
 
@@ -72,32 +72,17 @@ def _check_devices(**tensors) -> None:
             raise ValueError(f"linear_cross_entropy: {name} is on {t.device}, h on {device}")
 
 
-# The (target, index) pair whose values were last found valid, with their versions and the
-# bounds they were checked against: a training loop passes the same tensors every step, so
-# their values are read back (a host sync) once, not per step.
-_LAST_VALID: tuple = ()
-
-
-def _checked_key(target: Tensor, index: Tensor | None, num_rows: int, num_classes: int, ignore_index: int) -> tuple:
-    return (id(target), target._version, id(index), None if index is None else index._version,
-            num_rows, num_classes, ignore_index)
-
-
 def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_classes: int, ignore_index: int) -> None:
     """Class ids in ``[0, C)`` (or ``ignore_index``) and ``index`` in ``[0, N)``: the minima
-    and maxima of both, read back in one transfer. Skipped for the pair of tensors checked
-    last (unchanged since: same objects, same versions) and while a CUDA graph is being
-    captured (the eager steps before a capture check them; a capture cannot read back).
-    Inference tensors (made under ``torch.inference_mode``) have no version counter: they
-    are checked at every call and not remembered."""
-    global _LAST_VALID
+    and maxima of both, read back in one transfer. Done once for a pair of tensors that
+    stays unchanged (:func:`~fusegnn.losses.target_memo.pair_facts`: not for inference
+    tensors) and skipped while a CUDA graph is being captured (the eager steps before a
+    capture check them; a capture cannot read back)."""
     if target.is_cuda and torch.cuda.is_current_stream_capturing():
         return
-    versioned = not (target.is_inference() or (index is not None and index.is_inference()))
-    key = _checked_key(target, index, num_rows, num_classes, ignore_index) if versioned else None
-    if versioned and _LAST_VALID and _LAST_VALID[0] == key and _LAST_VALID[1]() is target and (
-        index is None or _LAST_VALID[2]() is index
-    ):
+    facts = pair_facts(target, index)
+    checked = ("values in range", num_rows, num_classes, ignore_index)
+    if facts is not None and checked in facts:
         return
     parts = []
     if target.numel():
@@ -116,8 +101,8 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
         )
     if index is not None and index.numel() and not (0 <= bounds[-2] and bounds[-1] < num_rows):
         raise IndexError(f"linear_cross_entropy: index holds rows outside [0, {num_rows}) (h has {num_rows} rows)")
-    if versioned:
-        _LAST_VALID = (key, weakref.ref(target), weakref.ref(index) if index is not None else None)
+    if facts is not None:
+        facts[checked] = True
 
 
 def check_arguments(h, weight, target, bias, index, ignore_index, reduction, label_smoothing) -> None:

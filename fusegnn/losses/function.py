@@ -19,8 +19,6 @@ how the tests run the Triton kernel), ``backend="reference"`` the reference.
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import Tensor
 
@@ -28,6 +26,7 @@ from fusegnn.kernels._edge_utils import acc_dtype
 from fusegnn.kernels import linear_cross_entropy as linear_cross_entropy_kernels
 from fusegnn.kernels._triton import FLOAT_DTYPES, fused_can_run
 from fusegnn.losses.checks import check_arguments
+from fusegnn.losses.target_memo import pair_facts
 from fusegnn.sparse.dispatch import capture_mode
 
 __all__ = ["BACKENDS", "FUSED_MIN_WORK", "FusedLinearCrossEntropy", "linear_cross_entropy", "pick_backend"]
@@ -46,37 +45,22 @@ def _is_one(g: Tensor) -> bool:
     return bool(g == 1)
 
 
-# ``(key, target ref, index ref, n_valid, 1 / n_valid)`` of the (target, index) pair used
-# last: a training loop passes the same tensors every step, so their count of counted
-# rows (three kernels) and its reciprocal are computed once, not per step.
-_LAST_ROWS: tuple = ()
-
-
 def _valid_rows(target: Tensor, index: Tensor | None, ignore_index: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """``(n_valid, 1 / n_valid)`` in ``dtype`` (0-d and ``[1]``): the rows of ``target[index]``
-    that are not ``ignore_index``. Reused while ``target`` and ``index`` are the same
-    objects at the same versions; computed afresh and not kept during a CUDA graph capture
-    (whose graph must own what it reads), under ``torch.inference_mode`` (an inference
-    tensor could not be saved for a later training step's backward), while
-    ``torch.compile`` traces (no module state in a graph), and for inference tensors
-    (no version counter to tell an in-place change)."""
-    global _LAST_ROWS
-    capturing = (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
-                 or target.is_inference() or (index is not None and index.is_inference())
-                 or (target.is_cuda and torch.cuda.is_current_stream_capturing()))
-    key = None if capturing else (
-        id(target), target._version, id(index), None if index is None else index._version, ignore_index, dtype
-    )
-    if not capturing and _LAST_ROWS and _LAST_ROWS[0] == key and _LAST_ROWS[1]() is target and (
-        index is None or _LAST_ROWS[2]() is index
-    ):
-        return _LAST_ROWS[3], _LAST_ROWS[4]
+    that are not ``ignore_index``. Counted once for a pair of tensors that stays unchanged
+    (:func:`~fusegnn.losses.target_memo.pair_facts`); not kept when counted under
+    ``torch.inference_mode`` (an inference tensor could not be saved for a later training
+    step's backward)."""
+    facts = pair_facts(target, index)
+    counted = ("counted rows", ignore_index, dtype)
+    if facts is not None and counted in facts:
+        return facts[counted]
     picked = target.index_select(0, index.to(torch.int64)) if index is not None else target
     n_valid = (picked != ignore_index).sum().to(dtype)
-    scale = (1.0 / n_valid).reshape(1)
-    if not capturing:
-        _LAST_ROWS = (key, weakref.ref(target), weakref.ref(index) if index is not None else None, n_valid, scale)
-    return n_valid, scale
+    result = n_valid, (1.0 / n_valid).reshape(1)
+    if facts is not None and not torch.is_inference_mode_enabled():
+        facts[counted] = result
+    return result
 
 
 class FusedLinearCrossEntropy(torch.autograd.Function):
