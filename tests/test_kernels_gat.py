@@ -396,7 +396,9 @@ def test_dropout_mask_read_as_bits_equals_the_drawn_one(monkeypatch, variant, he
     monkeypatch.setattr(gat_fused, "MAX_BITS_HEADS", 8)
     cfg = gat_fused.attention_config(graph, h, s, SLOPE, 0.4, 11, "gar")[0]
     for order in ("csr", "csc"):
-        bits = cfg.keep_bits(order, gat_fused.Launch(16, 1)).to(torch.int64)
+        bits, flags = cfg.keep_mask(order, gat_fused.Launch(16, 1), h)
+        assert flags == {"HAS_BITS": True, "DRAW": False}
+        bits = bits.to(torch.int64)
         decoded = ((bits[:, None] >> torch.arange(heads, device=DEVICE)) & 1).bool()
         comp = graph.csr if order == "csr" else graph.csc
         assert torch.equal(decoded, keep[comp.perm.long()])
@@ -406,10 +408,15 @@ def test_keep_bits_only_for_small_tiles_and_few_heads():
     graph = _graph()
     h, s, _ = _inputs(graph, 2, 4, seed=1)
     L = gat_fused.Launch
+    drawn = {"HAS_BITS": False, "DRAW": True}
     cfg = gat_fused.attention_config(graph, h, s, SLOPE, 0.5, 3, "gar")[0]
-    assert cfg.keep_bits("csr", L(gat_fused.BITS_BELOW_EDGES, 1)) is None
-    bits = cfg.keep_bits("csc", L(gat_fused.BITS_BELOW_EDGES // 2, 1))
+    arg, flags = cfg.keep_mask("csr", L(gat_fused.BITS_BELOW_EDGES, 1), h)
+    assert arg is h and flags == drawn
+    bits, flags = cfg.keep_mask("csc", L(gat_fused.BITS_BELOW_EDGES // 2, 1), h)
     assert bits.dtype == torch.uint8 and bits.shape == (graph.num_edges,)
-    assert gat_fused.attention_config(graph, h, s, SLOPE, 0.0, 3, "gar")[0].keep_bits("csr", L(4, 1)) is None
+    assert flags == {"HAS_BITS": True, "DRAW": False}
+    no_dropout = gat_fused.attention_config(graph, h, s, SLOPE, 0.0, 3, "gar")[0]
+    assert no_dropout.keep_mask("csr", L(4, 1), h) == (h, {"HAS_BITS": False, "DRAW": False})
     h9, s9, _ = _inputs(graph, gat_fused.MAX_BITS_HEADS + 1, 2, seed=1)
-    assert gat_fused.attention_config(graph, h9, s9, SLOPE, 0.5, 3, "gar")[0].keep_bits("csr", L(4, 1)) is None
+    arg, flags = gat_fused.attention_config(graph, h9, s9, SLOPE, 0.5, 3, "gar")[0].keep_mask("csr", L(4, 1), h9)
+    assert arg is h9 and flags == drawn

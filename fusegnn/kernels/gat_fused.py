@@ -21,7 +21,7 @@ the backward. Nothing of size ``E`` is kept. The keep mask is not stored between
 either: it is defined by a counter-based RNG, ``tl.rand(seed, coo_edge_id * H + head) >= p``.
 For up to :data:`MAX_BITS_HEADS` heads a pass with small edge tiles
 (:data:`BITS_BELOW_EDGES`) first draws it into one byte per edge
-in the pass's own (CSR or CSC) order (:meth:`_Config.keep_bits`, ``E`` bytes, freed after
+in the pass's own (CSR or CSC) order (:meth:`_Config.keep_mask`, ``E`` bytes, freed after
 the pass) and reads that contiguously; drawing it inside the pass instead costs a random
 draw per edge and head replicated over the lanes of a small edge tile (GATv2 1 x 48 on the
 Reddit-sized graph, H100: forward 4.9 ms without dropout, 9.9 ms drawing it).
@@ -135,7 +135,7 @@ def _dropout_keep(seed, edge_id, offs_h, H, p_drop, RNG64: tl.constexpr):
 def _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64: tl.constexpr, HAS_BITS: tl.constexpr):
     """``[E, H]`` dropout keep mask of a tile of edges at positions ``pos`` of the pass's
     order: read from ``keep_bits`` (one byte per edge in that order, bit ``h`` for head
-    ``h``: :meth:`_Config.keep_bits`) with ``HAS_BITS``, else drawn (:func:`_dropout_keep`). Both
+    ``h``: :meth:`_Config.keep_mask`) with ``HAS_BITS``, else drawn (:func:`_dropout_keep`). Both
     give the same mask; reading it avoids a random draw per edge and head in every pass,
     which small edge tiles make costly (their ``[E, H]`` values are replicated over the
     lanes of the channel axis)."""
@@ -573,17 +573,25 @@ def _block_sizes(heads: int, channels: int, avg_degree: float) -> BlockSizes:
     """
     block_h, block_c = next_pow2(heads), next_pow2(channels)
     width = block_h * block_c
-    by_degree = min(max(next_pow2(math.ceil(avg_degree)), 16), 128)
-    fwd = Launch(min(by_degree, max(FWD_TILE // width, 2)), 1)
+    fwd = tile_launch(FWD_TILE, width, avg_degree)
     if block_h == 1:
-        bwd = Launch(min(by_degree, max(BWD_TILE // width, 2)), 1)
+        bwd = tile_launch(BWD_TILE, width, avg_degree)
     else:
-        bwd = Launch(min(by_degree, max(BWD_TILE_MULTIHEAD // width, 2)), 4)
+        bwd = tile_launch(BWD_TILE_MULTIHEAD, width, avg_degree, warps=4)
     return BlockSizes(block_h, block_c, fwd, bwd, bwd)
 
 
+def tile_launch(values: int, width: int, avg_degree: float, warps: int = 1, least: int = 2) -> Launch:
+    """The launch of a pass whose tiles hold about ``values`` values of ``width`` (padded
+    heads x channels) per edge: ``values / width`` edges a step, at least ``least``, and
+    never more than a typical row has (the average degree's power of two, kept within
+    16..128, so short rows are not all padding)."""
+    by_degree = min(max(next_pow2(math.ceil(avg_degree)), 16), 128)
+    return Launch(min(by_degree, max(values // width, least)), warps)
+
+
 #: most heads whose dropout keep mask the passes read as bits of one byte per edge
-#: (:meth:`_Config.keep_bits`); more heads draw it in every pass
+#: (:meth:`_Config.keep_mask`); more heads draw it in every pass
 MAX_BITS_HEADS = 8
 #: a pass reads the keep mask as bits only when its tiles have fewer edges than this. With
 #: 32 edges or more a tile's ``[E, H]`` draw already spans a warp's lanes: GAT 1 x 16 on
@@ -710,16 +718,17 @@ class _Config:
         self.row = _tuned("row", sizes.row)
         self.col = _tuned("col", sizes.col)
 
-    def keep_bits(self, order: str, launch: Launch) -> Tensor | None:
-        """The dropout keep mask of the edges of ``graph.csr`` (``order="csr"``) or
-        ``graph.csc`` in that order, one byte per edge (bit ``h``: head ``h``) -- what a
-        pass with ``launch`` reads instead of drawing it (:func:`_keep`) -- or ``None``:
-        without dropout, with more than :data:`MAX_BITS_HEADS` heads, or for a pass whose
-        tiles have :data:`BITS_BELOW_EDGES` edges or more (it draws the mask then). Drawn
-        afresh per call from the device seed, so a CUDA graph replay gets a fresh mask too."""
+    def keep_mask(self, order: str, launch: Launch, dummy: Tensor) -> tuple[Tensor, dict]:
+        """``(keep_bits argument, constexprs HAS_BITS / DRAW)`` of the pass over ``graph.csr``
+        (``order="csr"``) or ``graph.csc`` launched with ``launch``. With dropout, up to
+        :data:`MAX_BITS_HEADS` heads and tiles of fewer than :data:`BITS_BELOW_EDGES` edges,
+        the keep mask of the order's edges, drawn here into one byte per edge in that order
+        (bit ``h``: head ``h``), for the pass to read (:func:`_keep`); else ``dummy`` and the
+        pass draws the mask itself (or has no dropout). Drawn afresh per call from the device
+        seed, so a CUDA graph replay gets a fresh mask too."""
         if (not self.dropout or self.heads > MAX_BITS_HEADS or launch.block_e >= BITS_BELOW_EDGES
                 or self.graph.num_edges == 0):
-            return None
+            return dummy, {"HAS_BITS": False, "DRAW": self.dropout}
         comp = self.graph.csr if order == "csr" else self.graph.csc
         num_edges = self.graph.num_edges
         bits = torch.empty(num_edges, dtype=torch.uint8, device=comp.perm.device)
@@ -728,12 +737,7 @@ class _Config:
             comp.perm, bits, self.seed, self.p, num_edges, self.heads,
             RNG64=self.rng64, BLOCK_E=block, BLOCK_H=self.block_h,
         )
-        return bits
-
-    def keep_args(self, bits: Tensor | None, dummy: Tensor) -> tuple[Tensor, dict]:
-        """``(keep_bits argument, constexprs)`` of a pass given :meth:`keep_bits`'s result."""
-        return (bits if bits is not None else dummy), {"HAS_BITS": bits is not None,
-                                                        "DRAW": self.dropout and bits is None}
+        return bits, {"HAS_BITS": True, "DRAW": False}
 
     def rng_args(self):
         seed = self.seed if self.seed is not None else self.graph.edge_index  # not read
@@ -754,7 +758,7 @@ def _forward(cfg: _Config, h: Tensor, s_src: Tensor, s_dst: Tensor, s_edge: Tens
         part_l = torch.empty((sched.num_slots, H), dtype=cfg.acc, device=h.device)
     else:
         part_acc = part_m = part_l = lse
-    bits, keep_flags = cfg.keep_args(cfg.keep_bits("csr", cfg.fwd), lse)
+    bits, keep_flags = cfg.keep_mask("csr", cfg.fwd, lse)
     gat_fwd_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
@@ -822,7 +826,7 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
     has_edge = s_edge is not None
     # every edge lies in one CSR row, so pass R writes each dZ once (no zero fill needed)
     grad_edge = torch.empty((graph.num_edges, H), dtype=cfg.acc, device=dev) if has_edge else None
-    bits, keep_flags = cfg.keep_args(cfg.keep_bits("csr", cfg.row), lse)
+    bits, keep_flags = cfg.keep_mask("csr", cfg.row, lse)
     gat_bwd_row_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
@@ -845,7 +849,7 @@ def _backward(cfg: _Config, h, s_src, s_dst, out, lse, grad_out, alpha, grad_alp
         part_src = _partials(sched_c, (H,), cfg.acc, dev, lse)
         if n_src > 0:
             del bits  # the CSR mask: freed before the CSC one is drawn
-            bits, keep_flags = cfg.keep_args(cfg.keep_bits("csc", cfg.col), lse)
+            bits, keep_flags = cfg.keep_mask("csc", cfg.col, lse)
             gat_bwd_col_kernel[(grid,)](
                 csc.ptr, csc.index, csc.perm,
                 item_row, item_start, item_slot,

@@ -23,7 +23,7 @@ tile of edges the program gathers :math:`x^l_j` (and :math:`e_{ji}` through
 normaliser :math:`l` and accumulator. ``out = acc / l`` and :math:`L_i = m + \log l` are
 stored; nothing of size ``E`` is. Dropout regenerates the keep mask from the counter-based
 RNG of the GAT kernels (``tl.rand(seed, coo_edge_id * H + head) >= p``), read as one
-byte per edge in each pass's order like theirs (:meth:`~fusegnn.kernels.gat_fused._Config.keep_bits`),
+byte per edge in each pass's order like theirs (:meth:`~fusegnn.kernels.gat_fused._Config.keep_mask`),
 so :func:`fusegnn.kernels.gat_fused.dropout_keep_mask` gives this op's mask too.
 
 **Backward** (no ``[E, H, C]`` intermediate stored; the scores are recomputed and
@@ -64,18 +64,15 @@ backward is not itself differentiable (``once_differentiable``).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from fusegnn.kernels import gat_fused
-from fusegnn.kernels._triton import LazyKernel, kernel_helper, next_pow2, shared_kernel_helper
+from fusegnn.kernels._triton import LazyKernel, kernel_helper, shared_kernel_helper
 from fusegnn.kernels.gat_fused import (
     DEFAULT_CHUNK,
-    Launch,
     _combine_sums,
     _Config,
     _items,
@@ -86,6 +83,7 @@ from fusegnn.kernels.gat_fused import (
     _TUNING,
     _tuned,
     gat_combine_kernel,
+    tile_launch,
     padded_channels,
 )
 
@@ -336,7 +334,7 @@ def _forward(cfg: _Config, xl: Tensor, xr: Tensor, att: Tensor, edge: Tensor | N
     part_acc = _partials(sched, (H, C), cfg.acc, xl.device, lse)
     part_m = _partials(sched, (H,), cfg.acc, xl.device, lse)
     part_l = _partials(sched, (H,), cfg.acc, xl.device, lse)
-    bits, keep_flags = cfg.keep_args(cfg.keep_bits("csr", cfg.fwd), lse)
+    bits, keep_flags = cfg.keep_mask("csr", cfg.fwd, lse)
     gatv2_fwd_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
@@ -374,7 +372,7 @@ def _backward(cfg: _Config, xl, xr, att, edge, out, lse, grad_out):
     aux = torch.empty((n_dst, 2 * H), dtype=cfg.acc, device=dev) if not scatter else lse
     grad_edge = torch.empty((graph.num_edges, H, C), dtype=cfg.acc, device=dev) if has_edge else lse
     grad_xl = torch.zeros((n_src, H, C), dtype=cfg.acc, device=dev) if scatter else lse
-    bits, keep_flags = cfg.keep_args(cfg.keep_bits("csr", cfg.row), lse)
+    bits, keep_flags = cfg.keep_mask("csr", cfg.row, lse)
     gatv2_bwd_row_kernel[(grid,)](
         csr.ptr, csr.index, csr.perm,
         item_row, item_start, item_slot,
@@ -395,7 +393,7 @@ def _backward(cfg: _Config, xl, xr, att, edge, out, lse, grad_out):
         part_xl = _partials(sched_c, (H, C), cfg.acc, dev, lse)
         if n_src > 0:
             del bits  # the CSR mask: freed before the CSC one is drawn
-            bits, keep_flags = cfg.keep_args(cfg.keep_bits("csc", cfg.col), lse)
+            bits, keep_flags = cfg.keep_mask("csc", cfg.col, lse)
             gatv2_bwd_col_kernel[(grid,)](
                 csc.ptr, csc.index, csc.perm,
                 item_row, item_start, item_slot,
@@ -470,14 +468,14 @@ GATV2_TILES = {"fwd": (512, 256), "row": (512, 128), "col": (256, None)}
 
 
 def _gatv2_launches(cfg: _Config) -> None:
-    """Replace ``cfg``'s GAT tiles by :data:`GATV2_TILES` (at most the edges a typical row
-    has, at least 1); :func:`fusegnn.kernels.gat_fused.tuning` overrides still win."""
-    by_degree = min(max(next_pow2(math.ceil(cfg.graph.avg_degree)), 16), 128)
+    """Replace ``cfg``'s GAT tiles by :data:`GATV2_TILES` (one warp, at least 1 edge a step:
+    :func:`~fusegnn.kernels.gat_fused.tile_launch`); :func:`fusegnn.kernels.gat_fused.tuning`
+    overrides still win."""
     width = cfg.block_h * cfg.block_c
     for kernel, tiles in GATV2_TILES.items():
         tile = tiles[0] if cfg.block_h == 1 else tiles[1]
         if tile is not None:
-            setattr(cfg, kernel, _tuned(kernel, Launch(min(by_degree, max(tile // width, 1)), 1)))
+            setattr(cfg, kernel, _tuned(kernel, tile_launch(tile, width, cfg.graph.avg_degree, least=1)))
 
 
 def gatv2_config(graph, x_l: Tensor, att: Tensor, negative_slope: float, dropout: float,
