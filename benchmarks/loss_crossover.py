@@ -6,9 +6,11 @@
 For heads of (features, classes) 128 x 41 (Reddit), 256 x 47 (products), 128 x 172 and
 256 x 349 (ogbn-mag), and 8k to 1M rows: a bf16 forward + backward (gradients of ``h`` and
 ``W``) through ``backend="fused"`` and ``backend="reference"`` (``F.linear`` +
-``F.cross_entropy``), back to back like a training loop. Per point the median of three
-runs of ``--reps`` steps (CUDA events around each run, so host time counts where the
-host is the bottleneck). The losses of both paths are compared before timing.
+``F.cross_entropy``). Per point the median step of ``--reps`` steps of each path, timed in
+rounds that alternate the two (:func:`benchmarks.measure.interleaved_ms`: each step
+synchronised, so host time counts where the host is the bottleneck, and a drift of the
+host's speed falls on both paths alike -- two earlier back-to-back runs disagreed by 2x
+on the crossover). The losses of both paths are compared before timing.
 
 Writes ``<out>/loss/crossover-<gpu-slug>.json`` and ``.md``.
 """
@@ -24,23 +26,8 @@ HEADS = ((128, 41), (256, 47), (128, 172), (256, 349))
 ROWS = (8192, 32768, 65536, 131072, 262144, 524288, 1048576)
 
 
-def _ms(step, reps: int) -> float:
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(3):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(reps):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(begin.elapsed_time(end) / reps)
-    return sorted(times)[1]
-
-
 def _rows(device: torch.device, reps: int) -> list[dict]:
+    from benchmarks.measure import interleaved_ms
     from fusegnn.losses import linear_cross_entropy
 
     rows = []
@@ -54,15 +41,18 @@ def _rows(device: torch.device, reps: int) -> list[dict]:
             losses = [float(linear_cross_entropy(h, w, y, backend=b)) for b in ("fused", "reference")]
             if abs(losses[0] - losses[1]) > 2e-2 * abs(losses[1]):
                 raise AssertionError(f"{features} x {classes}, {n} rows: fused {losses[0]} != reference {losses[1]}")
-            times = {}
+            steps = []
             for backend in ("fused", "reference"):
                 def step(backend=backend):
                     h.grad = w.grad = None
                     linear_cross_entropy(h, w, y, backend=backend).backward()
 
-                times[backend] = _ms(step, reps)
+                for _ in range(5):  # warm-up
+                    step()
+                steps.append([step])
+            fused_ms, reference_ms = interleaved_ms(steps, device, steps=reps)
             rows.append({"features": features, "classes": classes, "rows": n, "work": n * (features + classes),
-                         "fused_ms": times["fused"], "reference_ms": times["reference"]})
+                         "fused_ms": fused_ms, "reference_ms": reference_ms})
             print(rows[-1], flush=True)
             del h, w, y
     return rows
@@ -73,7 +63,7 @@ def sweep_main(argv: list[str], out_dir: Path, device_fn) -> int:
     from fusegnn.losses.function import FUSED_MIN_WORK
 
     p = argparse.ArgumentParser(prog="--sweep crossover")
-    p.add_argument("--reps", type=int, default=20, help="steps per timed run")
+    p.add_argument("--reps", type=int, default=20, help="timed steps of each path per point")
     args = p.parse_args(argv)
     device = device_fn()
     if device.type != "cuda":
