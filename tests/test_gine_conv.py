@@ -131,16 +131,61 @@ def test_gin_narrowing_mlp_matches_dense(spec):
     _check_against(layer, lambda p, a, b: gin_dense(p, layer, a, None, eb, 6), [xs, None], eb, size=(9, 6))
 
 
-def test_gin_narrowing_aggregates_at_the_narrow_width(monkeypatch):
+# (x needs a gradient, gradients on, the aggregate-first bound) -> the width spmm sees
+_ORDER_CASES = [
+    (True, True, None, [3]),      # x's gradient: the sum of W x has its backward either way
+    (False, True, None, [5]),     # a model's input in a small eager step: sum x, no backward
+    (False, False, None, [3]),    # no_grad (inference): no backward, the narrow sum is cheaper
+    (False, True, 0, [3]),        # a graph above AGGREGATE_FIRST_MAX_WORK
+]
+
+
+@pytest.mark.parametrize("x_grad, grad_on, bound, widths_seen", _ORDER_CASES)
+def test_gin_narrowing_order(monkeypatch, x_grad, grad_on, bound, widths_seen):
+    """The narrowing Linear comes before the sum except for a gradient-free input of a small
+    eager step (project_before_aggregating); both orders give the same output."""
+    import fusegnn.layers._utils as utils
     import fusegnn.layers.gin_conv as gin_module
 
+    if bound is not None:
+        monkeypatch.setattr(utils, "AGGREGATE_FIRST_MAX_WORK", bound)
     widths = []
     real = gin_module.spmm
     monkeypatch.setattr(gin_module, "spmm", lambda g, x, *a, **k: widths.append(x.size(1)) or real(g, x, *a, **k))
-    layer = GINConv(_narrowing_mlp(5, 2)).double()
-    ei = SPECS[0].build()
-    layer(_randn(SPECS[0].num_nodes, 5, seed=1), ei)
-    assert widths == [3]
+    torch.manual_seed(0)
+    layer = GINConv(_narrowing_mlp(5, 2), eps=0.2).double()
+    ei, n = SPECS[0].build(), SPECS[0].num_nodes
+    x = _randn(n, 5, seed=1).requires_grad_(x_grad)
+    with torch.set_grad_enabled(grad_on):
+        out = layer(x, ei)
+    assert widths == widths_seen
+    p = dict(layer.named_parameters()) | dict(layer.named_buffers())
+    torch.testing.assert_close(out, gin_dense(p, layer, x, x, ei, n), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("x_grad, grad_on, bound, widths_seen", _ORDER_CASES)
+def test_aggregate_linear_order(monkeypatch, x_grad, grad_on, bound, widths_seen):
+    """SAGE's (and GraphConv's) lin(mean x_j) takes the same rule as GIN's sum."""
+    import fusegnn.layers._utils as utils
+    from fusegnn.layers import SAGEConv
+
+    if bound is not None:
+        monkeypatch.setattr(utils, "AGGREGATE_FIRST_MAX_WORK", bound)
+    widths = []
+    real = utils.spmm
+    monkeypatch.setattr(utils, "spmm", lambda g, x, *a, **k: widths.append(x.size(1)) or real(g, x, *a, **k))
+    torch.manual_seed(0)
+    layer = SAGEConv(5, 3).double()
+    ei, n = SPECS[0].build(), SPECS[0].num_nodes
+    x = _randn(n, 5, seed=1).requires_grad_(x_grad)
+    with torch.set_grad_enabled(grad_on):
+        out = layer(x, ei)
+    assert widths == widths_seen
+    with torch.no_grad():
+        adj = dense_adjacency(ei, n, n)
+        mean = adj @ x / adj.sum(1, keepdim=True).clamp(min=1)
+        expected = layer.lin_l(mean) + layer.lin_r(x)
+    torch.testing.assert_close(out.detach(), expected, rtol=1e-10, atol=1e-12)
 
 
 @requires_pyg

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
 from fusegnn.sparse import Graph, graph_arg, spmm
+from fusegnn.sparse.dispatch import capture_mode
 from fusegnn.sparse.processing import gcn_normalized
 from fusegnn.sparse.halo import HaloGraph
 
@@ -353,13 +354,43 @@ def normalized_graph(
     return graph
 
 
+#: Below this many edge-columns (edges x input width), an eager training step aggregates a
+#: gradient-free input at its own width rather than projecting it first (see
+#: :func:`project_before_aggregating`): Cora (10,556 x 1,433) and PubMed (88,648 x 500)
+#: are below, Reddit-sized graphs far above.
+AGGREGATE_FIRST_MAX_WORK = 1 << 26
+
+
+def project_before_aggregating(graph: Graph, x: Tensor, in_features: int, out_features: int, reduce: str) -> bool:
+    r"""Whether :math:`\mathrm{lin}(\bigoplus_j x_j)` is computed as
+    :math:`\bigoplus_j \mathrm{lin}(x_j)` (a sum or a mean commutes with a linear map).
+
+    Projecting first aggregates at ``out_features`` instead of ``in_features``: less GPU
+    work and, on a fused path, less memory, whenever ``out_features < in_features``. It
+    costs one thing: when ``x`` needs no gradient (a model's input features), the
+    aggregation of a projected ``x`` has a backward, and the aggregation of ``x`` itself
+    has none. In an eager step on a small graph, which the host bounds (PyG's GIN and
+    SAGE aggregate first), those backward launches cost more than the wider aggregation
+    (H100, Cora: ``benchmarks/NOTES-overhead.md``). So the input is aggregated first when
+    gradients are on, ``x`` needs none, the step is eager (not compiled, captured or
+    warming up for a capture) and ``edges x in_features`` is below
+    :data:`AGGREGATE_FIRST_MAX_WORK`; otherwise every narrowing projection comes first.
+    """
+    if reduce == "max" or out_features >= in_features:
+        return False
+    if x.requires_grad or not torch.is_grad_enabled() or torch.compiler.is_compiling() or capture_mode():
+        return True
+    return graph.num_edges * in_features >= AGGREGATE_FIRST_MAX_WORK
+
+
 def aggregate_linear(
     graph: Graph, x: Tensor, lin: nn.Linear, reduce: str, aggregation: str, edge_weight: Tensor | None = None
 ) -> Tensor:
     r""":math:`\mathrm{lin}(\bigoplus_{j \to i} w_{ji} x_j)`: for a sum or a mean, which
     commute with the linear map, at the narrower of its input and output widths (the
-    bias then in the aggregation's epilogue); for a max, aggregating ``x`` first."""
+    bias then in the aggregation's epilogue) when :func:`project_before_aggregating` says
+    so; otherwise (a max, a widening map, a small eager graph's input) aggregating ``x`` first."""
     weight, bias = lin.weight, lin.bias
-    if reduce != "max" and weight.size(0) < weight.size(1):
+    if project_before_aggregating(graph, x, weight.size(1), weight.size(0), reduce):
         return spmm(graph, F.linear(x, weight), edge_weight, reduce, bias=bias, aggregation=aggregation)
     return F.linear(spmm(graph, x, edge_weight, reduce, aggregation=aggregation), weight, bias)

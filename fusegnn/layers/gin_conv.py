@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fusegnn.layers._utils import layer_inputs, reset_module
+from fusegnn.layers._utils import layer_inputs, project_before_aggregating, reset_module
 from fusegnn.sparse import Graph, spmm
 from fusegnn.sparse.dispatch import check_aggregation
 
@@ -59,7 +59,10 @@ class GINConv(nn.Module):
     When ``nn`` is an ``nn.Sequential`` that starts with a narrowing ``nn.Linear``
     (``out_features < in_features``), that map is applied before the sum (it commutes with
     it: :math:`W((1 + \epsilon) x_i + \sum_j x_j) + b = (1 + \epsilon) W x_i + \sum_j W x_j + b`),
-    so the aggregation runs at the narrower width, with the bias as its epilogue.
+    so the aggregation runs at the narrower width, with the bias as its epilogue -- except
+    in an eager step on a small graph whose input needs no gradient, where the sum of the
+    raw input has no backward to launch
+    (:func:`~fusegnn.layers._utils.project_before_aggregating`).
 
     Args:
         nn: the module applied to the aggregated features (its ``reset_parameters``, or its
@@ -100,7 +103,8 @@ class GINConv(nn.Module):
         x_src, x_dst, graph = layer_inputs(self, x, edge_index_or_graph, size, dtype=self.eps.dtype)
         check_root_width(x_src, x_dst, type(self).__name__)
         first = _leading_linear(self.nn)
-        if first is not None and first.out_features < first.in_features and x_src.size(1) == first.in_features:
+        if (first is not None and x_src.size(1) == first.in_features
+                and project_before_aggregating(graph, x_src, first.in_features, first.out_features, "sum")):
             # nn starts with a narrowing Linear W: W((1 + eps) x_i + sum_j x_j) + b is
             # (1 + eps) x_i W^T + sum_j x_j W^T + b, so aggregate at the narrower width
             h_src = F.linear(x_src, first.weight)

@@ -31,7 +31,8 @@ class GraphConv(nn.Module):
     features, ``x = (x_src, None)``), :math:`\mathbf{W}_2, \mathbf{b}` ``lin_rel``: PyG's
     parameter names and shapes, so state dicts load both ways; initialisation is PyG's
     ``Linear`` default (``nn.Linear``'s). For the sum and the mean the layer aggregates at
-    the narrower of the source and output widths (the bias in the aggregation's epilogue).
+    the narrower of the source and output widths (the bias in the aggregation's epilogue;
+    :func:`~fusegnn.layers._utils.project_before_aggregating` says when).
 
     Args:
         in_channels: input width, ``-1`` to infer it at the first forward, or a pair

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fusegnn.layers._utils import check_linear_input, input_linear, normalized_graph
+from fusegnn.layers._utils import check_linear_input, input_linear, normalized_graph, project_before_aggregating
 from fusegnn.sparse import Graph
 from fusegnn.sparse.dispatch import check_aggregation
 from fusegnn.sparse.propagate import check_propagation, propagate
@@ -27,8 +27,9 @@ class SGConv(nn.Module):
     (:func:`~fusegnn.sparse.processing.gcn_normalized`). The K propagations run as one
     :func:`~fusegnn.sparse.propagate` op (no K copies of the features in autograd), at the
     narrower of ``in_channels`` and ``out_channels`` (:math:`\mathbf{\Theta}` commutes with
-    them) unless ``cached``. ``lin`` (weight and bias) has PyG's name, shape and
-    initialisation (``nn.Linear``'s).
+    them) unless ``cached`` (or the step is an eager one on a small graph whose input needs
+    no gradient: :func:`~fusegnn.layers._utils.project_before_aggregating`). ``lin``
+    (weight and bias) has PyG's name, shape and initialisation (``nn.Linear``'s).
 
     Args:
         in_channels: input width, or ``-1`` to infer it at the first forward.
@@ -97,7 +98,7 @@ class SGConv(nn.Module):
             h = propagate(graph, x, self.K, aggregation=self.aggregation)
             self._cached_x = h.detach()
             return F.linear(h, weight, bias)
-        if weight.size(0) < weight.size(1):
+        if project_before_aggregating(graph, x, weight.size(1), weight.size(0), "sum"):
             out = propagate(graph, F.linear(x, weight), self.K, aggregation=self.aggregation)
             return out if bias is None else out + bias
         return F.linear(propagate(graph, x, self.K, aggregation=self.aggregation), weight, bias)

@@ -189,7 +189,7 @@ def gcn_norm(
         graph = add_remaining_self_loops(graph, 2.0 if improved else 1.0, edge_weight)
         edge_weight = graph.edge_weight
     src, dst = graph.src.long(), graph.dst.long()
-    deg = edge_weight.new_zeros(graph.num_dst_nodes).index_add(0, dst, edge_weight)
+    deg = edge_weight.new_zeros(graph.num_dst_nodes).index_add_(0, dst, edge_weight)
     deg_inv_sqrt = deg.pow(-0.5)
     deg_inv_sqrt = torch.where(torch.isinf(deg_inv_sqrt), torch.zeros_like(deg_inv_sqrt), deg_inv_sqrt)
     # a halo graph's sources owned elsewhere: their owners' degrees (one exchange)

@@ -74,7 +74,7 @@ def reduce_messages(graph: Graph, messages: Tensor, reduce: str) -> Tensor:
     if reduce == "max":
         return max_and_argmax(graph, messages)[0]
     dst = graph.dst.long()
-    out = messages.new_zeros((graph.num_dst_nodes,) + tuple(messages.shape[1:])).index_add(0, dst, messages)
+    out = messages.new_zeros((graph.num_dst_nodes,) + tuple(messages.shape[1:])).index_add_(0, dst, messages)
     if reduce == "mean":
         out = out / mean_divisor(graph, messages.dtype, messages.dim())
     return out
@@ -116,7 +116,7 @@ def max_and_argmax(graph: Graph, messages: Tensor) -> tuple[Tensor, Tensor]:
         argmax = torch.where(argmax == num_edges, -1, argmax)
     found = argmax >= 0
     if num_edges == 0:  # zeros, still a function of the (empty) messages for autograd
-        return messages.new_zeros(shape).index_add(0, dst, messages), argmax
+        return messages.new_zeros(shape).index_add_(0, dst, messages), argmax
     out = messages.gather(0, argmax.clamp(min=0))
     return torch.where(found, out, torch.zeros_like(out)), argmax
 
@@ -193,7 +193,7 @@ def edge_softmax(graph: Graph, scores: Tensor) -> Tensor:
         )
         group_max = torch.where(torch.isfinite(group_max), group_max, torch.zeros_like(group_max))
     exp = torch.exp(scores - group_max.index_select(0, dst))
-    denom = scores.new_zeros(group_shape).index_add(0, dst, exp)
+    denom = scores.new_zeros(group_shape).index_add_(0, dst, exp)
     denom = denom.index_select(0, dst)
     return exp / torch.where(denom > 0, denom, torch.ones_like(denom))
 

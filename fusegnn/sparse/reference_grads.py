@@ -84,7 +84,7 @@ def edge_aggregate_backward(
     delta = g * per_edge(w.to(g.dtype), g) if w is not None else g
     if activation == "relu":
         delta = torch.where(z > 0, delta, torch.zeros_like(delta))
-    gx = torch.zeros_like(x).index_add(0, src, delta.to(x.dtype)) if need_x and x is not None else None
+    gx = torch.zeros_like(x).index_add_(0, src, delta.to(x.dtype)) if need_x and x is not None else None
     ge = delta.to(edge_attr.dtype) if need_e and edge_attr is not None else None
     gw = None
     if need_w and w is not None:
@@ -104,12 +104,12 @@ def sddmm_backward(
     ga = gb = None
     if need_a:
         per_edge = g * b.index_select(0, dst) if op in ("dot", "mul") else g.expand((g.size(0),) + tuple(a.shape[1:]))
-        ga = torch.zeros_like(a).index_add(0, src, per_edge.to(a.dtype))
+        ga = torch.zeros_like(a).index_add_(0, src, per_edge.to(a.dtype))
     if need_b:
         per_edge = g * a.index_select(0, src) if op in ("dot", "mul") else g.expand((g.size(0),) + tuple(b.shape[1:]))
         if op == "sub":
             per_edge = -per_edge
-        gb = torch.zeros_like(b).index_add(0, dst, per_edge.to(b.dtype))
+        gb = torch.zeros_like(b).index_add_(0, dst, per_edge.to(b.dtype))
     return ga, gb
 
 
@@ -122,7 +122,7 @@ def edge_softmax_backward(graph: Graph, alpha: Tensor, grad: Tensor) -> Tensor:
     """
     dst = graph.dst.long()
     weighted = alpha * grad
-    totals = weighted.new_zeros((graph.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, weighted)
+    totals = weighted.new_zeros((graph.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add_(0, dst, weighted)
     return weighted - alpha * totals.index_select(0, dst)
 
 
@@ -137,7 +137,7 @@ def _score_grad(graph: Graph, alpha: Tensor, scale: Tensor, grad_out: Tensor, me
     if grad_alpha is not None:
         d_w = d_w + grad_alpha.to(alpha.dtype)
     d_a = d_w * scale
-    row = alpha.new_zeros((graph.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add(0, dst, alpha * d_a)
+    row = alpha.new_zeros((graph.num_dst_nodes,) + tuple(alpha.shape[1:])).index_add_(0, dst, alpha * d_a)
     return alpha * (d_a - row.index_select(0, dst))
 
 
@@ -168,8 +168,8 @@ def gat_attention_backward(
     grad_h = reference.spmm(graph.reversed(), grad_out, w, "sum")
     d_e = _score_grad(graph, alpha, scale, grad_out, h, grad_alpha)
     d_z = torch.where(z > 0, d_e, d_e * negative_slope)
-    grad_src = torch.zeros_like(s_src).index_add(0, src, d_z.to(s_src.dtype))
-    grad_dst = torch.zeros_like(s_dst).index_add(0, dst, d_z.to(s_dst.dtype))
+    grad_src = torch.zeros_like(s_src).index_add_(0, src, d_z.to(s_src.dtype))
+    grad_dst = torch.zeros_like(s_dst).index_add_(0, dst, d_z.to(s_dst.dtype))
     grad_edge = d_z.to(s_edge.dtype) if s_edge is not None else None
     return grad_h.to(h.dtype), grad_src, grad_dst, grad_edge
 
@@ -205,19 +205,19 @@ def gcn_norm_weight_grad(
     else:
         edges, w_loops = graph, w
     src, dst = edges.src.long(), edges.dst.long()
-    deg = w_loops.new_zeros(edges.num_dst_nodes).index_add(0, dst, w_loops)
+    deg = w_loops.new_zeros(edges.num_dst_nodes).index_add_(0, dst, w_loops)
     r = deg.pow(-0.5)
     r = torch.where(torch.isinf(r), torch.zeros_like(r), r)
     g = grad_norm.to(w_loops.dtype)
     r_src, r_dst = r.index_select(0, src), r.index_select(0, dst)
     gw = g * w_loops
-    a = w_loops.new_zeros(edges.num_dst_nodes).index_add(0, src, gw * r_dst).index_add(0, dst, gw * r_src)
+    a = w_loops.new_zeros(edges.num_dst_nodes).index_add_(0, src, gw * r_dst).index_add_(0, dst, gw * r_src)
     d_deg = -0.5 * r.pow(3) * a
     g_loops = g * r_src * r_dst + d_deg.index_select(0, dst)
     if add_self_loops:
         kept = structure.keep.numel()
-        grad_w = torch.zeros_like(w).index_add(0, structure.keep, g_loops[:kept])
-        grad_w = grad_w.index_add(0, structure.loop_edge, g_loops[kept:].index_select(0, structure.loop_node))
+        grad_w = torch.zeros_like(w).index_add_(0, structure.keep, g_loops[:kept])
+        grad_w = grad_w.index_add_(0, structure.loop_edge, g_loops[kept:].index_select(0, structure.loop_node))
     else:
         grad_w = g_loops
     return grad_w.to(weight.dtype)
@@ -247,8 +247,8 @@ def gatv2_attention_backward(
     scale = reference.seeded_dropout_scale(alpha, p, seed) if p > 0.0 else torch.ones_like(alpha)
     d_s = _score_grad(graph, alpha, scale, grad_out, x_l, grad_alpha)
     d_z = d_s.unsqueeze(-1) * torch.where(z > 0, att3, att3 * negative_slope)
-    grad_l = reference.spmm(graph.reversed(), grad_out, alpha * scale, "sum").index_add(0, src, d_z.to(grad_out.dtype))
-    grad_r = torch.zeros_like(x_r).index_add(0, dst, d_z.to(x_r.dtype))
+    grad_l = reference.spmm(graph.reversed(), grad_out, alpha * scale, "sum").index_add_(0, src, d_z.to(grad_out.dtype))
+    grad_r = torch.zeros_like(x_r).index_add_(0, dst, d_z.to(x_r.dtype))
     grad_att = (d_s.unsqueeze(-1) * lr).sum(0).reshape(att.shape)
     grad_e = d_z.to(edge_attr.dtype) if edge_attr is not None else None
     return grad_l.to(x_l.dtype), grad_r, grad_att.to(att.dtype), grad_e
