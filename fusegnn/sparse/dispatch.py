@@ -136,9 +136,11 @@ GAR_CROSSOVER: tuple[tuple[int, float], ...] = ((16, 38.0), (64, 20.0), (256, 5.
 # The threshold when the width is unknown (that of 64 columns).
 GAR_MIN_AVG_DEGREE = 20.0
 # Below this many edge-columns (edges x feature width), an eager spmm on a GPU is bound by
-# the host (see the module docstring): Cora, CiteSeer and PubMed at widths up to 64 (H100,
-# benchmarks/NOTES-overhead.md).
-HOST_BOUND_WORK = 1 << 23
+# the host (see the module docstring): Cora, CiteSeer and PubMed at widths up to 64, and
+# Cora's 1,433 raw input features (10,556 x 1,433 = 15.1M: SAGE and GIN aggregate them
+# first; at 2^23 they took a fused kernel and both steps were 3-6 % slower than PyG's,
+# at 2^24 SAGE is 1.05x and GIN 1.00x PyG: H100, benchmarks/NOTES-overhead.md).
+HOST_BOUND_WORK = 1 << 24
 
 
 def gar_min_avg_degree(width: int | None) -> float:
