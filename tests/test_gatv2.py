@@ -457,11 +457,12 @@ def test_layer_rejects_bad_arguments():
         GATv2Conv(6, 4, aggregation="fast")
 
 
-def test_launch_tiles():
+def test_launch_tiles(monkeypatch):
     """GATV2_TILES: one head 512 / 512 / 256 values, several heads 256 / 128 / GAT's column
     launch, one warp (the H100 sweeps' best); never more edges than a row has (<= 128
-    here), at least 1; the ``tuning`` overrides win."""
-    from fusegnn.kernels import gat_fused
+    here), at least 1; several heads on a graph of few rows: 1,024-value forward and row
+    tiles on 4 warps; the ``tuning`` overrides win."""
+    from fusegnn.kernels import gat_fused, gatv2_fused
     from fusegnn.kernels.gatv2_fused import gatv2_config
 
     L = gat_fused.Launch
@@ -474,10 +475,14 @@ def test_launch_tiles():
         cfg = gatv2_config(graph, x, att, 0.2, 0.0, None, "gar")
         return cfg.fwd, cfg.row, cfg.col
 
+    gat = gat_fused._block_sizes(8, 16, graph.avg_degree)
+    assert graph.num_dst_nodes < gatv2_fused.GATV2_FEW_ROWS
+    assert launches(8, 16) == (L(8, 4), L(8, 4), gat.col)  # 160 rows: few
+    assert launches(1, 48) == (L(8, 1), L(8, 1), L(4, 1))  # one head: never widened
+    monkeypatch.setattr(gatv2_fused, "GATV2_FEW_ROWS", 0)  # as on a graph of many rows
     assert launches(1, 48) == (L(8, 1), L(8, 1), L(4, 1))
     assert launches(1, 16) == (L(32, 1), L(32, 1), L(16, 1))
     assert launches(1, 1) == (L(128, 1), L(128, 1), L(128, 1))
-    gat = gat_fused._block_sizes(8, 16, graph.avg_degree)
     assert launches(8, 16) == (L(2, 1), L(1, 1), gat.col)
     assert launches(8, 64)[:2] == (L(1, 1), L(1, 1))
     with gat_fused.tuning(fwd=(4, 2), col=(2, 1)):

@@ -466,16 +466,29 @@ class GATv2AttentionFunction(torch.autograd.Function):
 #: ``results/agg/raw/gatv2-tiles-nvidia-h100-80gb-hbm3.log``.
 GATV2_TILES = {"fwd": (512, 256), "row": (512, 128), "col": (256, None)}
 
+#: below this many target rows, the several-head forward and row pass run 4 warps on
+#: :data:`GATV2_FEW_ROWS_TILES` values: one warp per row leaves most of an H100's 8,448
+#: warp slots empty. Cora (2,708 rows, 13,264 edges with self-loops), 8 x 16, fp32,
+#: dropout 0.6, GPU time of the op's kernels (H100): forward 55 -> 24 us, row pass
+#: 167 -> 55 us; PubMed (19,717 rows) is above it (one warp within 15 % of the best there);
+#: ``benchmarks/results/agg/raw/gatv2-small-tiles-nvidia-h100-80gb-hbm3.json``.
+GATV2_FEW_ROWS = 4096
+GATV2_FEW_ROWS_TILES = {"fwd": 1024, "row": 1024}
+
 
 def _gatv2_launches(cfg: _Config) -> None:
     """Replace ``cfg``'s GAT tiles by :data:`GATV2_TILES` (one warp, at least 1 edge a step:
-    :func:`~fusegnn.kernels.gat_fused.tile_launch`); :func:`fusegnn.kernels.gat_fused.tuning`
+    :func:`~fusegnn.kernels.gat_fused.tile_launch`), or for several heads on a graph of few
+    target rows :data:`GATV2_FEW_ROWS_TILES` on 4 warps; :func:`fusegnn.kernels.gat_fused.tuning`
     overrides still win."""
     width = cfg.block_h * cfg.block_c
+    few_rows = cfg.block_h > 1 and cfg.graph.num_dst_nodes < GATV2_FEW_ROWS
     for kernel, tiles in GATV2_TILES.items():
-        tile = tiles[0] if cfg.block_h == 1 else tiles[1]
+        tile, warps = (tiles[0] if cfg.block_h == 1 else tiles[1]), 1
+        if few_rows and kernel in GATV2_FEW_ROWS_TILES:
+            tile, warps = GATV2_FEW_ROWS_TILES[kernel], 4
         if tile is not None:
-            setattr(cfg, kernel, _tuned(kernel, tile_launch(tile, width, cfg.graph.avg_degree, least=1)))
+            setattr(cfg, kernel, _tuned(kernel, tile_launch(tile, width, cfg.graph.avg_degree, warps=warps, least=1)))
 
 
 def gatv2_config(graph, x_l: Tensor, att: Tensor, negative_slope: float, dropout: float,
