@@ -283,7 +283,8 @@ def test_small_eager_spmm_takes_the_reference_and_a_capture_takes_the_kernels():
     with dispatch.for_capture():
         fused = spmm(graph, x)
         assert dispatch.last_decision().name in FUSED
-    torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-6)
+    # float32 sums of up to 60 terms (the hub) in two orders: atomics against index_add's
+    torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-5)
     static_out = None
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -292,7 +293,7 @@ def test_small_eager_spmm_takes_the_reference_and_a_capture_takes_the_kernels():
         static_out = spmm(graph, x)  # first fused use of this graph, inside the capture
     graph_.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(static_out, eager, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(static_out, eager, rtol=1e-5, atol=1e-5)
     big = Graph(torch.randint(0, 4096, (2, 1 << 19), device="cuda"), 4096)
     spmm(big, torch.randn(4096, 64, device="cuda"))
     assert dispatch.last_decision().name in FUSED  # 2^19 edges x 64 columns: past the host-bound size
