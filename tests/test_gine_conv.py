@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 from torch.func import functional_call  # noqa: E402
 
 from fusegnn.layers import GINConv, GINEConv  # noqa: E402
-from fusegnn.sparse import Graph  # noqa: E402
+from fusegnn.sparse import Graph, dispatch  # noqa: E402
 from fusegnn.sparse.dispatch import decisions_taken  # noqa: E402
 from tests.test_layers_library import (  # noqa: E402
     SPECS, _bipartite, _check_against, _randn, _same_as_pyg, dense_adjacency, gin_dense,
@@ -136,7 +136,7 @@ _ORDER_CASES = [
     (True, True, None, [3]),      # x's gradient: the sum of W x has its backward either way
     (False, True, None, [5]),     # a model's input in a small eager step: sum x, no backward
     (False, False, None, [3]),    # no_grad (inference): no backward, the narrow sum is cheaper
-    (False, True, 0, [3]),        # a graph above AGGREGATE_FIRST_MAX_WORK
+    (False, True, 0, [3]),        # a graph above HOST_BOUND_FORWARD_WORK
 ]
 
 
@@ -144,11 +144,10 @@ _ORDER_CASES = [
 def test_gin_narrowing_order(monkeypatch, x_grad, grad_on, bound, widths_seen):
     """The narrowing Linear comes before the sum except for a gradient-free input of a small
     eager step (project_before_aggregating); both orders give the same output."""
-    import fusegnn.layers._utils as utils
     import fusegnn.layers.gin_conv as gin_module
 
     if bound is not None:
-        monkeypatch.setattr(utils, "AGGREGATE_FIRST_MAX_WORK", bound)
+        monkeypatch.setattr(dispatch, "HOST_BOUND_FORWARD_WORK", bound)
     widths = []
     real = gin_module.spmm
     monkeypatch.setattr(gin_module, "spmm", lambda g, x, *a, **k: widths.append(x.size(1)) or real(g, x, *a, **k))
@@ -170,7 +169,7 @@ def test_aggregate_linear_order(monkeypatch, x_grad, grad_on, bound, widths_seen
     from fusegnn.layers import SAGEConv
 
     if bound is not None:
-        monkeypatch.setattr(utils, "AGGREGATE_FIRST_MAX_WORK", bound)
+        monkeypatch.setattr(dispatch, "HOST_BOUND_FORWARD_WORK", bound)
     widths = []
     real = utils.spmm
     monkeypatch.setattr(utils, "spmm", lambda g, x, *a, **k: widths.append(x.size(1)) or real(g, x, *a, **k))

@@ -301,6 +301,28 @@ def test_small_eager_spmm_takes_the_reference_and_a_capture_takes_the_kernels():
 
 
 @gpu
+def test_forward_only_spmm_has_the_larger_host_bound():
+    """Between HOST_BOUND_WORK and HOST_BOUND_FORWARD_WORK edge-columns an eager spmm takes
+    the reference only when it records no backward; the prepared call and the decision
+    memo tell the two apart (the same shapes, with and without a gradient)."""
+    n, e, width = 4096, 1 << 18, 128  # 2^25 edge-columns
+    assert dispatch.HOST_BOUND_WORK <= e * width < dispatch.HOST_BOUND_FORWARD_WORK
+    graph = Graph(torch.randint(0, n, (2, e), device="cuda"), n)
+    x = torch.randn(n, width, device="cuda")
+    plain = spmm(graph, x)
+    assert dispatch.last_decision().name == "reference" and "no backward" in dispatch.last_decision().reason
+    x_grad = x.clone().requires_grad_()
+    out = spmm(graph, x_grad)
+    assert dispatch.last_decision().name in FUSED
+    torch.testing.assert_close(out, plain, rtol=1e-5, atol=1e-4)
+    with torch.no_grad():
+        spmm(graph, x_grad)
+    assert dispatch.last_decision().name == "reference"
+    spmm(graph, x_grad)
+    assert dispatch.last_decision().name in FUSED
+
+
+@gpu
 def test_graphed_gcn_step_records_the_fused_kernels():
     import fusegnn
     from fusegnn.models import GCN

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
 from fusegnn.sparse import Graph, graph_arg, spmm
+from fusegnn.sparse import dispatch
 from fusegnn.sparse.dispatch import capture_mode
 from fusegnn.sparse.processing import gcn_normalized
 from fusegnn.sparse.halo import HaloGraph
@@ -354,13 +355,6 @@ def normalized_graph(
     return graph
 
 
-#: Below this many edge-columns (edges x input width), an eager training step aggregates a
-#: gradient-free input at its own width rather than projecting it first (see
-#: :func:`project_before_aggregating`): Cora (10,556 x 1,433) and PubMed (88,648 x 500)
-#: are below, Reddit-sized graphs far above.
-AGGREGATE_FIRST_MAX_WORK = 1 << 26
-
-
 def project_before_aggregating(graph: Graph, x: Tensor, in_features: int, out_features: int, reduce: str) -> bool:
     r"""Whether :math:`\mathrm{lin}(\bigoplus_j x_j)` is computed as
     :math:`\bigoplus_j \mathrm{lin}(x_j)` (a sum or a mean commutes with a linear map).
@@ -371,16 +365,18 @@ def project_before_aggregating(graph: Graph, x: Tensor, in_features: int, out_fe
     aggregation of a projected ``x`` has a backward, and the aggregation of ``x`` itself
     has none. In an eager step on a small graph, which the host bounds (PyG's GIN and
     SAGE aggregate first), those backward launches cost more than the wider aggregation
-    (H100, Cora: ``benchmarks/NOTES-overhead.md``). So the input is aggregated first when
-    gradients are on, ``x`` needs none, the step is eager (not compiled, captured or
-    warming up for a capture) and ``edges x in_features`` is below
-    :data:`AGGREGATE_FIRST_MAX_WORK`; otherwise every narrowing projection comes first.
+    (H100, Cora and PubMed: ``benchmarks/NOTES-overhead.md``). So the input is aggregated
+    first when gradients are on, ``x`` needs none, the step is eager (not compiled,
+    captured or warming up for a capture) and ``edges x in_features`` is below
+    :data:`fusegnn.sparse.dispatch.HOST_BOUND_FORWARD_WORK`, where that aggregation takes
+    the ATen reference (three ops, no autograd node: Cora's 1,433 and PubMed's 500 input
+    features); otherwise every narrowing projection comes first.
     """
     if reduce == "max" or out_features >= in_features:
         return False
     if x.requires_grad or not torch.is_grad_enabled() or torch.compiler.is_compiling() or capture_mode():
         return True
-    return graph.num_edges * in_features >= AGGREGATE_FIRST_MAX_WORK
+    return graph.num_edges * in_features >= dispatch.HOST_BOUND_FORWARD_WORK
 
 
 def aggregate_linear(

@@ -32,7 +32,11 @@ Every public op takes ``aggregation``:
   backward; measured on an H100 host, ``benchmarks/NOTES-overhead.md``). Inside a CUDA
   graph capture, under :func:`for_capture` (what :func:`fusegnn.graphed_step`'s warm-up
   and the ``torch.compile`` custom ops use) the host cost is paid once, so the fused
-  kernels are chosen by the rule of 3 as before.
+  kernels are chosen by the rule of 3 as before. An op with nothing to differentiate
+  (no input needs a gradient, or gradients are off) has no backward to pay for, and
+  its bound is the larger :data:`HOST_BOUND_FORWARD_WORK`: a model's raw input features
+  aggregated before their projection (``fusegnn.layers._utils.project_before_aggregating``
+  uses the same bound).
 
 **Row windows.** For ``spmm`` one more rule comes before 3: ``"window"`` (for float16 /
 bfloat16 / float32 ``x``, the vector-sparse kernels' dtypes) when the graph's row-window
@@ -98,6 +102,8 @@ __all__ = [
     "GAR_MIN_AVG_DEGREE",
     "GAR_CROSSOVER",
     "HOST_BOUND_WORK",
+    "HOST_BOUND_FORWARD_WORK",
+    "needs_grad",
     "for_capture",
     "capture_mode",
     "gar_min_avg_degree",
@@ -141,6 +147,18 @@ GAR_MIN_AVG_DEGREE = 20.0
 # first; at 2^23 they took a fused kernel and both steps were 3-6 % slower than PyG's,
 # at 2^24 SAGE is 1.05x and GIN 1.00x PyG: H100, benchmarks/NOTES-overhead.md).
 HOST_BOUND_WORK = 1 << 24
+# The same bound for an spmm with no backward (no input needs a gradient): a forward-only
+# reference is three ATen ops and no autograd node, and its GPU time (up to ~0.4 ms at
+# 2^26 on an H100) hides behind a small graph's host-bound step. PubMed's 500 raw input
+# features (88,648 x 500 = 44M), aggregated first by SAGE: 0.99x / 0.97x PyG eager with
+# the fused kernel (bound 2^24), 1.06x / 1.05x with the reference (2^26), h64 / h16,
+# paired rounds on an H100 (benchmarks/NOTES-overhead.md).
+HOST_BOUND_FORWARD_WORK = 1 << 26
+
+
+def needs_grad(*tensors: Tensor) -> bool:
+    """Whether an op on ``tensors`` records a backward (gradients on and one of them needs one)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def gar_min_avg_degree(width: int | None) -> float:
@@ -370,10 +388,12 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str =
         return Decision("reference", "deterministic mode and GAR cannot run on these inputs")
     avg = graph.avg_degree
     width = _feature_width(tensors)
-    if op == "spmm" and width is not None and graph.num_edges * width < HOST_BOUND_WORK and not capture_mode():
+    bound = HOST_BOUND_WORK if needs_grad(*tensors) else HOST_BOUND_FORWARD_WORK
+    if op == "spmm" and width is not None and graph.num_edges * width < bound and not capture_mode():
         return Decision(
             "reference",
-            f"host-bound: {graph.num_edges} edges x {width} columns < {HOST_BOUND_WORK} in an eager step "
+            f"host-bound: {graph.num_edges} edges x {width} columns < {bound} in an eager step"
+            f"{'' if bound == HOST_BOUND_WORK else ' with no backward'} "
             "(the fused kernels run inside CUDA graphs and on larger graphs)",
         )
     if op == "spmm" and (windowed := _window_rule(graph, tensors)) is not None:
@@ -412,8 +432,8 @@ def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor, op: st
     once per such combination and remembered on the graph (an op call then costs a
     dictionary look-up, not the rule). Decisions that warn are not remembered."""
     deterministic_mode = is_deterministic()
-    key = (aggregation, op, deterministic_mode, op == "spmm" and capture_mode(), len(_BACKENDS),
-           _feature_width(tensors), *[(t.dtype, t.device) for t in tensors])
+    key = (aggregation, op, deterministic_mode, op == "spmm" and capture_mode(), op == "spmm" and needs_grad(*tensors),
+           len(_BACKENDS), _feature_width(tensors), *[(t.dtype, t.device) for t in tensors])
     memo = graph.cached("dispatch_decisions", dict, structural=True)
     decision = memo.get(key)
     if decision is None:

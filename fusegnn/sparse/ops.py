@@ -38,6 +38,7 @@ from fusegnn.sparse.dispatch import (
     check_aggregation,
     is_deterministic,
     last_decision,
+    needs_grad,
     record_decision,
     resolve_aggregation,
 )
@@ -141,7 +142,7 @@ def spmm(
           and isinstance(reduce, str) and isinstance(aggregation, str)):  # a call like an earlier one: no checks
         weight = edge_weight if edge_weight is not None else graph.edge_weight
         signature = (x.shape, x.dtype, x.device, _signature(weight), _signature(bias), reduce, aggregation,
-                     is_deterministic(), capture_mode())
+                     is_deterministic(), capture_mode(), needs_grad(x))
         prepared = graph.cached("prepared_spmm", dict).get(signature)
         if prepared is not None:
             record_decision(prepared[1])
