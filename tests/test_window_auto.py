@@ -98,5 +98,5 @@ def test_auto_picks_windows_on_a_clustered_graph_on_cuda():
     (rdx,) = torch.autograd.grad(ref, x, g)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(dx, rdx, rtol=1e-5, atol=1e-4)
-    spmm(scattered, x.detach())
+    spmm(scattered, x)  # 2^25 edge-columns: past the host-bound size of an op with a backward
     assert dispatch.last_decision().name in ("gas", "gar")
