@@ -10,8 +10,8 @@ step; in an eager step only from ``FUSED_MIN_WORK``, so a Reddit-sized eager hea
 153k rows x (16 + 41) runs the reference there) or as ``F.cross_entropy`` on the gathered
 logits, each eager and captured (:func:`fusegnn.graphed_step`). Same seed, same data:
 the first losses agree to float rounding (checked). Median step ms over ``--steps`` timed
-steps after 4 warm-up steps, and the peak memory allocated during them (data and graph
-included).
+steps after 4 warm-up steps (:func:`benchmarks.measure.measure`), and the peak memory
+allocated during them (data and graph included).
 
 Writes ``<out>/loss/end-to-end-<gpu-slug>.json`` and ``.md``.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
@@ -30,6 +29,7 @@ __all__ = ["sweep_main"]
 
 
 def _rows(device: torch.device, steps: int, scale: float) -> list[dict]:
+    from benchmarks.measure import measure
     from fusegnn.capture import graphed_step
     from fusegnn.datasets import generate_reddit_like
     from fusegnn.models import GAT, GCN
@@ -61,20 +61,12 @@ def _rows(device: torch.device, steps: int, scale: float) -> list[dict]:
 
                 run = graphed_step(step, opt) if captured else step
                 first = float(run())
-                for _ in range(3):
-                    run()
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
-                times = []
-                for _ in range(steps):
-                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    begin.record()
-                    run()
-                    end.record()
-                    torch.cuda.synchronize(device)
-                    times.append(begin.elapsed_time(end))
+                # the harness's timing (warm-up, then CUDA events per step); it resets the peak
+                # after the warm-up, so the peak read below is that of the timed steps, data
+                # and graph included (its own peak_mem_mib is over what was allocated before)
+                timed = measure([run], device, steps=steps, warmup=3, launches=False)
                 rows.append({"model": name, "fused_head": fused, "captured": captured,
-                             "ms": statistics.median(times), "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20,
+                             "ms": timed.ms[0], "peak_mib": torch.cuda.max_memory_allocated(device) / 2**20,
                              "first_loss": first})
                 print(json.dumps(rows[-1]), flush=True)
                 del model, opt, run
