@@ -140,23 +140,31 @@ _ORDER_CASES = [
 ]
 
 
+def _run_recording_widths(monkeypatch, module, layer, x_grad, grad_on, bound):
+    """``(layer(x), x, edge_index, n, widths)``: the output on SPECS[0] with ``x`` needing a
+    gradient or not, gradients on or off, ``HOST_BOUND_FORWARD_WORK`` set to ``bound`` (if
+    not None), and the feature width of every ``spmm`` call made through ``module``."""
+    if bound is not None:
+        monkeypatch.setattr(dispatch, "HOST_BOUND_FORWARD_WORK", bound)
+    widths = []
+    real = module.spmm
+    monkeypatch.setattr(module, "spmm", lambda g, x, *a, **k: widths.append(x.size(1)) or real(g, x, *a, **k))
+    ei, n = SPECS[0].build(), SPECS[0].num_nodes
+    x = _randn(n, 5, seed=1).requires_grad_(x_grad)
+    with torch.set_grad_enabled(grad_on):
+        out = layer(x, ei)
+    return out, x, ei, n, widths
+
+
 @pytest.mark.parametrize("x_grad, grad_on, bound, widths_seen", _ORDER_CASES)
 def test_gin_narrowing_order(monkeypatch, x_grad, grad_on, bound, widths_seen):
     """The narrowing Linear comes before the sum except for a gradient-free input of a small
     eager step (project_before_aggregating); both orders give the same output."""
     import fusegnn.layers.gin_conv as gin_module
 
-    if bound is not None:
-        monkeypatch.setattr(dispatch, "HOST_BOUND_FORWARD_WORK", bound)
-    widths = []
-    real = gin_module.spmm
-    monkeypatch.setattr(gin_module, "spmm", lambda g, x, *a, **k: widths.append(x.size(1)) or real(g, x, *a, **k))
     torch.manual_seed(0)
     layer = GINConv(_narrowing_mlp(5, 2), eps=0.2).double()
-    ei, n = SPECS[0].build(), SPECS[0].num_nodes
-    x = _randn(n, 5, seed=1).requires_grad_(x_grad)
-    with torch.set_grad_enabled(grad_on):
-        out = layer(x, ei)
+    out, x, ei, n, widths = _run_recording_widths(monkeypatch, gin_module, layer, x_grad, grad_on, bound)
     assert widths == widths_seen
     p = dict(layer.named_parameters()) | dict(layer.named_buffers())
     torch.testing.assert_close(out, gin_dense(p, layer, x, x, ei, n), rtol=1e-10, atol=1e-12)
@@ -168,17 +176,9 @@ def test_aggregate_linear_order(monkeypatch, x_grad, grad_on, bound, widths_seen
     import fusegnn.layers._utils as utils
     from fusegnn.layers import SAGEConv
 
-    if bound is not None:
-        monkeypatch.setattr(dispatch, "HOST_BOUND_FORWARD_WORK", bound)
-    widths = []
-    real = utils.spmm
-    monkeypatch.setattr(utils, "spmm", lambda g, x, *a, **k: widths.append(x.size(1)) or real(g, x, *a, **k))
     torch.manual_seed(0)
     layer = SAGEConv(5, 3).double()
-    ei, n = SPECS[0].build(), SPECS[0].num_nodes
-    x = _randn(n, 5, seed=1).requires_grad_(x_grad)
-    with torch.set_grad_enabled(grad_on):
-        out = layer(x, ei)
+    out, x, ei, n, widths = _run_recording_widths(monkeypatch, utils, layer, x_grad, grad_on, bound)
     assert widths == widths_seen
     with torch.no_grad():
         adj = dense_adjacency(ei, n, n)
