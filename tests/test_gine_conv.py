@@ -131,54 +131,97 @@ def test_gin_narrowing_mlp_matches_dense(spec):
     _check_against(layer, lambda p, a, b: gin_dense(p, layer, a, None, eb, 6), [xs, None], eb, size=(9, 6))
 
 
-# (x needs a gradient, gradients on, the aggregate-first bound) -> the width spmm sees
+# (x needs a gradient, gradients on, the raw aggregation would take the host-bound reference)
+# -> the width spmm sees
 _ORDER_CASES = [
-    (True, True, None, [3]),      # x's gradient: the sum of W x has its backward either way
-    (False, True, None, [5]),     # a model's input in a small eager step: sum x, no backward
-    (False, False, None, [3]),    # no_grad (inference): no backward, the narrow sum is cheaper
-    (False, True, 0, [3]),        # a graph above HOST_BOUND_FORWARD_WORK
+    (True, True, True, [3]),      # x's gradient: the sum of W x has its backward either way
+    (False, True, True, [5]),     # a model's input in a small eager CUDA step: sum x, no backward
+    (False, False, True, [3]),    # no_grad (inference): no backward, the narrow sum is cheaper
+    (False, True, False, [3]),    # the CPU, an explicit kernel, a large graph, a capture
 ]
 
 
-def _run_recording_widths(monkeypatch, module, layer, x_grad, grad_on, bound):
-    """``(layer(x), x, edge_index, n, widths)``: the output on SPECS[0] with ``x`` needing a
-    gradient or not, gradients on or off, ``HOST_BOUND_FORWARD_WORK`` set to ``bound`` (if
-    not None), and the feature width of every ``spmm`` call made through ``module``."""
-    if bound is not None:
-        monkeypatch.setattr(dispatch, "HOST_BOUND_FORWARD_WORK", bound)
+def _run_recording_widths(monkeypatch, module, layer, x_grad, grad_on, host_bound, *extra):
+    """``(layer(x, edge_index, *extra), x, edge_index, n, widths)`` on SPECS[0], with ``x``
+    needing a gradient or not, gradients on or off, dispatch's host-bound rule for the raw
+    aggregation answering ``host_bound`` (``None``: the real rule), and the feature width of
+    every ``spmm`` call made through ``module``."""
+    import fusegnn.layers._utils as utils
+
+    if host_bound is not None:
+        monkeypatch.setattr(utils, "takes_host_bound_reference", lambda *a, **k: host_bound)
     widths = []
     real = module.spmm
     monkeypatch.setattr(module, "spmm", lambda g, x, *a, **k: widths.append(x.size(1)) or real(g, x, *a, **k))
     ei, n = SPECS[0].build(), SPECS[0].num_nodes
     x = _randn(n, 5, seed=1).requires_grad_(x_grad)
     with torch.set_grad_enabled(grad_on):
-        out = layer(x, ei)
+        out = layer(x, ei, *extra)
     return out, x, ei, n, widths
 
 
-@pytest.mark.parametrize("x_grad, grad_on, bound, widths_seen", _ORDER_CASES)
-def test_gin_narrowing_order(monkeypatch, x_grad, grad_on, bound, widths_seen):
+@pytest.mark.parametrize("x_grad, grad_on, host_bound, widths_seen", _ORDER_CASES)
+def test_gin_narrowing_order(monkeypatch, x_grad, grad_on, host_bound, widths_seen):
     """The narrowing Linear comes before the sum except for a gradient-free input of a small
     eager step (project_before_aggregating); both orders give the same output."""
     import fusegnn.layers.gin_conv as gin_module
 
     torch.manual_seed(0)
     layer = GINConv(_narrowing_mlp(5, 2), eps=0.2).double()
-    out, x, ei, n, widths = _run_recording_widths(monkeypatch, gin_module, layer, x_grad, grad_on, bound)
+    out, x, ei, n, widths = _run_recording_widths(monkeypatch, gin_module, layer, x_grad, grad_on, host_bound)
     assert widths == widths_seen
     p = dict(layer.named_parameters()) | dict(layer.named_buffers())
     torch.testing.assert_close(out, gin_dense(p, layer, x, x, ei, n), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("x_grad, grad_on, bound, widths_seen", _ORDER_CASES)
-def test_aggregate_linear_order(monkeypatch, x_grad, grad_on, bound, widths_seen):
+def test_order_on_the_cpu_projects_first(monkeypatch):
+    """On the CPU nothing is host-bound (the reference computes; the narrow sum is cheaper)."""
+    import fusegnn.layers.gin_conv as gin_module
+
+    layer = GINConv(_narrowing_mlp(5, 2)).double()
+    _, x, ei, n, widths = _run_recording_widths(monkeypatch, gin_module, layer, False, True, None)
+    assert widths == [3]
+    assert not dispatch.takes_host_bound_reference(Graph(ei, n), x, "auto", records_backward=False)
+
+
+def test_order_with_learnt_edge_weights_projects_first(monkeypatch):
+    """Edge weights that need a gradient give the raw aggregation a backward: project first."""
+    import fusegnn.layers._utils as utils
+    from fusegnn.layers import GraphConv
+
+    layer = GraphConv(5, 3).double()
+    w = _randn(SPECS[0].build().size(1), seed=4).abs().requires_grad_()
+    _, _, _, _, widths = _run_recording_widths(monkeypatch, utils, layer, False, True, True, w)
+    assert widths == [3]
+    _, _, _, _, widths = _run_recording_widths(monkeypatch, utils, layer, False, True, True, w.detach())
+    assert widths == [5]
+
+
+def test_order_on_a_worker_share_projects_first(monkeypatch):
+    """A HaloGraph (a worker's share of a distributed graph) always projects first: every
+    worker must exchange features of the same width, and their local edge counts differ."""
+    from fusegnn.layers._utils import project_before_aggregating
+    from fusegnn.sparse.halo import HaloGraph
+
+    import fusegnn.layers._utils as utils
+
+    monkeypatch.setattr(utils, "takes_host_bound_reference", lambda *a, **k: True)
+    ei = torch.tensor([[0, 1, 2], [1, 0, 1]])
+    share = HaloGraph(ei, 2, 1, lambda x: torch.cat([x, x[:1]]))
+    x = torch.randn(2, 5, dtype=F64)
+    assert project_before_aggregating(share, x, 5, 3, "sum", "auto")
+    assert not project_before_aggregating(Graph(ei, 3), torch.randn(3, 5, dtype=F64), 5, 3, "sum", "auto")
+
+
+@pytest.mark.parametrize("x_grad, grad_on, host_bound, widths_seen", _ORDER_CASES)
+def test_aggregate_linear_order(monkeypatch, x_grad, grad_on, host_bound, widths_seen):
     """SAGE's (and GraphConv's) lin(mean x_j) takes the same rule as GIN's sum."""
     import fusegnn.layers._utils as utils
     from fusegnn.layers import SAGEConv
 
     torch.manual_seed(0)
     layer = SAGEConv(5, 3).double()
-    out, x, ei, n, widths = _run_recording_widths(monkeypatch, utils, layer, x_grad, grad_on, bound)
+    out, x, ei, n, widths = _run_recording_widths(monkeypatch, utils, layer, x_grad, grad_on, host_bound)
     assert widths == widths_seen
     with torch.no_grad():
         adj = dense_adjacency(ei, n, n)

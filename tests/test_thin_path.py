@@ -300,6 +300,20 @@ def test_small_eager_spmm_takes_the_reference_and_a_capture_takes_the_kernels():
     assert big.num_edges * 64 >= dispatch.HOST_BOUND_WORK  # (of an op with a backward)
 
 
+def test_host_bound_work_by_grad_mode_and_backward():
+    """The larger bound is for an op of a training step that records no backward only:
+    evaluation and the hops inside an autograd function keep HOST_BOUND_WORK."""
+    assert dispatch.host_bound_work(records_backward=False) == dispatch.HOST_BOUND_FORWARD_WORK
+    assert dispatch.host_bound_work(records_backward=True) == dispatch.HOST_BOUND_WORK
+    with torch.no_grad():
+        assert dispatch.host_bound_work(records_backward=False) == dispatch.HOST_BOUND_WORK
+    graph = _graph()
+    x = torch.randn(graph.num_nodes, 4, device=graph.device)
+    # the CPU, or any aggregation but auto, is never host-bound
+    assert not dispatch.takes_host_bound_reference(graph.to("cpu"), x.cpu(), "auto", records_backward=False)
+    assert not dispatch.takes_host_bound_reference(graph, x, "gar", records_backward=False)
+
+
 @gpu
 def test_forward_only_spmm_has_the_larger_host_bound():
     """Between HOST_BOUND_WORK and HOST_BOUND_FORWARD_WORK edge-columns an eager spmm takes
@@ -315,11 +329,16 @@ def test_forward_only_spmm_has_the_larger_host_bound():
     out = spmm(graph, x_grad)
     assert dispatch.last_decision().name in FUSED
     torch.testing.assert_close(out, plain, rtol=1e-5, atol=1e-4)
-    with torch.no_grad():
+    with torch.no_grad():  # evaluation: no backward, but no host-bound step to hide a wide reference in
         spmm(graph, x_grad)
-    assert dispatch.last_decision().name == "reference"
-    spmm(graph, x_grad)
     assert dispatch.last_decision().name in FUSED
+    spmm(graph, x)
+    assert dispatch.last_decision().name == "reference"
+    w = torch.rand(e, device="cuda", requires_grad=True)  # learnt edge weights: a backward
+    spmm(graph, x, w)
+    assert dispatch.last_decision().name in FUSED
+    spmm(graph, x, w.detach())
+    assert dispatch.last_decision().name == "reference"
 
 
 @gpu

@@ -10,8 +10,7 @@ from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
 from fusegnn.sparse import Graph, graph_arg, spmm
-from fusegnn.sparse import dispatch
-from fusegnn.sparse.dispatch import capture_mode
+from fusegnn.sparse.dispatch import needs_grad, takes_host_bound_reference
 from fusegnn.sparse.processing import gcn_normalized
 from fusegnn.sparse.halo import HaloGraph
 
@@ -355,28 +354,37 @@ def normalized_graph(
     return graph
 
 
-def project_before_aggregating(graph: Graph, x: Tensor, in_features: int, out_features: int, reduce: str) -> bool:
-    r"""Whether :math:`\mathrm{lin}(\bigoplus_j x_j)` is computed as
-    :math:`\bigoplus_j \mathrm{lin}(x_j)` (a sum or a mean commutes with a linear map).
+def project_before_aggregating(
+    graph: Graph, x: Tensor, in_features: int, out_features: int, reduce: str, aggregation: str,
+    edge_weight: Tensor | None = None,
+) -> bool:
+    r"""Whether :math:`\mathrm{lin}(\bigoplus_j w_{ji} x_j)` is computed as
+    :math:`\bigoplus_j w_{ji} \mathrm{lin}(x_j)` (a sum or a mean commutes with a linear map).
 
     Projecting first aggregates at ``out_features`` instead of ``in_features``: less GPU
-    work and, on a fused path, less memory, whenever ``out_features < in_features``. It
-    costs one thing: when ``x`` needs no gradient (a model's input features), the
-    aggregation of a projected ``x`` has a backward, and the aggregation of ``x`` itself
-    has none. In an eager step on a small graph, which the host bounds (PyG's GIN and
-    SAGE aggregate first), those backward launches cost more than the wider aggregation
-    (H100, Cora and PubMed: ``benchmarks/NOTES-overhead.md``). So the input is aggregated
-    first when gradients are on, ``x`` needs none, the step is eager (not compiled,
-    captured or warming up for a capture) and ``edges x in_features`` is below
-    :data:`fusegnn.sparse.dispatch.HOST_BOUND_FORWARD_WORK`, where that aggregation takes
-    the ATen reference (three ops, no autograd node: Cora's 1,433 and PubMed's 500 input
-    features); otherwise every narrowing projection comes first.
+    work, less memory and, on a distributed graph, a narrower halo exchange, whenever
+    ``out_features < in_features``. It costs one thing: when neither ``x`` nor the edge
+    weights need a gradient (a model's input features), the aggregation of a projected
+    ``x`` has a backward, and the aggregation of ``x`` itself has none. In an eager
+    training step on a small graph, which the host bounds (PyG's GIN and SAGE aggregate
+    first), those backward launches cost more than the wider aggregation (H100, Cora and
+    PubMed: ``benchmarks/NOTES-overhead.md``). So the input is aggregated first exactly
+    when that aggregation would run the ATen reference as a host-bound op of a training
+    step with no backward (:func:`fusegnn.sparse.dispatch.takes_host_bound_reference`:
+    ``"auto"`` on CUDA, eager, edges x ``in_features`` below
+    :data:`~fusegnn.sparse.dispatch.HOST_BOUND_FORWARD_WORK`); otherwise -- on the CPU,
+    under ``no_grad``, ``torch.compile`` or a capture, with an explicit kernel, on a
+    :class:`~fusegnn.sparse.halo.HaloGraph` (every worker must take the same order, and
+    their local edge counts differ) -- every narrowing projection comes first.
     """
     if reduce == "max" or out_features >= in_features:
         return False
-    if x.requires_grad or not torch.is_grad_enabled() or torch.compiler.is_compiling() or capture_mode():
+    if isinstance(graph, HaloGraph) or torch.compiler.is_compiling():
         return True
-    return graph.num_edges * in_features >= dispatch.HOST_BOUND_FORWARD_WORK
+    weight = edge_weight if edge_weight is not None else graph.edge_weight
+    if not torch.is_grad_enabled() or needs_grad(x, weight):
+        return True
+    return not takes_host_bound_reference(graph, x, aggregation, records_backward=False)
 
 
 def aggregate_linear(
@@ -387,6 +395,6 @@ def aggregate_linear(
     bias then in the aggregation's epilogue) when :func:`project_before_aggregating` says
     so; otherwise (a max, a widening map, a small eager graph's input) aggregating ``x`` first."""
     weight, bias = lin.weight, lin.bias
-    if project_before_aggregating(graph, x, weight.size(1), weight.size(0), reduce):
+    if project_before_aggregating(graph, x, weight.size(1), weight.size(0), reduce, aggregation, edge_weight):
         return spmm(graph, F.linear(x, weight), edge_weight, reduce, bias=bias, aggregation=aggregation)
     return F.linear(spmm(graph, x, edge_weight, reduce, aggregation=aggregation), weight, bias)

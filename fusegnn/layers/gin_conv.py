@@ -104,7 +104,8 @@ class GINConv(nn.Module):
         check_root_width(x_src, x_dst, type(self).__name__)
         first = _leading_linear(self.nn)
         if (first is not None and x_src.size(1) == first.in_features
-                and project_before_aggregating(graph, x_src, first.in_features, first.out_features, "sum")):
+                and project_before_aggregating(graph, x_src, first.in_features, first.out_features, "sum",
+                                               self.aggregation)):
             # nn starts with a narrowing Linear W: W((1 + eps) x_i + sum_j x_j) + b is
             # (1 + eps) x_i W^T + sum_j x_j W^T + b, so aggregate at the narrower width
             h_src = F.linear(x_src, first.weight)

@@ -98,7 +98,7 @@ class SGConv(nn.Module):
             h = propagate(graph, x, self.K, aggregation=self.aggregation)
             self._cached_x = h.detach()
             return F.linear(h, weight, bias)
-        if project_before_aggregating(graph, x, weight.size(1), weight.size(0), "sum"):
+        if project_before_aggregating(graph, x, weight.size(1), weight.size(0), "sum", self.aggregation):
             out = propagate(graph, F.linear(x, weight), self.K, aggregation=self.aggregation)
             return out if bias is None else out + bias
         return F.linear(propagate(graph, x, self.K, aggregation=self.aggregation), weight, bias)

@@ -32,11 +32,14 @@ Every public op takes ``aggregation``:
   backward; measured on an H100 host, ``benchmarks/NOTES-overhead.md``). Inside a CUDA
   graph capture, under :func:`for_capture` (what :func:`fusegnn.graphed_step`'s warm-up
   and the ``torch.compile`` custom ops use) the host cost is paid once, so the fused
-  kernels are chosen by the rule of 3 as before. An op with nothing to differentiate
-  (no input needs a gradient, or gradients are off) has no backward to pay for, and
-  its bound is the larger :data:`HOST_BOUND_FORWARD_WORK`: a model's raw input features
-  aggregated before their projection (``fusegnn.layers._utils.project_before_aggregating``
-  uses the same bound).
+  kernels are chosen by the rule of 3 as before. An op of a training step (gradients on)
+  with nothing to differentiate (a model's raw input features, aggregated before their
+  projection: ``fusegnn.layers._utils.project_before_aggregating``) has no backward to pay
+  for, and its bound is the larger :data:`HOST_BOUND_FORWARD_WORK`
+  (:func:`host_bound_work`). With gradients off (evaluation, and the hops inside an
+  autograd function such as :func:`~fusegnn.sparse.propagate`, which has its own backward)
+  the bound stays :data:`HOST_BOUND_WORK`: there the wider reference would only add GPU
+  time and messages. :func:`takes_host_bound_reference` is the rule on its own.
 
 **Row windows.** For ``spmm`` one more rule comes before 3: ``"window"`` (for float16 /
 bfloat16 / float32 ``x``, the vector-sparse kernels' dtypes) when the graph's row-window
@@ -104,6 +107,8 @@ __all__ = [
     "HOST_BOUND_WORK",
     "HOST_BOUND_FORWARD_WORK",
     "needs_grad",
+    "host_bound_work",
+    "takes_host_bound_reference",
     "for_capture",
     "capture_mode",
     "gar_min_avg_degree",
@@ -147,18 +152,42 @@ GAR_MIN_AVG_DEGREE = 20.0
 # first; at 2^23 they took a fused kernel and both steps were 3-6 % slower than PyG's,
 # at 2^24 SAGE is 1.05x and GIN 1.00x PyG: H100, benchmarks/NOTES-overhead.md).
 HOST_BOUND_WORK = 1 << 24
-# The same bound for an spmm with no backward (no input needs a gradient): a forward-only
-# reference is three ATen ops and no autograd node, and its GPU time (up to ~0.4 ms at
-# 2^26 on an H100) hides behind a small graph's host-bound step. PubMed's 500 raw input
+# The same bound for an spmm of a training step (gradients on) with no backward (no input,
+# edge weight or bias needs a gradient): a forward-only reference is three ATen ops and no
+# autograd node, and its GPU time (up to ~0.4 ms at 2^26 on an H100) hides behind a small
+# graph's host-bound step. Not for evaluation (gradients off): nothing to hide it behind. PubMed's 500 raw input
 # features (88,648 x 500 = 44M), aggregated first by SAGE: 0.99x / 0.97x PyG eager with
 # the fused kernel (bound 2^24), 1.06x / 1.05x with the reference (2^26), h64 / h16,
 # paired rounds on an H100 (benchmarks/NOTES-overhead.md).
 HOST_BOUND_FORWARD_WORK = 1 << 26
 
 
-def needs_grad(*tensors: Tensor) -> bool:
-    """Whether an op on ``tensors`` records a backward (gradients on and one of them needs one)."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+def needs_grad(*tensors: Tensor | None) -> bool:
+    """Whether an op on ``tensors`` records a backward (gradients on and one of them needs
+    one; ``None`` entries are skipped)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def host_bound_work(records_backward: bool) -> int:
+    """The host-bound size (edges x columns) of an eager ``spmm``: :data:`HOST_BOUND_FORWARD_WORK`
+    for an op of a training step (gradients on) that records no backward, else
+    :data:`HOST_BOUND_WORK`."""
+    if torch.is_grad_enabled() and not records_backward:
+        return HOST_BOUND_FORWARD_WORK
+    return HOST_BOUND_WORK
+
+
+def takes_host_bound_reference(graph: Graph, x: Tensor, aggregation: str, records_backward: bool) -> bool:
+    """Whether an eager ``spmm`` of ``x`` (``[N, F]`` or ``[N, H, F]``) on ``graph`` with
+    ``aggregation`` runs the ATen reference because it is host-bound: ``"auto"`` on CUDA,
+    not deterministic, not captured or warming up for a capture, and edges x columns below
+    :func:`host_bound_work`. The rule ``auto`` applies (see the module docstring)."""
+    if aggregation != "auto" or x.device.type != "cuda" or graph.device.type != "cuda":
+        return False
+    if is_deterministic() or capture_mode():
+        return False
+    width = _feature_width((x,))
+    return width is not None and graph.num_edges * width < host_bound_work(records_backward)
 
 
 def gar_min_avg_degree(width: int | None) -> float:
@@ -340,10 +369,13 @@ def capture_mode() -> bool:
     )
 
 
-def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str = "") -> Decision:
+def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str = "",
+            records_backward: bool | None = None) -> Decision:
     """The :class:`Decision` an op on ``graph`` and ``tensors`` takes for ``aggregation``,
     without running it (``op``: ``"spmm"`` enables the host-bound regime of the module
-    docstring, and admits ``"window"``). Raises like the op would for an unavailable backend."""
+    docstring, and admits ``"window"``; ``records_backward``: whether the op records a
+    backward, by default whether one of ``tensors`` needs a gradient -- an ``spmm`` passes
+    its edge weights' and bias's too). Raises like the op would for an unavailable backend."""
     check_aggregation(aggregation, op)
     _load_kernel_backends()
     if aggregation != "auto":
@@ -388,12 +420,14 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str =
         return Decision("reference", "deterministic mode and GAR cannot run on these inputs")
     avg = graph.avg_degree
     width = _feature_width(tensors)
-    bound = HOST_BOUND_WORK if needs_grad(*tensors) else HOST_BOUND_FORWARD_WORK
-    if op == "spmm" and width is not None and graph.num_edges * width < bound and not capture_mode():
+    if records_backward is None:
+        records_backward = needs_grad(*tensors)
+    if op == "spmm" and takes_host_bound_reference(graph, tensors[0], aggregation, records_backward):
+        bound = host_bound_work(records_backward)
         return Decision(
             "reference",
             f"host-bound: {graph.num_edges} edges x {width} columns < {bound} in an eager step"
-            f"{'' if bound == HOST_BOUND_WORK else ' with no backward'} "
+            f"{'' if bound == HOST_BOUND_WORK else ' of a training step with no backward'} "
             "(the fused kernels run inside CUDA graphs and on larger graphs)",
         )
     if op == "spmm" and (windowed := _window_rule(graph, tensors)) is not None:
@@ -423,22 +457,27 @@ def _window_rule(graph: Graph, tensors: tuple[Tensor, ...]) -> Decision | None:
     return Decision("window", f"row-window tile density {density:.3f} >= {WINDOW_MIN_TILE_DENSITY}")
 
 
-def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor, op: str = "") -> Backend:
+def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor, op: str = "",
+                        records_backward: bool | None = None) -> Backend:
     """The backend that runs for ``aggregation`` on these inputs (recorded for
-    :func:`last_decision`).
+    :func:`last_decision`; ``records_backward`` as for :func:`explain`).
 
     The decision is a function of the graph's size, the tensors' devices, dtypes and
-    feature width, the deterministic mode and the registered backends, so it is made
-    once per such combination and remembered on the graph (an op call then costs a
-    dictionary look-up, not the rule). Decisions that warn are not remembered."""
+    feature width, the deterministic mode, the host-bound size and the registered
+    backends, so it is made once per such combination and remembered on the graph (an
+    op call then costs a dictionary look-up, not the rule). Decisions that warn are not
+    remembered."""
     deterministic_mode = is_deterministic()
-    key = (aggregation, op, deterministic_mode, op == "spmm" and capture_mode(), op == "spmm" and needs_grad(*tensors),
-           len(_BACKENDS), _feature_width(tensors), *[(t.dtype, t.device) for t in tensors])
+    if records_backward is None:
+        records_backward = needs_grad(*tensors)
+    key = (aggregation, op, deterministic_mode, op == "spmm" and capture_mode(),
+           op == "spmm" and host_bound_work(records_backward), len(_BACKENDS), _feature_width(tensors),
+           *[(t.dtype, t.device) for t in tensors])
     memo = graph.cached("dispatch_decisions", dict, structural=True)
     decision = memo.get(key)
     if decision is None:
         warns = aggregation == "gas" and deterministic_mode
-        decision = explain(graph, *tensors, aggregation=aggregation, op=op)
+        decision = explain(graph, *tensors, aggregation=aggregation, op=op, records_backward=records_backward)
         if not warns:
             memo[key] = decision
     _state.last = decision

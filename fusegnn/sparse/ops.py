@@ -36,6 +36,7 @@ from fusegnn.sparse.dispatch import (
     backend_named,
     capture_mode,
     check_aggregation,
+    host_bound_work,
     is_deterministic,
     last_decision,
     needs_grad,
@@ -142,7 +143,7 @@ def spmm(
           and isinstance(reduce, str) and isinstance(aggregation, str)):  # a call like an earlier one: no checks
         weight = edge_weight if edge_weight is not None else graph.edge_weight
         signature = (x.shape, x.dtype, x.device, _signature(weight), _signature(bias), reduce, aggregation,
-                     is_deterministic(), capture_mode(), needs_grad(x))
+                     is_deterministic(), capture_mode(), host_bound_work(needs_grad(x, weight, bias)))
         prepared = graph.cached("prepared_spmm", dict).get(signature)
         if prepared is not None:
             record_decision(prepared[1])
@@ -187,7 +188,8 @@ def _checked_spmm(graph, x, edge_weight, reduce, bias, aggregation) -> Tensor:
     if isinstance(graph, GraphRef):
         out = library.spmm(graph, x, edge_weight, reduce, check_aggregation(aggregation, "spmm"))
         return out if bias is None else out + bias.reshape(x.shape[1:])
-    backend = resolve_aggregation(aggregation, graph, x, op="spmm")
+    records_backward = needs_grad(x, edge_weight, bias)
+    backend = resolve_aggregation(aggregation, graph, x, op="spmm", records_backward=records_backward)
     return backend.spmm(graph, x, edge_weight, reduce, bias)
 
 
