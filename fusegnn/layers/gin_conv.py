@@ -60,8 +60,8 @@ class GINConv(nn.Module):
     (``out_features < in_features``), that map is applied before the sum (it commutes with
     it: :math:`W((1 + \epsilon) x_i + \sum_j x_j) + b = (1 + \epsilon) W x_i + \sum_j W x_j + b`),
     so the aggregation runs at the narrower width, with the bias as its epilogue -- except
-    in an eager step on a small graph whose input needs no gradient, where the sum of the
-    raw input has no backward to launch
+    in an eager CUDA training step on a small graph whose input needs no gradient, where
+    the sum of the raw input has no backward to launch
     (:func:`~fusegnn.layers._utils.project_before_aggregating`).
 
     Args:

@@ -39,8 +39,8 @@ class SAGEConv(nn.Module):
     For the mean and the sum, :math:`\mathbf{W}_2` commutes with the aggregation, so the
     layer aggregates at the narrower of the source and output widths (the bias is then the
     aggregation's epilogue; :func:`~fusegnn.layers._utils.project_before_aggregating`: not
-    in an eager CUDA training step on a small graph whose input needs no gradient); the max aggregates
-    the input features.
+    in an eager CUDA training step on a small graph whose input needs no gradient); the
+    max aggregates the input features.
 
     Args:
         in_channels: input width, ``-1`` to infer it at the first forward (create the

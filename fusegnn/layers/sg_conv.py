@@ -27,8 +27,8 @@ class SGConv(nn.Module):
     (:func:`~fusegnn.sparse.processing.gcn_normalized`). The K propagations run as one
     :func:`~fusegnn.sparse.propagate` op (no K copies of the features in autograd), at the
     narrower of ``in_channels`` and ``out_channels`` (:math:`\mathbf{\Theta}` commutes with
-    them) unless ``cached`` (or the step is an eager one on a small graph whose input needs
-    no gradient: :func:`~fusegnn.layers._utils.project_before_aggregating`). ``lin``
+    them) unless ``cached`` (or the step is an eager CUDA training step on a small graph
+    whose input needs no gradient: :func:`~fusegnn.layers._utils.project_before_aggregating`). ``lin``
     (weight and bias) has PyG's name, shape and initialisation (``nn.Linear``'s).
 
     Args:

@@ -155,10 +155,10 @@ HOST_BOUND_WORK = 1 << 24
 # The same bound for an spmm of a training step (gradients on) with no backward (no input,
 # edge weight or bias needs a gradient): a forward-only reference is three ATen ops and no
 # autograd node, and its GPU time (up to ~0.4 ms at 2^26 on an H100) hides behind a small
-# graph's host-bound step. Not for evaluation (gradients off): nothing to hide it behind. PubMed's 500 raw input
-# features (88,648 x 500 = 44M), aggregated first by SAGE: 0.99x / 0.97x PyG eager with
-# the fused kernel (bound 2^24), 1.06x / 1.05x with the reference (2^26), h64 / h16,
-# paired rounds on an H100 (benchmarks/NOTES-overhead.md).
+# graph's host-bound step (not in evaluation, gradients off: nothing to hide it behind).
+# PubMed's 500 raw input features (88,648 x 500 = 44M), aggregated first by SAGE: 0.99x /
+# 0.97x PyG eager with the fused kernel (bound 2^24), 1.06x / 1.05x with the reference
+# (2^26), h64 / h16, paired rounds on an H100 (benchmarks/NOTES-overhead.md).
 HOST_BOUND_FORWARD_WORK = 1 << 26
 
 
