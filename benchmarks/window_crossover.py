@@ -23,7 +23,6 @@ if they never do).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 

@@ -32,5 +32,5 @@ def densify_vectors(values: Tensor, groups: Tensor, cols: Tensor, num_rows: int,
     G = -(-num_rows // V)
     rows = groups.long()[:, None] * V + torch.arange(V, device=values.device)  # [nnz_v, V]
     flat = (rows * num_cols + cols.long()[:, None]).reshape(-1)
-    dense = values.new_zeros(G * V * num_cols).index_add(0, flat, values.reshape(-1))
+    dense = values.new_zeros(G * V * num_cols).index_add_(0, flat, values.reshape(-1))
     return dense.view(G * V, num_cols)[:num_rows]

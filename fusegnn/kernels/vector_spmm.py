@@ -320,7 +320,7 @@ def vspmm_reference(values: Tensor, col_idx: Tensor, row_ptr: Tensor, b: Tensor,
     grp = vector_groups(row_ptr, col_idx.numel())
     contrib = values.unsqueeze(2) * b[col_idx.long()].unsqueeze(1)  # [nnz_v, V, N]
     out = torch.zeros(G, V, b.size(1), dtype=torch.promote_types(values.dtype, b.dtype), device=b.device)
-    out = out.index_add(0, grp, contrib)
+    out = out.index_add_(0, grp, contrib)
     return out.reshape(G * V, -1)[:num_rows]
 
 
@@ -333,7 +333,7 @@ def vspmm_t_reference(values: Tensor, col_idx: Tensor, row_ptr: Tensor, b: Tenso
     bp = torch.cat([b, b.new_zeros(rows - b.size(0), b.size(1))]).view(-1, V, b.size(1))
     contrib = (values.unsqueeze(2) * bp[grp]).sum(1)  # [nnz_v, N]
     out = torch.zeros(num_cols, b.size(1), dtype=contrib.dtype, device=b.device)
-    return out.index_add(0, col_idx.long(), contrib)
+    return out.index_add_(0, col_idx.long(), contrib)
 
 
 def vsddmm_reference(x: Tensor, y: Tensor, col_idx: Tensor, row_ptr: Tensor, V: int) -> Tensor:
