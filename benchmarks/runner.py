@@ -17,7 +17,8 @@ Per case:
    backward, Adam step) or, for ``agg``, the phases forward and backward.
 
 **CUDA-graph backends** (``*-graphed``): the same step wrapped by
-:func:`fusegnn.graphed_step` (Adam with ``capturable=True``). Before anything is timed,
+:func:`fusegnn.graphed_step` (Adam with ``capturable=True``, switched by ``graphed_step``
+to torch's fused Adam kernel, as it does for a user's default Adam). Before anything is timed,
 the replays must train like eager steps: from the same weights, with dropout off (eval
 mode), ``GRAPH_WARMUP + VERIFY_CALLS`` graphed calls (eager warm-up, capture, replays) and
 as many eager steps must give the same losses and the same output afterwards (within
@@ -301,9 +302,9 @@ def _training_step(model, optimizer, graph_arg, shared: _PaperCase) -> Callable[
     return step
 
 
-def _adam(model, config: RunConfig, capturable: bool = False) -> torch.optim.Optimizer:
+def _adam(model, config: RunConfig, capturable: bool = False, fused: bool | None = None) -> torch.optim.Optimizer:
     return torch.optim.Adam(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, capturable=capturable
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, capturable=capturable, fused=fused
     )
 
 
@@ -367,7 +368,8 @@ def _verify_training(
     eager steps use Adam's ``capturable`` variant, as graphed and compiled rows do (the
     standard one rounds its bias correction on the host: over several steps Adam's
     normalisation amplifies that into ~1e-3 differences, the same for PyG and fusegnn,
-    which is not what this check is about). Raises if the eager steps barely moved the output (the comparison would then
+    which is not what this check is about), and for a graphed row torch's fused Adam
+    kernel, which :func:`fusegnn.graphed_step` switches its optimizer to. Raises if the eager steps barely moved the output (the comparison would then
     prove nothing)."""
     calls = GRAPH_WARMUP + VERIFY_CALLS
     model, graph_arg = _paper_model(backend, shared, case, config.device)
@@ -375,7 +377,9 @@ def _verify_training(
     with torch.no_grad():
         start = model(shared.x, graph_arg).float()
     capturable = config.device.type == "cuda"  # as the graphed and compiled steps' Adam
-    step = _training_step(model, _adam(model, config, capturable=capturable), graph_arg, shared)
+    # graphed_step switches its Adam to torch's fused kernel: the eager steps take the same update
+    fused = True if graphed and capturable else None
+    step = _training_step(model, _adam(model, config, capturable=capturable, fused=fused), graph_arg, shared)
     eager_losses = torch.stack([step().detach().clone() for _ in range(calls)])
     with torch.no_grad():
         eager_out = model(shared.x, graph_arg).float()

@@ -230,7 +230,9 @@ def test_both_selection_paths(monkeypatch, nm, dtype, gate):
 def test_nm_launch_config():
     """With N:M the table's dK/dV takes whole query blocks (its selection runs as queries
     x keys, which needs >= 64-row products for warpgroup MMA) and dQ sub-tiles of at
-    least 8 M keys (whole 8-column groups per N:M chunk); the rest is the table's."""
+    least 8 M keys (whole 8-column groups per N:M chunk); for M <= 4 the 16-bit forward
+    and dQ take N:M's register caps (128) and dQ 3 stages; the rest is the table's."""
+    from fusegnn.kernels import block_attention as ba
     from fusegnn.kernels.block_attention import launch_config
 
     base = launch_config(64, 64, 64, torch.bfloat16)
@@ -238,9 +240,17 @@ def test_nm_launch_config():
         cfg = launch_config(64, 64, 64, torch.bfloat16, nm)
         assert cfg.sub_m(64) == 64
         assert cfg.sub_n(64) == min(64, max(base.sub_n(64), 8 * nm[1]))
-        assert (cfg.fwd_warps, cfg.fwd_stages, cfg.fwd_maxnreg) == (base.fwd_warps, base.fwd_stages, base.fwd_maxnreg)
+        assert (cfg.fwd_warps, cfg.fwd_stages, cfg.bwd_warps, cfg.bwd_stages) == (
+            base.fwd_warps, base.fwd_stages, base.bwd_warps, base.bwd_stages)
+        if nm[1] <= 4:
+            assert (cfg.fwd_maxnreg, cfg.dq_maxnreg, cfg.dq_stages) == (
+                ba._NM_FWD_MAXNREG, ba._NM_DQ_MAXNREG, ba._NM_DQ_STAGES)
+        else:
+            assert (cfg.fwd_maxnreg, cfg.dq_maxnreg, cfg.dq) == (base.fwd_maxnreg, base.dq_maxnreg, base.dq)
         assert cfg.dkdv_maxnreg is None or cfg.dkdv_maxnreg >= (base.dkdv_maxnreg or 0)
-    assert launch_config(64, 64, 64, torch.float32, (1, 2)).dkdv_maxnreg is None  # no caps for float32
+    fp32 = launch_config(64, 64, 64, torch.float32, (1, 2))
+    assert (fp32.fwd_maxnreg, fp32.dq_maxnreg, fp32.dkdv_maxnreg) == (None, None, None)  # no caps for float32
+    assert fp32.dq == launch_config(64, 64, 64, torch.float32).dq
     assert launch_config(64, 64, 64, torch.bfloat16, None) == base
 
 

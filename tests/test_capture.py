@@ -8,7 +8,7 @@ GPU (skipped without CUDA): GCN and GAT steps on a random graph (:mod:`tests.gra
 captured and replayed: parameters after replays match eager steps (dropout off, close
 not bitwise: GAS and PyTorch's scatter use atomics), the loss falls over replays with
 dropout on, every replay draws new dropout masks (torch's dropout and the fused GAT
-attention dropout), new inputs are copied in, and what cannot be captured (a host sync
+attention dropout), Adam takes torch's fused kernel unless told not to, new inputs are copied in, and what cannot be captured (a host sync
 inside the step, a changed learning rate, an optimizer with host state, a kernel plan
 built during a raw capture) is a clear error.
 """
@@ -78,6 +78,80 @@ def test_bad_arguments():
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match="warmup must be an int >= 1"):
             graphed_step(lambda: None, warmup=bad)
+    for bad in (1, "yes", None):
+        with pytest.raises(TypeError, match="fuse_optimizer must be a bool"):
+            graphed_step(lambda: None, fuse_optimizer=bad)
+
+
+def _params(dtype=torch.float64):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(5, 3, dtype=dtype, generator=gen, requires_grad=True),
+            torch.randn(7, dtype=dtype, generator=gen, requires_grad=True)]
+
+
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
+def test_fused_implementation_is_torchs_update_through_its_fused_kernel(cls, monkeypatch):
+    """graphed_step's optimizer switch, on the CPU (torch's fused Adam runs there too):
+    groups that chose no implementation take the fused kernel -- its step counters,
+    float64 here, become float32 -- and then step exactly like the multi-tensor update
+    they replace (float64); the switch can come after steps were taken."""
+    import sys
+
+    from fusegnn.capture import _use_fused_implementation
+
+    # the fused function this torch's class calls (AdamW is Adam's subclass in recent torch)
+    name = "_fused_" + cls.__name__.lower()
+    module = sys.modules[cls.__module__]
+    if not hasattr(module, name):
+        name, module = "_fused_adam", sys.modules[torch.optim.Adam.__module__]
+    calls = []
+    fused = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: (calls.append(1), fused(*a, **k))[1])
+    ref_params, params = _params(), _params()
+    ref, opt = cls(ref_params, lr=0.01, weight_decay=5e-4), cls(params, lr=0.01, weight_decay=5e-4)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(6):
+        if step == 2:
+            for p in params:  # counters as a float64 default dtype would have made them
+                opt.state[p]["step"] = opt.state[p]["step"].to(torch.float64)
+            assert not _use_fused_implementation(opt)  # CPU parameters: only CUDA by default
+            assert opt.param_groups[0]["fused"] is None
+            assert _use_fused_implementation(opt, device_types=("cpu",))
+            assert opt.param_groups[0]["fused"] is True
+            assert all(opt.state[p]["step"].dtype == torch.float32 for p in params)
+        for p, q in zip(ref_params, params):
+            p.grad = torch.randn(p.shape, dtype=p.dtype, generator=gen)
+            q.grad = p.grad.clone()
+        ref.step()
+        opt.step()
+    assert len(calls) == 4
+    for p, q in zip(ref_params, params):
+        torch.testing.assert_close(q, p, rtol=1e-12, atol=1e-14)
+
+
+def test_fused_implementation_leaves_explicit_choices_alone():
+    """A group that set ``foreach`` / ``fused`` / ``differentiable``, integer or mixed-device
+    parameters, other optimizers and subclasses of Adam keep what they were built with."""
+    from fusegnn.capture import _use_fused_implementation
+
+    class MyAdam(torch.optim.Adam):
+        pass
+
+    built = [
+        torch.optim.Adam(_params(), foreach=True),
+        torch.optim.Adam(_params(), foreach=False),
+        torch.optim.Adam(_params(), fused=False),
+        torch.optim.Adam(_params(), differentiable=True),
+        torch.optim.SGD(_params(), lr=0.1),
+        MyAdam(_params()),
+    ]
+    for opt in built:
+        before = [dict((k, v) for k, v in g.items() if k != "params") for g in opt.param_groups]
+        assert not _use_fused_implementation(opt, device_types=("cpu",))
+        assert before == [dict((k, v) for k, v in g.items() if k != "params") for g in opt.param_groups]
+    mixed = torch.optim.Adam([{"params": _params()}, {"params": [torch.zeros(3, dtype=torch.int64)]}])
+    assert _use_fused_implementation(mixed, device_types=("cpu",))
+    assert [g["fused"] for g in mixed.param_groups] == [True, None]
 
 
 def test_decorator_form_keeps_the_function():
@@ -181,7 +255,7 @@ def test_replays_train_like_eager_steps(kind, aggregation):
     start = [p.detach().clone() for p in twin.parameters()]
 
     graphed = graphed_step(step_t, opt_t, warmup=2)
-    assert all(group["capturable"] for group in opt_t.param_groups)
+    assert all(group["capturable"] and group["fused"] for group in opt_t.param_groups)
     assert all(opt_t.state[p]["step"].is_cuda for p in twin.parameters())
     losses_e, losses_t, outputs = [], [], []
     for _ in range(10):
@@ -198,6 +272,29 @@ def test_replays_train_like_eager_steps(kind, aggregation):
     for p_e, p_t in zip(eager.parameters(), twin.parameters()):
         assert float(opt_t.state[p_t]["step"]) == float(opt_e.state[p_e]["step"]) == 12.0
         assert p_t.grad is not None
+
+
+@requires_cuda
+@pytest.mark.parametrize("built, fuse, expect", [
+    ({}, True, True), ({}, False, None), ({"foreach": True}, True, None), ({"fused": False}, True, False),
+])
+def test_fused_optimizer_switch_and_its_opt_outs(built, fuse, expect):
+    """graphed_step switches an Adam that chose no implementation to the fused kernel,
+    not one built with an explicit choice nor with ``fuse_optimizer=False``; each trains
+    through replays like the same optimizer stepped eagerly."""
+    x, y, graph, index = _data()
+    eager, twin = _model("gcn", 0.0, "auto"), _model("gcn", 0.0, "auto")
+    opt_e = torch.optim.Adam(eager.parameters(), lr=0.01, **({"fused": True} if expect else built))
+    opt_t = torch.optim.Adam(twin.parameters(), lr=0.01, **built)
+    step_e, step_t = _step(eager, opt_e, x, y, graph, index), _step(twin, opt_t, x, y, graph, index)
+    graphed = graphed_step(step_t, opt_t, warmup=2, fuse_optimizer=fuse)
+    assert [group["fused"] for group in opt_t.param_groups] == [expect]
+    for _ in range(6):
+        loss_e, loss_t = step_e().detach(), graphed().clone()
+    assert graphed.captured
+    torch.testing.assert_close(loss_t, loss_e, rtol=1e-4, atol=1e-6)
+    for p_e, p_t in zip(eager.parameters(), twin.parameters()):
+        torch.testing.assert_close(p_t, p_e, rtol=1e-4, atol=1e-5)
 
 
 @requires_cuda

@@ -779,8 +779,20 @@ _MEASURED_D64: dict[tuple[int, int], LaunchConfig] = {
 #: ``_bwd_dkdv``'s register cap with N:M (16-bit inputs, where the table caps it): its
 #: whole-block step holds one more ``[BM, BN]`` tile than the table's sub-tiles; 168
 #: registers still fit 3 programs of 4 warps per multiprocessor, with few spills in the
-#: loop (sm_90 compile: ``benchmarks/NOTES-attention.md``, "N:M selection")
+#: loop (sm_90 compile: ``benchmarks/NOTES-attention.md``, "N:M selection"; 152-192 and
+#: 3 stages were slower on an H100, session 13)
 _NM_DKDV_MAXNREG = 168
+#: The forward's and ``_bwd_dq``'s register caps with N:M (16-bit inputs), and
+#: ``_bwd_dq``'s pipeline stages: the selection's compares and predicates need registers
+#: the table's 96-register forward spills. H100 sweep (session 13, bf16, D = 64, 64 x 64
+#: blocks, BigBird / Longformer L = 16384 and dense L = 4096, per-kernel device times):
+#: forward 96 -> 128 registers 0.975 -> 0.948, 0.641 -> 0.624, 0.822 -> 0.776 ms
+#: (104-144 and 3 stages slower); ``_bwd_dq`` at 32-key sub-tiles, no cap and 4 stages ->
+#: 128 registers and 3 stages 1.256 -> 1.118, 0.813 -> 0.713, 1.206 -> 0.958 ms
+#: (64-key sub-tiles and 112 / 144 registers slower: ``benchmarks/NOTES-attention.md``).
+_NM_FWD_MAXNREG = 128
+_NM_DQ_MAXNREG = 128
+_NM_DQ_STAGES = 3
 
 
 @functools.lru_cache(maxsize=256)
@@ -795,14 +807,21 @@ def launch_config(BM: int, BN: int, head_dim: int, dtype: torch.dtype = torch.bf
     With ``nm = (N, M)``: ``_bwd_dkdv`` takes whole ``BM``-row blocks (it recomputes the
     selection on ``[rows, keys]`` tiles, whose products need >= 64 rows for Hopper's
     warpgroup MMA) and ``_bwd_dq`` sub-tiles of at least ``8 M`` keys (so that the N:M
-    order's ``M`` chunks are whole 8-column groups of the MMA layout, each thread's own)."""
+    order's ``M`` chunks are whole 8-column groups of the MMA layout, each thread's own);
+    where the table caps registers (16-bit inputs) and ``M <= 4``, the forward and
+    ``_bwd_dq`` take N:M's caps and ``_bwd_dq`` 3 stages (``_NM_FWD_MAXNREG``: the
+    selection's predicates need registers)."""
     cfg = _table_config(BM, BN, head_dim, dtype)
     if nm is None:
         return cfg
     m = nm[1]
     dkdv_cap = None if cfg.dkdv_maxnreg is None else max(cfg.dkdv_maxnreg, _NM_DKDV_MAXNREG)
     dq_sub_n = None if cfg.dq_sub_n is None else max(cfg.dq_sub_n, 8 * m)
-    return replace(cfg, dkdv_sub_m=None, dkdv_maxnreg=dkdv_cap, dq_sub_n=dq_sub_n)
+    cfg = replace(cfg, dkdv_sub_m=None, dkdv_maxnreg=dkdv_cap, dq_sub_n=dq_sub_n)
+    if cfg.fwd_maxnreg is not None and m <= 4:  # capped (16-bit) entries, M as swept: N:M's own caps
+        cfg = replace(cfg, fwd_maxnreg=max(cfg.fwd_maxnreg, _NM_FWD_MAXNREG), dq_maxnreg=_NM_DQ_MAXNREG,
+                      dq_stages=_NM_DQ_STAGES)
+    return cfg
 
 
 def _table_config(BM: int, BN: int, head_dim: int, dtype: torch.dtype) -> LaunchConfig:
