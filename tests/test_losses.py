@@ -3,12 +3,11 @@
 Without CUDA this module sets ``TRITON_INTERPRET=1`` before any kernel is launched, and
 the fused path (``backend="fused"``) runs its Triton kernels on the CPU, in float64, on
 small shapes. Every case compares the loss and the gradients of ``h``, ``W`` and ``b`` with
-PyTorch's own ops in float64, through each of the fused path's three kernels:
+PyTorch's own ops in float64, through each of the fused path's two paths:
 
 * ``head``: the row block's logits on chip (``C <= 128``);
-* ``tiled``: class tiles streamed past the row block (``128 < C <= 512``, ``K <= 256``);
-* ``wide``: GEMM chunks and the row kernel (language-model heads; forced here on small
-  shapes through ``HEAD_MAX_CLASSES = 0``).
+* ``wide``: GEMM chunks (classes padded to a multiple of 8) and the row kernel (heads of
+  more classes; forced here on small shapes through ``HEAD_MAX_CLASSES = 0``).
 
 With CUDA, the ``cuda`` tests add moderate shapes in float32 (``1e-5``) and bfloat16 (no
 worse than eager bfloat16 against float32).
@@ -37,20 +36,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
-PATHS = ("head", "tiled", "wide")
+PATHS = ("head", "wide")
 
 
 @pytest.fixture
 def path(request, monkeypatch):
-    """Force one of the fused path's kernels (see the module docstring)."""
+    """Force one of the fused path's two paths (see the module docstring)."""
     name = request.param
     if name == "wide":
         monkeypatch.setattr(kernels, "HEAD_MAX_CLASSES", 0)
-    if name == "tiled":  # small tiles: several class tiles even for a few classes
-        monkeypatch.setattr(kernels, "TILED_ABOVE_CLASSES", 8)
-        monkeypatch.setattr(kernels, "TILED_CONFIG", {"block_m": 16, "block_c": 16, "warps": 4, "stages": 1})
     if name == "head":
-        monkeypatch.setattr(kernels, "TILED_ABOVE_CLASSES", 512)
+        monkeypatch.setattr(kernels, "HEAD_MAX_CLASSES", 512)
     return name
 
 
@@ -108,6 +104,26 @@ def test_odd_class_counts_with_label_smoothing(path, classes):
     h, w, y, b = _inputs(23, 9, classes, seed=classes, ignored=(0,))
     _check(h, w, y, b, smoothing=0.15)
     _check(h, w, y, None, reduction="none", smoothing=0.3)
+
+
+@pytest.mark.parametrize("pad", (True, False))
+def test_wide_path_with_and_without_padded_classes(pad, monkeypatch):
+    """The GEMM path pads 37 classes to 40 (zero rows of ``W`` and ``b``) unless the copy
+    would pass ``PAD_MAX_WEIGHT_BYTES``; either way the values and gradients are the
+    unpadded ones, and ``dW`` is a contiguous ``[C, K]`` tensor."""
+    monkeypatch.setattr(kernels, "HEAD_MAX_CLASSES", 0)
+    if not pad:
+        monkeypatch.setattr(kernels, "PAD_MAX_WEIGHT_BYTES", 0)
+    h, w, y, b = _inputs(21, 6, 37, seed=11, ignored=(2,))
+    w_gemm, b_gemm = kernels._padded_classes(w, b)
+    assert w_gemm.shape == ((40, 6) if pad else (37, 6)) and (b_gemm.shape[0] == w_gemm.shape[0])
+    if pad:
+        assert bool((w_gemm[37:] == 0).all()) and bool((b_gemm[37:] == 0).all())
+        assert torch.equal(w_gemm[:37], w) and torch.equal(b_gemm[:37], b)
+    _, grads = _check(h, w, y, b, chunk_rows=8, smoothing=0.1)
+    assert grads[1].shape == w.shape and grads[1].is_contiguous()
+    index = torch.tensor([3, 3, 20, 0, 9], device=DEVICE)
+    _check(h, w, y, None, index=index, reduction="none", chunk_rows=2)
 
 
 @pytest.mark.parametrize("path", PATHS, indirect=True)

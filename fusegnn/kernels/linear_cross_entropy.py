@@ -29,6 +29,15 @@ The rows are processed in chunks of ``R`` rows, so the only logits ever in memor
    logits buffer in place** (no second buffer);
 3. ``dh_chunk = dz @ W`` and ``dW += dz^T @ h_chunk`` (cuBLAS), ``db += dz.sum(0)``.
 
+The GEMMs see the classes padded to a multiple of 8 (zero rows of ``W`` and ``b``:
+:func:`_padded_classes`), so that every row of their operands is 16-byte aligned; the
+padded logits are 0 and add nothing to ``dh``, and their rows of ``dW`` are dropped.
+
+Heads of up to :data:`HEAD_MAX_CLASSES` classes (GNN heads) take :data:`head_kernel`
+instead: one Triton kernel per block of rows computes the logits with ``tl.dot``, the
+log-sum-exp, the loss, ``dz`` and ``dh = dz W`` on chip and stores only ``dz`` (for the
+``dW`` GEMM), in chunks of :data:`HEAD_CHUNK_BYTES`.
+
 With ``index`` the rows that count are ``h[index]`` (repeats count each time); a chunk's
 rows are gathered into an ``[R, K]`` workspace for the GEMM (never an ``[len(index), K]``
 copy), the kernel reads targets through ``index``, and ``dh`` receives the rows with
@@ -57,23 +66,26 @@ __all__ = [
     "chunk_rows_for",
     "fused_linear_cross_entropy",
     "head_kernel",
-    "head_tiled_kernel",
     "linear_cross_entropy_reference",
     "rows_kernel",
 ]
 
 #: byte budget of the one ``[R, C]`` logits buffer (and of a float32 ``dW`` accumulator)
 CHUNK_BYTES = 128 * 2**20
-#: classes up to which :data:`head_kernel` keeps a row block's logits on chip (GNN heads)
-HEAD_MAX_CLASSES = 512
-#: above this many (padded) classes the head path streams class tiles (head_tiled_kernel)
-#: when the features fit one tile (``K <= TILED_MAX_FEATURES``)
-TILED_ABOVE_CLASSES = 128
-TILED_MAX_FEATURES = 256
-#: the tiled kernel's launch (an H100 sweep, benchmarks/NOTES-loss.md)
-TILED_CONFIG = {"block_m": 64, "block_c": 32, "warps": 4, "stages": 3}
-#: byte budget of the head path's per-chunk buffers (``dz`` rows; ``dh`` rows with ``index``)
+#: classes up to which :data:`head_kernel` keeps a row block's logits on chip (GNN heads);
+#: more classes take the GEMM path. (A Triton kernel streaming class tiles past the row
+#: block, sessions 8-12, ran the 736k x 256 -> 349 head in 3.65 ms; the GEMM path with
+#: classes padded to 8 runs it in 2.52 ms at the same peak: benchmarks/NOTES-loss.md.)
+HEAD_MAX_CLASSES = 128
+#: byte budget of the head path's per-chunk buffers (``dz`` rows; ``dh`` rows with
+#: ``index``), and of the GEMM path's for heads of up to :data:`SMALL_HEAD_CLASSES` classes
+#: (many rows: ``dh`` is most of the peak, so the chunk stays small)
 HEAD_CHUNK_BYTES = 32 * 2**20
+SMALL_HEAD_CLASSES = 512
+#: the GEMM path pads the classes to a multiple of 8 (rows of 16-byte multiples: cuBLAS's
+#: aligned kernels; 349 classes unpadded took 7.1 ms instead of 2.5) with a zero-padded
+#: copy of ``W`` of at most this many bytes; larger unaligned vocabularies run unpadded
+PAD_MAX_WEIGHT_BYTES = 16 * 2**20
 #: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``)
 _TILE = 4096
 
@@ -235,83 +247,6 @@ def _head_kernel(
 head_kernel = LazyKernel(_head_kernel)
 
 
-def _head_tiled_kernel(
-    h_ptr, stride_h, w_ptr, b_ptr, target_ptr, index_ptr, scale_ptr, loss_ptr, dz_ptr, stride_dz,
-    dh_ptr, stride_dh, row0, n_rows, num_classes, features, ignore_index, smoothing: tl.float64,
-    HAS_INDEX: tl.constexpr, HAS_BIAS: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
-    WRITE_DZ: tl.constexpr, WRITE_DH: tl.constexpr, DH_BY_CHUNK_ROW: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, ACC: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
-    """:data:`head_kernel` for more classes than one tile: the row block (all ``K <= BLOCK_K``
-    features) stays on chip while class tiles stream past twice -- an online
-    log-sum-exp, then the logits again for ``dz`` and ``dh += dz W_tile`` (so a block of
-    ``BLOCK_M`` rows reads ``W`` twice, not once per 16 rows)."""
-    local, in_rows, src, y, valid, eps = _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
-                                                     HAS_INDEX, BLOCK_M, ACC)
-    ks = tl.arange(0, BLOCK_K)
-    in_k = ks < features
-    a = tl.load(h_ptr + src[:, None] * stride_h + ks[None, :], mask=in_rows[:, None] & in_k[None, :], other=0.0)
-    if UPCAST:
-        a = a.to(ACC)
-    cs = tl.arange(0, BLOCK_C)
-    neg_inf = float("-inf")
-    m = tl.full([BLOCK_M], neg_inf, ACC)
-    s = tl.zeros([BLOCK_M], ACC)
-    z_y = tl.zeros([BLOCK_M], ACC)
-    z_sum = tl.zeros([BLOCK_M], ACC)
-    for c0 in range(0, num_classes, BLOCK_C):
-        cols = c0 + cs
-        in_cols = cols < num_classes
-        wt = tl.load(w_ptr + cols[None, :] * features + ks[:, None], mask=in_cols[None, :] & in_k[:, None], other=0.0)
-        if UPCAST:
-            wt = wt.to(ACC)
-        z = tl.dot(a, wt, input_precision="ieee", out_dtype=ACC)
-        if HAS_BIAS:
-            z += tl.load(b_ptr + cols, mask=in_cols, other=0.0).to(ACC)[None, :]
-        z_y += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
-        z_sum += tl.sum(tl.where(in_cols[None, :], z, 0.0), axis=1)
-        z = tl.where(in_cols[None, :], z, neg_inf)
-        m_new = tl.maximum(m, tl.max(z, axis=1))
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new[:, None]), axis=1)
-        m = m_new
-    lse = m + tl.log(s)
-    _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
-    if WRITE_DZ or WRITE_DH:
-        scale = _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW, BLOCK_M, ACC)
-        lse = tl.where(in_rows, lse, 0.0)
-        dh = tl.zeros([BLOCK_M, BLOCK_K], ACC)
-        for c0 in range(0, num_classes, BLOCK_C):
-            cols = c0 + cs
-            in_cols = cols < num_classes
-            wt = tl.load(w_ptr + cols[None, :] * features + ks[:, None], mask=in_cols[None, :] & in_k[:, None],
-                         other=0.0)
-            if UPCAST:
-                wt = wt.to(ACC)
-            z = tl.dot(a, wt, input_precision="ieee", out_dtype=ACC)
-            if HAS_BIAS:
-                z += tl.load(b_ptr + cols, mask=in_cols, other=0.0).to(ACC)[None, :]
-            dz = _logit_grad(z, lse, cols, y, eps, num_classes, scale)
-            dz = tl.where(in_cols[None, :], dz, 0.0).to(dz_ptr.dtype.element_ty)
-            if WRITE_DZ:
-                tl.store(dz_ptr + local[:, None] * stride_dz + cols[None, :], dz,
-                         mask=in_rows[:, None] & in_cols[None, :])
-            if WRITE_DH:
-                if UPCAST:
-                    dh += tl.dot(dz.to(ACC), tl.trans(wt), input_precision="ieee", out_dtype=ACC)
-                else:
-                    dh += tl.dot(dz, tl.trans(wt), input_precision="ieee", out_dtype=ACC)
-        if WRITE_DH:
-            if DH_BY_CHUNK_ROW:
-                out_rows = local
-            else:
-                out_rows = src
-            tl.store(dh_ptr + out_rows[:, None] * stride_dh + ks[None, :], dh.to(dh_ptr.dtype.element_ty),
-                     mask=in_rows[:, None] & in_k[None, :])
-
-
-head_tiled_kernel = LazyKernel(_head_tiled_kernel)
-
 _TL_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
 
@@ -347,12 +282,6 @@ def _head_blocks(num_classes: int, features: int, dtype: torch.dtype) -> tuple[i
     return block_m, block_c, block_k, 8 if block_c >= 256 else 4, stages
 
 
-def _tiled_blocks(features: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
-    """``(BLOCK_M, BLOCK_C, BLOCK_K, warps, stages)`` of :data:`head_tiled_kernel`."""
-    block_k = max(16, next_pow2(features))
-    return TILED_CONFIG["block_m"], TILED_CONFIG["block_c"], block_k, TILED_CONFIG["warps"], TILED_CONFIG["stages"]
-
-
 def _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, row0, n_rows, ignore_index, smoothing,
                  per_row: bool, dh_by_chunk_row: bool) -> None:
     global tl
@@ -360,14 +289,10 @@ def _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, row0, n_ro
 
     tl = language
     num_classes, features = weight.shape
-    tiled = next_pow2(num_classes) > TILED_ABOVE_CLASSES and next_pow2(features) <= TILED_MAX_FEATURES
-    if tiled:
-        block_m, block_c, block_k, warps, stages = _tiled_blocks(features, h.dtype)
-    else:
-        block_m, block_c, block_k, warps, stages = _head_blocks(num_classes, features, h.dtype)
+    block_m, block_c, block_k, warps, stages = _head_blocks(num_classes, features, h.dtype)
     acc = getattr(language, _TL_NAMES[acc_dtype(h.dtype)])
     grid = ((n_rows + block_m - 1) // block_m,)
-    (head_tiled_kernel if tiled else head_kernel)[grid](
+    head_kernel[grid](
         h, h.stride(0), weight, bias if bias is not None else weight, target,
         index if index is not None else target, scale, loss,
         dz if dz is not None else h, dz.stride(0) if dz is not None else 0,
@@ -452,10 +377,16 @@ def fused_linear_cross_entropy(
         dh_buf = (torch.empty(min(rows, num_rows), features, dtype=h.dtype, device=h.device)
                   if want_h and index is not None else None)
     else:
-        rows = chunk_rows or chunk_rows_for(num_rows, num_classes, h.dtype)
+        w_gemm, b_gemm = _padded_classes(weight, bias)
+        width = w_gemm.shape[0]
+        if num_classes <= SMALL_HEAD_CLASSES:
+            per_row_bytes = (width + (features if index is not None else 0)) * h.element_size()
+            rows = chunk_rows or chunk_rows_for(num_rows, per_row_bytes, torch.uint8, HEAD_CHUNK_BYTES)
+        else:
+            rows = chunk_rows or chunk_rows_for(num_rows, width, h.dtype)
         # one logits buffer for every chunk: a chunk's GEMM writes into it, so the previous
         # chunk's logits are never alive beside the next ones (2 chunks at peak otherwise)
-        logits_buf = torch.empty(min(rows, num_rows), num_classes, dtype=h.dtype, device=h.device)
+        logits_buf = torch.empty(min(rows, num_rows), width, dtype=h.dtype, device=h.device)
     # the gathered rows of h (with index) for the GEMMs, one buffer reused by every chunk
     rows_buf = (torch.empty(min(rows, num_rows), features, dtype=h.dtype, device=h.device)
                 if index is not None and num_rows > 0 and (want_w or not head) else None)
@@ -475,29 +406,50 @@ def fused_linear_cross_entropy(
             if dh_buf is not None:
                 grad_h.index_add_(0, idx, dh)
         else:
-            dz = logits_buf[: r1 - r0]
-            if bias is not None:
-                torch.addmm(bias, h_rows, weight.t(), out=dz)
+            # padded classes (columns past C): zero rows of w_gemm and b_gemm, so their logits
+            # are 0 and add nothing to dh; their dW rows are cut off below
+            padded = logits_buf[: r1 - r0]
+            if b_gemm is not None:
+                torch.addmm(b_gemm, h_rows, w_gemm.t(), out=padded)
             else:
-                torch.mm(h_rows, weight.t(), out=dz)
+                torch.mm(h_rows, w_gemm.t(), out=padded)
+            dz = padded[:, :num_classes]
             _launch_rows(dz, target, index, scale, loss, r0, ignore_index, smoothing, any(grads), per_row)
             if want_h:
                 if idx is None:
-                    torch.mm(dz, weight, out=grad_h[r0:r1])
+                    torch.mm(padded, w_gemm, out=grad_h[r0:r1])
                 else:
-                    grad_h.index_add_(0, idx, torch.mm(dz, weight))
+                    grad_h.index_add_(0, idx, torch.mm(padded, w_gemm))
         if want_w:
-            grad_w_acc = _accumulate_weight_grad(grad_w_acc, dz, h_rows, acc if exact else h.dtype)
+            grad_w_acc = _accumulate_weight_grad(grad_w_acc, dz if head else padded, h_rows, acc if exact else h.dtype)
         if want_b:
             db = dz.sum(0, dtype=acc)
             grad_b = db if grad_b is None else grad_b.add_(db)
     if want_w:
         if grad_w_acc is None:  # no rows
             grad_w_acc = torch.zeros(weight.shape, dtype=h.dtype, device=h.device)
+        grad_w_acc = grad_w_acc[:num_classes]  # the padded classes' rows off (a contiguous view)
         grad_w = grad_w_acc if grad_w_acc.dtype == h.dtype else grad_w_acc.to(h.dtype)
     if want_b:
         grad_b = (grad_b if grad_b is not None else torch.zeros(num_classes, dtype=acc, device=h.device)).to(h.dtype)
     return LossAndGrads(loss, grad_h, grad_w, grad_b)
+
+
+def _padded_classes(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """``(W, b)`` with the classes padded by zero rows to a multiple of 8 (so that every
+    ``[R, C]`` GEMM operand has 16-byte rows), when ``C`` is not one already and the copy
+    is at most :data:`PAD_MAX_WEIGHT_BYTES`; otherwise ``(weight, bias)`` themselves."""
+    num_classes, features = weight.shape
+    width = (num_classes + 7) // 8 * 8
+    if width == num_classes or width * features * weight.element_size() > PAD_MAX_WEIGHT_BYTES:
+        return weight, bias
+    w = weight.new_zeros(width, features)
+    w[:num_classes] = weight
+    b = None
+    if bias is not None:
+        b = bias.new_zeros(width)
+        b[:num_classes] = bias
+    return w, b
 
 
 _MM_OUT_DTYPE = {"works": None}
