@@ -7,7 +7,10 @@ PyTorch's own ops in float64, through each of the fused path's two paths:
 
 * ``head``: the row block's logits on chip (``C <= 128``);
 * ``wide``: GEMM chunks (classes padded to a multiple of 8) and the row kernel (heads of
-  more classes; forced here on small shapes through ``HEAD_MAX_CLASSES = 0``).
+  more classes; forced here on small shapes through ``HEAD_MAX_CLASSES = 0``), whose
+  classes fit one tile (logits read once);
+* ``wide-tiles``: the same with 16-element tiles, so the row kernel sweeps class tiles
+  twice (language-model vocabularies).
 
 With CUDA, the ``cuda`` tests add moderate shapes in float32 (``1e-5``) and bfloat16 (no
 worse than eager bfloat16 against float32).
@@ -36,15 +39,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
-PATHS = ("head", "wide")
+PATHS = ("head", "wide", "wide-tiles")
 
 
 @pytest.fixture
 def path(request, monkeypatch):
     """Force one of the fused path's two paths (see the module docstring)."""
     name = request.param
-    if name == "wide":
+    if name in ("wide", "wide-tiles"):
         monkeypatch.setattr(kernels, "HEAD_MAX_CLASSES", 0)
+    if name == "wide-tiles":  # the row kernel's two sweeps over class tiles (one tile otherwise)
+        monkeypatch.setattr(kernels, "_TILE", 16)
     if name == "head":
         monkeypatch.setattr(kernels, "HEAD_MAX_CLASSES", 512)
     return name

@@ -138,40 +138,57 @@ def _rows_kernel(
     z_ptr, stride_z, target_ptr, index_ptr, scale_ptr, loss_ptr,
     row0, n_rows, num_classes, ignore_index, smoothing: tl.float64,
     HAS_INDEX: tl.constexpr, SCALE_PER_ROW: tl.constexpr, WRITE_GRAD: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     """Rows ``row0 + [pid*BLOCK_R, +BLOCK_R)`` of the chunk whose logits are ``z`` (row
-    ``r`` of the chunk is ``z[r - row0]``): per-row loss, and the logits' gradient in place."""
+    ``r`` of the chunk is ``z[r - row0]``): per-row loss, and the logits' gradient in place.
+    With ``ONE_TILE`` (every class in one ``BLOCK_C`` tile) the logits are read once and
+    the gradient computed from the registers; otherwise a second sweep reads them again."""
     local, in_rows, src, y, valid, eps = _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
                                                      HAS_INDEX, BLOCK_R, ACC)
     zrow = z_ptr + local[:, None] * stride_z
     cols0 = tl.arange(0, BLOCK_C)
     neg_inf = float("-inf")
-    m = tl.full([BLOCK_R], neg_inf, ACC)
-    s = tl.zeros([BLOCK_R], ACC)
-    z_y = tl.zeros([BLOCK_R], ACC)
-    z_sum = tl.zeros([BLOCK_R], ACC)
-    for c0 in range(0, num_classes, BLOCK_C):
-        cols = c0 + cols0
-        mask = in_rows[:, None] & (cols < num_classes)[None, :]
-        z = tl.load(zrow + cols[None, :], mask=mask, other=neg_inf).to(ACC)
-        m_new = tl.maximum(m, tl.max(z, axis=1))
-        m_safe = tl.where(m_new == neg_inf, 0.0, m_new)  # a row of padding only
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
-        m = m_new
-        z_y += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
-        z_sum += tl.sum(tl.where(mask, z, 0.0), axis=1)
-    m_safe = tl.where(m == neg_inf, 0.0, m)
-    lse = m_safe + tl.log(tl.where(s > 0.0, s, 1.0))
-    _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
-    if WRITE_GRAD:
-        scale = _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW, BLOCK_R, ACC)
+    if ONE_TILE:
+        mask = in_rows[:, None] & (cols0 < num_classes)[None, :]
+        z = tl.load(zrow + cols0[None, :], mask=mask, other=neg_inf).to(ACC)
+        m = tl.max(z, axis=1)
+        m_safe = tl.where(m == neg_inf, 0.0, m)  # a row of padding only
+        s = tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
+        lse = m_safe + tl.log(tl.where(s > 0.0, s, 1.0))
+        z_y = tl.sum(tl.where(cols0[None, :] == y[:, None], z, 0.0), axis=1)
+        z_sum = tl.sum(tl.where(mask, z, 0.0), axis=1)
+        _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
+        if WRITE_GRAD:
+            scale = _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW, BLOCK_R, ACC)
+            dz = _logit_grad(z, lse, cols0, y, eps, num_classes, scale)
+            tl.store(zrow + cols0[None, :], dz.to(z_ptr.dtype.element_ty), mask=mask)
+    else:
+        m = tl.full([BLOCK_R], neg_inf, ACC)
+        s = tl.zeros([BLOCK_R], ACC)
+        z_y = tl.zeros([BLOCK_R], ACC)
+        z_sum = tl.zeros([BLOCK_R], ACC)
         for c0 in range(0, num_classes, BLOCK_C):
             cols = c0 + cols0
             mask = in_rows[:, None] & (cols < num_classes)[None, :]
-            z = tl.load(zrow + cols[None, :], mask=mask, other=0.0).to(ACC)
-            dz = _logit_grad(z, lse, cols, y, eps, num_classes, scale)
-            tl.store(zrow + cols[None, :], dz.to(z_ptr.dtype.element_ty), mask=mask)
+            z = tl.load(zrow + cols[None, :], mask=mask, other=neg_inf).to(ACC)
+            m_new = tl.maximum(m, tl.max(z, axis=1))
+            m_safe = tl.where(m_new == neg_inf, 0.0, m_new)  # a row of padding only
+            s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
+            m = m_new
+            z_y += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
+            z_sum += tl.sum(tl.where(mask, z, 0.0), axis=1)
+        m_safe = tl.where(m == neg_inf, 0.0, m)
+        lse = m_safe + tl.log(tl.where(s > 0.0, s, 1.0))
+        _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
+        if WRITE_GRAD:
+            scale = _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW, BLOCK_R, ACC)
+            for c0 in range(0, num_classes, BLOCK_C):
+                cols = c0 + cols0
+                mask = in_rows[:, None] & (cols < num_classes)[None, :]
+                z = tl.load(zrow + cols[None, :], mask=mask, other=0.0).to(ACC)
+                dz = _logit_grad(z, lse, cols, y, eps, num_classes, scale)
+                tl.store(zrow + cols[None, :], dz.to(z_ptr.dtype.element_ty), mask=mask)
 
 
 #: ``triton.language``, bound at the first launch (the kernel's body reads it when it is
@@ -266,7 +283,8 @@ def _launch_rows(z: Tensor, target: Tensor, index: Tensor | None, scale: Tensor,
         z, z.stride(0), target, index if index is not None else dummy, scale, loss,
         row0, n_rows, num_classes, ignore_index, float(smoothing),
         HAS_INDEX=index is not None, SCALE_PER_ROW=per_row, WRITE_GRAD=write_grad,
-        BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, num_warps=4 if block_c * block_r <= 2048 else 8,
+        BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, ONE_TILE=num_classes <= block_c,
+        num_warps=4 if block_c * block_r <= 2048 else 8,
     )
 
 
