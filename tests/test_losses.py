@@ -6,7 +6,7 @@ small shapes. Every case compares the loss and the gradients of ``h``, ``W`` and
 PyTorch's own ops in float64, through each of the fused path's two paths:
 
 * ``head``: the row block's logits on chip (``C <= 128``);
-* ``wide``: GEMM chunks (classes padded to a multiple of 8) and the row kernel (heads of
+* ``wide``: GEMM chunks (classes padded to a multiple of 16) and the row kernel (heads of
   more classes; forced here on small shapes through ``HEAD_MAX_CLASSES = 0``), whose
   classes fit one tile (logits read once);
 * ``wide-tiles``: the same with 16-element tiles, so the row kernel sweeps class tiles
@@ -113,7 +113,7 @@ def test_odd_class_counts_with_label_smoothing(path, classes):
 
 @pytest.mark.parametrize("pad", (True, False))
 def test_wide_path_with_and_without_padded_classes(pad, monkeypatch):
-    """The GEMM path pads 37 classes to 40 (zero rows of ``W`` and ``b``) unless the copy
+    """The GEMM path pads 37 classes to 48 (zero rows of ``W`` and ``b``) unless the copy
     would pass ``PAD_MAX_WEIGHT_BYTES``; either way the values and gradients are the
     unpadded ones, and ``dW`` is a contiguous ``[C, K]`` tensor."""
     monkeypatch.setattr(kernels, "HEAD_MAX_CLASSES", 0)
@@ -121,7 +121,7 @@ def test_wide_path_with_and_without_padded_classes(pad, monkeypatch):
         monkeypatch.setattr(kernels, "PAD_MAX_WEIGHT_BYTES", 0)
     h, w, y, b = _inputs(21, 6, 37, seed=11, ignored=(2,))
     w_gemm, b_gemm = kernels._padded_classes(w, b)
-    assert w_gemm.shape == ((40, 6) if pad else (37, 6)) and (b_gemm.shape[0] == w_gemm.shape[0])
+    assert w_gemm.shape == ((48, 6) if pad else (37, 6)) and (b_gemm.shape[0] == w_gemm.shape[0])
     if pad:
         assert bool((w_gemm[37:] == 0).all()) and bool((b_gemm[37:] == 0).all())
         assert torch.equal(w_gemm[:37], w) and torch.equal(b_gemm[:37], b)

@@ -29,9 +29,9 @@ The rows are processed in chunks of ``R`` rows, so the only logits ever in memor
    logits buffer in place** (no second buffer);
 3. ``dh_chunk = dz @ W`` and ``dW += dz^T @ h_chunk`` (cuBLAS), ``db += dz.sum(0)``.
 
-The GEMMs see the classes padded to a multiple of 8 (zero rows of ``W`` and ``b``:
-:func:`_padded_classes`), so that every row of their operands is 16-byte aligned; the
-padded logits are 0 and add nothing to ``dh``, and their rows of ``dW`` are dropped.
+The GEMMs and the row kernel see the classes padded to a multiple of 16 (zero rows of
+``W`` and ``b``: :func:`_padded_classes`), so that rows are aligned for cuBLAS and for
+vectorised loads; the padded columns get ``dz = 0`` and their rows of ``dW`` are dropped.
 
 Heads of up to :data:`HEAD_MAX_CLASSES` classes (GNN heads) take :data:`head_kernel`
 instead: one Triton kernel per block of rows computes the logits with ``tl.dot``, the
@@ -82,9 +82,12 @@ HEAD_MAX_CLASSES = 128
 #: (many rows: ``dh`` is most of the peak, so the chunk stays small)
 HEAD_CHUNK_BYTES = 32 * 2**20
 SMALL_HEAD_CLASSES = 512
-#: the GEMM path pads the classes to a multiple of 8 (rows of 16-byte multiples: cuBLAS's
-#: aligned kernels; 349 classes unpadded took 7.1 ms instead of 2.5) with a zero-padded
-#: copy of ``W`` of at most this many bytes; larger unaligned vocabularies run unpadded
+#: the GEMM path pads the classes to a multiple of ``CLASS_ALIGN`` (rows of 16-byte
+#: multiples for cuBLAS's aligned kernels -- 349 classes unpadded took 7.1 ms instead of
+#: 2.5 -- and 16-column multiples for the row kernel's vectorised loads: 1.18 against
+#: 0.73 ms) with a zero-padded copy of ``W`` of at most ``PAD_MAX_WEIGHT_BYTES``; larger
+#: unaligned vocabularies run unpadded
+CLASS_ALIGN = 16
 PAD_MAX_WEIGHT_BYTES = 16 * 2**20
 #: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``)
 _TILE = 4096
@@ -136,58 +139,63 @@ def _logit_grad(z, lse, cols, y, eps, num_classes, scale):
 
 def _rows_kernel(
     z_ptr, stride_z, target_ptr, index_ptr, scale_ptr, loss_ptr,
-    row0, n_rows, num_classes, ignore_index, smoothing: tl.float64,
+    row0, n_rows, num_cols, num_classes, ignore_index, smoothing: tl.float64,
     HAS_INDEX: tl.constexpr, SCALE_PER_ROW: tl.constexpr, WRITE_GRAD: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr, ONE_TILE: tl.constexpr,
 ):
     """Rows ``row0 + [pid*BLOCK_R, +BLOCK_R)`` of the chunk whose logits are ``z`` (row
     ``r`` of the chunk is ``z[r - row0]``): per-row loss, and the logits' gradient in place.
-    With ``ONE_TILE`` (every class in one ``BLOCK_C`` tile) the logits are read once and
-    the gradient computed from the registers; otherwise a second sweep reads them again."""
+    A row holds ``num_cols`` columns, the first ``num_classes`` of them classes (the rest
+    padding, written 0): loads and stores cover whole padded rows, whose 16-column
+    multiples Triton vectorises. With ``ONE_TILE`` (the row in one ``BLOCK_C`` tile) the
+    logits are read once and the gradient computed from the registers; otherwise a second
+    sweep reads them again."""
     local, in_rows, src, y, valid, eps = _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
                                                      HAS_INDEX, BLOCK_R, ACC)
     zrow = z_ptr + local[:, None] * stride_z
     cols0 = tl.arange(0, BLOCK_C)
     neg_inf = float("-inf")
     if ONE_TILE:
-        mask = in_rows[:, None] & (cols0 < num_classes)[None, :]
-        z = tl.load(zrow + cols0[None, :], mask=mask, other=neg_inf).to(ACC)
+        mask = in_rows[:, None] & (cols0 < num_cols)[None, :]
+        is_class = (cols0 < num_classes)[None, :]
+        z = tl.where(is_class, tl.load(zrow + cols0[None, :], mask=mask, other=neg_inf).to(ACC), neg_inf)
         m = tl.max(z, axis=1)
         m_safe = tl.where(m == neg_inf, 0.0, m)  # a row of padding only
         s = tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
         lse = m_safe + tl.log(tl.where(s > 0.0, s, 1.0))
         z_y = tl.sum(tl.where(cols0[None, :] == y[:, None], z, 0.0), axis=1)
-        z_sum = tl.sum(tl.where(mask, z, 0.0), axis=1)
+        z_sum = tl.sum(tl.where(mask & is_class, z, 0.0), axis=1)
         _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
         if WRITE_GRAD:
             scale = _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW, BLOCK_R, ACC)
-            dz = _logit_grad(z, lse, cols0, y, eps, num_classes, scale)
+            dz = tl.where(is_class, _logit_grad(z, lse, cols0, y, eps, num_classes, scale), 0.0)
             tl.store(zrow + cols0[None, :], dz.to(z_ptr.dtype.element_ty), mask=mask)
     else:
         m = tl.full([BLOCK_R], neg_inf, ACC)
         s = tl.zeros([BLOCK_R], ACC)
         z_y = tl.zeros([BLOCK_R], ACC)
         z_sum = tl.zeros([BLOCK_R], ACC)
-        for c0 in range(0, num_classes, BLOCK_C):
+        for c0 in range(0, num_cols, BLOCK_C):
             cols = c0 + cols0
-            mask = in_rows[:, None] & (cols < num_classes)[None, :]
-            z = tl.load(zrow + cols[None, :], mask=mask, other=neg_inf).to(ACC)
+            mask = in_rows[:, None] & (cols < num_cols)[None, :]
+            is_class = (cols < num_classes)[None, :]
+            z = tl.where(is_class, tl.load(zrow + cols[None, :], mask=mask, other=neg_inf).to(ACC), neg_inf)
             m_new = tl.maximum(m, tl.max(z, axis=1))
             m_safe = tl.where(m_new == neg_inf, 0.0, m_new)  # a row of padding only
             s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
             m = m_new
             z_y += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
-            z_sum += tl.sum(tl.where(mask, z, 0.0), axis=1)
+            z_sum += tl.sum(tl.where(mask & is_class, z, 0.0), axis=1)
         m_safe = tl.where(m == neg_inf, 0.0, m)
         lse = m_safe + tl.log(tl.where(s > 0.0, s, 1.0))
         _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
         if WRITE_GRAD:
             scale = _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW, BLOCK_R, ACC)
-            for c0 in range(0, num_classes, BLOCK_C):
+            for c0 in range(0, num_cols, BLOCK_C):
                 cols = c0 + cols0
-                mask = in_rows[:, None] & (cols < num_classes)[None, :]
+                mask = in_rows[:, None] & (cols < num_cols)[None, :]
                 z = tl.load(zrow + cols[None, :], mask=mask, other=0.0).to(ACC)
-                dz = _logit_grad(z, lse, cols, y, eps, num_classes, scale)
+                dz = tl.where((cols < num_classes)[None, :], _logit_grad(z, lse, cols, y, eps, num_classes, scale), 0.0)
                 tl.store(zrow + cols[None, :], dz.to(z_ptr.dtype.element_ty), mask=mask)
 
 
@@ -267,23 +275,25 @@ head_kernel = LazyKernel(_head_kernel)
 _TL_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
 
-def _launch_rows(z: Tensor, target: Tensor, index: Tensor | None, scale: Tensor, loss: Tensor,
+def _launch_rows(z: Tensor, num_classes: int, target: Tensor, index: Tensor | None, scale: Tensor, loss: Tensor,
                  row0: int, ignore_index: int, smoothing: float, write_grad: bool, per_row: bool) -> None:
+    """:data:`rows_kernel` over the chunk ``z`` (``[R, width]``, its first ``num_classes``
+    columns the classes, the rest padding)."""
     global tl
     import triton.language as language
 
     tl = language
-    n_rows, num_classes = z.shape
-    block_c = min(next_pow2(num_classes), _TILE)
+    n_rows, num_cols = z.shape
+    block_c = min(next_pow2(num_cols), _TILE)
     block_r = max(1, min(_TILE // block_c, 64, next_pow2(n_rows)))
     grid = ((n_rows + block_r - 1) // block_r,)
     acc = getattr(language, _TL_NAMES[acc_dtype(z.dtype)])
     dummy = target
     rows_kernel[grid](
         z, z.stride(0), target, index if index is not None else dummy, scale, loss,
-        row0, n_rows, num_classes, ignore_index, float(smoothing),
+        row0, n_rows, num_cols, num_classes, ignore_index, float(smoothing),
         HAS_INDEX=index is not None, SCALE_PER_ROW=per_row, WRITE_GRAD=write_grad,
-        BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, ONE_TILE=num_classes <= block_c,
+        BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, ONE_TILE=num_cols <= block_c,
         num_warps=4 if block_c * block_r <= 2048 else 8,
     )
 
@@ -424,15 +434,16 @@ def fused_linear_cross_entropy(
             if dh_buf is not None:
                 grad_h.index_add_(0, idx, dh)
         else:
-            # padded classes (columns past C): zero rows of w_gemm and b_gemm, so their logits
-            # are 0 and add nothing to dh; their dW rows are cut off below
+            # padded classes (columns past C): zero rows of w_gemm and b_gemm; the row kernel
+            # writes them dz = 0, and their dW rows are cut off below
             padded = logits_buf[: r1 - r0]
             if b_gemm is not None:
                 torch.addmm(b_gemm, h_rows, w_gemm.t(), out=padded)
             else:
                 torch.mm(h_rows, w_gemm.t(), out=padded)
             dz = padded[:, :num_classes]
-            _launch_rows(dz, target, index, scale, loss, r0, ignore_index, smoothing, any(grads), per_row)
+            _launch_rows(padded, num_classes, target, index, scale, loss, r0, ignore_index, smoothing, any(grads),
+                         per_row)
             if want_h:
                 if idx is None:
                     torch.mm(padded, w_gemm, out=grad_h[r0:r1])
@@ -454,11 +465,11 @@ def fused_linear_cross_entropy(
 
 
 def _padded_classes(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """``(W, b)`` with the classes padded by zero rows to a multiple of 8 (so that every
-    ``[R, C]`` GEMM operand has 16-byte rows), when ``C`` is not one already and the copy
-    is at most :data:`PAD_MAX_WEIGHT_BYTES`; otherwise ``(weight, bias)`` themselves."""
+    """``(W, b)`` with the classes padded by zero rows to a multiple of :data:`CLASS_ALIGN`,
+    when ``C`` is not one already and the copy is at most :data:`PAD_MAX_WEIGHT_BYTES`;
+    otherwise ``(weight, bias)`` themselves."""
     num_classes, features = weight.shape
-    width = (num_classes + 7) // 8 * 8
+    width = (num_classes + CLASS_ALIGN - 1) // CLASS_ALIGN * CLASS_ALIGN
     if width == num_classes or width * features * weight.element_size() > PAD_MAX_WEIGHT_BYTES:
         return weight, bias
     w = weight.new_zeros(width, features)
