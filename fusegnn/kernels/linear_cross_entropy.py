@@ -89,8 +89,11 @@ SMALL_HEAD_CLASSES = 512
 #: unaligned vocabularies run unpadded
 CLASS_ALIGN = 16
 PAD_MAX_WEIGHT_BYTES = 16 * 2**20
-#: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``)
+#: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``), and of a tile holding whole
+#: rows (every class in one tile: fewer rows per program ran faster on an H100, 736k x
+#: 349 head, 47,616-row chunk: 75 us at 4096 elements, 61 at 2048, 59 at 1024, 75 at 512)
 _TILE = 4096
+_ONE_TILE = 2048
 
 
 @kernel_helper
@@ -285,7 +288,8 @@ def _launch_rows(z: Tensor, num_classes: int, target: Tensor, index: Tensor | No
     tl = language
     n_rows, num_cols = z.shape
     block_c = min(next_pow2(num_cols), _TILE)
-    block_r = max(1, min(_TILE // block_c, 64, next_pow2(n_rows)))
+    one_tile = num_cols <= block_c
+    block_r = max(1, min((_ONE_TILE if one_tile else _TILE) // block_c, 64, next_pow2(n_rows)))
     grid = ((n_rows + block_r - 1) // block_r,)
     acc = getattr(language, _TL_NAMES[acc_dtype(z.dtype)])
     dummy = target
@@ -293,7 +297,7 @@ def _launch_rows(z: Tensor, num_classes: int, target: Tensor, index: Tensor | No
         z, z.stride(0), target, index if index is not None else dummy, scale, loss,
         row0, n_rows, num_cols, num_classes, ignore_index, float(smoothing),
         HAS_INDEX=index is not None, SCALE_PER_ROW=per_row, WRITE_GRAD=write_grad,
-        BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, ONE_TILE=num_cols <= block_c,
+        BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, ONE_TILE=one_tile,
         num_warps=4 if block_c * block_r <= 2048 else 8,
     )
 
