@@ -89,11 +89,13 @@ SMALL_HEAD_CLASSES = 512
 #: unaligned vocabularies run unpadded
 CLASS_ALIGN = 16
 PAD_MAX_WEIGHT_BYTES = 16 * 2**20
-#: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``), and of a tile holding whole
-#: rows (every class in one tile: fewer rows per program ran faster on an H100, 736k x
-#: 349 head, 47,616-row chunk: 75 us at 4096 elements, 61 at 2048, 59 at 1024, 75 at 512)
+#: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``)
 _TILE = 4096
-_ONE_TILE = 2048
+#: a row that fits one tile goes to one program with a warp per ``_ROW_PER_WARP`` columns
+#: (the row's reductions stay within warps). H100, 736k x 349 head, one 47,616-row chunk
+#: (512-column tiles): 1 row and 1 warp per program 46 us; 2 rows / 2 warps 54; 4 rows / 4
+#: warps 62 (the previous rule); 8 rows / 4 warps 74 (before that).
+_ROW_PER_WARP = 512
 
 
 @kernel_helper
@@ -289,7 +291,11 @@ def _launch_rows(z: Tensor, num_classes: int, target: Tensor, index: Tensor | No
     n_rows, num_cols = z.shape
     block_c = min(next_pow2(num_cols), _TILE)
     one_tile = num_cols <= block_c
-    block_r = max(1, min((_ONE_TILE if one_tile else _TILE) // block_c, 64, next_pow2(n_rows)))
+    if one_tile:
+        block_r, warps = 1, max(1, min(8, block_c // _ROW_PER_WARP))
+    else:
+        block_r = max(1, min(_TILE // block_c, 64, next_pow2(n_rows)))
+        warps = 4 if block_c * block_r <= 2048 else 8
     grid = ((n_rows + block_r - 1) // block_r,)
     acc = getattr(language, _TL_NAMES[acc_dtype(z.dtype)])
     dummy = target
@@ -297,8 +303,7 @@ def _launch_rows(z: Tensor, num_classes: int, target: Tensor, index: Tensor | No
         z, z.stride(0), target, index if index is not None else dummy, scale, loss,
         row0, n_rows, num_cols, num_classes, ignore_index, float(smoothing),
         HAS_INDEX=index is not None, SCALE_PER_ROW=per_row, WRITE_GRAD=write_grad,
-        BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, ONE_TILE=one_tile,
-        num_warps=4 if block_c * block_r <= 2048 else 8,
+        BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, ONE_TILE=one_tile, num_warps=warps,
     )
 
 
