@@ -369,8 +369,8 @@ def _verify_training(
     standard one rounds its bias correction on the host: over several steps Adam's
     normalisation amplifies that into ~1e-3 differences, the same for PyG and fusegnn,
     which is not what this check is about), and for a graphed row torch's fused Adam
-    kernel, which :func:`fusegnn.graphed_step` switches its optimizer to. Raises if the eager steps barely moved the output (the comparison would then
-    prove nothing)."""
+    kernel, which :func:`fusegnn.graphed_step` switches its optimizer to. Raises if the
+    eager steps barely moved the output (the comparison would then prove nothing)."""
     calls = GRAPH_WARMUP + VERIFY_CALLS
     model, graph_arg = _paper_model(backend, shared, case, config.device)
     model.eval()  # dropout off: both runs compute the same function

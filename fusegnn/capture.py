@@ -183,7 +183,8 @@ def graphed_step(
         a :class:`GraphedStep`, called like ``fn``.
 
     Raises:
-        TypeError: ``fn`` is not callable or ``optimizer`` is not an optimizer.
+        TypeError: ``fn`` is not callable, ``optimizer`` is not an optimizer, or
+            ``fuse_optimizer`` is not a bool.
         ValueError: ``warmup < 1``, or a parameter of ``optimizer`` is not on a CUDA device.
     """
     if fn is None:
@@ -592,15 +593,20 @@ _FUSABLE = (torch.optim.Adam, torch.optim.AdamW)
 
 def _use_fused_implementation(optimizer: torch.optim.Optimizer, device_types: tuple[str, ...] = ("cuda",)) -> bool:
     """Switch the groups of a torch Adam / AdamW that chose no implementation (``foreach``
-    and ``fused`` both ``None``, not ``differentiable``) and whose parameters are all
-    floating point on ``device_types`` to torch's fused kernel (``fused=True``); their
-    step counters become float32 tensors (what the fused kernel reads). Other optimizers
-    and groups are left alone. Returns whether any group was switched."""
+    and ``fused`` both ``None``, not ``differentiable``), whose ``betas`` are numbers and
+    whose parameters are all floating point on ``device_types`` to torch's fused kernel
+    (``fused=True``); their step counters become float32 tensors (what the fused kernel
+    reads). Other optimizers and groups are left alone: tensor ``betas`` in particular,
+    which the fused kernel takes as host numbers (a read-back in every step, which a
+    capture refuses), while the multi-tensor update reads them on the device. Returns
+    whether any group was switched."""
     if type(optimizer) not in _FUSABLE:
         return False
     switched = False
     for group in optimizer.param_groups:
         if group.get("fused") is not None or group.get("foreach") is not None or group.get("differentiable"):
+            continue
+        if any(isinstance(beta, Tensor) for beta in group.get("betas", ())):
             continue
         params = group["params"]
         if not params or not all(p.is_floating_point() and p.device.type in device_types for p in params):

@@ -8,9 +8,10 @@ GPU (skipped without CUDA): GCN and GAT steps on a random graph (:mod:`tests.gra
 captured and replayed: parameters after replays match eager steps (dropout off, close
 not bitwise: GAS and PyTorch's scatter use atomics), the loss falls over replays with
 dropout on, every replay draws new dropout masks (torch's dropout and the fused GAT
-attention dropout), Adam takes torch's fused kernel unless told not to, new inputs are copied in, and what cannot be captured (a host sync
-inside the step, a changed learning rate, an optimizer with host state, a kernel plan
-built during a raw capture) is a clear error.
+attention dropout), Adam takes torch's fused kernel unless told not to, new inputs are
+copied in, and what cannot be captured (a host sync inside the step, a changed learning
+rate, an optimizer with host state, a kernel plan built during a raw capture) is a clear
+error.
 """
 
 from __future__ import annotations
@@ -130,14 +131,17 @@ def test_fused_implementation_is_torchs_update_through_its_fused_kernel(cls, mon
 
 
 def test_fused_implementation_leaves_explicit_choices_alone():
-    """A group that set ``foreach`` / ``fused`` / ``differentiable``, integer or mixed-device
-    parameters, other optimizers and subclasses of Adam keep what they were built with."""
+    """A group with tensor ``betas``, or that set ``foreach`` / ``fused`` /
+    ``differentiable``, integer parameters, other optimizers and subclasses of Adam keep
+    what they were built with."""
     from fusegnn.capture import _use_fused_implementation
 
     class MyAdam(torch.optim.Adam):
         pass
 
+    tensor_betas = (torch.tensor(0.9, dtype=torch.float64), torch.tensor(0.999, dtype=torch.float64))
     built = [
+        torch.optim.Adam(_params(), betas=tensor_betas),  # the fused kernel would read them back
         torch.optim.Adam(_params(), foreach=True),
         torch.optim.Adam(_params(), foreach=False),
         torch.optim.Adam(_params(), fused=False),
@@ -295,6 +299,28 @@ def test_fused_optimizer_switch_and_its_opt_outs(built, fuse, expect):
     torch.testing.assert_close(loss_t, loss_e, rtol=1e-4, atol=1e-6)
     for p_e, p_t in zip(eager.parameters(), twin.parameters()):
         torch.testing.assert_close(p_t, p_e, rtol=1e-4, atol=1e-5)
+
+
+@requires_cuda
+def test_tensor_betas_keep_the_multi_tensor_update_and_capture():
+    """Adam with CUDA-tensor ``betas`` stays on the multi-tensor update, which reads them on
+    the device (the fused kernel takes them as host numbers: a read-back the capture
+    refuses), and its steps capture and replay."""
+    param = torch.nn.Parameter(torch.randn(8, device="cuda"))
+    betas = (torch.tensor(0.9, device="cuda"), torch.tensor(0.999, device="cuda"))
+    opt = torch.optim.Adam([param], lr=0.01, betas=betas, capturable=True)
+
+    def step():
+        (param * param).sum().backward()
+        opt.step()
+        return param.sum()
+
+    graphed = graphed_step(step, opt, warmup=2)
+    assert opt.param_groups[0]["fused"] is None
+    before = param.detach().clone()
+    for _ in range(4):
+        graphed()
+    assert graphed.captured and not torch.equal(param.detach(), before)
 
 
 @requires_cuda

@@ -19,19 +19,21 @@ with :math:`s_i` = ``1 / n_valid`` (mean), ``1`` (sum) or the incoming per-row g
 :math:`\partial b = \sum_i \partial z_i`.
 
 The rows are processed in chunks of ``R`` rows, so the only logits ever in memory are one
-``[R, C]`` buffer in the input dtype (its size is a budget, :data:`CHUNK_BYTES`):
+``[R, C']`` buffer in the input dtype (its size is a budget: :data:`CHUNK_BYTES`, or
+:data:`HEAD_CHUNK_BYTES` for heads of up to :data:`SMALL_HEAD_CLASSES` classes); ``C'`` is
+``C`` padded to a multiple of :data:`CLASS_ALIGN` with zero rows of ``W`` and ``b`` when
+that copy is at most :data:`PAD_MAX_WEIGHT_BYTES` (:func:`_padded_classes`: aligned rows
+for cuBLAS and vectorised loads), else ``C``:
 
 1. ``logits = h_chunk @ W^T + b`` (cuBLAS, fp32 accumulation, one rounding to the dtype --
    as ``F.linear`` does);
 2. :data:`rows_kernel` (Triton), one pass per row block: an online log-sum-exp in the
    accumulation dtype over class tiles, the target logit, the sum of logits (label
-   smoothing) -> the per-row loss; a second sweep writes :math:`\partial z` **over the
-   logits buffer in place** (no second buffer);
-3. ``dh_chunk = dz @ W`` and ``dW += dz^T @ h_chunk`` (cuBLAS), ``db += dz.sum(0)``.
-
-The GEMMs and the row kernel see the classes padded to a multiple of 16 (zero rows of
-``W`` and ``b``: :func:`_padded_classes`), so that rows are aligned for cuBLAS and for
-vectorised loads; the padded columns get ``dz = 0`` and their rows of ``dW`` are dropped.
+   smoothing) -> the per-row loss, then :math:`\partial z` written **over the logits buffer
+   in place** (no second buffer) -- from the registers when a row fits one tile, else by a
+   second sweep; padded columns get ``dz = 0``;
+3. ``dh_chunk = dz @ W`` and ``dW += dz^T @ h_chunk`` (cuBLAS; ``dW`` from the ``C`` real
+   columns only), ``db += dz.sum(0)``.
 
 Heads of up to :data:`HEAD_MAX_CLASSES` classes (GNN heads) take :data:`head_kernel`
 instead: one Triton kernel per block of rows computes the logits with ``tl.dot``, the
@@ -70,31 +72,31 @@ __all__ = [
     "rows_kernel",
 ]
 
-#: byte budget of the one ``[R, C]`` logits buffer (and of a float32 ``dW`` accumulator)
+#: byte budget of the one ``[R, C']`` logits buffer (and of a float32 ``dW`` accumulator)
 CHUNK_BYTES = 128 * 2**20
 #: classes up to which :data:`head_kernel` keeps a row block's logits on chip (GNN heads);
-#: more classes take the GEMM path. (A Triton kernel streaming class tiles past the row
-#: block, sessions 8-12, ran the 736k x 256 -> 349 head in 3.65 ms; the GEMM path with
-#: classes padded to 8 runs it in 2.52 ms at the same peak: benchmarks/NOTES-loss.md.)
+#: more classes take the GEMM path, which was faster from 349 classes on (H100:
+#: benchmarks/NOTES-loss.md, session 13)
 HEAD_MAX_CLASSES = 128
 #: byte budget of the head path's per-chunk buffers (``dz`` rows; ``dh`` rows with
-#: ``index``), and of the GEMM path's for heads of up to :data:`SMALL_HEAD_CLASSES` classes
-#: (many rows: ``dh`` is most of the peak, so the chunk stays small)
+#: ``index``), and of the GEMM path's (logits; gathered rows and their ``dh`` with
+#: ``index``) for heads of up to :data:`SMALL_HEAD_CLASSES` classes
 HEAD_CHUNK_BYTES = 32 * 2**20
+#: classes up to which the GEMM path chunks by :data:`HEAD_CHUNK_BYTES`: a GNN head has
+#: many rows, so its ``dh`` is most of the peak and the chunk stays small
 SMALL_HEAD_CLASSES = 512
-#: the GEMM path pads the classes to a multiple of ``CLASS_ALIGN`` (rows of 16-byte
-#: multiples for cuBLAS's aligned kernels -- 349 classes unpadded took 7.1 ms instead of
-#: 2.5 -- and 16-column multiples for the row kernel's vectorised loads: 1.18 against
-#: 0.73 ms) with a zero-padded copy of ``W`` of at most ``PAD_MAX_WEIGHT_BYTES``; larger
-#: unaligned vocabularies run unpadded
+#: the GEMM path pads the classes to a multiple of ``CLASS_ALIGN``: 16-byte rows for
+#: cuBLAS's aligned kernels and 16-column rows for the row kernel's vectorised loads
+#: (both several times faster than unaligned rows: benchmarks/NOTES-loss.md) ...
 CLASS_ALIGN = 16
+#: ... through a zero-padded copy of ``W`` of at most this many bytes (larger unaligned
+#: vocabularies run unpadded)
 PAD_MAX_WEIGHT_BYTES = 16 * 2**20
 #: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``)
 _TILE = 4096
-#: a row that fits one tile goes to one program with a warp per ``_ROW_PER_WARP`` columns
-#: (the row's reductions stay within warps). H100, 736k x 349 head, one 47,616-row chunk
-#: (512-column tiles): 1 row and 1 warp per program 46 us; 2 rows / 2 warps 54; 4 rows / 4
-#: warps 62 (the previous rule); 8 rows / 4 warps 74 (before that).
+#: a row that fits one tile goes to one program with a warp per ``_ROW_PER_WARP`` columns,
+#: so that the row's reductions stay within warps (the fastest launch on an H100:
+#: benchmarks/NOTES-loss.md, session 13)
 _ROW_PER_WARP = 512
 
 
@@ -151,10 +153,10 @@ def _rows_kernel(
     """Rows ``row0 + [pid*BLOCK_R, +BLOCK_R)`` of the chunk whose logits are ``z`` (row
     ``r`` of the chunk is ``z[r - row0]``): per-row loss, and the logits' gradient in place.
     A row holds ``num_cols`` columns, the first ``num_classes`` of them classes (the rest
-    padding, written 0): loads and stores cover whole padded rows, whose 16-column
-    multiples Triton vectorises. With ``ONE_TILE`` (the row in one ``BLOCK_C`` tile) the
-    logits are read once and the gradient computed from the registers; otherwise a second
-    sweep reads them again."""
+    padding, written 0): loads and stores cover whole rows, so that a padded row (a
+    multiple of 16 columns) is read with vector loads. With ``ONE_TILE`` (the row in one
+    ``BLOCK_C`` tile) the logits are read once and the gradient computed from the
+    registers; otherwise a second sweep reads them again."""
     local, in_rows, src, y, valid, eps = _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
                                                      HAS_INDEX, BLOCK_R, ACC)
     zrow = z_ptr + local[:, None] * stride_z
@@ -416,14 +418,17 @@ def fused_linear_cross_entropy(
     else:
         w_gemm, b_gemm = _padded_classes(weight, bias)
         width = w_gemm.shape[0]
+        gathered = index is not None  # per chunk: the gathered rows, and their dh if wanted
         if num_classes <= SMALL_HEAD_CLASSES:
-            per_row_bytes = (width + (features if index is not None else 0)) * h.element_size()
+            per_row_bytes = (width + (features * (1 + want_h) if gathered else 0)) * h.element_size()
             rows = chunk_rows or chunk_rows_for(num_rows, per_row_bytes, torch.uint8, HEAD_CHUNK_BYTES)
         else:
             rows = chunk_rows or chunk_rows_for(num_rows, width, h.dtype)
         # one logits buffer for every chunk: a chunk's GEMM writes into it, so the previous
         # chunk's logits are never alive beside the next ones (2 chunks at peak otherwise)
         logits_buf = torch.empty(min(rows, num_rows), width, dtype=h.dtype, device=h.device)
+        dh_buf = (torch.empty(min(rows, num_rows), features, dtype=h.dtype, device=h.device)
+                  if want_h and gathered else None)
     # the gathered rows of h (with index) for the GEMMs, one buffer reused by every chunk
     rows_buf = (torch.empty(min(rows, num_rows), features, dtype=h.dtype, device=h.device)
                 if index is not None and num_rows > 0 and (want_w or not head) else None)
@@ -444,7 +449,7 @@ def fused_linear_cross_entropy(
                 grad_h.index_add_(0, idx, dh)
         else:
             # padded classes (columns past C): zero rows of w_gemm and b_gemm; the row kernel
-            # writes them dz = 0, and their dW rows are cut off below
+            # writes them dz = 0
             padded = logits_buf[: r1 - r0]
             if b_gemm is not None:
                 torch.addmm(b_gemm, h_rows, w_gemm.t(), out=padded)
@@ -457,16 +462,15 @@ def fused_linear_cross_entropy(
                 if idx is None:
                     torch.mm(padded, w_gemm, out=grad_h[r0:r1])
                 else:
-                    grad_h.index_add_(0, idx, torch.mm(padded, w_gemm))
-        if want_w:
-            grad_w_acc = _accumulate_weight_grad(grad_w_acc, dz if head else padded, h_rows, acc if exact else h.dtype)
+                    grad_h.index_add_(0, idx, torch.mm(padded, w_gemm, out=dh_buf[: r1 - r0]))
+        if want_w:  # from the real classes' columns: a fresh [C, K] (the padding's rows are never formed)
+            grad_w_acc = _accumulate_weight_grad(grad_w_acc, dz, h_rows, acc if exact else h.dtype)
         if want_b:
             db = dz.sum(0, dtype=acc)
             grad_b = db if grad_b is None else grad_b.add_(db)
     if want_w:
         if grad_w_acc is None:  # no rows
             grad_w_acc = torch.zeros(weight.shape, dtype=h.dtype, device=h.device)
-        grad_w_acc = grad_w_acc[:num_classes]  # the padded classes' rows off (a contiguous view)
         grad_w = grad_w_acc if grad_w_acc.dtype == h.dtype else grad_w_acc.to(h.dtype)
     if want_b:
         grad_b = (grad_b if grad_b is not None else torch.zeros(num_classes, dtype=acc, device=h.device)).to(h.dtype)

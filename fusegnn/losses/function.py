@@ -191,7 +191,8 @@ def linear_cross_entropy(
         backend: ``"auto"`` (fused on CUDA from :data:`FUSED_MIN_WORK` rows x (classes +
             features) on, where it is faster, and in CUDA graph captures and their
             warm-up steps; the reference otherwise), ``"fused"``, ``"reference"``.
-        chunk_rows: rows per chunk of the fused path (default: a 128 MiB logits budget).
+        chunk_rows: rows per chunk of the fused path (default: a 128 MiB logits budget;
+            32 MiB of per-chunk buffers for heads of up to 512 classes).
             Memory for time on wide heads: a language-model head (8192 x 4096 -> 128,256,
             bf16, H100) takes 47.0 ms / 1191 MiB at the default 512 rows, 41.7 ms /
             1317 MiB at 1024 (eager: 41.6 ms / 6012 MiB; ``benchmarks/NOTES-loss.md``).
