@@ -596,10 +596,10 @@ def _use_fused_implementation(optimizer: torch.optim.Optimizer, device_types: tu
     and ``fused`` both ``None``, not ``differentiable``), whose ``betas`` are numbers and
     whose parameters are all floating point on ``device_types`` to torch's fused kernel
     (``fused=True``); their step counters become float32 tensors (what the fused kernel
-    reads). Other optimizers and groups are left alone: tensor ``betas`` in particular,
-    which the fused kernel takes as host numbers (a read-back in every step, which a
-    capture refuses), while the multi-tensor update reads them on the device. Returns
-    whether any group was switched."""
+    reads). Other optimizers and groups are left as built: tensor ``betas`` in
+    particular, which the fused kernel takes as host numbers (a read-back in every step).
+    (torch 2.11's multi-tensor update reads them back too, so such a group does not
+    capture either way.) Returns whether any group was switched."""
     if type(optimizer) not in _FUSABLE:
         return False
     switched = False

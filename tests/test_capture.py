@@ -302,28 +302,6 @@ def test_fused_optimizer_switch_and_its_opt_outs(built, fuse, expect):
 
 
 @requires_cuda
-def test_tensor_betas_keep_the_multi_tensor_update_and_capture():
-    """Adam with CUDA-tensor ``betas`` stays on the multi-tensor update, which reads them on
-    the device (the fused kernel takes them as host numbers: a read-back the capture
-    refuses), and its steps capture and replay."""
-    param = torch.nn.Parameter(torch.randn(8, device="cuda"))
-    betas = (torch.tensor(0.9, device="cuda"), torch.tensor(0.999, device="cuda"))
-    opt = torch.optim.Adam([param], lr=0.01, betas=betas, capturable=True)
-
-    def step():
-        (param * param).sum().backward()
-        opt.step()
-        return param.sum()
-
-    graphed = graphed_step(step, opt, warmup=2)
-    assert opt.param_groups[0]["fused"] is None
-    before = param.detach().clone()
-    for _ in range(4):
-        graphed()
-    assert graphed.captured and not torch.equal(param.detach(), before)
-
-
-@requires_cuda
 def test_small_fused_loss_head_is_warmed_up_on_the_captured_path(monkeypatch):
     """linear_cross_entropy's ``auto`` takes the reference for a small eager head and the
     fused path in a capture; graphed_step's warm-up steps (under for_capture) take the
