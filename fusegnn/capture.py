@@ -242,6 +242,8 @@ class GraphedStep:
         self._outputs: Any = None
         self._hyper: list[tuple[dict, str, Any]] = []
         self._num_groups: list[int] = []
+        self._captured_state: list[tuple[list, dict]] = []
+        self._host_hyper: list[tuple[dict, str, Tensor, Tensor]] = []
 
     # ------------------------------------------------------------------ public
     @property
@@ -262,6 +264,8 @@ class GraphedStep:
         self._outputs = None
         self._hyper = []
         self._num_groups = []
+        self._captured_state = []
+        self._host_hyper = []
         self._eager_calls = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -347,7 +351,9 @@ class GraphedStep:
         return device
 
     def _snapshot_optimizers(self) -> None:
-        """Remember the hyper-parameters the recording baked in."""
+        """Remember what the recording baked in: the hyper-parameters given as numbers, the
+        values of those given as CPU tensors (read on the host when captured), and the
+        optimizer's ``param_groups`` and ``state`` objects (whose tensors the replays update)."""
         self._hyper = [
             (group, key, value)
             for opt in self.optimizers
@@ -355,9 +361,24 @@ class GraphedStep:
             for key, value in group.items()
             if key != "params" and not isinstance(value, Tensor)
         ]
+        self._host_hyper = [
+            (group, key, value, value.detach().clone())
+            for opt in self.optimizers
+            for group in opt.param_groups
+            for key, value in group.items()
+            if key != "params" and isinstance(value, Tensor) and value.device.type == "cpu"
+        ]
         self._num_groups = [len(opt.param_groups) for opt in self.optimizers]
+        self._captured_state = [(opt.param_groups, opt.state) for opt in self.optimizers]
 
     def _check_optimizers(self) -> None:
+        for opt, (groups, state) in zip(self.optimizers, self._captured_state):
+            if opt.param_groups is not groups or opt.state is not state:
+                raise RuntimeError(
+                    f"graphed_step({self._name}): the optimizer's param groups or state were replaced after "
+                    "the step was captured (load_state_dict?); the replays would keep updating the captured "
+                    "state. Call .reset() to capture again with the new state"
+                )
         for group, key, value in self._hyper:
             now = group.get(key)
             if now is not value and now != value:
@@ -366,6 +387,15 @@ class GraphedStep:
                     f"{now!r} after the step was captured; the recording keeps the old value. Call "
                     ".reset() to capture again, or give the optimizer a tensor (lr=torch.tensor(..., "
                     "device='cuda')) and change it in place"
+                )
+        for group, key, value, captured in self._host_hyper:
+            now = group.get(key)
+            if now is not value or not torch.equal(now, captured):
+                raise RuntimeError(
+                    f"graphed_step({self._name}): the optimizer's {key!r}, a CPU tensor, changed from "
+                    f"{captured.tolist()!r} after the step was captured; the recording read its value on the "
+                    f"host and keeps it. Put it on the GPU ({key}=torch.tensor(..., device='cuda')) to change "
+                    "it between replays, or call .reset() to capture again"
                 )
         for opt, count in zip(self.optimizers, self._num_groups):
             if len(opt.param_groups) != count:

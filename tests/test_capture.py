@@ -508,6 +508,45 @@ def test_changed_lr_is_an_error_and_reset_captures_again():
 
 
 @requires_cuda
+def test_a_loaded_optimizer_state_is_an_error_and_reset_captures_again():
+    """``load_state_dict`` after the capture replaces the optimizer's groups and state: the
+    replays would go on updating the captured tensors, so the next call refuses."""
+    x, y, graph, index = _data(6)
+    model = _model("gcn", 0.0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    graphed = graphed_step(_step(model, optimizer, x, y, graph, index), optimizer, warmup=1)
+    graphed(), graphed()
+    assert graphed.captured
+    optimizer.load_state_dict(optimizer.state_dict())
+    with pytest.raises(RuntimeError, match=r"param groups or state were replaced after the step was captured"):
+        graphed()
+    graphed.reset()
+    graphed(), graphed()
+    assert graphed.captured
+    first = next(model.parameters())
+    before = float(optimizer.state[first]["step"])
+    graphed()
+    assert float(optimizer.state[first]["step"]) == before + 1  # the loaded state is what steps
+
+
+@requires_cuda
+def test_a_changed_cpu_tensor_hyperparameter_is_an_error():
+    """A CPU-tensor learning rate is read on the host when the step is captured: changing it
+    in place afterwards is refused, not silently ignored."""
+    x, y, graph, index = _data(6)
+    model = _model("gcn", 0.0)
+    lr = torch.tensor(0.01)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, capturable=True)
+    graphed = graphed_step(_step(model, optimizer, x, y, graph, index), optimizer, warmup=1)
+    graphed(), graphed()
+    assert graphed.captured
+    graphed()
+    lr.fill_(0.005)
+    with pytest.raises(RuntimeError, match=r"'lr', a CPU tensor, changed from"):
+        graphed()
+
+
+@requires_cuda
 def test_a_tensor_learning_rate_is_read_at_every_replay():
     x, y, graph, index = _data(7)
     model = _model("gcn", 0.0)
