@@ -84,6 +84,48 @@ def test_bad_arguments():
             graphed_step(lambda: None, fuse_optimizer=bad)
 
 
+def _checked_step(optimizer):
+    """A GraphedStep's optimizer checks alone, on the CPU (no capture): the state that
+    ``_capture`` snapshots once the recording is made."""
+    step = GraphedStep.__new__(GraphedStep)
+    step.optimizers, step._name = (optimizer,), "train_step"
+    step._snapshot_optimizers()
+    return step
+
+
+def test_replays_refuse_a_replaced_optimizer_state_or_a_changed_cpu_tensor_hyperparameter():
+    """What a recording baked in is checked before every replay: ``load_state_dict``
+    replaces the groups and the state (the replays would update the captured tensors), a
+    CPU-tensor learning rate was read on the host (a change would be ignored), a number
+    changed, a group added; a CUDA tensor learning rate is read at every replay, so it may
+    change. Each refusal names what changed."""
+    params = _params(torch.float32)
+    lr = torch.tensor(0.01)
+    opt = torch.optim.Adam(params, lr=lr)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    step = _checked_step(opt)
+    step._check_optimizers()  # nothing changed
+    opt.load_state_dict(opt.state_dict())
+    with pytest.raises(RuntimeError, match=r"param groups or state were replaced after the step was captured"):
+        step._check_optimizers()
+    step = _checked_step(opt)
+    lr = opt.param_groups[0]["lr"]  # load_state_dict's copy
+    lr.fill_(0.005)
+    with pytest.raises(RuntimeError, match=r"'lr', a CPU tensor, changed from 0.0099"):
+        step._check_optimizers()
+    lr.fill_(0.01)
+    step._check_optimizers()
+    opt.param_groups[0]["eps"] = 1e-6
+    with pytest.raises(RuntimeError, match=r"'eps' changed from 1e-08 to 1e-06"):
+        step._check_optimizers()
+    opt.param_groups[0]["eps"] = 1e-8
+    opt.add_param_group({"params": [torch.zeros(2, requires_grad=True)]})
+    with pytest.raises(RuntimeError, match=r"a param group was added"):
+        step._check_optimizers()
+
+
 def _params(dtype=torch.float64):
     gen = torch.Generator().manual_seed(0)
     return [torch.randn(5, 3, dtype=dtype, generator=gen, requires_grad=True),
@@ -527,23 +569,6 @@ def test_a_loaded_optimizer_state_is_an_error_and_reset_captures_again():
     before = float(optimizer.state[first]["step"])
     graphed()
     assert float(optimizer.state[first]["step"]) == before + 1  # the loaded state is what steps
-
-
-@requires_cuda
-def test_a_changed_cpu_tensor_hyperparameter_is_an_error():
-    """A CPU-tensor learning rate is read on the host when the step is captured: changing it
-    in place afterwards is refused, not silently ignored."""
-    x, y, graph, index = _data(6)
-    model = _model("gcn", 0.0)
-    lr = torch.tensor(0.01)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr, capturable=True)
-    graphed = graphed_step(_step(model, optimizer, x, y, graph, index), optimizer, warmup=1)
-    graphed(), graphed()
-    assert graphed.captured
-    graphed()
-    lr.fill_(0.005)
-    with pytest.raises(RuntimeError, match=r"'lr', a CPU tensor, changed from"):
-        graphed()
 
 
 @requires_cuda
