@@ -531,44 +531,40 @@ def test_a_graph_built_inside_the_step_is_named():
         graphed()
 
 
+def _set_lr(optimizer):
+    optimizer.param_groups[0]["lr"] = 0.005
+
+
+def _reload(optimizer):
+    optimizer.load_state_dict(optimizer.state_dict())
+
+
 @requires_cuda
-def test_changed_lr_is_an_error_and_reset_captures_again():
+@pytest.mark.parametrize("change, message", [
+    (_set_lr, r"'lr' changed from 0.01 to 0.005 after the step was captured"),
+    (_reload, r"param groups or state were replaced after the step was captured"),
+])
+def test_a_changed_optimizer_is_an_error_and_reset_captures_again(change, message):
+    """A changed number, or ``load_state_dict`` (new groups and state: the replays would go
+    on updating the captured tensors), after the capture: the next call refuses; after
+    ``reset()`` the optimizer as it is now is captured and steps."""
     x, y, graph, index = _data(6)
     model = _model("gcn", 0.0)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     graphed = graphed_step(_step(model, optimizer, x, y, graph, index), optimizer, warmup=1)
     graphed(), graphed()
     assert graphed.captured
-    optimizer.param_groups[0]["lr"] = 0.005
-    with pytest.raises(RuntimeError, match=r"'lr' changed from 0.01 to 0.005 after the step was captured"):
+    change(optimizer)
+    with pytest.raises(RuntimeError, match=message):
         graphed()
     graphed.reset()
     assert not graphed.captured
     graphed(), graphed()
     assert graphed.captured
-    graphed()
-
-
-@requires_cuda
-def test_a_loaded_optimizer_state_is_an_error_and_reset_captures_again():
-    """``load_state_dict`` after the capture replaces the optimizer's groups and state: the
-    replays would go on updating the captured tensors, so the next call refuses."""
-    x, y, graph, index = _data(6)
-    model = _model("gcn", 0.0)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    graphed = graphed_step(_step(model, optimizer, x, y, graph, index), optimizer, warmup=1)
-    graphed(), graphed()
-    assert graphed.captured
-    optimizer.load_state_dict(optimizer.state_dict())
-    with pytest.raises(RuntimeError, match=r"param groups or state were replaced after the step was captured"):
-        graphed()
-    graphed.reset()
-    graphed(), graphed()
-    assert graphed.captured
     first = next(model.parameters())
     before = float(optimizer.state[first]["step"])
     graphed()
-    assert float(optimizer.state[first]["step"]) == before + 1  # the loaded state is what steps
+    assert float(optimizer.state[first]["step"]) == before + 1
 
 
 @requires_cuda
