@@ -204,6 +204,7 @@ class GraphedStep:
         fn: the wrapped step function.
         optimizers: the optimizers it steps (empty tuple for none).
         warmup: eager calls before the capture.
+        fuse_optimizer: whether Adam / AdamW groups are switched to torch's fused kernel.
     """
 
     def __init__(
@@ -231,10 +232,8 @@ class GraphedStep:
         functools.update_wrapper(self, fn, updated=())
         self._names = _parameter_names(fn)
         self._device = self._optimizer_device()
-        for opt in self.optimizers:
-            _make_capturable(opt)
-            if fuse_optimizer:
-                _use_fused_implementation(opt)
+        self.fuse_optimizer = fuse_optimizer
+        self._prepare_optimizers()
         self._eager_calls = 0
         self._stream: torch.cuda.Stream | None = None
         self._graph: torch.cuda.CUDAGraph | None = None
@@ -258,7 +257,11 @@ class GraphedStep:
 
     def reset(self) -> None:
         """Drop the captured graph and its buffers: the next calls warm up and capture
-        again (after changing a hyper-parameter, or to capture other shapes)."""
+        again (after changing a hyper-parameter, loading the optimizer's state, or to
+        capture other shapes). The optimizers are prepared again (``capturable``, and the
+        fused kernel with ``fuse_optimizer``): a loaded state may have come from an
+        optimizer without them."""
+        self._prepare_optimizers()
         self._graph = None
         self._spec = None
         self._outputs = None
@@ -341,6 +344,12 @@ class GraphedStep:
         return out
 
     # ------------------------------------------------------------------ optimizer checks
+    def _prepare_optimizers(self) -> None:
+        for opt in self.optimizers:
+            _make_capturable(opt)
+            if self.fuse_optimizer:
+                _use_fused_implementation(opt)
+
     def _optimizer_device(self) -> torch.device | None:
         device = None
         for k, opt in enumerate(self.optimizers):

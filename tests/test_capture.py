@@ -126,6 +126,22 @@ def test_replays_refuse_a_replaced_optimizer_state_or_a_changed_cpu_tensor_hyper
         step._check_optimizers()
 
 
+def test_reset_prepares_a_reloaded_optimizer_again():
+    """A state loaded after the capture may come from an optimizer that was never made
+    capturable: ``reset()`` prepares the optimizers again before the next capture."""
+    params = _params(torch.float32)
+    opt = torch.optim.Adam(params, lr=0.01)
+    plain = torch.optim.Adam(_params(torch.float32), lr=0.01)  # never capturable
+    step = _checked_step(opt)
+    step.fuse_optimizer = True
+    step._prepare_optimizers()
+    assert opt.param_groups[0]["capturable"] is True
+    opt.load_state_dict(plain.state_dict())
+    assert opt.param_groups[0]["capturable"] is False
+    step.reset()
+    assert opt.param_groups[0]["capturable"] is True and not step.captured
+
+
 def _params(dtype=torch.float64):
     gen = torch.Generator().manual_seed(0)
     return [torch.randn(5, 3, dtype=dtype, generator=gen, requires_grad=True),
