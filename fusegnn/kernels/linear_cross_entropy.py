@@ -407,31 +407,26 @@ def fused_linear_cross_entropy(
         scale = torch.ones(1, dtype=acc, device=h.device)
     per_row = scale.numel() != 1
     head = num_classes <= HEAD_MAX_CLASSES
-    if head:
-        # dz rows padded to 8 elements: aligned rows for the dW GEMM
+    if head:  # dz rows padded to 8 elements: aligned rows for the dW GEMM
         width = (num_classes + 7) // 8 * 8
-        per_row_bytes = (width + (features if index is not None else 0)) * h.element_size()
-        rows = chunk_rows or chunk_rows_for(num_rows, per_row_bytes, torch.uint8, HEAD_CHUNK_BYTES)
-        dz_buf = torch.empty(min(rows, num_rows), width, dtype=h.dtype, device=h.device) if want_w or want_b else None
-        dh_buf = (torch.empty(min(rows, num_rows), features, dtype=h.dtype, device=h.device)
-                  if want_h and index is not None else None)
     else:
         w_gemm, b_gemm = _padded_classes(weight, bias)
         width = w_gemm.shape[0]
-        gathered = index is not None  # per chunk: the gathered rows, and their dh if wanted
-        if num_classes <= SMALL_HEAD_CLASSES:
-            per_row_bytes = (width + (features * (1 + want_h) if gathered else 0)) * h.element_size()
-            rows = chunk_rows or chunk_rows_for(num_rows, per_row_bytes, torch.uint8, HEAD_CHUNK_BYTES)
-        else:
-            rows = chunk_rows or chunk_rows_for(num_rows, width, h.dtype)
-        # one logits buffer for every chunk: a chunk's GEMM writes into it, so the previous
-        # chunk's logits are never alive beside the next ones (2 chunks at peak otherwise)
-        logits_buf = torch.empty(min(rows, num_rows), width, dtype=h.dtype, device=h.device)
-        dh_buf = (torch.empty(min(rows, num_rows), features, dtype=h.dtype, device=h.device)
-                  if want_h and gathered else None)
-    # the gathered rows of h (with index) for the GEMMs, one buffer reused by every chunk
-    rows_buf = (torch.empty(min(rows, num_rows), features, dtype=h.dtype, device=h.device)
-                if index is not None and num_rows > 0 and (want_w or not head) else None)
+    # per chunk, one buffer each, reused by every chunk: [R, width] (the head kernel's dz
+    # rows, or the GEMM path's logits: the previous chunk's are never alive beside the next
+    # ones), and with index the gathered rows of h (for the GEMMs) and their dh
+    gathered_rows = index is not None and num_rows > 0 and (want_w or not head)
+    gathered_dh = index is not None and want_h
+    if head or num_classes <= SMALL_HEAD_CLASSES:
+        per_row_bytes = (width + features * (gathered_rows + gathered_dh)) * h.element_size()
+        rows = chunk_rows or chunk_rows_for(num_rows, per_row_bytes, torch.uint8, HEAD_CHUNK_BYTES)
+    else:
+        rows = chunk_rows or chunk_rows_for(num_rows, width, h.dtype)
+    chunk = min(rows, num_rows)
+    chunk_buf = (torch.empty(chunk, width, dtype=h.dtype, device=h.device)
+                 if not head or want_w or want_b else None)
+    dh_buf = torch.empty(chunk, features, dtype=h.dtype, device=h.device) if gathered_dh else None
+    rows_buf = torch.empty(chunk, features, dtype=h.dtype, device=h.device) if gathered_rows else None
     for r0 in range(0, num_rows, rows):
         r1 = min(r0 + rows, num_rows)
         idx = index[r0:r1] if index is not None else None
@@ -441,7 +436,7 @@ def fused_linear_cross_entropy(
         elif idx is None:
             h_rows = h[r0:r1]
         if head:
-            dz = dz_buf[: r1 - r0, :num_classes] if dz_buf is not None else None
+            dz = chunk_buf[: r1 - r0, :num_classes] if chunk_buf is not None else None
             dh = grad_h if dh_buf is None else dh_buf[: r1 - r0]
             _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, r0, r1 - r0, ignore_index,
                          smoothing, per_row, dh_buf is not None)
@@ -450,7 +445,7 @@ def fused_linear_cross_entropy(
         else:
             # padded classes (columns past C): zero rows of w_gemm and b_gemm; the row kernel
             # writes them dz = 0
-            padded = logits_buf[: r1 - r0]
+            padded = chunk_buf[: r1 - r0]
             if b_gemm is not None:
                 torch.addmm(b_gemm, h_rows, w_gemm.t(), out=padded)
             else:
