@@ -302,9 +302,9 @@ def _training_step(model, optimizer, graph_arg, shared: _PaperCase) -> Callable[
     return step
 
 
-def _adam(model, config: RunConfig, capturable: bool = False, fused: bool | None = None) -> torch.optim.Optimizer:
+def _adam(model, config: RunConfig, capturable: bool = False) -> torch.optim.Optimizer:
     return torch.optim.Adam(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, capturable=capturable, fused=fused
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, capturable=capturable
     )
 
 
@@ -377,9 +377,12 @@ def _verify_training(
     with torch.no_grad():
         start = model(shared.x, graph_arg).float()
     capturable = config.device.type == "cuda"  # as the graphed and compiled steps' Adam
-    # graphed_step switches its Adam to torch's fused kernel: the eager steps take the same update
-    fused = True if graphed and capturable else None
-    step = _training_step(model, _adam(model, config, capturable=capturable, fused=fused), graph_arg, shared)
+    optimizer = _adam(model, config, capturable=capturable)
+    if graphed:  # the same update as graphed_step's Adam: its own switch to torch's fused kernel
+        from fusegnn.capture import _use_fused_implementation
+
+        _use_fused_implementation(optimizer)
+    step = _training_step(model, optimizer, graph_arg, shared)
     eager_losses = torch.stack([step().detach().clone() for _ in range(calls)])
     with torch.no_grad():
         eager_out = model(shared.x, graph_arg).float()
