@@ -363,20 +363,16 @@ class GraphedStep:
         """Remember what the recording baked in: the hyper-parameters given as numbers, the
         values of those given as CPU tensors (read on the host when captured), and the
         optimizer's ``param_groups`` and ``state`` objects (whose tensors the replays update)."""
-        self._hyper = [
-            (group, key, value)
-            for opt in self.optimizers
-            for group in opt.param_groups
-            for key, value in group.items()
-            if key != "params" and not isinstance(value, Tensor)
-        ]
-        self._host_hyper = [
-            (group, key, value, value.detach().clone())
-            for opt in self.optimizers
-            for group in opt.param_groups
-            for key, value in group.items()
-            if key != "params" and isinstance(value, Tensor) and value.device.type == "cpu"
-        ]
+        self._hyper, self._host_hyper = [], []
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                for key, value in group.items():
+                    if key == "params":
+                        continue
+                    if not isinstance(value, Tensor):
+                        self._hyper.append((group, key, value))
+                    elif value.device.type == "cpu":
+                        self._host_hyper.append((group, key, value, value.detach().clone()))
         self._num_groups = [len(opt.param_groups) for opt in self.optimizers]
         self._captured_state = [(opt.param_groups, opt.state) for opt in self.optimizers]
 
