@@ -131,6 +131,44 @@ def test_wide_path_with_and_without_padded_classes(pad, monkeypatch):
     _check(h, w, y, None, index=index, reduction="none", chunk_rows=2)
 
 
+@pytest.mark.parametrize("dtype", (torch.float64, torch.float32))
+def test_one_tile_rows_over_several_warp_loads(dtype, monkeypatch):
+    """150 classes (padded to 160) take one 256-column tile of the row kernel, laid out as
+    ``[SPLIT, rows, one warp's loads]`` with SPLIT 4 (float64) or 2 (float32) and 4 rows a
+    program: loss and gradients as PyTorch's, with smoothing, ignored rows and a ragged
+    last row block."""
+    monkeypatch.setattr(kernels, "HEAD_MAX_CLASSES", 0)
+    h, w, y, b = _inputs(23, 10, 150, seed=4, ignored=(1, 22))
+    h, w, b = h.to(dtype), w.to(dtype), b.to(dtype)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    _check(h, w, y, b, smoothing=0.2, chunk_rows=9, **tol)
+    _check(h, w, y, None, reduction="none", **tol)
+
+
+@pytest.mark.parametrize("reduction", ("mean", "none"))
+def test_chunks_lent_the_unwritten_rows_of_grad_h(reduction, monkeypatch):
+    """Without ``index`` the GEMM path keeps a chunk's logits in the rows of ``dh`` that no
+    chunk has written yet: chunks of several sizes (lent, then the budget's own buffer), the
+    same loss and gradients as PyTorch's, and the logits never land on rows already
+    written."""
+    monkeypatch.setattr(kernels, "HEAD_MAX_CLASSES", 0)
+    monkeypatch.setattr(kernels, "HEAD_CHUNK_BYTES", 6 * 48 * 8)  # 6 rows of 48 float64 logits
+    n, k, c = 150, 40, 37
+    schedule = kernels._lent_chunks(n, 6, 48, k)
+    lent = [(r0, r1) for r0, r1, is_lent in schedule if is_lent]
+    assert len(lent) >= 3 and len({r1 - r0 for r0, r1 in lent}) >= 3 and not schedule[-1][2]
+    assert schedule[0][0] == 0 and schedule[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(schedule, schedule[1:]))
+    for r0, r1 in lent:  # the logits fit the rows after the chunk
+        assert r1 * k + (r1 - r0) * 48 <= n * k
+    spy = []
+    real = kernels._lent_chunks
+    monkeypatch.setattr(kernels, "_lent_chunks", lambda *a: spy.append(a) or real(*a))
+    h, w, y, b = _inputs(n, k, c, seed=8, ignored=(0, 77))
+    _check(h, w, y, b, reduction=reduction, smoothing=0.05)
+    assert spy and spy[0] == (n, 6, 48, k)
+
+
 @pytest.mark.parametrize("path", PATHS, indirect=True)
 def test_index_with_repeats(path):
     h, w, y, b = _inputs(19, 10, 13, seed=3, ignored=(4,))
@@ -202,6 +240,30 @@ def test_inputs_not_modified_and_grad_scaled():
         torch.testing.assert_close(a.grad, e.grad, rtol=1e-10, atol=1e-12)
     for t, c in zip((h, w, y, b), copies):
         assert torch.equal(t, c)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_scale_unless_one(dtype):
+    """The backward's scaling of the precomputed gradients reads the incoming gradient on
+    the device: by 1 the values stay bitwise, otherwise one rounding of the product in the
+    accumulation dtype; NaN propagates; a strided tensor is refused."""
+    x = torch.randn(4099, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype).to(DEVICE)
+    kept = x.clone()
+    kernels.scale_unless_one(x, torch.ones(1, dtype=dtype, device=DEVICE))
+    assert torch.equal(x, kept)
+    kernels.scale_unless_one(x, torch.full((1,), 0.3, dtype=dtype, device=DEVICE))
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    g = torch.tensor(0.3, dtype=dtype).to(acc)
+    want = (kept.to(acc) * g.to(DEVICE)).to(dtype)
+    if dtype == torch.bfloat16:  # one ulp: Triton's interpreter rounds bfloat16 stores its own way
+        torch.testing.assert_close(x, want, rtol=2**-7, atol=0)
+    else:
+        assert torch.equal(x, want)
+    kernels.scale_unless_one(x, torch.full((1,), float("nan"), dtype=dtype, device=DEVICE))
+    assert x.isnan().all()
+    kernels.scale_unless_one(x[:0], torch.full((1,), 2.0, dtype=dtype, device=DEVICE))
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.scale_unless_one(kept[::2], torch.full((1,), 2.0, dtype=dtype, device=DEVICE))
 
 
 def test_counted_rows_follow_the_targets():

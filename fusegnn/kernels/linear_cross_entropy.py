@@ -70,6 +70,7 @@ __all__ = [
     "head_kernel",
     "linear_cross_entropy_reference",
     "rows_kernel",
+    "scale_unless_one",
 ]
 
 #: byte budget of the one ``[R, C']`` logits buffer (and of a float32 ``dW`` accumulator)
@@ -94,9 +95,11 @@ CLASS_ALIGN = 16
 PAD_MAX_WEIGHT_BYTES = 16 * 2**20
 #: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``)
 _TILE = 4096
-#: a row that fits one tile goes to one program with a warp per ``_ROW_PER_WARP`` columns,
-#: so that the row's reductions stay within warps (the fastest launch on an H100:
-#: benchmarks/NOTES-loss.md, session 13)
+#: a row that fits one tile of up to ``_ROW_PER_WARP`` columns is held by one warp, two rows
+#: a warp, two warps a program (its reductions stay within the warp); wider one-tile rows
+#: get a warp per ``_ROW_PER_WARP`` columns, one row a program (the fastest launches on an
+#: H100: 30.7 against 46.1 us for a 47,616 x 352 bf16 chunk; benchmarks/NOTES-loss.md,
+#: sessions 13-14)
 _ROW_PER_WARP = 512
 
 
@@ -137,50 +140,76 @@ def _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW: tl.constex
 
 
 @kernel_helper
+def _grad_from_probs(p, is_y, eps, num_classes, scale):
+    """``dz = s (p - (1 - eps) [c = y] - eps / C)`` from the softmax ``p``; ``eps`` and ``s``
+    are per-row values already broadcast against ``p`` (any tile shape)."""
+    return (p - tl.where(is_y, 1.0 - eps, 0.0) - eps / num_classes) * scale
+
+
+@kernel_helper
 def _logit_grad(z, lse, cols, y, eps, num_classes, scale):
     """``dz = s (softmax(z) - (1 - eps) onehot(y) - eps / C)`` of a ``[rows, classes]`` tile."""
-    p = tl.exp(z - lse[:, None])
-    onehot = tl.where(cols[None, :] == y[:, None], (1.0 - eps)[:, None], 0.0)
-    return (p - onehot - (eps / num_classes)[:, None]) * scale[:, None]
+    return _grad_from_probs(tl.exp(z - lse[:, None]), cols[None, :] == y[:, None], eps[:, None], num_classes,
+                            scale[:, None])
+
+
+@kernel_helper
+def _target_logit(z_ptr, stride_z, local, y, valid, ACC: tl.constexpr):
+    """``z[row, y]`` of each valid row, read from memory (a scalar load per row instead of
+    a reduction over the row's tile; 0 on ignored rows, whose loss is 0)."""
+    return tl.load(z_ptr + local * stride_z + tl.where(valid, y, 0), mask=valid, other=0.0).to(ACC)
 
 
 def _rows_kernel(
     z_ptr, stride_z, target_ptr, index_ptr, scale_ptr, loss_ptr,
     row0, n_rows, num_cols, num_classes, ignore_index, smoothing: tl.float64,
-    HAS_INDEX: tl.constexpr, SCALE_PER_ROW: tl.constexpr, WRITE_GRAD: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr, ONE_TILE: tl.constexpr,
+    HAS_INDEX: tl.constexpr, SCALE_PER_ROW: tl.constexpr, WRITE_GRAD: tl.constexpr, SMOOTHING: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr, ONE_TILE: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """Rows ``row0 + [pid*BLOCK_R, +BLOCK_R)`` of the chunk whose logits are ``z`` (row
     ``r`` of the chunk is ``z[r - row0]``): per-row loss, and the logits' gradient in place.
     A row holds ``num_cols`` columns, the first ``num_classes`` of them classes (the rest
     padding, written 0): loads and stores cover whole rows, so that a padded row (a
-    multiple of 16 columns) is read with vector loads. With ``ONE_TILE`` (the row in one
-    ``BLOCK_C`` tile) the logits are read once and the gradient computed from the
-    registers; otherwise a second sweep reads them again."""
+    multiple of 16 columns) is read with vector loads. The target logit is one load per
+    row; the sum of the logits (label smoothing) is formed only when ``SMOOTHING``.
+
+    With ``ONE_TILE`` (the row in one ``BLOCK_C`` tile) the logits are read once, as an
+    ``[SPLIT, BLOCK_R, BLOCK_C / SPLIT]`` tile whose last axis is one warp's vector loads,
+    so that the warps spread over the rows and a row's reductions stay within its warp;
+    the gradient comes from the registers (``softmax = e / sum(e)``). Otherwise an online
+    log-sum-exp over ``[BLOCK_R, BLOCK_C]`` tiles, then a second sweep for the gradient."""
     local, in_rows, src, y, valid, eps = _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
                                                      HAS_INDEX, BLOCK_R, ACC)
-    zrow = z_ptr + local[:, None] * stride_z
-    cols0 = tl.arange(0, BLOCK_C)
+    z_y = _target_logit(z_ptr, stride_z, local, y, valid, ACC)
     neg_inf = float("-inf")
+    LOG2E: tl.constexpr = 1.4426950408889634
     if ONE_TILE:
-        mask = in_rows[:, None] & (cols0 < num_cols)[None, :]
-        is_class = (cols0 < num_classes)[None, :]
-        z = tl.where(is_class, tl.load(zrow + cols0[None, :], mask=mask, other=neg_inf).to(ACC), neg_inf)
-        m = tl.max(z, axis=1)
-        m_safe = tl.where(m == neg_inf, 0.0, m)  # a row of padding only
-        s = tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
-        lse = m_safe + tl.log(tl.where(s > 0.0, s, 1.0))
-        z_y = tl.sum(tl.where(cols0[None, :] == y[:, None], z, 0.0), axis=1)
-        z_sum = tl.sum(tl.where(mask & is_class, z, 0.0), axis=1)
+        PIECE: tl.constexpr = BLOCK_C // SPLIT
+        cols = tl.arange(0, SPLIT)[:, None, None] * PIECE + tl.arange(0, PIECE)[None, None, :]
+        ptrs = z_ptr + local[None, :, None] * stride_z + cols
+        mask = in_rows[None, :, None] & (cols < num_cols)
+        is_class = cols < num_classes
+        z = tl.where(is_class, tl.load(ptrs, mask=mask, other=neg_inf).to(ACC), neg_inf)
+        m = tl.max(tl.max(z, axis=2), axis=0)
+        m = tl.where(m == neg_inf, 0.0, m)  # a row of padding only
+        e = tl.exp2((z - m[None, :, None]) * LOG2E)
+        s = tl.sum(tl.sum(e, axis=2), axis=0)
+        s = tl.where(s > 0.0, s, 1.0)
+        lse = m + tl.log(s)
+        z_sum = tl.zeros([BLOCK_R], ACC)
+        if SMOOTHING:
+            z_sum = tl.sum(tl.sum(tl.where(mask & is_class, z, 0.0), axis=2), axis=0)
         _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
         if WRITE_GRAD:
             scale = _row_scale(scale_ptr, row0, local, in_rows, valid, SCALE_PER_ROW, BLOCK_R, ACC)
-            dz = tl.where(is_class, _logit_grad(z, lse, cols0, y, eps, num_classes, scale), 0.0)
-            tl.store(zrow + cols0[None, :], dz.to(z_ptr.dtype.element_ty), mask=mask)
+            dz = _grad_from_probs(e * (1.0 / s)[None, :, None], cols == y[None, :, None], eps[None, :, None],
+                                  num_classes, scale[None, :, None])
+            tl.store(ptrs, tl.where(is_class, dz, 0.0).to(z_ptr.dtype.element_ty), mask=mask)
     else:
+        zrow = z_ptr + local[:, None] * stride_z
+        cols0 = tl.arange(0, BLOCK_C)
         m = tl.full([BLOCK_R], neg_inf, ACC)
         s = tl.zeros([BLOCK_R], ACC)
-        z_y = tl.zeros([BLOCK_R], ACC)
         z_sum = tl.zeros([BLOCK_R], ACC)
         for c0 in range(0, num_cols, BLOCK_C):
             cols = c0 + cols0
@@ -189,10 +218,10 @@ def _rows_kernel(
             z = tl.where(is_class, tl.load(zrow + cols[None, :], mask=mask, other=neg_inf).to(ACC), neg_inf)
             m_new = tl.maximum(m, tl.max(z, axis=1))
             m_safe = tl.where(m_new == neg_inf, 0.0, m_new)  # a row of padding only
-            s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
+            s = s * tl.exp2((m - m_safe) * LOG2E) + tl.sum(tl.exp2((z - m_safe[:, None]) * LOG2E), axis=1)
             m = m_new
-            z_y += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
-            z_sum += tl.sum(tl.where(mask & is_class, z, 0.0), axis=1)
+            if SMOOTHING:
+                z_sum += tl.sum(tl.where(mask & is_class, z, 0.0), axis=1)
         m_safe = tl.where(m == neg_inf, 0.0, m)
         lse = m_safe + tl.log(tl.where(s > 0.0, s, 1.0))
         _store_row_loss(loss_ptr, row0, local, in_rows, valid, lse, z_y, z_sum, eps, num_classes)
@@ -202,8 +231,10 @@ def _rows_kernel(
                 cols = c0 + cols0
                 mask = in_rows[:, None] & (cols < num_cols)[None, :]
                 z = tl.load(zrow + cols[None, :], mask=mask, other=0.0).to(ACC)
-                dz = tl.where((cols < num_classes)[None, :], _logit_grad(z, lse, cols, y, eps, num_classes, scale), 0.0)
-                tl.store(zrow + cols[None, :], dz.to(z_ptr.dtype.element_ty), mask=mask)
+                p = tl.exp2((z - lse[:, None]) * LOG2E)
+                dz = _grad_from_probs(p, cols[None, :] == y[:, None], eps[:, None], num_classes, scale[:, None])
+                tl.store(zrow + cols[None, :], tl.where((cols < num_classes)[None, :], dz, 0.0)
+                         .to(z_ptr.dtype.element_ty), mask=mask)
 
 
 #: ``triton.language``, bound at the first launch (the kernel's body reads it when it is
@@ -279,6 +310,40 @@ def _head_kernel(
 head_kernel = LazyKernel(_head_kernel)
 
 
+def _scale_kernel(x_ptr, g_ptr, n, BLOCK: tl.constexpr, ACC: tl.constexpr):
+    """``x *= g`` (``x`` flat, ``g`` one element), unless ``g == 1``: then every program
+    returns after one scalar load, so the common case (``loss.backward()``) costs a launch,
+    not a pass over ``x``, and needs no read-back of ``g`` to the host."""
+    g = tl.load(g_ptr).to(ACC)
+    if g != 1.0:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        in_x = offs < n
+        x = tl.load(x_ptr + offs, mask=in_x, other=0.0).to(ACC)
+        tl.store(x_ptr + offs, (x * g).to(x_ptr.dtype.element_ty), mask=in_x)
+
+
+scale_kernel = LazyKernel(_scale_kernel)
+
+_SCALE_BLOCK = 4096
+
+
+def scale_unless_one(x: Tensor, g: Tensor) -> None:
+    """``x *= g`` in place (``x`` contiguous, ``g`` a one-element tensor on its device),
+    computed in the accumulation dtype and rounded once; nothing but a launch when ``g`` is
+    1. The scalar is read on the device, so the caller never synchronises with it."""
+    global tl
+    import triton.language as language
+
+    tl = language
+    if not x.is_contiguous():
+        raise ValueError("scale_unless_one: x must be contiguous")
+    n = x.numel()
+    if n == 0:
+        return
+    acc = getattr(language, _TL_NAMES[acc_dtype(x.dtype)])
+    scale_kernel[((n + _SCALE_BLOCK - 1) // _SCALE_BLOCK,)](x, g, n, BLOCK=_SCALE_BLOCK, ACC=acc, num_warps=4)
+
+
 _TL_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
 
@@ -293,8 +358,14 @@ def _launch_rows(z: Tensor, num_classes: int, target: Tensor, index: Tensor | No
     n_rows, num_cols = z.shape
     block_c = min(next_pow2(num_cols), _TILE)
     one_tile = num_cols <= block_c
+    split = 1
     if one_tile:
-        block_r, warps = 1, max(1, min(8, block_c // _ROW_PER_WARP))
+        # the tile's last axis is one warp's 16-byte loads, so its warps spread over rows
+        split = block_c // min(block_c, 32 * (16 // z.element_size()))
+        if block_c <= _ROW_PER_WARP:
+            block_r, warps = 4, 2
+        else:
+            block_r, warps = 1, min(8, block_c // _ROW_PER_WARP)
     else:
         block_r = max(1, min(_TILE // block_c, 64, next_pow2(n_rows)))
         warps = 4 if block_c * block_r <= 2048 else 8
@@ -304,8 +375,8 @@ def _launch_rows(z: Tensor, num_classes: int, target: Tensor, index: Tensor | No
     rows_kernel[grid](
         z, z.stride(0), target, index if index is not None else dummy, scale, loss,
         row0, n_rows, num_cols, num_classes, ignore_index, float(smoothing),
-        HAS_INDEX=index is not None, SCALE_PER_ROW=per_row, WRITE_GRAD=write_grad,
-        BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, ONE_TILE=one_tile, num_warps=warps,
+        HAS_INDEX=index is not None, SCALE_PER_ROW=per_row, WRITE_GRAD=write_grad, SMOOTHING=smoothing != 0.0,
+        BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, ONE_TILE=one_tile, SPLIT=split, num_warps=warps,
     )
 
 
@@ -422,13 +493,16 @@ def fused_linear_cross_entropy(
         rows = chunk_rows or chunk_rows_for(num_rows, per_row_bytes, torch.uint8, HEAD_CHUNK_BYTES)
     else:
         rows = chunk_rows or chunk_rows_for(num_rows, width, h.dtype)
-    chunk = min(rows, num_rows)
+    # the GEMM path writing dh straight into grad_h may keep a chunk's logits in grad_h's
+    # rows that no chunk has written yet (_lent_chunks): larger chunks, no more memory
+    lend = not head and want_h and index is None and chunk_rows is None and grad_h.is_contiguous()
+    schedule = _lent_chunks(num_rows, rows, width, features) if lend else _plain_chunks(num_rows, rows)
+    chunk = max((r1 - r0 for r0, r1, lent in schedule if not lent), default=0)
     chunk_buf = (torch.empty(chunk, width, dtype=h.dtype, device=h.device)
-                 if not head or want_w or want_b else None)
+                 if chunk and (not head or want_w or want_b) else None)
     dh_buf = torch.empty(chunk, features, dtype=h.dtype, device=h.device) if gathered_dh else None
     rows_buf = torch.empty(chunk, features, dtype=h.dtype, device=h.device) if gathered_rows else None
-    for r0 in range(0, num_rows, rows):
-        r1 = min(r0 + rows, num_rows)
+    for r0, r1, lent in schedule:
         idx = index[r0:r1] if index is not None else None
         h_rows = None
         if idx is not None and rows_buf is not None:
@@ -445,7 +519,10 @@ def fused_linear_cross_entropy(
         else:
             # padded classes (columns past C): zero rows of w_gemm and b_gemm; the row kernel
             # writes them dz = 0
-            padded = chunk_buf[: r1 - r0]
+            if lent:  # grad_h's rows from r1 on: written by later chunks only
+                padded = grad_h.view(-1)[r1 * features: r1 * features + (r1 - r0) * width].view(r1 - r0, width)
+            else:
+                padded = chunk_buf[: r1 - r0]
             if b_gemm is not None:
                 torch.addmm(b_gemm, h_rows, w_gemm.t(), out=padded)
             else:
@@ -470,6 +547,33 @@ def fused_linear_cross_entropy(
     if want_b:
         grad_b = (grad_b if grad_b is not None else torch.zeros(num_classes, dtype=acc, device=h.device)).to(h.dtype)
     return LossAndGrads(loss, grad_h, grad_w, grad_b)
+
+
+def _plain_chunks(num_rows: int, rows: int) -> list[tuple[int, int, bool]]:
+    """``(r0, r1, lent)`` of chunks of ``rows`` rows, none lent."""
+    return [(r0, min(r0 + rows, num_rows), False) for r0 in range(0, num_rows, rows)]
+
+
+def _lent_chunks(num_rows: int, rows: int, width: int, features: int) -> list[tuple[int, int, bool]]:
+    """``(r0, r1, lent)``: chunks whose ``[R, width]`` logits are lent the rows of ``grad_h``
+    (``[N, features]``, written chunk by chunk in row order) from ``r1`` on, which no chunk
+    has written yet (``lent``), as long as that space holds more than ``rows`` rows of
+    logits: ``R = (N - r0) features / (width + features)``, rounded down to a multiple of
+    64, so that ``R width <= (N - r0 - R) features``. The chunks shrink geometrically
+    (ogbn-mag's 736,389 x 256 -> 352 head: 4 lent chunks, then 2 of the budget's 47,616
+    rows, instead of 16 chunks); the rest take ``rows``-row chunks in their own buffer."""
+    schedule, r0 = [], 0
+    while r0 < num_rows:
+        lent_rows = (num_rows - r0) * features // (width + features)
+        if lent_rows > 64:
+            lent_rows -= lent_rows % 64
+        if lent_rows > rows:
+            schedule.append((r0, r0 + lent_rows, True))
+            r0 += lent_rows
+        else:
+            schedule.append((r0, min(r0 + rows, num_rows), False))
+            r0 += rows
+    return schedule
 
 
 def _padded_classes(weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:

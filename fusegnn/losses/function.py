@@ -4,7 +4,8 @@ r"""The autograd op over the fused kernel, and the public :func:`linear_cross_en
 the gradient of the loss is the same for every caller up to the scalar incoming gradient
 :math:`g`, so the forward computes it along with the loss (loss elimination: no second
 pass over the logits; the row kernel forms :math:`\partial z` right after the
-log-sum-exp) and the backward only scales it by :math:`g` (skipped when :math:`g = 1`).
+log-sum-exp) and the backward only scales it by :math:`g` (a kernel that reads :math:`g` on
+the device and returns at once when it is 1: no pass over the gradients, no read-back).
 With ``reduction="none"`` the incoming gradient is per row: the backward recomputes the
 logits chunk by chunk with :math:`s_i = g_i`.
 
@@ -36,13 +37,6 @@ BACKENDS = ("auto", "fused", "reference")
 
 def _kernels():
     return linear_cross_entropy_kernels
-
-
-def _is_one(g: Tensor) -> bool:
-    """``g == 1`` (read back, except during a CUDA graph capture, where it cannot be)."""
-    if g.is_cuda and torch.cuda.is_current_stream_capturing():
-        return False
-    return bool(g == 1)
 
 
 def _valid_rows(target: Tensor, index: Tensor | None, ignore_index: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -98,10 +92,10 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad):
         if ctx.grads is not None:  # computed by the forward: hand them over, scaled by grad
             grads, ctx.grads = ctx.grads, None
-            if not _is_one(grad):
-                for g in grads:
-                    if g is not None:
-                        g.mul_(grad.to(g.dtype))
+            scale = grad.reshape(1)
+            for g in grads:
+                if g is not None:  # on the device, skipped there when grad is 1: no read-back
+                    _kernels().scale_unless_one(g, scale)
             return (*grads, None, None, None, None, None, None)
         h, weight, bias, target, index, n_valid = ctx.saved_tensors
         ignore_index, smoothing, chunk_rows = ctx.config
