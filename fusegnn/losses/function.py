@@ -188,7 +188,7 @@ def linear_cross_entropy(
         chunk_rows: rows per chunk of the fused path (default: a 128 MiB logits budget;
             32 MiB of per-chunk buffers for heads of up to 512 classes).
             Memory for time on wide heads: a language-model head (8192 x 4096 -> 128,256,
-            bf16, H100) takes 47.0 ms / 1191 MiB at the default 512 rows, 41.7 ms /
+            bf16, H100) takes 45.3 ms / 1191 MiB at the default 512 rows, 41.7 ms /
             1317 MiB at 1024 (eager: 41.6 ms / 6012 MiB; ``benchmarks/NOTES-loss.md``).
 
     Returns the loss in ``h``'s dtype (computed in float32, float64 for float64 inputs).
