@@ -117,7 +117,10 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
 #: (41 x 128: 0.68x at 22M, 1.57x at 44M; 349 x 256: 1.01x at 40M, 1.36x at 79M), the
 #: second, whose host was slower, at ~80-130M (41 x 128: 0.97x at 44M, 1.38x at 89M;
 #: 172 x 128: 0.83x at 79M, 1.28x at 157M; 349 x 256: 0.94x at 79M, 1.33x at 159M;
-#: 47 x 256: 1.85x at 79M). 64M sits between them
+#: 47 x 256: 1.85x at 79M). 64M sits between them. A third run (session 14, after the
+#: backward's read-back was removed) crossed at ~40-80M again (41 x 128: 1.06x at 44M;
+#: 349 x 256: 0.95x at 40M, 1.52x at 79M; 47 x 256: 0.77x at 40M, 1.35x at 79M), the
+#: fused path's floor 0.5-0.8 ms
 #: (``benchmarks/results/loss/crossover-nvidia-h100-80gb-hbm3.md`` and ``raw/``).
 FUSED_MIN_WORK = 64_000_000
 
