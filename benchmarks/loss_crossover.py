@@ -1,5 +1,5 @@
 """Fused against reference linear + cross-entropy by head size: the data for
-``linear_cross_entropy``'s ``backend="auto"`` rule (``fusegnn.losses.function.FUSED_MIN_WORK``).
+``linear_cross_entropy``'s ``backend="auto"`` rule (``fusegnn.losses.function.fused_min_work``).
 
     python -m benchmarks.run --suite loss --sweep crossover [--reps 20]
 
@@ -60,7 +60,7 @@ def _rows(device: torch.device, reps: int) -> list[dict]:
 
 def sweep_main(argv: list[str], out_dir: Path, device_fn) -> int:
     from benchmarks.report import environment, markdown_table, write_sweep_result
-    from fusegnn.losses.function import FUSED_MIN_WORK
+    from fusegnn.losses.function import FUSED_MIN_WORK, FUSED_MIN_WORK_HEAD, fused_min_work
 
     p = argparse.ArgumentParser(prog="--sweep crossover")
     p.add_argument("--reps", type=int, default=20, help="timed steps of each path per point")
@@ -70,14 +70,15 @@ def sweep_main(argv: list[str], out_dir: Path, device_fn) -> int:
         raise SystemExit("--sweep crossover times CUDA steps: it needs a CUDA device")
     rows = _rows(device, args.reps)
     doc = {"sweep": "crossover", "environment": environment(device), "config": vars(args),
-           "fused_min_work": FUSED_MIN_WORK, "rows": rows}
+           "fused_min_work": FUSED_MIN_WORK, "fused_min_work_head": FUSED_MIN_WORK_HEAD, "rows": rows}
     title = (f"## linear cross-entropy, fused vs reference, bf16 forward + backward, "
-             f"{doc['environment'].get('device', '?')} (auto: fused from {FUSED_MIN_WORK / 1e6:.0f}M)")
+             f"{doc['environment'].get('device', '?')} (auto: fused from {FUSED_MIN_WORK_HEAD / 1e6:.0f}M up to "
+             f"128 classes, {FUSED_MIN_WORK / 1e6:.0f}M above)")
     table = markdown_table(
         [("features x classes", "l"), ("rows", "r"), ("rows x (C + K)", "r"), ("fused ms", "r"),
          ("reference ms", "r"), ("fused speed-up", "r"), ("auto", "l")],
         [[f"{r['features']} x {r['classes']}", str(r["rows"]), f"{r['work'] / 1e6:.1f}M", f"{r['fused_ms']:.3f}",
           f"{r['reference_ms']:.3f}", f"{r['reference_ms'] / r['fused_ms']:.2f}x",
-          "fused" if r["work"] >= FUSED_MIN_WORK else "reference"] for r in rows])
+          "fused" if r["work"] >= fused_min_work(r["classes"]) else "reference"] for r in rows])
     write_sweep_result(out_dir, "crossover", device, doc, [title, "", *table])
     return 0

@@ -6,7 +6,7 @@ GCN h16 and GAT 1x16 on the Reddit-like graph (generated on the device, 602 feat
 classes, 153k training nodes), Adam, one step = zero_grad, loss, backward, step. Per model,
 four rows: the loss as ``model.loss(x, graph, y, train_index)`` (the linear +
 cross-entropy head of :mod:`fusegnn.losses` with ``backend="auto"``: fused in a captured
-step; in an eager step only from ``FUSED_MIN_WORK``, so a Reddit-sized eager head of
+step; in an eager step only from ``fused_min_work(classes)``, so a Reddit-sized eager head of
 153k rows x (16 + 41) runs the reference there) or as ``F.cross_entropy`` on the gathered
 logits, each eager and captured (:func:`fusegnn.graphed_step`). Same seed, same data:
 the first losses agree to float rounding (checked). Median step ms over ``--steps`` timed

@@ -32,7 +32,7 @@ import torch.nn.functional as F  # noqa: E402
 pytest.importorskip("triton")
 
 from fusegnn.kernels import linear_cross_entropy as kernels  # noqa: E402
-from fusegnn.losses.function import FUSED_MIN_WORK, pick_backend  # noqa: E402
+from fusegnn.losses.function import FUSED_MIN_WORK, FUSED_MIN_WORK_HEAD, fused_min_work, pick_backend  # noqa: E402
 from fusegnn.losses import LinearCrossEntropy, linear_cross_entropy, linear_cross_entropy_reference  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -343,15 +343,21 @@ def test_reference_and_dispatch():
     got = linear_cross_entropy_reference(h, w, y, b, reduction="sum", label_smoothing=0.1)
     torch.testing.assert_close(got, want)
     # auto: the reference on the CPU and for small heads (no autograd Function then); fused
-    # on CUDA from FUSED_MIN_WORK rows x (classes + features) on
+    # on CUDA from fused_min_work(C) rows x (classes + features) on: FUSED_MIN_WORK_HEAD on
+    # the head path (C <= HEAD_MAX_CLASSES), FUSED_MIN_WORK on the GEMM path
     auto = linear_cross_entropy(h, w, y, b.clone().requires_grad_())
     assert type(auto.grad_fn).__name__ != "FusedLinearCrossEntropyBackward"
-    small_index = torch.zeros(1, dtype=torch.int64, device=DEVICE).expand(FUSED_MIN_WORK // 8 - 1)
-    for index, fused in ((None, CUDA), (small_index, False)):
-        for dtype in (torch.float32, torch.bfloat16):
-            big = torch.zeros(1, 4, device=DEVICE, dtype=dtype).expand(FUSED_MIN_WORK // 8, 4)  # rows x (4 + 4)
-            got = pick_backend("auto", big, torch.empty(4, 4, device=DEVICE, dtype=dtype), None, index)
-            assert got == ("fused" if fused else "reference"), (index is None, dtype)
+    assert FUSED_MIN_WORK_HEAD < FUSED_MIN_WORK
+    for classes, bound in ((4, FUSED_MIN_WORK_HEAD), (kernels.HEAD_MAX_CLASSES + 4, FUSED_MIN_WORK)):
+        assert fused_min_work(classes) == bound
+        width = classes + 4  # rows x (classes + 4 features)
+        small_index = torch.zeros(1, dtype=torch.int64, device=DEVICE).expand((bound - 1) // width)
+        for index, fused in ((None, CUDA), (small_index, False)):
+            for dtype in (torch.float32, torch.bfloat16):
+                big = torch.zeros(1, 4, device=DEVICE, dtype=dtype).expand(-(-bound // width), 4)
+                weight = torch.empty(classes, 4, device=DEVICE, dtype=dtype)
+                got = pick_backend("auto", big, weight, None, index)
+                assert got == ("fused" if fused else "reference"), (classes, index is None, dtype)
     with pytest.raises(ValueError, match="backend"):
         linear_cross_entropy(h, w, y, b, backend="cuda")
 

@@ -10,7 +10,7 @@ With ``reduction="none"`` the incoming gradient is per row: the backward recompu
 logits chunk by chunk with :math:`s_i = g_i`.
 
 Dispatch (``backend="auto"``): CUDA tensors take the fused path when the head is large
-enough for it to pay (:data:`FUSED_MIN_WORK`) or while a CUDA graph is captured (a
+enough for it to pay (:func:`fused_min_work`) or while a CUDA graph is captured (a
 replay has no host time) or warmed up for a capture
 (:func:`fusegnn.sparse.dispatch.for_capture`, as in :func:`fusegnn.graphed_step`),
 otherwise (and on the CPU) the PyTorch reference.
@@ -30,7 +30,8 @@ from fusegnn.losses.checks import check_arguments
 from fusegnn.losses.target_memo import pair_facts
 from fusegnn.sparse.dispatch import capture_mode
 
-__all__ = ["BACKENDS", "FUSED_MIN_WORK", "FusedLinearCrossEntropy", "linear_cross_entropy", "pick_backend"]
+__all__ = ["BACKENDS", "FUSED_MIN_WORK", "FUSED_MIN_WORK_HEAD", "FusedLinearCrossEntropy", "fused_min_work",
+           "linear_cross_entropy", "pick_backend"]
 
 BACKENDS = ("auto", "fused", "reference")
 
@@ -123,6 +124,20 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
 #: fused path's floor 0.5-0.8 ms
 #: (``benchmarks/results/loss/crossover-nvidia-h100-80gb-hbm3.md`` and ``raw/``).
 FUSED_MIN_WORK = 64_000_000
+#: the same for heads of up to ``HEAD_MAX_CLASSES`` classes (one Triton kernel a chunk, no
+#: GEMMs around it: a lower floor). Session 14, H100, bf16, one synced step / a loop of
+#: ``backward()`` steps (fused speed-up): 41 x 128 0.85x / 0.92x at 22M, 1.29x / 1.58x at 39M
+#: (the Reddit-sized head); 47 x 256 0.66x / 0.68x at 20M, 1.17x / 1.22x at 40M; while
+#: 349 x 256 (the GEMM path) is still 0.88x / 0.90x at 40M (``benchmarks/NOTES-loss.md``,
+#: session 14).
+FUSED_MIN_WORK_HEAD = 32_000_000
+
+
+def fused_min_work(num_classes: int) -> int:
+    """``backend="auto"``'s threshold (rows x (classes + features)) for a head of
+    ``num_classes`` classes: :data:`FUSED_MIN_WORK_HEAD` on the one-kernel head path,
+    :data:`FUSED_MIN_WORK` on the GEMM path."""
+    return FUSED_MIN_WORK_HEAD if num_classes <= _kernels().HEAD_MAX_CLASSES else FUSED_MIN_WORK
 
 
 def pick_backend(backend: str, h: Tensor, weight: Tensor, bias: Tensor | None, index: Tensor | None = None) -> str:
@@ -147,7 +162,7 @@ def pick_backend(backend: str, h: Tensor, weight: Tensor, bias: Tensor | None, i
     if capture_mode():
         return "fused"
     rows = index.numel() if index is not None else h.shape[0]
-    return "fused" if rows * (weight.shape[0] + weight.shape[1]) >= FUSED_MIN_WORK else "reference"
+    return "fused" if rows * (weight.shape[0] + weight.shape[1]) >= fused_min_work(weight.shape[0]) else "reference"
 
 
 def linear_cross_entropy(
@@ -185,7 +200,7 @@ def linear_cross_entropy(
         ignore_index, label_smoothing: as ``F.cross_entropy`` (smoothing in ``[0, 1)``).
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[M]`` per-row losses, 0 on
             ignored rows).
-        backend: ``"auto"`` (fused on CUDA from :data:`FUSED_MIN_WORK` rows x (classes +
+        backend: ``"auto"`` (fused on CUDA from :func:`fused_min_work` rows x (classes +
             features) on, where it is faster, and in CUDA graph captures and their
             warm-up steps; the reference otherwise), ``"fused"``, ``"reference"``.
         chunk_rows: rows per chunk of the fused path (default: a 128 MiB logits budget;
