@@ -120,6 +120,30 @@ def _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS: tl.c
     return group, start, end, slot
 
 
+
+@kernel_helper
+def _program_start(ptr, item_row, item_start, item_slot, seed_ptr, drop_scale, negative_slope, CHUNK,
+                   HAS_ITEMS: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr):
+    """What each program of a pass over CSR rows / CSC columns starts from: its work item
+    ``(group, start, end, slot)`` (:func:`_work_item`), the LeakyReLU slope and the dropout
+    scale in ``ACC`` (float64 arguments: exact for float64 inputs), and the dropout seed (one
+    int64 read on the device, so that a CUDA graph replays a fresh draw; 0 without dropout)."""
+    group, start, end, slot = _work_item(tl.program_id(0), ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
+    seed = tl.full([], 0, tl.int64)
+    if DROPOUT:
+        seed = tl.load(seed_ptr)
+    return group, start, end, slot, tl.full([], negative_slope, ACC), tl.full([], drop_scale, ACC), seed
+
+
+@kernel_helper
+def _head_channels(H, C, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
+    """``(offs_h, mask_h, mask_hc, hc)``: head offsets, the valid heads and (head, channel)
+    entries, and the offsets ``hc`` of an ``[H, C]`` row."""
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_c = tl.arange(0, BLOCK_C)
+    mask_h = offs_h < H
+    return offs_h, mask_h, mask_h[:, None] & (offs_c[None, :] < C), offs_h[:, None] * C + offs_c[None, :]
+
 @kernel_helper
 def _dropout_keep(seed, edge_id, offs_h, H, p_drop, RNG64: tl.constexpr):
     """``[E, H]`` whether each (edge, head) survives dropout: one uniform draw per
@@ -176,18 +200,10 @@ def _gat_fwd_kernel(
     ACC: tl.constexpr,
 ):
     """One target row (or one chunk of a long row): online softmax + aggregation."""
-    pid = tl.program_id(0)
-    slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
-    scale = tl.full([], drop_scale, ACC)
-    if DROPOUT:  # one int64 on the device: a CUDA graph replays a fresh draw
-        seed = tl.load(seed_ptr)
-    row, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
+    row, start, end, slot, slope, scale, seed = _program_start(
+        ptr, item_row, item_start, item_slot, seed_ptr, drop_scale, negative_slope, CHUNK, HAS_ITEMS, DROPOUT, ACC)
     offs_e = tl.arange(0, BLOCK_E)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_c = tl.arange(0, BLOCK_C)
-    mask_h = offs_h < H
-    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
-    hc = offs_h[:, None] * C + offs_c[None, :]
+    offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
     t = tl.load(s_dst + row * H + offs_h, mask=mask_h, other=0.0).to(ACC)
     m = tl.full([BLOCK_H], float("-inf"), ACC)
     l = tl.zeros([BLOCK_H], ACC)
@@ -245,11 +261,7 @@ def _gat_combine_kernel(
     row = tl.load(split_rows + pid)
     first = tl.load(slot_ptr + pid)
     last = tl.load(slot_ptr + pid + 1)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_c = tl.arange(0, BLOCK_C)
-    mask_h = offs_h < H
-    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
-    hc = offs_h[:, None] * C + offs_c[None, :]
+    offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
     m = tl.full([BLOCK_H], float("-inf"), ACC)
     l = tl.zeros([BLOCK_H], ACC)
     acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
@@ -287,18 +299,10 @@ def _gat_bwd_row_kernel(
     for pass C); with SCATTER_SRC also d h and d score_src by atomics into the sources
     (the "gas" backward); with HAS_EDGE, dZ itself (the gradient of the per-edge score
     addend) at each edge's COO position (every edge lies in exactly one row: no atomics)."""
-    pid = tl.program_id(0)
-    slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
-    scale = tl.full([], drop_scale, ACC)
-    if DROPOUT:  # one int64 on the device: a CUDA graph replays a fresh draw
-        seed = tl.load(seed_ptr)
-    row, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
+    row, start, end, slot, slope, scale, seed = _program_start(
+        ptr, item_row, item_start, item_slot, seed_ptr, drop_scale, negative_slope, CHUNK, HAS_ITEMS, DROPOUT, ACC)
     offs_e = tl.arange(0, BLOCK_E)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_c = tl.arange(0, BLOCK_C)
-    mask_h = offs_h < H
-    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
-    hc = offs_h[:, None] * C + offs_c[None, :]
+    offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
     t = tl.load(s_dst + row * H + offs_h, mask=mask_h, other=0.0).to(ACC)
     lse_i = tl.load(lse + row * H + offs_h, mask=mask_h, other=0.0).to(ACC)
     g = tl.load(grad_out + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
@@ -368,18 +372,10 @@ def _gat_bwd_col_kernel(
     ACC: tl.constexpr,
 ):
     """Pass C over a source row of the CSC: d h_j = sum_i w_ji g_i, d s_j = sum_i dZ_ji."""
-    pid = tl.program_id(0)
-    slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
-    scale = tl.full([], drop_scale, ACC)
-    if DROPOUT:  # one int64 on the device: a CUDA graph replays a fresh draw
-        seed = tl.load(seed_ptr)
-    col, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
+    col, start, end, slot, slope, scale, seed = _program_start(
+        ptr, item_row, item_start, item_slot, seed_ptr, drop_scale, negative_slope, CHUNK, HAS_ITEMS, DROPOUT, ACC)
     offs_e = tl.arange(0, BLOCK_E)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_c = tl.arange(0, BLOCK_C)
-    mask_h = offs_h < H
-    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
-    hc = offs_h[:, None] * C + offs_c[None, :]
+    offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
     s = tl.load(s_src + col * H + offs_h, mask=mask_h, other=0.0).to(ACC)
     hj = tl.load(h + col * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
     acc_h = tl.zeros([BLOCK_H, BLOCK_C], ACC)

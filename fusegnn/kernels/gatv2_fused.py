@@ -94,19 +94,9 @@ __all__ = [
 _AGGREGATIONS = ("gar", "gas")
 
 # the GAT kernels' work-item and dropout-mask device helpers, jitted with these kernels
-_work_item = shared_kernel_helper(gat_fused.__name__, "_work_item", __name__)
+_program_start = shared_kernel_helper(gat_fused.__name__, "_program_start", __name__)
+_head_channels = shared_kernel_helper(gat_fused.__name__, "_head_channels", __name__)
 _keep = shared_kernel_helper(gat_fused.__name__, "_keep", __name__)
-
-
-@kernel_helper
-def _head_channel_tile(H, C, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
-    """``(offs_e, offs_h, mask_h, mask_hc, hc)``: edge and head offsets, the valid heads and
-    (head, channel) entries, and the offsets ``hc`` of an ``[H, C]`` row."""
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_c = tl.arange(0, BLOCK_C)
-    mask_h = offs_h < H
-    mask_hc = mask_h[:, None] & (offs_c[None, :] < C)
-    return tl.arange(0, BLOCK_E), offs_h, mask_h, mask_hc, offs_h[:, None] * C + offs_c[None, :]
 
 
 @kernel_helper
@@ -168,13 +158,10 @@ def _gatv2_fwd_kernel(
     ACC: tl.constexpr,
 ):
     """One target row (or one chunk of a long row): scores, online softmax, aggregation."""
-    pid = tl.program_id(0)
-    slope = tl.full([], negative_slope, ACC)  # fp64 argument: exact for fp64 inputs
-    scale = tl.full([], drop_scale, ACC)
-    if DROPOUT:
-        seed = tl.load(seed_ptr)
-    row, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
-    offs_e, offs_h, mask_h, mask_hc, hc = _head_channel_tile(H, C, BLOCK_E, BLOCK_H, BLOCK_C)
+    row, start, end, slot, slope, scale, seed = _program_start(
+        ptr, item_row, item_start, item_slot, seed_ptr, drop_scale, negative_slope, CHUNK, HAS_ITEMS, DROPOUT, ACC)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
     xr_i = tl.load(xr + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
     a = tl.load(att + hc, mask=mask_hc, other=0.0).to(ACC)
     m = tl.full([BLOCK_H], float("-inf"), ACC)
@@ -222,13 +209,10 @@ def _gatv2_bwd_row_kernel(
 ):
     """Pass R over a target row: d x_r (row sum of dz), the row's share of d att, d e per
     edge, and (L_i, D_i) for pass C; with SCATTER_SRC also d x_l by atomics ("gas")."""
-    pid = tl.program_id(0)
-    slope = tl.full([], negative_slope, ACC)
-    scale = tl.full([], drop_scale, ACC)
-    if DROPOUT:
-        seed = tl.load(seed_ptr)
-    row, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
-    offs_e, offs_h, mask_h, mask_hc, hc = _head_channel_tile(H, C, BLOCK_E, BLOCK_H, BLOCK_C)
+    row, start, end, slot, slope, scale, seed = _program_start(
+        ptr, item_row, item_start, item_slot, seed_ptr, drop_scale, negative_slope, CHUNK, HAS_ITEMS, DROPOUT, ACC)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
     xr_i = tl.load(xr + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
     a = tl.load(att + hc, mask=mask_hc, other=0.0).to(ACC)
     g = tl.load(grad_out + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
@@ -280,13 +264,10 @@ def _gatv2_bwd_col_kernel(
     ACC: tl.constexpr,
 ):
     """Pass C over a source row of the CSC: d x_l_j = sum_i (w_ji g_i + dz_ji)."""
-    pid = tl.program_id(0)
-    slope = tl.full([], negative_slope, ACC)
-    scale = tl.full([], drop_scale, ACC)
-    if DROPOUT:
-        seed = tl.load(seed_ptr)
-    col, start, end, slot = _work_item(pid, ptr, item_row, item_start, item_slot, CHUNK, HAS_ITEMS)
-    offs_e, offs_h, mask_h, mask_hc, hc = _head_channel_tile(H, C, BLOCK_E, BLOCK_H, BLOCK_C)
+    col, start, end, slot, slope, scale, seed = _program_start(
+        ptr, item_row, item_start, item_slot, seed_ptr, drop_scale, negative_slope, CHUNK, HAS_ITEMS, DROPOUT, ACC)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
     xj = tl.load(xl + col * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
     a = tl.load(att + hc, mask=mask_hc, other=0.0).to(ACC)
     acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
