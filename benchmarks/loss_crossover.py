@@ -60,6 +60,7 @@ def _rows(device: torch.device, reps: int) -> list[dict]:
 
 def sweep_main(argv: list[str], out_dir: Path, device_fn) -> int:
     from benchmarks.report import environment, markdown_table, write_sweep_result
+    from fusegnn.kernels.linear_cross_entropy import HEAD_MAX_CLASSES
     from fusegnn.losses.function import FUSED_MIN_WORK, FUSED_MIN_WORK_HEAD, fused_min_work
 
     p = argparse.ArgumentParser(prog="--sweep crossover")
@@ -73,7 +74,7 @@ def sweep_main(argv: list[str], out_dir: Path, device_fn) -> int:
            "fused_min_work": FUSED_MIN_WORK, "fused_min_work_head": FUSED_MIN_WORK_HEAD, "rows": rows}
     title = (f"## linear cross-entropy, fused vs reference, bf16 forward + backward, "
              f"{doc['environment'].get('device', '?')} (auto: fused from {FUSED_MIN_WORK_HEAD / 1e6:.0f}M up to "
-             f"128 classes, {FUSED_MIN_WORK / 1e6:.0f}M above)")
+             f"{HEAD_MAX_CLASSES} classes, {FUSED_MIN_WORK / 1e6:.0f}M above)")
     table = markdown_table(
         [("features x classes", "l"), ("rows", "r"), ("rows x (C + K)", "r"), ("fused ms", "r"),
          ("reference ms", "r"), ("fused speed-up", "r"), ("auto", "l")],

@@ -169,6 +169,31 @@ def test_chunks_lent_the_unwritten_rows_of_grad_h(reduction, monkeypatch):
     assert spy and spy[0] == (n, 6, 48, k)
 
 
+@pytest.mark.parametrize("tile", (4096, 16))
+def test_row_kernel_reads_no_logit_outside_the_row(tile, monkeypatch):
+    """The row kernel reads the target logit with one load at ``z[row, y]``. The op layer
+    rejects class ids outside ``[0, C)``, but a replayed CUDA graph runs without that check,
+    so the kernel itself must not read outside the row's classes: an id past them (in the
+    padding, in the next or the previous row's logits) adds no target logit and no one-hot,
+    as if ``z[row, y]`` were 0 -- never another row's logit."""
+    monkeypatch.setattr(kernels, "HEAD_MAX_CLASSES", 0)
+    monkeypatch.setattr(kernels, "_TILE", tile)
+    h, w, y, b = _inputs(6, 5, 37, seed=11)  # 37 classes padded to 48 columns
+    z = F.linear(h, w, b)
+    row, others = 2, [0, 1, 3, 4, 5]
+    for bad in (37, 47, 48, 48 + 5, -1, -48 + 3):
+        target = y.clone()
+        target[row] = bad
+        out = kernels.fused_linear_cross_entropy(h, w, target, b, None, -100, 0.0, None, grads=(False, False, True))
+        torch.testing.assert_close(out.loss[row], torch.logsumexp(z[row], 0), rtol=1e-10, atol=1e-12,
+                                   msg=f"class id {bad}")
+        torch.testing.assert_close(out.loss[others], F.cross_entropy(z[others], y[others], reduction="none"),
+                                   rtol=1e-10, atol=1e-12)
+        dz = torch.softmax(z, 1)
+        dz[others] -= F.one_hot(y[others], 37)
+        torch.testing.assert_close(out.grad_bias, dz.sum(0), rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("path", PATHS, indirect=True)
 def test_index_with_repeats(path):
     h, w, y, b = _inputs(19, 10, 13, seed=3, ignored=(4,))

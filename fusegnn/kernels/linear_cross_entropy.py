@@ -154,10 +154,13 @@ def _logit_grad(z, lse, cols, y, eps, num_classes, scale):
 
 
 @kernel_helper
-def _target_logit(z_ptr, stride_z, local, y, valid, ACC: tl.constexpr):
+def _target_logit(z_ptr, stride_z, local, y, valid, num_classes):
     """``z[row, y]`` of each valid row, read from memory (a scalar load per row instead of
-    a reduction over the row's tile; 0 on ignored rows, whose loss is 0)."""
-    return tl.load(z_ptr + local * stride_z + tl.where(valid, y, 0), mask=valid, other=0.0).to(ACC)
+    a reduction over the row's tile; 0 on ignored rows, whose loss is 0). An id outside
+    ``[0, C)`` reads nothing (0): the op layer rejects those, but a replayed CUDA graph
+    skips its check, and the load must not reach into another row or past the buffer."""
+    in_row = valid & (y >= 0) & (y < num_classes)
+    return tl.load(z_ptr + local * stride_z + tl.where(in_row, y, 0), mask=in_row, other=0.0)
 
 
 def _rows_kernel(
@@ -180,7 +183,7 @@ def _rows_kernel(
     log-sum-exp over ``[BLOCK_R, BLOCK_C]`` tiles, then a second sweep for the gradient."""
     local, in_rows, src, y, valid, eps = _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
                                                      HAS_INDEX, BLOCK_R, ACC)
-    z_y = _target_logit(z_ptr, stride_z, local, y, valid, ACC)
+    z_y = _target_logit(z_ptr, stride_z, local, y, valid, num_classes).to(ACC)
     neg_inf = float("-inf")
     LOG2E: tl.constexpr = 1.4426950408889634
     if ONE_TILE:
