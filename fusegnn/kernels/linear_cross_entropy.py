@@ -313,6 +313,19 @@ def _head_kernel(
 head_kernel = LazyKernel(_head_kernel)
 
 
+_TL_NAMES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+def _bind_triton_language():
+    """Import ``triton.language`` and bind it as this module's ``tl`` (read by the kernels'
+    bodies when they are jitted at their first launch); returns it."""
+    global tl
+    import triton.language as language
+
+    tl = language
+    return language
+
+
 def _scale_kernel(x_ptr, g_ptr, n, BLOCK: tl.constexpr, ACC: tl.constexpr):
     """``x *= g`` (``x`` flat, ``g`` one element), unless ``g == 1``: then every program
     returns after one scalar load, so the common case (``loss.backward()``) costs a launch,
@@ -334,10 +347,7 @@ def scale_unless_one(x: Tensor, g: Tensor) -> None:
     """``x *= g`` in place (``x`` contiguous, ``g`` a one-element tensor on its device),
     computed in the accumulation dtype and rounded once; nothing but a launch when ``g`` is
     1. The scalar is read on the device, so the caller never synchronises with it."""
-    global tl
-    import triton.language as language
-
-    tl = language
+    language = _bind_triton_language()
     if not x.is_contiguous():
         raise ValueError("scale_unless_one: x must be contiguous")
     n = x.numel()
@@ -347,17 +357,11 @@ def scale_unless_one(x: Tensor, g: Tensor) -> None:
     scale_kernel[((n + _SCALE_BLOCK - 1) // _SCALE_BLOCK,)](x, g, n, BLOCK=_SCALE_BLOCK, ACC=acc, num_warps=4)
 
 
-_TL_NAMES = {torch.float32: "float32", torch.float64: "float64"}
-
-
 def _launch_rows(z: Tensor, num_classes: int, target: Tensor, index: Tensor | None, scale: Tensor, loss: Tensor,
                  row0: int, ignore_index: int, smoothing: float, write_grad: bool, per_row: bool) -> None:
     """:data:`rows_kernel` over the chunk ``z`` (``[R, width]``, its first ``num_classes``
     columns the classes, the rest padding)."""
-    global tl
-    import triton.language as language
-
-    tl = language
+    language = _bind_triton_language()
     n_rows, num_cols = z.shape
     block_c = min(next_pow2(num_cols), _TILE)
     one_tile = num_cols <= block_c
@@ -397,10 +401,7 @@ def _head_blocks(num_classes: int, features: int, dtype: torch.dtype) -> tuple[i
 
 def _launch_head(h, weight, bias, target, index, scale, loss, dz, dh, row0, n_rows, ignore_index, smoothing,
                  per_row: bool, dh_by_chunk_row: bool) -> None:
-    global tl
-    import triton.language as language
-
-    tl = language
+    language = _bind_triton_language()
     num_classes, features = weight.shape
     block_m, block_c, block_k, warps, stages = _head_blocks(num_classes, features, h.dtype)
     acc = getattr(language, _TL_NAMES[acc_dtype(h.dtype)])
