@@ -111,25 +111,15 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
 
 
 #: ``backend="auto"`` takes the fused path on CUDA from this many ``rows x (classes +
-#: features)`` on. Below it the reference (``F.linear`` + ``F.cross_entropy``) is faster:
-#: its GPU time is under the fused path's host time (0.45-1.1 ms a step for the autograd
-#: Function, the row count, the kernel and the ``dW`` GEMM, varying between runs). Two
-#: H100 runs, bf16, forward + backward (fused speed-up): the first crossed at ~40M
-#: (41 x 128: 0.68x at 22M, 1.57x at 44M; 349 x 256: 1.01x at 40M, 1.36x at 79M), the
-#: second, whose host was slower, at ~80-130M (41 x 128: 0.97x at 44M, 1.38x at 89M;
-#: 172 x 128: 0.83x at 79M, 1.28x at 157M; 349 x 256: 0.94x at 79M, 1.33x at 159M;
-#: 47 x 256: 1.85x at 79M). 64M sits between them. A third run (session 14, after the
-#: backward's read-back was removed) crossed at ~40-80M again (41 x 128: 1.06x at 44M;
-#: 349 x 256: 0.95x at 40M, 1.52x at 79M; 47 x 256: 0.77x at 40M, 1.35x at 79M), the
-#: fused path's floor 0.5-0.8 ms
-#: (``benchmarks/results/loss/crossover-nvidia-h100-80gb-hbm3.md`` and ``raw/``).
+#: features)`` on (heads of more than ``HEAD_MAX_CLASSES`` classes: the GEMM path). Below
+#: it the reference (``F.linear`` + ``F.cross_entropy``) is faster: its GPU time is under
+#: the fused path's host time (0.4-0.8 ms a step: the autograd Function, the checks, the
+#: launches). Three H100 crossover runs (sessions 12 and 14) crossed at ~40-130M; the
+#: figures are in ``benchmarks/NOTES-loss.md`` and ``benchmarks/results/loss/crossover-*``.
 FUSED_MIN_WORK = 64_000_000
-#: the same for heads of up to ``HEAD_MAX_CLASSES`` classes (one Triton kernel a chunk, no
-#: GEMMs around it: a lower floor). Session 14, H100, bf16, one synced step / a loop of
-#: ``backward()`` steps (fused speed-up): 41 x 128 0.85x / 0.92x at 22M, 1.29x / 1.58x at 39M
-#: (the Reddit-sized head); 47 x 256 0.66x / 0.68x at 20M, 1.17x / 1.22x at 40M; while
-#: 349 x 256 (the GEMM path) is still 0.88x / 0.90x at 40M (``benchmarks/NOTES-loss.md``,
-#: session 14).
+#: the same for heads of up to ``HEAD_MAX_CLASSES`` classes: one Triton kernel a chunk and
+#: no GEMMs around it, so a lower floor; they crossed at ~25-40M (session 14, H100: the
+#: Reddit-sized head, 39M, runs 1.3x eager fused; ``benchmarks/NOTES-loss.md``).
 FUSED_MIN_WORK_HEAD = 32_000_000
 
 
