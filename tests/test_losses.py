@@ -154,7 +154,7 @@ def test_chunks_lent_the_unwritten_rows_of_grad_h(reduction, monkeypatch):
     monkeypatch.setattr(kernels, "HEAD_MAX_CLASSES", 0)
     monkeypatch.setattr(kernels, "HEAD_CHUNK_BYTES", 6 * 48 * 8)  # 6 rows of 48 float64 logits
     n, k, c = 150, 40, 37
-    schedule = kernels._lent_chunks(n, 6, 48, k)
+    schedule = kernels._chunk_schedule(n, 6, lend_to=(48, k))
     lent = [(r0, r1) for r0, r1, is_lent in schedule if is_lent]
     assert len(lent) >= 3 and len({r1 - r0 for r0, r1 in lent}) >= 3 and not schedule[-1][2]
     assert schedule[0][0] == 0 and schedule[-1][1] == n
@@ -162,11 +162,25 @@ def test_chunks_lent_the_unwritten_rows_of_grad_h(reduction, monkeypatch):
     for r0, r1 in lent:  # the logits fit the rows after the chunk
         assert r1 * k + (r1 - r0) * 48 <= n * k
     spy = []
-    real = kernels._lent_chunks
-    monkeypatch.setattr(kernels, "_lent_chunks", lambda *a: spy.append(a) or real(*a))
+    real = kernels._chunk_schedule
+    monkeypatch.setattr(kernels, "_chunk_schedule",
+                        lambda *a, lend_to=None: (lend_to and spy.append((a, lend_to))) or real(*a, lend_to=lend_to))
     h, w, y, b = _inputs(n, k, c, seed=8, ignored=(0, 77))
     _check(h, w, y, b, reduction=reduction, smoothing=0.05)
-    assert spy and spy[0] == (n, 6, 48, k)
+    assert spy and spy[0] == ((n, 6), (48, k))
+
+
+@pytest.mark.parametrize("num_rows, rows", [(0, 5), (3, 5), (5, 5), (17, 5), (17, 1), (128, 64)])
+def test_chunk_schedule_without_lending_is_plain_chunks(num_rows, rows):
+    """Without ``lend_to`` the schedule is ``rows``-row chunks in order (the last one the
+    remainder), none lent; no chunk for no rows, one short chunk for fewer rows than
+    ``rows``."""
+    want = [(r0, min(r0 + rows, num_rows), False) for r0 in range(0, num_rows, rows)]
+    assert kernels._chunk_schedule(num_rows, rows) == want
+    assert kernels._chunk_schedule(num_rows, rows, lend_to=None) == want
+    assert sum(r1 - r0 for r0, r1, _ in want) == num_rows
+    with pytest.raises(ValueError, match="rows"):
+        kernels._chunk_schedule(num_rows, 0)
 
 
 @pytest.mark.parametrize("tile", (4096, 16))

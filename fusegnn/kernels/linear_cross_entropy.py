@@ -498,9 +498,9 @@ def fused_linear_cross_entropy(
     else:
         rows = chunk_rows or chunk_rows_for(num_rows, width, h.dtype)
     # the GEMM path writing dh straight into grad_h may keep a chunk's logits in grad_h's
-    # rows that no chunk has written yet (_lent_chunks): larger chunks, no more memory
+    # rows that no chunk has written yet (_chunk_schedule): larger chunks, no more memory
     lend = not head and want_h and index is None and chunk_rows is None and grad_h.is_contiguous()
-    schedule = _lent_chunks(num_rows, rows, width, features) if lend else _plain_chunks(num_rows, rows)
+    schedule = _chunk_schedule(num_rows, rows, lend_to=(width, features) if lend else None)
     chunk = max((r1 - r0 for r0, r1, lent in schedule if not lent), default=0)
     chunk_buf = (torch.empty(chunk, width, dtype=h.dtype, device=h.device)
                  if chunk and (not head or want_w or want_b) else None)
@@ -553,24 +553,30 @@ def fused_linear_cross_entropy(
     return LossAndGrads(loss, grad_h, grad_w, grad_b)
 
 
-def _plain_chunks(num_rows: int, rows: int) -> list[tuple[int, int, bool]]:
-    """``(r0, r1, lent)`` of chunks of ``rows`` rows, none lent."""
-    return [(r0, min(r0 + rows, num_rows), False) for r0 in range(0, num_rows, rows)]
+def _chunk_schedule(num_rows: int, rows: int, *, lend_to: tuple[int, int] | None = None
+                    ) -> list[tuple[int, int, bool]]:
+    """The chunks of the rows ``[0, num_rows)`` in order, as ``(r0, r1, lent)``.
 
+    Without ``lend_to``: chunks of ``rows`` rows (the last one shorter), none lent.
 
-def _lent_chunks(num_rows: int, rows: int, width: int, features: int) -> list[tuple[int, int, bool]]:
-    """``(r0, r1, lent)``: chunks whose ``[R, width]`` logits are lent the rows of ``grad_h``
-    (``[N, features]``, written chunk by chunk in row order) from ``r1`` on, which no chunk
-    has written yet (``lent``), as long as that space holds more than ``rows`` rows of
-    logits: ``R = (N - r0) features / (width + features)``, rounded down to a multiple of
-    64, so that ``R width <= (N - r0 - R) features``. The chunks shrink geometrically
-    (ogbn-mag's 736,389 x 256 -> 352 head: 4 lent chunks, then 2 of the budget's 47,616
-    rows, instead of 16 chunks); the rest take ``rows``-row chunks in their own buffer."""
+    With ``lend_to=(width, features)``: a chunk's ``[R, width]`` logits may be lent the
+    rows of ``grad_h`` (``[N, features]``, written chunk by chunk in row order) from ``r1``
+    on, which no chunk has written yet (``lent``), as long as that space holds more than
+    ``rows`` rows of logits: ``R = (N - r0) features / (width + features)``, rounded down
+    to a multiple of 64, so that ``R width <= (N - r0 - R) features``. The chunks shrink
+    geometrically (ogbn-mag's 736,389 x 256 -> 352 head: 4 lent chunks, then 2 of the
+    budget's 47,616 rows, instead of 16 chunks); the rest take ``rows``-row chunks in
+    their own buffer."""
+    if rows < 1:
+        raise ValueError(f"_chunk_schedule: rows must be positive, got {rows}")
     schedule, r0 = [], 0
     while r0 < num_rows:
-        lent_rows = (num_rows - r0) * features // (width + features)
-        if lent_rows > 64:
-            lent_rows -= lent_rows % 64
+        lent_rows = 0
+        if lend_to is not None:
+            width, features = lend_to
+            lent_rows = (num_rows - r0) * features // (width + features)
+            if lent_rows > 64:
+                lent_rows -= lent_rows % 64
         if lent_rows > rows:
             schedule.append((r0, r0 + lent_rows, True))
             r0 += lent_rows
