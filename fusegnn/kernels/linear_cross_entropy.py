@@ -53,6 +53,8 @@ match (``F.cross_entropy(F.linear(h[index], W, b), target[index], ...)``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -70,7 +72,7 @@ __all__ = [
     "head_kernel",
     "linear_cross_entropy_reference",
     "rows_kernel",
-    "scale_unless_one",
+    "scale_all_unless_one",
 ]
 
 #: byte budget of the one ``[R, C']`` logits buffer (and of a float32 ``dW`` accumulator)
@@ -326,35 +328,71 @@ def _bind_triton_language():
     return language
 
 
-def _scale_kernel(x_ptr, g_ptr, n, BLOCK: tl.constexpr, ACC: tl.constexpr):
-    """``x *= g`` (``x`` flat, ``g`` one element), unless ``g == 1``: then every program
-    returns after one scalar load, so the common case (``loss.backward()``) costs a launch,
-    not a pass over ``x``, and needs no read-back of ``g`` to the host."""
+@kernel_helper
+def _scale_block(x_ptr, g, block, n, BLOCK: tl.constexpr, ACC: tl.constexpr):
+    """``x[block BLOCK : (block + 1) BLOCK] *= g`` (``x`` flat, ``n`` elements), in ``ACC``,
+    rounded once."""
+    offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    in_x = offs < n
+    x = tl.load(x_ptr + offs, mask=in_x, other=0.0).to(ACC)
+    tl.store(x_ptr + offs, (x * g).to(x_ptr.dtype.element_ty), mask=in_x)
+
+
+def _scale_kernel(x0_ptr, x1_ptr, x2_ptr, g_ptr, n0, n1, n2, start1, start2,
+                  BLOCK: tl.constexpr, ACC: tl.constexpr):
+    """``x_t *= g`` for three flat tensors (``n_t`` elements each, ``g`` one element),
+    unless ``g == 1``: then every program returns after one scalar load, so the common case
+    (``loss.backward()``) costs a launch, not a pass over the tensors, and needs no
+    read-back of ``g`` to the host. The grid covers the tensors' blocks one after another:
+    blocks ``[0, start1)`` are ``x0``'s, ``[start1, start2)`` ``x1``'s, the rest ``x2``'s
+    (an absent tensor has no block)."""
     g = tl.load(g_ptr).to(ACC)
     if g != 1.0:
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        in_x = offs < n
-        x = tl.load(x_ptr + offs, mask=in_x, other=0.0).to(ACC)
-        tl.store(x_ptr + offs, (x * g).to(x_ptr.dtype.element_ty), mask=in_x)
+        pid = tl.program_id(0)
+        if pid < start1:
+            _scale_block(x0_ptr, g, pid, n0, BLOCK, ACC)
+        elif pid < start2:
+            _scale_block(x1_ptr, g, pid - start1, n1, BLOCK, ACC)
+        else:
+            _scale_block(x2_ptr, g, pid - start2, n2, BLOCK, ACC)
 
 
 scale_kernel = LazyKernel(_scale_kernel)
 
 _SCALE_BLOCK = 4096
+#: tensors that one launch of :data:`scale_kernel` scales (the loss's ``dh``, ``dW``, ``db``)
+_SCALE_MAX_TENSORS = 3
 
 
-def scale_unless_one(x: Tensor, g: Tensor) -> None:
-    """``x *= g`` in place (``x`` contiguous, ``g`` a one-element tensor on its device),
-    computed in the accumulation dtype and rounded once; nothing but a launch when ``g`` is
-    1. The scalar is read on the device, so the caller never synchronises with it."""
-    language = _bind_triton_language()
-    if not x.is_contiguous():
-        raise ValueError("scale_unless_one: x must be contiguous")
-    n = x.numel()
-    if n == 0:
+def scale_all_unless_one(tensors: Sequence[Tensor | None], g: Tensor) -> None:
+    """``x *= g`` in place for each ``x`` of ``tensors`` (at most three, contiguous, one dtype
+    and device; ``None`` and empty ones are skipped), computed in the accumulation dtype and
+    rounded once, all in **one** launch (a launch costs more host time than a small head's
+    scaling); nothing but that launch when ``g`` is 1. ``g`` is a one-element tensor on the
+    tensors' device, read there: the caller never synchronises with it (capture-safe)."""
+    present = [x for x in tensors if x is not None]
+    if len(present) > _SCALE_MAX_TENSORS:
+        raise ValueError(f"scale_all_unless_one: at most {_SCALE_MAX_TENSORS} tensors, got {len(present)}")
+    if g.numel() != 1:
+        raise ValueError(f"scale_all_unless_one: g must have one element, got shape {tuple(g.shape)}")
+    for x in present:
+        if not x.is_contiguous():
+            raise ValueError("scale_all_unless_one: tensors must be contiguous")
+        if x.dtype != present[0].dtype or x.device != present[0].device or x.device != g.device:
+            raise ValueError("scale_all_unless_one: tensors must share one dtype and g's device, got "
+                             f"{[(t.dtype, str(t.device)) for t in present]} and g on {g.device}")
+    scaled = [x for x in present if x.numel() > 0]
+    if not scaled:
         return
-    acc = getattr(language, _TL_NAMES[acc_dtype(x.dtype)])
-    scale_kernel[((n + _SCALE_BLOCK - 1) // _SCALE_BLOCK,)](x, g, n, BLOCK=_SCALE_BLOCK, ACC=acc, num_warps=4)
+    language = _bind_triton_language()
+    absent = _SCALE_MAX_TENSORS - len(scaled)
+    sizes = [x.numel() for x in scaled] + [0] * absent
+    blocks = [(n + _SCALE_BLOCK - 1) // _SCALE_BLOCK for n in sizes]
+    acc = getattr(language, _TL_NAMES[acc_dtype(scaled[0].dtype)])
+    scale_kernel[(sum(blocks),)](
+        *(scaled + scaled[:1] * absent), g, *sizes, blocks[0], blocks[0] + blocks[1],
+        BLOCK=_SCALE_BLOCK, ACC=acc, num_warps=4,
+    )
 
 
 def _launch_rows(z: Tensor, num_classes: int, target: Tensor, index: Tensor | None, scale: Tensor, loss: Tensor,
