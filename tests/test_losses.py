@@ -154,7 +154,7 @@ def test_chunks_lent_the_unwritten_rows_of_grad_h(reduction, monkeypatch):
     monkeypatch.setattr(kernels, "HEAD_MAX_CLASSES", 0)
     monkeypatch.setattr(kernels, "HEAD_CHUNK_BYTES", 6 * 48 * 8)  # 6 rows of 48 float64 logits
     n, k, c = 150, 40, 37
-    schedule = kernels._lent_chunks(n, 6, 48, k)
+    schedule = kernels._chunk_schedule(n, 6, lend_to=(48, k))
     lent = [(r0, r1) for r0, r1, is_lent in schedule if is_lent]
     assert len(lent) >= 3 and len({r1 - r0 for r0, r1 in lent}) >= 3 and not schedule[-1][2]
     assert schedule[0][0] == 0 and schedule[-1][1] == n
@@ -162,11 +162,25 @@ def test_chunks_lent_the_unwritten_rows_of_grad_h(reduction, monkeypatch):
     for r0, r1 in lent:  # the logits fit the rows after the chunk
         assert r1 * k + (r1 - r0) * 48 <= n * k
     spy = []
-    real = kernels._lent_chunks
-    monkeypatch.setattr(kernels, "_lent_chunks", lambda *a: spy.append(a) or real(*a))
+    real = kernels._chunk_schedule
+    monkeypatch.setattr(kernels, "_chunk_schedule",
+                        lambda *a, lend_to=None: (lend_to and spy.append((a, lend_to))) or real(*a, lend_to=lend_to))
     h, w, y, b = _inputs(n, k, c, seed=8, ignored=(0, 77))
     _check(h, w, y, b, reduction=reduction, smoothing=0.05)
-    assert spy and spy[0] == (n, 6, 48, k)
+    assert spy and spy[0] == ((n, 6), (48, k))
+
+
+@pytest.mark.parametrize("num_rows, rows", [(0, 5), (3, 5), (5, 5), (17, 5), (17, 1), (128, 64)])
+def test_chunk_schedule_without_lending_is_plain_chunks(num_rows, rows):
+    """Without ``lend_to`` the schedule is ``rows``-row chunks in order (the last one the
+    remainder), none lent; no chunk for no rows, one short chunk for fewer rows than
+    ``rows``."""
+    want = [(r0, min(r0 + rows, num_rows), False) for r0 in range(0, num_rows, rows)]
+    assert kernels._chunk_schedule(num_rows, rows) == want
+    assert kernels._chunk_schedule(num_rows, rows, lend_to=None) == want
+    assert sum(r1 - r0 for r0, r1, _ in want) == num_rows
+    with pytest.raises(ValueError, match="rows"):
+        kernels._chunk_schedule(num_rows, 0)
 
 
 @pytest.mark.parametrize("tile", (4096, 16))
@@ -267,28 +281,81 @@ def test_inputs_not_modified_and_grad_scaled():
         assert torch.equal(t, c)
 
 
+def _scaled_once(x, g, dtype):
+    """``x * g`` in the accumulation dtype, rounded once to ``dtype``."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    return (x.to(acc) * torch.tensor(g, dtype=dtype).to(acc).to(x.device)).to(dtype)
+
+
+def _assert_scaled(got, want, dtype):
+    if dtype == torch.bfloat16:  # one ulp: Triton's interpreter rounds bfloat16 stores its own way
+        torch.testing.assert_close(got, want, rtol=2**-7, atol=0)
+    else:
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-def test_scale_unless_one(dtype):
+def test_scale_all_unless_one(dtype):
     """The backward's scaling of the precomputed gradients reads the incoming gradient on
     the device: by 1 the values stay bitwise, otherwise one rounding of the product in the
-    accumulation dtype; NaN propagates; a strided tensor is refused."""
+    accumulation dtype; NaN propagates; an empty tensor is skipped; a strided tensor is
+    refused."""
     x = torch.randn(4099, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype).to(DEVICE)
     kept = x.clone()
-    kernels.scale_unless_one(x, torch.ones(1, dtype=dtype, device=DEVICE))
+    kernels.scale_all_unless_one([x], torch.ones(1, dtype=dtype, device=DEVICE))
     assert torch.equal(x, kept)
-    kernels.scale_unless_one(x, torch.full((1,), 0.3, dtype=dtype, device=DEVICE))
-    acc = torch.float64 if dtype == torch.float64 else torch.float32
-    g = torch.tensor(0.3, dtype=dtype).to(acc)
-    want = (kept.to(acc) * g.to(DEVICE)).to(dtype)
-    if dtype == torch.bfloat16:  # one ulp: Triton's interpreter rounds bfloat16 stores its own way
-        torch.testing.assert_close(x, want, rtol=2**-7, atol=0)
-    else:
-        assert torch.equal(x, want)
-    kernels.scale_unless_one(x, torch.full((1,), float("nan"), dtype=dtype, device=DEVICE))
+    kernels.scale_all_unless_one([x], torch.full((1,), 0.3, dtype=dtype, device=DEVICE))
+    _assert_scaled(x, _scaled_once(kept, 0.3, dtype), dtype)
+    kernels.scale_all_unless_one([x], torch.full((1,), float("nan"), dtype=dtype, device=DEVICE))
     assert x.isnan().all()
-    kernels.scale_unless_one(x[:0], torch.full((1,), 2.0, dtype=dtype, device=DEVICE))
+    kernels.scale_all_unless_one([x[:0]], torch.full((1,), 2.0, dtype=dtype, device=DEVICE))
     with pytest.raises(ValueError, match="contiguous"):
-        kernels.scale_unless_one(kept[::2], torch.full((1,), 2.0, dtype=dtype, device=DEVICE))
+        kernels.scale_all_unless_one([kept[::2]], torch.full((1,), 2.0, dtype=dtype, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scale_all_unless_one_scales_several_tensors_in_one_launch(dtype, monkeypatch):
+    """Tensors of very different sizes (1 and 5000 elements, a 2-D one; ``None`` and empty
+    ones skipped) are scaled by one launch each time: each one by itself, each element once
+    (no block of one tensor reaches into another's); by 1 all stay bitwise. Too many
+    tensors, mixed dtypes and a ``g`` of several elements are refused."""
+    gen = torch.Generator().manual_seed(2)
+    cases = [
+        [torch.randn(1, generator=gen), torch.randn(5000, generator=gen), torch.randn(3, 7, generator=gen)],
+        [None, torch.randn(5000, generator=gen), torch.randn(1, generator=gen)],
+        [torch.randn(4096, generator=gen), torch.empty(0), torch.randn(4097, generator=gen)],
+        [torch.randn(9, generator=gen), None, None],
+        [None, torch.empty(0), None],
+    ]
+    launches = []
+
+    class CountedLaunches:
+        def __getitem__(self, grid, real=kernels.scale_kernel):
+            launches.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(kernels, "scale_kernel", CountedLaunches())
+    for tensors in cases:
+        tensors = [t.to(dtype).to(DEVICE) if t is not None else None for t in tensors]
+        kept = [t.clone() if t is not None else None for t in tensors]
+        launches.clear()
+        kernels.scale_all_unless_one(tensors, torch.ones(1, dtype=dtype, device=DEVICE))
+        assert all(t is None or torch.equal(t, k) for t, k in zip(tensors, kept))
+        kernels.scale_all_unless_one(tensors, torch.full((1,), 0.37, dtype=dtype, device=DEVICE))
+        for t, k in zip(tensors, kept):
+            if t is not None:
+                _assert_scaled(t, _scaled_once(k, 0.37, dtype), dtype)
+        nonempty = sum(t is not None and t.numel() > 0 for t in tensors)
+        assert len(launches) == (2 if nonempty else 0)
+    x = torch.ones(4, dtype=dtype, device=DEVICE)
+    g = torch.full((1,), 2.0, dtype=dtype, device=DEVICE)
+    with pytest.raises(ValueError, match="at most 3"):
+        kernels.scale_all_unless_one([x, x.clone(), x.clone(), x.clone()], g)
+    with pytest.raises(ValueError, match="dtype"):
+        kernels.scale_all_unless_one([x, x.double()], g)
+    with pytest.raises(ValueError, match="one element"):
+        kernels.scale_all_unless_one([x], g.expand(2))
+    assert bool((x == 1).all())
 
 
 def test_counted_rows_follow_the_targets():
@@ -560,3 +627,38 @@ def test_cuda_wide_path_holds_one_chunk_of_logits(use_index):
     step = 256 * (c * 2 + (k * 2 if use_index else 0))  # one more chunk of logits (and gathered rows)
     grown = peak(512) - peak(256)
     assert grown < 1.5 * step, (grown, step)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("classes", (10, 200))  # the head path, the GEMM path
+def test_cuda_graph_replays_scale_the_gradients_by_the_incoming_one(classes):
+    """The backward scales the forward's gradients (``dh``, ``dW``, ``db``) by the incoming
+    gradient read on the device, in one launch and without a read-back: a captured forward
+    and backward replays with a new incoming gradient each time (1 included, where the
+    kernel only loads it) and gives PyTorch's gradients."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    n, k = 300, 32
+    h = torch.randn(n, k, device="cuda", generator=gen).requires_grad_()
+    w = (torch.randn(classes, k, device="cuda", generator=gen) * k ** -0.5).requires_grad_()
+    b = torch.randn(classes, device="cuda", generator=gen).requires_grad_()
+    y = torch.randint(0, classes, (n,), device="cuda", generator=gen)
+    s = torch.ones((), device="cuda")
+
+    def step():
+        loss = linear_cross_entropy(h, w, y, b, backend="fused")
+        return torch.autograd.grad(loss * s, (h, w, b))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and run the kernels once before the capture
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grads = step()
+    for value in (1.0, 0.37, 1.0, -2.0):
+        s.fill_(value)
+        graph.replay()
+        want = torch.autograd.grad(linear_cross_entropy_reference(h, w, y, b) * value, (h, w, b))
+        for got, expected in zip(grads, want):
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6, msg=f"incoming gradient {value}")

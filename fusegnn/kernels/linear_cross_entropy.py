@@ -53,6 +53,8 @@ match (``F.cross_entropy(F.linear(h[index], W, b), target[index], ...)``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -70,7 +72,7 @@ __all__ = [
     "head_kernel",
     "linear_cross_entropy_reference",
     "rows_kernel",
-    "scale_unless_one",
+    "scale_all_unless_one",
 ]
 
 #: byte budget of the one ``[R, C']`` logits buffer (and of a float32 ``dW`` accumulator)
@@ -326,35 +328,71 @@ def _bind_triton_language():
     return language
 
 
-def _scale_kernel(x_ptr, g_ptr, n, BLOCK: tl.constexpr, ACC: tl.constexpr):
-    """``x *= g`` (``x`` flat, ``g`` one element), unless ``g == 1``: then every program
-    returns after one scalar load, so the common case (``loss.backward()``) costs a launch,
-    not a pass over ``x``, and needs no read-back of ``g`` to the host."""
+@kernel_helper
+def _scale_block(x_ptr, g, block, n, BLOCK: tl.constexpr, ACC: tl.constexpr):
+    """``x[block BLOCK : (block + 1) BLOCK] *= g`` (``x`` flat, ``n`` elements), in ``ACC``,
+    rounded once."""
+    offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    in_x = offs < n
+    x = tl.load(x_ptr + offs, mask=in_x, other=0.0).to(ACC)
+    tl.store(x_ptr + offs, (x * g).to(x_ptr.dtype.element_ty), mask=in_x)
+
+
+def _scale_kernel(x0_ptr, x1_ptr, x2_ptr, g_ptr, n0, n1, n2, start1, start2,
+                  BLOCK: tl.constexpr, ACC: tl.constexpr):
+    """``x_t *= g`` for three flat tensors (``n_t`` elements each, ``g`` one element),
+    unless ``g == 1``: then every program returns after one scalar load, so the common case
+    (``loss.backward()``) costs a launch, not a pass over the tensors, and needs no
+    read-back of ``g`` to the host. The grid covers the tensors' blocks one after another:
+    blocks ``[0, start1)`` are ``x0``'s, ``[start1, start2)`` ``x1``'s, the rest ``x2``'s
+    (an absent tensor has no block)."""
     g = tl.load(g_ptr).to(ACC)
     if g != 1.0:
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        in_x = offs < n
-        x = tl.load(x_ptr + offs, mask=in_x, other=0.0).to(ACC)
-        tl.store(x_ptr + offs, (x * g).to(x_ptr.dtype.element_ty), mask=in_x)
+        pid = tl.program_id(0)
+        if pid < start1:
+            _scale_block(x0_ptr, g, pid, n0, BLOCK, ACC)
+        elif pid < start2:
+            _scale_block(x1_ptr, g, pid - start1, n1, BLOCK, ACC)
+        else:
+            _scale_block(x2_ptr, g, pid - start2, n2, BLOCK, ACC)
 
 
 scale_kernel = LazyKernel(_scale_kernel)
 
 _SCALE_BLOCK = 4096
+#: tensors that one launch of :data:`scale_kernel` scales (the loss's ``dh``, ``dW``, ``db``)
+_SCALE_MAX_TENSORS = 3
 
 
-def scale_unless_one(x: Tensor, g: Tensor) -> None:
-    """``x *= g`` in place (``x`` contiguous, ``g`` a one-element tensor on its device),
-    computed in the accumulation dtype and rounded once; nothing but a launch when ``g`` is
-    1. The scalar is read on the device, so the caller never synchronises with it."""
-    language = _bind_triton_language()
-    if not x.is_contiguous():
-        raise ValueError("scale_unless_one: x must be contiguous")
-    n = x.numel()
-    if n == 0:
+def scale_all_unless_one(tensors: Sequence[Tensor | None], g: Tensor) -> None:
+    """``x *= g`` in place for each ``x`` of ``tensors`` (at most three, contiguous, one dtype
+    and device; ``None`` and empty ones are skipped), computed in the accumulation dtype and
+    rounded once, all in **one** launch (a launch costs more host time than a small head's
+    scaling); nothing but that launch when ``g`` is 1. ``g`` is a one-element tensor on the
+    tensors' device, read there: the caller never synchronises with it (capture-safe)."""
+    present = [x for x in tensors if x is not None]
+    if len(present) > _SCALE_MAX_TENSORS:
+        raise ValueError(f"scale_all_unless_one: at most {_SCALE_MAX_TENSORS} tensors, got {len(present)}")
+    if g.numel() != 1:
+        raise ValueError(f"scale_all_unless_one: g must have one element, got shape {tuple(g.shape)}")
+    for x in present:
+        if not x.is_contiguous():
+            raise ValueError("scale_all_unless_one: tensors must be contiguous")
+        if x.dtype != present[0].dtype or x.device != present[0].device or x.device != g.device:
+            raise ValueError("scale_all_unless_one: tensors must share one dtype and g's device, got "
+                             f"{[(t.dtype, str(t.device)) for t in present]} and g on {g.device}")
+    scaled = [x for x in present if x.numel() > 0]
+    if not scaled:
         return
-    acc = getattr(language, _TL_NAMES[acc_dtype(x.dtype)])
-    scale_kernel[((n + _SCALE_BLOCK - 1) // _SCALE_BLOCK,)](x, g, n, BLOCK=_SCALE_BLOCK, ACC=acc, num_warps=4)
+    language = _bind_triton_language()
+    absent = _SCALE_MAX_TENSORS - len(scaled)
+    sizes = [x.numel() for x in scaled] + [0] * absent
+    blocks = [(n + _SCALE_BLOCK - 1) // _SCALE_BLOCK for n in sizes]
+    acc = getattr(language, _TL_NAMES[acc_dtype(scaled[0].dtype)])
+    scale_kernel[(sum(blocks),)](
+        *(scaled + scaled[:1] * absent), g, *sizes, blocks[0], blocks[0] + blocks[1],
+        BLOCK=_SCALE_BLOCK, ACC=acc, num_warps=4,
+    )
 
 
 def _launch_rows(z: Tensor, num_classes: int, target: Tensor, index: Tensor | None, scale: Tensor, loss: Tensor,
@@ -498,9 +536,9 @@ def fused_linear_cross_entropy(
     else:
         rows = chunk_rows or chunk_rows_for(num_rows, width, h.dtype)
     # the GEMM path writing dh straight into grad_h may keep a chunk's logits in grad_h's
-    # rows that no chunk has written yet (_lent_chunks): larger chunks, no more memory
+    # rows that no chunk has written yet (_chunk_schedule): larger chunks, no more memory
     lend = not head and want_h and index is None and chunk_rows is None and grad_h.is_contiguous()
-    schedule = _lent_chunks(num_rows, rows, width, features) if lend else _plain_chunks(num_rows, rows)
+    schedule = _chunk_schedule(num_rows, rows, lend_to=(width, features) if lend else None)
     chunk = max((r1 - r0 for r0, r1, lent in schedule if not lent), default=0)
     chunk_buf = (torch.empty(chunk, width, dtype=h.dtype, device=h.device)
                  if chunk and (not head or want_w or want_b) else None)
@@ -553,24 +591,30 @@ def fused_linear_cross_entropy(
     return LossAndGrads(loss, grad_h, grad_w, grad_b)
 
 
-def _plain_chunks(num_rows: int, rows: int) -> list[tuple[int, int, bool]]:
-    """``(r0, r1, lent)`` of chunks of ``rows`` rows, none lent."""
-    return [(r0, min(r0 + rows, num_rows), False) for r0 in range(0, num_rows, rows)]
+def _chunk_schedule(num_rows: int, rows: int, *, lend_to: tuple[int, int] | None = None
+                    ) -> list[tuple[int, int, bool]]:
+    """The chunks of the rows ``[0, num_rows)`` in order, as ``(r0, r1, lent)``.
 
+    Without ``lend_to``: chunks of ``rows`` rows (the last one shorter), none lent.
 
-def _lent_chunks(num_rows: int, rows: int, width: int, features: int) -> list[tuple[int, int, bool]]:
-    """``(r0, r1, lent)``: chunks whose ``[R, width]`` logits are lent the rows of ``grad_h``
-    (``[N, features]``, written chunk by chunk in row order) from ``r1`` on, which no chunk
-    has written yet (``lent``), as long as that space holds more than ``rows`` rows of
-    logits: ``R = (N - r0) features / (width + features)``, rounded down to a multiple of
-    64, so that ``R width <= (N - r0 - R) features``. The chunks shrink geometrically
-    (ogbn-mag's 736,389 x 256 -> 352 head: 4 lent chunks, then 2 of the budget's 47,616
-    rows, instead of 16 chunks); the rest take ``rows``-row chunks in their own buffer."""
+    With ``lend_to=(width, features)``: a chunk's ``[R, width]`` logits may be lent the
+    rows of ``grad_h`` (``[N, features]``, written chunk by chunk in row order) from ``r1``
+    on, which no chunk has written yet (``lent``), as long as that space holds more than
+    ``rows`` rows of logits: ``R = (N - r0) features / (width + features)``, rounded down
+    to a multiple of 64, so that ``R width <= (N - r0 - R) features``. The chunks shrink
+    geometrically (ogbn-mag's 736,389 x 256 -> 352 head: 4 lent chunks, then 2 of the
+    budget's 47,616 rows, instead of 16 chunks); the rest take ``rows``-row chunks in
+    their own buffer."""
+    if rows < 1:
+        raise ValueError(f"_chunk_schedule: rows must be positive, got {rows}")
     schedule, r0 = [], 0
     while r0 < num_rows:
-        lent_rows = (num_rows - r0) * features // (width + features)
-        if lent_rows > 64:
-            lent_rows -= lent_rows % 64
+        lent_rows = 0
+        if lend_to is not None:
+            width, features = lend_to
+            lent_rows = (num_rows - r0) * features // (width + features)
+            if lent_rows > 64:
+                lent_rows -= lent_rows % 64
         if lent_rows > rows:
             schedule.append((r0, r0 + lent_rows, True))
             r0 += lent_rows

@@ -93,10 +93,8 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad):
         if ctx.grads is not None:  # computed by the forward: hand them over, scaled by grad
             grads, ctx.grads = ctx.grads, None
-            scale = grad.reshape(1)
-            for g in grads:
-                if g is not None:  # on the device, skipped there when grad is 1: no read-back
-                    _kernels().scale_unless_one(g, scale)
+            # one launch for the three, on the device, skipped there when grad is 1: no read-back
+            _kernels().scale_all_unless_one(grads, grad.reshape(1))
             return (*grads, None, None, None, None, None, None)
         h, weight, bias, target, index, n_valid = ctx.saved_tensors
         ignore_index, smoothing, chunk_rows = ctx.config
