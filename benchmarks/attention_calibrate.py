@@ -22,8 +22,10 @@ run cut short by ``--time-limit`` still has the crossover data:
 
 Every timed configuration is first checked against float32 SDPA with the dense mask on
 batch 0, heads 0-1 (outputs and, for ``fwdbwd``, gradients; ``--rtol``). ``--element``
-also times the element path (slow at 16384: add it with ``--lengths 1024,4096``), and
-``--masks`` takes ``dilated8`` / ``graph16`` (two irregular masks for the element path).
+also times the element path (slow at 16384: ``--element-max-l 4096``), ``--vector`` the
+vector path (query windows of ``DEFAULT_WINDOW`` with compacted key columns), and
+``--masks`` takes ``dilated8`` / ``graph16`` / ``random0.5`` ... ``random5`` (irregular
+masks for the element and vector paths).
 
 Then it prints (and writes) a **recommendation**:
 
@@ -79,15 +81,30 @@ BLOCK_CONFIGS = [(64, 64), (128, 64), (64, 128), (128, 128)]
 DEFAULT_BLOCK = (64, 64)
 FWD_SWEEP = [(w, s) for w in (4, 8) for s in (2, 3)]
 BWD_SWEEP = [(w, s) for w in (4, 8) for s in (1, 2)]
-EXTRA_MASKS = ("dilated8", "graph16")
+#: element density of the ``random*`` calibration masks (each pair allowed with this
+#: probability, independently, plus the diagonal; shared by the heads)
+RANDOM_DENSITY = {"random0.5": 0.005, "random1": 0.01, "random2": 0.02, "random5": 0.05}
+EXTRA_MASKS = ("dilated8", "graph16", *RANDOM_DENSITY)
 SDPA_KINDS = ("sdpa", "sdpa-mask", "sdpa-causal")
 
 
 def calibration_mask(name: str, L: int, seed: int = 0):
-    """The suite's masks plus two irregular ones: ``dilated8`` (``|q - k| <= 32 * 8``,
-    ``(q - k) % 8 == 0``) and ``graph16`` (16 random keys per query plus the diagonal)."""
+    """The suite's masks plus irregular ones: ``dilated8`` (``|q - k| <= 32 * 8``,
+    ``(q - k) % 8 == 0``), ``graph16`` (16 random keys per query plus the diagonal) and
+    ``random<P>`` (:data:`RANDOM_DENSITY`: every pair with probability ``P`` %, plus the
+    diagonal -- the ``vector`` suite's masks)."""
     from fusegnn.attention import masks
 
+    if name in RANDOM_DENSITY:
+        gen = torch.Generator().manual_seed(seed)
+        queries, keys = [], []
+        for r0 in range(0, L, 1024):  # row slabs: no L x L float tensor
+            q, k = (torch.rand(min(1024, L - r0), L, generator=gen) < RANDOM_DENSITY[name]).nonzero(as_tuple=True)
+            queries.append(q + r0)
+            keys.append(k)
+        diag = torch.arange(L)
+        edge_index = torch.stack([torch.cat([*keys, diag]), torch.cat([*queries, diag])])
+        return masks.from_graph(edge_index, L, L)
     if name == "dilated8":
         return masks.dilated(L, 32, 8)
     if name == "graph16":
@@ -107,6 +124,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lengths", default="1024,4096,16384")
     p.add_argument("--modes", default="fwd,fwdbwd")
     p.add_argument("--element", action="store_true", help="also time the element path (pass 1)")
+    p.add_argument("--element-max-l", type=int, default=None,
+                   help="with --element: only at L up to this (the element path is slow at 16384)")
+    p.add_argument("--vector", action="store_true", help="also time the vector path (pass 1)")
     p.add_argument("--no-sweep", action="store_true", help="pass 1 only (crossover)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
@@ -219,7 +239,7 @@ def _crossover(prep: Prepared, name: str, L: int, mode: str, args, device, clock
         fn = lambda q, k, v: sparse_attention(q, k, v, layout, aggregation="block")  # noqa: E731
         rec["ms"], rec["rel_err"], rec["error"] = _time(fn, prep, mode, args, device)
     rows.append(rec)
-    if args.element:
+    if args.element and (args.element_max_l is None or L <= args.element_max_l):
         rec = _record(prep, name, L, mode, "element", "element")
         if clock.out():
             rec["error"] = f"not run: --time-limit {args.time_limit:g} s"
@@ -227,7 +247,32 @@ def _crossover(prep: Prepared, name: str, L: int, mode: str, args, device, clock
             fn = lambda q, k, v: sparse_attention(q, k, v, prep.mask, aggregation="element")  # noqa: E731
             rec["ms"], rec["rel_err"], rec["error"] = _time(fn, prep, mode, args, device)
         rows.append(rec)
+    if args.vector:
+        rows.append(_vector_row(prep, name, L, mode, info["fill"], args, device, clock))
     return rows
+
+
+def _vector_row(prep: Prepared, name: str, L: int, mode: str, fill: float, args, device, clock: Clock) -> dict:
+    """The vector path at its default sizes, with the structure's compacted entries (the
+    cost model's work) and the default block layout's fill (where the rule considers it)."""
+    from fusegnn.attention.sparse_attention import sparse_attention
+    from fusegnn.attention.vector_windows import vector_sizes, vector_structure
+
+    W, block_n = vector_sizes(None)
+    rec = _record(prep, name, L, mode, "vector", f"vector W{W} x {block_n}", W=W, fill=fill)
+    if clock.out():
+        rec["error"] = f"not run: --time-limit {args.time_limit:g} s"
+        return rec
+    try:
+        structure = vector_structure(prep.mask, W, device)
+        rec.update(entries=structure.num_entries, layout_heads=structure.num_heads)
+    except Exception as exc:  # noqa: BLE001 - a mask too large for the structure is a result
+        free_memory(device)
+        rec["error"] = "OOM" if is_oom(exc) else f"{type(exc).__name__}: {str(exc)[:160]}"
+        return rec
+    fn = lambda q, k, v: sparse_attention(q, k, v, prep.mask, aggregation="vector")  # noqa: E731
+    rec["ms"], rec["rel_err"], rec["error"] = _time(fn, prep, mode, args, device)
+    return rec
 
 
 def _sweep(prep: Prepared, name: str, L: int, mode: str, args, device, clock: Clock) -> list[dict]:
@@ -313,10 +358,11 @@ def observations(records: Iterable[dict]) -> list[dict]:
     cost model's work at head dim 64: ``B*H*L_q*L_k*D/64`` for the SDPA kinds, non-empty
     blocks over all (batch, head) pairs ``* BM*BN/64**2 * D/64`` for ``block`` (default
     block size and launch only), allowed elements over all pairs ``* D/64`` for
-    ``element``."""
+    ``element``, compacted (window, key) entries over all pairs ``* W/16 * D/64`` for
+    ``vector``."""
     out = []
     for r in records:
-        if not r.get("ms") or r.get("kind") not in SDPA_KINDS + ("block", "element"):
+        if not r.get("ms") or r.get("kind") not in SDPA_KINDS + ("block", "element", "vector"):
             continue
         pairs = r["batch"] * r["heads"]
         d = r["head_dim"] / 64.0
@@ -327,6 +373,8 @@ def observations(records: Iterable[dict]) -> list[dict]:
             if (r["BM"], r["BN"]) != DEFAULT_BLOCK or not r.get("default_launch"):
                 continue
             x = r["nnzb"] * pairs / r["layout_heads"] * r["BM"] * r["BN"] / 4096.0 * d
+        elif r["kind"] == "vector":
+            x = r["entries"] * pairs / r["layout_heads"] * r["W"] / 16.0 * d
         else:
             x = r["density"] * L2 * pairs * d
         out.append(dict(kind=r["kind"], mode=r["mode"], x=x, ms=r["ms"], label=f"{r['mask']}-L{r['L']}"))
@@ -336,13 +384,14 @@ def observations(records: Iterable[dict]) -> list[dict]:
 def fit_cost_models(obs: list[dict]) -> dict:
     """Fit the auto rule's constants to :func:`observations` (see the module docstring of
     ``fusegnn.attention.cost_model``): per mode, ``ms = a + c x`` for ``sdpa``,
-    ``block`` and ``element`` by least squares on the relative error; then the factors
+    ``block``, ``element`` and ``vector`` by least squares on the relative error; then the factors
     ``f`` of ``sdpa-causal`` and ``sdpa-mask`` in ``ms = a + f c x`` (``a``, ``c`` of that
     mode's ``sdpa``), one factor over both modes. Missing kinds give ``None``. Also the
     relative errors ``predicted / measured`` of every observation."""
     fit: dict[str, Any] = {"fwd": {}, "fwdbwd": {}, "DENSE_CAUSAL_FACTOR": None, "DENSE_MASK_FACTOR": None, "residuals": []}
     names = {"sdpa": ("dense_overhead_ms", "dense_ms_per_element"), "block": ("block_overhead_ms", "block_ms_per_block"),
-             "element": ("element_overhead_ms", "element_ms_per_edge")}
+             "element": ("element_overhead_ms", "element_ms_per_edge"),
+             "vector": ("vector_overhead_ms", "vector_ms_per_entry")}
     for mode in ("fwd", "fwdbwd"):
         for kind, (a_name, c_name) in names.items():
             rows = [o for o in obs if o["mode"] == mode and o["kind"] == kind]
@@ -380,8 +429,7 @@ def format_cost_models(fit: dict) -> str:
     for mode in ("fwd", "fwdbwd"):
         current = cm.COST_MODELS[mode]
         vals = {}
-        for field in ("dense_overhead_ms", "dense_ms_per_element", "block_overhead_ms", "block_ms_per_block",
-                      "element_overhead_ms", "element_ms_per_edge"):
+        for field in cm.CostModel.__dataclass_fields__:
             v = fit[mode].get(field)
             vals[field] = f"{v:.3g}," if v is not None else f"{getattr(current, field)!r},  # not measured: current"
         lines.append(f'    "{mode}": CostModel(')

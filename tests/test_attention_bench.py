@@ -195,8 +195,9 @@ def test_cost_model_constants_come_from_the_fit():
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "attention"
     obs = observations(load_observations([
         results / "calibration-crossover-nvidia-h200.json", results / "calibration-element-nvidia-h200.json",
+        results / "calibration-vector-nvidia-h200.json",
     ]))
-    assert len(obs) == 138
+    assert len(obs) == 198
     fit = fit_cost_models(obs)
     for mode, model in COST_MODELS.items():
         for name, value in vars(model).items():
@@ -209,7 +210,7 @@ def test_fit_recovers_a_known_model():
     """fit_cost_models on synthetic measurements of a known model returns it."""
     from benchmarks.attention_calibrate import fit_cost_models, observations
 
-    a_d, c_d, a_b, c_b, f_c, f_m = 0.1, 2e-9, 0.4, 1e-5, 0.55, 2.5
+    a_d, c_d, a_b, c_b, f_c, f_m, a_v, c_v = 0.1, 2e-9, 0.4, 1e-5, 0.55, 2.5, 0.3, 1.5e-7
     records = []
     for L in (1024, 2048, 4096, 8192):
         base = dict(mask="m", L=L, batch=4, heads=12, head_dim=64, density=0.1, mode="fwdbwd")
@@ -221,12 +222,28 @@ def test_fit_recovers_a_known_model():
         records.append(dict(base, kind="block", BM=64, BN=64, nnzb=nnzb, layout_heads=1, default_launch=True,
                             ms=a_b + c_b * nnzb * 48))
         records.append(dict(base, kind="block", BM=128, BN=64, nnzb=nnzb, layout_heads=1, default_launch=True, ms=99.0))
+        entries = L // 16 * 300  # one mask head shared by the 48 pairs; W = 32 counts twice per entry
+        records.append(dict(base, kind="vector", W=32, entries=entries, layout_heads=1, ms=a_v + c_v * entries * 48 * 2))
     fit = fit_cost_models(observations(records))
     m = fit["fwdbwd"]
+    assert m["vector_overhead_ms"] == pytest.approx(a_v) and m["vector_ms_per_entry"] == pytest.approx(c_v)
     assert m["dense_overhead_ms"] == pytest.approx(a_d) and m["dense_ms_per_element"] == pytest.approx(c_d)
     assert m["block_overhead_ms"] == pytest.approx(a_b) and m["block_ms_per_block"] == pytest.approx(c_b)
     assert fit["DENSE_CAUSAL_FACTOR"] == pytest.approx(f_c) and fit["DENSE_MASK_FACTOR"] == pytest.approx(f_m)
     assert m["element_overhead_ms"] is None and fit["fwd"]["dense_overhead_ms"] is None
+
+
+def test_random_calibration_masks():
+    """``random<P>``: every pair with probability P % plus the diagonal, built in row slabs."""
+    from benchmarks.attention_calibrate import RANDOM_DENSITY, calibration_mask
+
+    for name, density in RANDOM_DENSITY.items():
+        mask = calibration_mask(name, 1500, seed=3)
+        dense = mask.dense()
+        assert dense.shape == (1500, 1500) and bool(dense.diagonal().all())
+        off = (dense.sum() - 1500).item() / (1500 * 1499)
+        assert abs(off - density) < 4 * (density / (1500 * 1499)) ** 0.5 + 1e-4, (name, off)
+    assert torch.equal(calibration_mask("random1", 300, 5).dense(), calibration_mask("random1", 300, 5).dense())
 
 
 def test_calibration_run_on_tiny_sizes(tmp_path, monkeypatch):
@@ -241,7 +258,7 @@ def test_calibration_run_on_tiny_sizes(tmp_path, monkeypatch):
     monkeypatch.setattr(cal, "FWD_SWEEP", [(4, 3), (2, 2)])
     monkeypatch.setattr(cal, "BWD_SWEEP", [(4, 2)])
     args = cal.parse_args(["--masks", "causal,window", "--lengths", "48,64", "--steps", "1", "--warmup", "1",
-                           "--time-limit", "600"])
+                           "--time-limit", "600", "--vector"])
     lines = []
     records = cal.calibrate(args, device, lines.append)
     kinds = {(r["case"], r["kind"]) for r in records if r.get("ms")}
@@ -249,6 +266,8 @@ def test_calibration_run_on_tiny_sizes(tmp_path, monkeypatch):
     for r in records:
         assert r["error"] is None, r
         assert r["kind"] == "sdpa" or r["rel_err"] < 1e-4
+    vector = [r for r in records if r["kind"] == "vector"]
+    assert len(vector) == 8 and all(r["entries"] > 0 and r["W"] == 16 and r["fill"] > 0 for r in vector)
     sweep = [r for r in records if r["kind"] == "block" and r["config"].startswith("block 32x64")]
     assert {(r["mode"], r["fwd_warps"], r["fwd_stages"]) for r in sweep if r["mode"] == "fwd"} == {("fwd", 4, 3), ("fwd", 2, 2)}
     rec = cal.build_recommendation(records, args.lengths)

@@ -24,6 +24,7 @@ CPU only (the rule is evaluated for CUDA sizes on the CPU); one GPU test checks 
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 
 import pytest
 import torch
@@ -35,7 +36,6 @@ from fusegnn.attention.cost_model import (
     COST_MODELS,
     DENSE_VARIANTS,
     ELEMENT_MAX_FILL,
-    CostModel,
     predict_attention_ms,
 )
 from fusegnn.attention.sparse_attention import (
@@ -266,6 +266,14 @@ def expected_decision(mask, B, H, D, backward, block_size=None):
         sparse_ms = model.block_overhead_ms + model.block_ms_per_block * d * bs[0] * bs[1] / 4096 * layout.nnzb * pairs_per_head
     dense = mask.dense()
     dense3 = dense if dense.dim() == 3 else dense.unsqueeze(0)
+    if fill < CM.VECTOR_MAX_FILL:  # the vector path: W-query windows x the keys any of their rows attends
+        W = 16
+        rows = torch.zeros(dense3.size(0), -(-mask.L_q // W) * W, mask.L_k, dtype=torch.bool)
+        rows[:, : mask.L_q] = dense3
+        entries = int(rows.view(dense3.size(0), -1, W, mask.L_k).any(dim=2).sum())
+        vector_ms = model.vector_overhead_ms + model.vector_ms_per_entry * d * entries * (B * H // dense3.size(0))
+        if vector_ms < sparse_ms:
+            sparse, sparse_ms = "vector", vector_ms
     if bool(dense3.all()):
         variant, factor = "no mask", 1.0
     elif mask.L_q == mask.L_k and torch.equal(dense3, torch.ones_like(dense3).tril().expand_as(dense3)) and mask.L_q > 1:
@@ -358,13 +366,11 @@ def test_rule_limits(monkeypatch):
     assert "not considered" not in rule().reason
     # push the constants to the extremes: the decision follows the predicted costs
     base = COST_MODELS["fwdbwd"]
-    cheap_block = CostModel(base.dense_overhead_ms, base.dense_ms_per_element, 0.0, 1e-12,
-                            base.element_overhead_ms, base.element_ms_per_edge)
+    cheap_block = replace(base, block_overhead_ms=0.0, block_ms_per_block=1e-12)
     monkeypatch.setitem(COST_MODELS, "fwdbwd", cheap_block)
     assert rule().name == "block" and rule(M.causal(L)).name == "block"
     assert rule(M.global_tokens(L, L)).name == "block"  # full mask, block kernel for free
-    dear_block = CostModel(base.dense_overhead_ms, base.dense_ms_per_element, 1e3, 1.0,
-                           base.element_overhead_ms, base.element_ms_per_edge)
+    dear_block = replace(base, block_overhead_ms=1e3, block_ms_per_block=1.0)
     monkeypatch.setitem(COST_MODELS, "fwdbwd", dear_block)
     full = rule(M.global_tokens(L, L))
     assert full.label == "dense sdpa (no mask)"
@@ -373,12 +379,51 @@ def test_rule_limits(monkeypatch):
     graph = RULE_MASKS["graph"](L)
     monkeypatch.setitem(COST_MODELS, "fwdbwd", base)
     sparse = rule(graph)
-    assert sparse.name in ("element", "dense") and dict(sparse.predicted_ms).keys() == {"element", "dense sdpa (bool mask)"}
-    cheap_element = CostModel(base.dense_overhead_ms, base.dense_ms_per_element, base.block_overhead_ms,
-                              base.block_ms_per_block, 0.0, 1e-12)
+    assert sparse.name in ("element", "vector", "dense")
+    assert dict(sparse.predicted_ms).keys() == {"element", "vector W16 x 64", "dense sdpa (bool mask)"}
+    cheap_element = replace(base, element_overhead_ms=0.0, element_ms_per_edge=1e-12)
     monkeypatch.setitem(COST_MODELS, "fwdbwd", cheap_element)
     assert rule(graph).name == "element" and "fill" in rule(graph).reason
-    assert rule(graph, element_allowed=False).name in ("block", "dense")
+    assert rule(graph, element_allowed=False).name in ("block", "vector", "dense")
+    # the vector path: weighed below VECTOR_MAX_FILL (a mask, not a prebuilt layout), then by its cost
+    cheap_vector = replace(base, vector_overhead_ms=0.0, vector_ms_per_entry=1e-12)
+    monkeypatch.setitem(COST_MODELS, "fwdbwd", cheap_vector)
+    picked = rule(graph)
+    assert picked.name == "vector" and picked.vector_sizes == (16, 64) and "predicted faster" in picked.reason
+    assert rule(graph, vector_allowed=False).name in ("element", "dense")
+    assert "vector W16 x 64" not in dict(rule(mask).predicted_ms)  # the window fills its blocks: not weighed
+    layout = BlockLayout.from_mask(graph, 64, 64)
+    assert rule(layout).name != "vector" and "vector W16 x 64" not in dict(rule(layout).predicted_ms)
+    monkeypatch.setattr(CM, "VECTOR_MAX_FILL", 0.0)
+    assert rule(graph).name != "vector"
+
+
+def _random_mask(L, density, seed):
+    gen = torch.Generator().manual_seed(seed)
+    allowed = torch.rand(L, L, generator=gen) < density
+    allowed.diagonal().fill_(True)
+    return M.from_dense(allowed)
+
+
+def test_auto_picks_the_vector_path_for_scattered_masks_and_keeps_its_structure_only_then():
+    """The calibrated constants on the vector suite's masks (B=4, H=12, D=64, training):
+    a 1 %-dense random mask at L=4096 takes the vector path (H200: 1.5 ms against 3.3 for
+    blocks and 2.9 for dense SDPA with the mask), and the structure the rule counted is the
+    one the path then reads; at 5 % it does not (dense SDPA with the mask: 2.9 ms against
+    4.4), and the structure it counted is not kept on the mask."""
+    from fusegnn.attention.vector_windows import vector_structure
+
+    cpu = torch.device("cpu")
+    scattered = _random_mask(4096, 0.01, 0)
+    got = auto_attention_rule(scattered, batch=4, heads=12, head_dim=64, backward=True)
+    assert got.name == expected_decision(scattered, 4, 12, 64, True)[0] == "vector", got.reason
+    assert got.vector_sizes == (16, 64) and got.label == "vector W16 x 64"
+    assert vector_structure(scattered, 16, cpu, keep=False) is vector_structure(scattered, 16, cpu, keep=False)
+    denser = _random_mask(4096, 0.05, 1)
+    got = auto_attention_rule(denser, batch=4, heads=12, head_dim=64, backward=True)
+    assert got.name == expected_decision(denser, 4, 12, 64, True)[0] != "vector", got.reason
+    assert "vector W16 x 64" in dict(got.predicted_ms)  # weighed ...
+    assert vector_structure(denser, 16, cpu, keep=False) is not vector_structure(denser, 16, cpu, keep=False)  # ... not kept
 
 
 def test_predict_attention_ms_definition():
@@ -392,8 +437,10 @@ def test_predict_attention_ms_definition():
     b = COST_MODELS["fwdbwd"]
     assert predict_attention_ms("element", 100, head_dim=32, backward=True) == pytest.approx(
         b.element_overhead_ms + b.element_ms_per_edge * 50)
+    assert predict_attention_ms("vector", 100, head_dim=128, backward=True, window=32) == pytest.approx(
+        b.vector_overhead_ms + b.vector_ms_per_entry * 400)
     # forward + backward costs more than the forward alone, for every path
-    for path, kw in (("dense", {}), ("block", {}), ("element", {})):
+    for path, kw in (("dense", {}), ("block", {}), ("element", {}), ("vector", {})):
         assert predict_attention_ms(path, 1e5, head_dim=64, backward=True, **kw) > predict_attention_ms(path, 1e5, head_dim=64, backward=False, **kw)
     with pytest.raises(ValueError, match="path must be"):
         predict_attention_ms("sdpa", 1, head_dim=64, backward=True)

@@ -13,14 +13,17 @@ Milliseconds of one call on the calibration GPU, for ``B`` batches, ``H`` heads,
 .. math::
     t_\mathrm{block} = a_b + c_b\, \tfrac{D}{64}\, \tfrac{BM \cdot BN}{64 \cdot 64}\,
     n_\mathrm{blocks}, \qquad
-    t_\mathrm{element} = a_e + c_e\, \tfrac{D}{64}\, n_\mathrm{allowed}
+    t_\mathrm{element} = a_e + c_e\, \tfrac{D}{64}\, n_\mathrm{allowed}, \qquad
+    t_\mathrm{vector} = a_v + c_v\, \tfrac{D}{64}\, \tfrac{W}{16}\, n_\mathrm{entries}
 
-with :math:`n_\mathrm{blocks}` the non-empty blocks and :math:`n_\mathrm{allowed}` the
-allowed elements, both summed over the ``B * H`` (batch, head) pairs: the overheads
-:math:`a` and per-unit costs :math:`c` are :data:`COST_MODELS` (``"fwd"``, ``"fwdbwd"``),
-:math:`f_\mathrm{causal}` = :data:`DENSE_CAUSAL_FACTOR`, :math:`f_\mathrm{mask}` =
-:data:`DENSE_MASK_FACTOR`. Besides the predicted times the rule reads two thresholds:
-:data:`ELEMENT_MAX_FILL` (element path instead of blocks for very irregular masks) and
+with :math:`n_\mathrm{blocks}` the non-empty blocks, :math:`n_\mathrm{allowed}` the
+allowed elements and :math:`n_\mathrm{entries}` the vector path's compacted (query window,
+key) entries (each ``W`` scores), all summed over the ``B * H`` (batch, head) pairs: the
+overheads :math:`a` and per-unit costs :math:`c` are :data:`COST_MODELS` (``"fwd"``,
+``"fwdbwd"``), :math:`f_\mathrm{causal}` = :data:`DENSE_CAUSAL_FACTOR`,
+:math:`f_\mathrm{mask}` = :data:`DENSE_MASK_FACTOR`. Besides the predicted times the rule
+reads three thresholds: :data:`ELEMENT_MAX_FILL` (element path instead of blocks for very
+irregular masks), :data:`VECTOR_MAX_FILL` (the vector path is weighed only below it) and
 :data:`DENSE_MASK_MAX_ELEMENTS` (largest boolean mask handed to SDPA).
 
 The constants are a least-squares fit to measurements on an NVIDIA H200
@@ -41,6 +44,7 @@ __all__ = [
     "DENSE_MASK_MAX_ELEMENTS",
     "DENSE_VARIANTS",
     "ELEMENT_MAX_FILL",
+    "VECTOR_MAX_FILL",
     "predict_attention_ms",
 ]
 
@@ -49,12 +53,20 @@ __all__ = [
 # mostly masked-out scores (calibration sweep: benchmarks/NOTES-attention.md).
 ELEMENT_MAX_FILL = 0.01
 
+# "auto" weighs the vector path only when allowed elements fill less than this fraction of
+# the non-empty blocks: it has to build the mask's query-window structure first (one sort
+# of the allowed elements), and on the structured masks of the calibration (window,
+# bigbird, longformer, dilated, causal; fill 0.5-1) it ran 2-4x the block path; on random
+# and graph masks (fill 0.001-0.05) it ran up to 15x faster (benchmarks/NOTES-attention.md).
+VECTOR_MAX_FILL = 0.1
+
 
 @dataclass(frozen=True)
 class CostModel:
     """Constants of the auto rule's cost model (see the module docstring): overheads in
     ms per call; per-unit costs in ms at head dim 64 per dense ``(b, h, q, k)`` element,
-    per non-empty 64 x 64 block of one ``(b, h)`` pair, per allowed element of one pair."""
+    per non-empty 64 x 64 block of one ``(b, h)`` pair, per allowed element of one pair,
+    per compacted (16-query window, key) entry of the vector path of one pair."""
 
     dense_overhead_ms: float
     dense_ms_per_element: float
@@ -62,6 +74,8 @@ class CostModel:
     block_ms_per_block: float
     element_overhead_ms: float
     element_ms_per_edge: float
+    vector_overhead_ms: float
+    vector_ms_per_entry: float
 
 
 # Fitted on an NVIDIA H200 (B=4, H=12, D=64, bf16) by fit_cost_models in
@@ -73,11 +87,13 @@ COST_MODELS: dict[str, CostModel] = {
         dense_overhead_ms=0.0228, dense_ms_per_element=5.54e-10,
         block_overhead_ms=0.0622, block_ms_per_block=3.96e-6,
         element_overhead_ms=0.425, element_ms_per_edge=6.14e-8,
+        vector_overhead_ms=0.0962, vector_ms_per_entry=5.1e-8,
     ),
     "fwdbwd": CostModel(
         dense_overhead_ms=0.0731, dense_ms_per_element=1.97e-9,
         block_overhead_ms=0.19, block_ms_per_block=1.4e-5,
         element_overhead_ms=1.17, element_ms_per_edge=2.15e-7,
+        vector_overhead_ms=0.379, vector_ms_per_entry=1.55e-7,
     ),
 }
 
@@ -106,18 +122,21 @@ def predict_attention_ms(
     backward: bool,
     dense_variant: str = "no mask",
     block_size: tuple[int, int] = (64, 64),
+    window: int = 16,
 ) -> float:
     r"""The cost model's milliseconds for one call (see the module docstring).
 
     Args:
-        path: ``"dense"``, ``"block"`` or ``"element"``.
+        path: ``"dense"``, ``"block"``, ``"element"`` or ``"vector"``.
         work: summed over the ``B * H`` (batch, head) pairs: ``L_q * L_k`` elements
-            (dense), non-empty blocks (block), allowed elements (element).
+            (dense), non-empty blocks (block), allowed elements (element), compacted
+            (query window, key) entries (vector).
         head_dim: ``D``; per-unit costs scale with ``D / 64``.
         backward: forward + backward (:data:`COST_MODELS` ``["fwdbwd"]``), else forward.
         dense_variant: one of :data:`DENSE_VARIANTS` (dense path).
         block_size: ``(BM, BN)`` (block path); the per-block cost scales with
             ``BM * BN / 64**2``.
+        window: ``W`` (vector path); the per-entry cost scales with ``W / 16``.
     """
     model = COST_MODELS["fwdbwd" if backward else "fwd"]
     d = head_dim / 64.0
@@ -131,4 +150,6 @@ def predict_attention_ms(
         return model.block_overhead_ms + model.block_ms_per_block * d * area * work
     if path == "element":
         return model.element_overhead_ms + model.element_ms_per_edge * d * work
-    raise ValueError(f"path must be 'dense', 'block' or 'element', got {path!r}")
+    if path == "vector":
+        return model.vector_overhead_ms + model.vector_ms_per_entry * d * (window / 16.0) * work
+    raise ValueError(f"path must be 'dense', 'block', 'element' or 'vector', got {path!r}")

@@ -327,12 +327,17 @@ class Mask:
     def _dilation_split(self) -> "tuple[int, Mask] | None":
         return None
 
-    def cached(self, key: Any, compute: Callable[[], Any]) -> Any:
-        """``compute()`` cached on this (immutable) mask under ``key``."""
+    def cached(self, key: Any, compute: Callable[[], Any], *, keep: bool = True) -> Any:
+        """``compute()`` cached on this (immutable) mask under ``key``. With ``keep=False`` a
+        value not cached yet is computed and returned without being stored (for a caller
+        that stores it only if it uses it: ``cached(key, lambda: value)`` later)."""
         key = ("user", key)
-        if key not in self._cache:
-            self._cache[key] = compute()
-        return self._cache[key]
+        if key in self._cache:
+            return self._cache[key]
+        value = compute()
+        if keep:
+            self._cache[key] = value
+        return value
 
     def structure(
         self, device: torch.device | str | None = None, block_size: tuple[int, int] = (64, 64)

@@ -43,9 +43,10 @@ Five implementations and the automatic choice (``aggregation=``):
   or 64; default 16) or ``(W, BLOCK_N)`` (default ``BLOCK_N`` 64). The structure is built
   from the mask's element graph on the device and cached on the mask per
   (``W``, device) (:mod:`fusegnn.attention.vector_windows`). float16, bfloat16 and
-  float32, on CUDA (or the Triton interpreter). ``"auto"`` never picks it: on an H100
-  it ran 2.4-4.0x the element path on random masks of 1-5 % density, but the auto
-  rule's cost model has no term for it yet; ask for it by name;
+  float32, on CUDA (or the Triton interpreter). ``"auto"`` weighs it (default sizes)
+  for masks whose allowed elements fill less than
+  :data:`~fusegnn.attention.cost_model.VECTOR_MAX_FILL` of their non-empty blocks, by
+  the structure's compacted entries;
 * ``"dense"`` -- PyTorch's dense ``torch.nn.functional.scaled_dot_product_attention``
   (its flash / memory-efficient kernels), in the variant the mask allows
   (:meth:`~fusegnn.attention.masks.Mask.structure`, decided from the mask's definition):
@@ -59,7 +60,9 @@ Five implementations and the automatic choice (``aggregation=``):
   ``"block"``, or ``"element"`` when the block kernel is not available or when the
   allowed elements fill less than
   :data:`~fusegnn.attention.cost_model.ELEMENT_MAX_FILL` of the non-empty blocks (a
-  very irregular mask, where blocks would compute mostly masked-out scores).
+  very irregular mask, where blocks would compute mostly masked-out scores), or
+  ``"vector"`` where the cost model predicts it faster than that path (scattered masks:
+  below :data:`~fusegnn.attention.cost_model.VECTOR_MAX_FILL`).
 
 **The auto rule** (:func:`auto_attention_rule`) compares the paths' predicted times under
 the calibrated cost model of :mod:`fusegnn.attention.cost_model`; dense SDPA with a boolean
@@ -101,7 +104,7 @@ from fusegnn.attention import library  # noqa: F401  (registers the compiled blo
 from fusegnn.attention.block_layout import BlockLayout, check_block_size
 from fusegnn.attention.cost_model import predict_attention_ms
 from fusegnn.attention.masks import Mask
-from fusegnn.attention.vector_windows import vector_path, vector_sizes, vector_structure
+from fusegnn.attention.vector_windows import keep_vector_structure, vector_path, vector_sizes, vector_structure
 from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, FLOAT_DTYPES
 from fusegnn.kernels.attention_inputs import check_qkv
 from fusegnn.kernels.nm_sparsity import check_nm, nm_keep
@@ -383,6 +386,7 @@ def auto_attention_rule(
     block_size: int | tuple[int, int] | None = None,
     device: torch.device | str = "cpu",
     element_allowed: bool = True,
+    vector_allowed: bool = True,
 ) -> AttentionDecision:
     r"""The ``"auto"`` rule of :func:`sparse_attention` on CUDA (where block kernel and
     dtype are supported), for ``batch`` x ``heads`` (batch, head) pairs of head dim
@@ -391,7 +395,11 @@ def auto_attention_rule(
 
     1. The sparse path: ``"element"`` when the allowed elements fill less than
        :data:`~.cost_model.ELEMENT_MAX_FILL` of the non-empty blocks' ``BM x BN`` elements (and
-       ``element_allowed``), else ``"block"``.
+       ``element_allowed``), else ``"block"``; then, for a :class:`Mask` whose allowed
+       elements fill less than :data:`~.cost_model.VECTOR_MAX_FILL` (and
+       ``vector_allowed``), ``"vector"`` instead when its predicted time is below that
+       path's (the query-window structure is built to count its entries, and kept on
+       the mask only when the vector path is picked).
     2. The dense variant from :meth:`Mask.structure`: ``"no mask"`` (every element
        allowed), ``"causal"`` (exactly ``k <= q``), else ``"bool mask"`` -- not
        considered above :data:`~.cost_model.DENSE_MASK_MAX_ELEMENTS` mask elements.
@@ -421,6 +429,20 @@ def auto_attention_rule(
         sparse_ms = predict("block", blocks, block_size=(BM, BN))
         why_sparse = f"allowed elements fill {fill:.3f} >= {cost_model.ELEMENT_MAX_FILL} of the non-empty blocks"
     predicted = [(sparse.label, sparse_ms)]
+    structure = None  # the vector path's, when it is the sparse path (cached on the mask if it is picked)
+    if vector_allowed and isinstance(mask, Mask) and fill < cost_model.VECTOR_MAX_FILL:
+        vector, vector_ms, counted = _vector_candidate(mask, pairs, device, predict)
+        predicted.append((vector.label, vector_ms))
+        if vector_ms < sparse_ms:
+            why_sparse = (f"allowed elements fill {fill:.3f} < {cost_model.VECTOR_MAX_FILL} of the non-empty blocks; "
+                          f"{vector.label} predicted faster than {sparse.label}")
+            sparse, sparse_ms, structure = vector, vector_ms, counted
+
+    def sparse_decision(reason: str) -> AttentionDecision:
+        if structure is not None:
+            keep_vector_structure(mask, structure, device)
+        return AttentionDecision(sparse.name, reason, block_size=sparse.block_size, predicted_ms=tuple(predicted),
+                                 dilation=sparse.dilation, vector_sizes=sparse.vector_sizes)
 
     variant = _dense_variant(mask, bs, device)
     L_q, L_k = _mask_of(mask).shape  # the mask's own lengths (a split mask's layout is shorter)
@@ -430,8 +452,7 @@ def auto_attention_rule(
             f"{sparse.label}: {why_sparse}; dense sdpa (bool mask) not considered: the mask has "
             f"{mask_elements} elements > DENSE_MASK_MAX_ELEMENTS = {cost_model.DENSE_MASK_MAX_ELEMENTS}"
         )
-        return AttentionDecision(sparse.name, reason, block_size=sparse.block_size, predicted_ms=tuple(predicted),
-                                 dilation=sparse.dilation)
+        return sparse_decision(reason)
     dense = AttentionDecision("dense", "", dense_variant=variant)
     dense_ms = predict("dense", pairs * L_q * L_k, dense_variant=variant)
     predicted.insert(0, (dense.label, dense_ms))
@@ -439,9 +460,17 @@ def auto_attention_rule(
     if dense_ms < sparse_ms:
         reason = f"{dense.label} is predicted faster ({costs}; {why_sparse}; mask structure: {variant})"
         return AttentionDecision("dense", reason, dense_variant=variant, predicted_ms=tuple(predicted))
-    reason = f"{sparse.label} is predicted faster ({costs}; {why_sparse})"
-    return AttentionDecision(sparse.name, reason, block_size=sparse.block_size, predicted_ms=tuple(predicted),
-                             dilation=sparse.dilation)
+    return sparse_decision(f"{sparse.label} is predicted faster ({costs}; {why_sparse})")
+
+
+def _vector_candidate(mask: Mask, pairs: int, device: torch.device, predict) -> tuple[AttentionDecision, float, Any]:
+    """``(decision, predicted ms, structure)`` of the vector path at its default sizes for
+    ``pairs`` (batch, head) pairs: the work is the structure's compacted entries, each
+    mask head's counted for the pairs that share it (the structure is not cached here)."""
+    sizes = vector_sizes(None)
+    structure = vector_structure(mask, sizes[0], device, keep=False)
+    entries = structure.num_entries * (pairs // structure.num_heads)
+    return AttentionDecision("vector", "", vector_sizes=sizes), predict("vector", entries, window=sizes[0]), structure
 
 
 def _needs_backward(*tensors: Tensor) -> bool:
@@ -503,8 +532,17 @@ def explain_attention(
         return AttentionDecision("element", f"the block kernel does not take {q.dtype}")
     B, H, _, D = q.shape
     return auto_attention_rule(
-        mask, batch=B, heads=H, head_dim=D, backward=backward, block_size=bs, device=q.device
+        mask, batch=B, heads=H, head_dim=D, backward=backward, block_size=bs, device=q.device,
+        vector_allowed=_vector_kernel_available(),
     )
+
+
+def _vector_kernel_available() -> bool:
+    try:
+        import fusegnn.kernels.vector_attention  # noqa: F401
+    except ImportError:  # the kernel module (or Triton) is missing: auto never weighs the vector path
+        return False
+    return True
 
 
 def _vector_decision(q: Tensor, nm: tuple[int, int] | None, block_size: Any) -> AttentionDecision:

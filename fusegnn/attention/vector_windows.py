@@ -13,6 +13,9 @@ once per mask and run by :mod:`fusegnn.kernels.vector_attention`.
   not cached: only the structure is) with torch ops on that device and cached on the mask
   per (``W``, device), like the block path's layouts;
 * :func:`vector_path` -- the attention itself.
+
+The auto rule of :func:`~fusegnn.attention.sparse_attention.sparse_attention` weighs this
+path by the structure's compacted entries (:mod:`fusegnn.attention.cost_model`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from torch import Tensor
 
 from fusegnn.attention.masks import Mask
 
-__all__ = ["vector_path", "vector_sizes", "vector_structure"]
+__all__ = ["keep_vector_structure", "vector_path", "vector_sizes", "vector_structure"]
 
 
 def vector_sizes(block_size: Any) -> tuple[int, int]:
@@ -42,9 +45,12 @@ def vector_sizes(block_size: Any) -> tuple[int, int]:
     return check_vector_sizes(block_size, DEFAULT_BLOCK_N)
 
 
-def vector_structure(mask: Mask, W: int, device: torch.device):
+def vector_structure(mask: Mask, W: int, device: torch.device, *, keep: bool = True):
     """The :class:`~fusegnn.kernels.vector_attention.VectorAttentionStructure` of
-    ``mask`` with windows of ``W`` on ``device`` (cached on the mask)."""
+    ``mask`` with windows of ``W`` on ``device``, cached on the mask (``keep=False``: a
+    structure not cached yet is built and returned without being cached -- the auto rule
+    counts its entries and keeps it only if it picks the vector path, through
+    :func:`keep_vector_structure`)."""
     from fusegnn.kernels.vector_attention import build_structure
 
     def build():
@@ -54,7 +60,13 @@ def vector_structure(mask: Mask, W: int, device: torch.device):
         head, query, key = mask.allowed_elements(device=device)
         return build_structure(head, query, key, mask.L_q, mask.L_k, mask.num_heads, W)
 
-    return mask.cached(("vector_structure", W, device), build)
+    return mask.cached(("vector_structure", W, device), build, keep=keep)
+
+
+def keep_vector_structure(mask: Mask, structure, device: torch.device) -> None:
+    """Cache ``structure`` (``vector_structure(mask, structure.W, device, keep=False)``)
+    on ``mask``, where :func:`vector_structure` and :func:`vector_path` find it."""
+    mask.cached(("vector_structure", structure.W, device), lambda: structure)
 
 
 def vector_path(q: Tensor, k: Tensor, v: Tensor, mask: Mask, scale: float, sizes: tuple[int, int]) -> Tensor:
