@@ -206,8 +206,9 @@ def test_default_block_size():
 def test_auto_on_cuda():
     """On CUDA, auto is the cost-model rule (tests/test_attention_dense.py tests the rule
     itself): short sequences go dense, long windows to the block kernel, very irregular
-    long masks to the element path; float64 (which the block kernel does not take) to the
-    element path."""
+    long masks to the vector path (on an H200 4x the element path on a 16-keys-per-query
+    graph mask at L = 16384), or to the element path when the rule may not weigh the
+    vector path; float64 (which the block kernel does not take) to the element path."""
     from fusegnn.attention.sparse_attention import auto_attention_rule
 
     gen = torch.Generator().manual_seed(0)
@@ -222,7 +223,10 @@ def test_auto_on_cuda():
     assert explain_attention(long, M.sliding_window(L, 64)).label == "block 64x64"
     keys = torch.randint(0, L, (4 * L,), generator=gen)
     graph = M.from_graph(torch.stack([keys, torch.arange(L).repeat_interleave(4)]), L)
-    assert explain_attention(long, graph).name == "element"
+    assert explain_attention(long, graph).name == "vector"
+    no_vector = auto_attention_rule(graph, batch=4, heads=12, head_dim=64, backward=False, vector_allowed=False,
+                                    device="cuda")
+    assert no_vector.name == "element", no_vector.reason
     assert explain_attention(long.double(), M.causal(L)).name == "element"  # kernel takes no fp64
 
 
