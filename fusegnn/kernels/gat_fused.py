@@ -186,6 +186,59 @@ def _score_grads(alpha, dp, d, z, meh, slope, keep, scale, DROPOUT: tl.constexpr
     return w, dz
 
 
+@kernel_helper
+def _softmax_weights(m, l, scores, meh, seed, keep_bits, cid, pos, me, offs_h, H, p_drop, scale,
+                     DROPOUT: tl.constexpr, RNG64: tl.constexpr, HAS_BITS: tl.constexpr):
+    """One tile of edges folded into the online softmax of a target row: ``(m, l, rescale,
+    p)`` -- the running maximum and normaliser after the tile, the factor
+    ``exp(m_old - m_new)`` that rescales what was accumulated before it and the tile's
+    unnormalised weights ``exp(score - m_new)`` ``[E, H]`` (``scores`` outside ``meh`` do
+    not count), with ``DROPOUT`` masked by the keep mask (:func:`_keep`) and scaled by
+    ``scale`` after they were added to ``l``."""
+    scores = tl.where(meh, scores, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, axis=0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    rescale = tl.exp(m - m_safe)
+    pexp = tl.exp(scores - m_safe[None, :])
+    l = l * rescale + tl.sum(pexp, axis=0)
+    if DROPOUT:
+        keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
+        pexp = tl.where(keep, pexp * scale, 0.0)
+    return m_new, l, rescale, pexp
+
+
+@kernel_helper
+def _softmax_accumulate(acc, rescale, p, rows):
+    """The online softmax's accumulator ``[H, C]`` after a tile: the old one rescaled by
+    ``rescale`` plus the tile's rows ``[E, H, C]`` weighted by ``p`` ``[E, H]``
+    (:func:`_softmax_weights`)."""
+    return acc * rescale[:, None] + tl.sum(p[:, :, None] * rows, axis=0)
+
+
+@kernel_helper
+def _store_softmax_row(out, lse, row, m, l, acc, offs_h, mask_h, mask_hc, hc, H, C):
+    """Stores a target row's result from its online-softmax state: ``out = acc / l`` and the
+    log-sum-exp ``m + log l`` (both 0 for a head without edges, ``l = 0``)."""
+    inv = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
+    tl.store(out + row * (H * C) + hc, (acc * inv[:, None]).to(out.dtype.element_ty), mask=mask_hc)
+    lse_row = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), 0.0)
+    tl.store(lse + row * H + offs_h, lse_row, mask=mask_h)
+
+
+@kernel_helper
+def _finish_softmax_row(out, lse, part_acc, part_m, part_l, row, slot, m, l, acc, offs_h, mask_h, mask_hc, hc,
+                        H, C):
+    """The end of a forward program: a whole row's result (``slot < 0``:
+    :func:`_store_softmax_row`), or a chunk's partial ``(acc, m, l)`` at ``slot`` for the
+    combine kernel."""
+    if slot < 0:
+        _store_softmax_row(out, lse, row, m, l, acc, offs_h, mask_h, mask_hc, hc, H, C)
+    else:
+        tl.store(part_acc + slot * (H * C) + hc, acc, mask=mask_hc)
+        tl.store(part_m + slot * H + offs_h, m, mask=mask_h)
+        tl.store(part_l + slot * H + offs_h, l, mask=mask_h)
+
+
 def _gat_fwd_kernel(
     ptr, idx, perm,
     item_row, item_start, item_slot,
@@ -221,32 +274,15 @@ def _gat_fwd_kernel(
         if HAS_EDGE:
             z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
         e = tl.where(z > 0, z, z * slope)
-        e = tl.where(meh, e, float("-inf"))
-        m_new = tl.maximum(m, tl.max(e, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        rescale = tl.exp(m - m_safe)
-        pexp = tl.exp(e - m_safe[None, :])
-        l = l * rescale + tl.sum(pexp, axis=0)
-        if DROPOUT:
-            keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
-            pexp = tl.where(keep, pexp * scale, 0.0)
+        m, l, rescale, pexp = _softmax_weights(m, l, e, meh, seed, keep_bits, cid, pos, me, offs_h, H, p_drop, scale,
+                                               DROPOUT, RNG64, HAS_BITS)
         hj = tl.load(
             h + j[:, None, None] * (H * C) + hc[None, :, :],
             mask=me[:, None, None] & mask_hc[None, :, :],
             other=0.0,
         ).to(ACC)
-        acc = acc * rescale[:, None] + tl.sum(pexp[:, :, None] * hj, axis=0)
-        m = m_new
-    if slot < 0:
-        inv = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
-        o = acc * inv[:, None]
-        tl.store(out + row * (H * C) + hc, o.to(out.dtype.element_ty), mask=mask_hc)
-        lse_row = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), 0.0)
-        tl.store(lse + row * H + offs_h, lse_row, mask=mask_h)
-    else:
-        tl.store(part_acc + slot * (H * C) + hc, acc, mask=mask_hc)
-        tl.store(part_m + slot * H + offs_h, m, mask=mask_h)
-        tl.store(part_l + slot * H + offs_h, l, mask=mask_h)
+        acc = _softmax_accumulate(acc, rescale, pexp, hj)
+    _finish_softmax_row(out, lse, part_acc, part_m, part_l, row, slot, m, l, acc, offs_h, mask_h, mask_hc, hc, H, C)
 
 
 def _gat_combine_kernel(
@@ -276,10 +312,7 @@ def _gat_combine_kernel(
         l = l * r_old + pl * r_new
         acc = acc * r_old[:, None] + pa * r_new[:, None]
         m = m_new
-    inv = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
-    tl.store(out + row * (H * C) + hc, (acc * inv[:, None]).to(out.dtype.element_ty), mask=mask_hc)
-    lse_row = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), 0.0)
-    tl.store(lse + row * H + offs_h, lse_row, mask=mask_h)
+    _store_softmax_row(out, lse, row, m, l, acc, offs_h, mask_h, mask_hc, hc, H, C)
 
 
 def _gat_bwd_row_kernel(

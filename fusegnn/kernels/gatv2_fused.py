@@ -97,6 +97,9 @@ _AGGREGATIONS = ("gar", "gas")
 _program_start = shared_kernel_helper(gat_fused.__name__, "_program_start", __name__)
 _head_channels = shared_kernel_helper(gat_fused.__name__, "_head_channels", __name__)
 _keep = shared_kernel_helper(gat_fused.__name__, "_keep", __name__)
+_softmax_weights = shared_kernel_helper(gat_fused.__name__, "_softmax_weights", __name__)
+_softmax_accumulate = shared_kernel_helper(gat_fused.__name__, "_softmax_accumulate", __name__)
+_finish_softmax_row = shared_kernel_helper(gat_fused.__name__, "_finish_softmax_row", __name__)
 
 
 @kernel_helper
@@ -172,26 +175,10 @@ def _gatv2_fwd_kernel(
             e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
             HAS_EDGE, DRAW, ACC,
         )
-        s = tl.where(meh, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        rescale = tl.exp(m - m_safe)
-        pexp = tl.exp(s - m_safe[None, :])
-        l = l * rescale + tl.sum(pexp, axis=0)
-        if DROPOUT:
-            keep = _keep(seed, keep_bits, cid, e0 + offs_e, me, offs_h, H, p_drop, RNG64, HAS_BITS)
-            pexp = tl.where(keep, pexp * scale, 0.0)
-        acc = acc * rescale[:, None] + tl.sum(pexp[:, :, None] * xj, axis=0)
-        m = m_new
-    if slot < 0:
-        inv = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
-        tl.store(out + row * (H * C) + hc, (acc * inv[:, None]).to(out.dtype.element_ty), mask=mask_hc)
-        lse_row = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), 0.0)
-        tl.store(lse + row * H + offs_h, lse_row, mask=mask_h)
-    else:
-        tl.store(part_acc + slot * (H * C) + hc, acc, mask=mask_hc)
-        tl.store(part_m + slot * H + offs_h, m, mask=mask_h)
-        tl.store(part_l + slot * H + offs_h, l, mask=mask_h)
+        m, l, rescale, pexp = _softmax_weights(m, l, s, meh, seed, keep_bits, cid, e0 + offs_e, me, offs_h, H, p_drop,
+                                               scale, DROPOUT, RNG64, HAS_BITS)
+        acc = _softmax_accumulate(acc, rescale, pexp, xj)
+    _finish_softmax_row(out, lse, part_acc, part_m, part_l, row, slot, m, l, acc, offs_h, mask_h, mask_hc, hc, H, C)
 
 
 def _gatv2_bwd_row_kernel(
