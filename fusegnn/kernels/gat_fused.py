@@ -171,17 +171,92 @@ def _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64: tl.constexpr,
 
 
 @kernel_helper
-def _score_grads(alpha, dp, d, z, meh, slope, keep, scale, DROPOUT: tl.constexpr):
-    """Back through dropout, the softmax and the LeakyReLU for a block of edges:
-    ``w`` (the coefficient applied to the messages: alpha, or alpha * keep / (1 - p)) and
-    ``dZ = LeakyReLU'(z) * alpha * (dp - D)``, zero outside ``meh``. ``dp`` is
-    ``dL/d(applied coefficient)``, ``d`` the row's ``D``; ``keep`` is read only with
-    ``DROPOUT``."""
+def _tile_keep(seed, keep_bits, cid, pos, me, meh, offs_h, H, p_drop,
+               DROPOUT: tl.constexpr, RNG64: tl.constexpr, HAS_BITS: tl.constexpr):
+    """A backward tile's ``[E, H]`` dropout keep mask (:func:`_keep`) with ``DROPOUT``;
+    without, ``meh`` (which :func:`_dropout_softmax_grads` then does not read)."""
+    keep = meh
+    if DROPOUT:
+        keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
+    return keep
+
+
+@kernel_helper
+def _coo_ids(perm, pos, me, DRAW: tl.constexpr, HAS_GALPHA: tl.constexpr, HAS_EDGE: tl.constexpr):
+    """The COO edge ids ``perm[pos]`` of the edges at positions ``pos`` of a pass's (CSR /
+    CSC) order, read only where something uses them: a dropout mask drawn per edge
+    (``DRAW``), the coefficients' gradient (``HAS_GALPHA``) or a per-edge input
+    (``HAS_EDGE``); else ``pos``, which is then not read."""
+    cid = pos
+    if DRAW or HAS_GALPHA or HAS_EDGE:
+        cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
+    return cid
+
+
+@kernel_helper
+def _gat_scores(z, s_edge, cid, meh, offs_h, H, slope, HAS_EDGE: tl.constexpr, ACC: tl.constexpr):
+    """For a tile of edges with ``z = s_j + t_i`` ``[E, H]``: adds the edge addend
+    ``u[cid]`` (``HAS_EDGE``) and returns ``(z, LeakyReLU(z))``."""
+    if HAS_EDGE:
+        z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
+    return z, tl.where(z > 0, z, z * slope)
+
+
+@kernel_helper
+def _gat_target_row_tile(e0, end, offs_e, offs_h, mask_h, idx, perm, s_src, s_edge, t, slope, H,
+                         DRAW: tl.constexpr, HAS_GALPHA: tl.constexpr, HAS_EDGE: tl.constexpr, ACC: tl.constexpr):
+    """The tile of a target row's edges from position ``e0`` (before ``end``) with the row's
+    score ``t`` ``[H]``: ``(pos, me, meh, j, cid, z, LeakyReLU(z))`` -- positions, masks of
+    the edges and (edge, head) entries, the sources, the COO edge ids (:func:`_coo_ids`)
+    and the scores (:func:`_gat_scores`)."""
+    pos = e0 + offs_e
+    me = pos < end
+    meh = me[:, None] & mask_h[None, :]
+    j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
+    s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
+    z = s + t[None, :]
+    cid = _coo_ids(perm, pos, me, DRAW, HAS_GALPHA, HAS_EDGE)
+    z, e = _gat_scores(z, s_edge, cid, meh, offs_h, H, slope, HAS_EDGE, ACC)
+    return pos, me, meh, j, cid, z, e
+
+
+@kernel_helper
+def _gather_rows(base, j, me, mask_hc, hc, H, C, ACC: tl.constexpr):
+    """``[E, H, C]`` rows ``j`` of an ``[N, H, C]`` tensor for a tile of edges (zero outside
+    ``me`` and ``mask_hc``), in ``ACC``."""
+    return tl.load(
+        base + j[:, None, None] * (H * C) + hc[None, :, :],
+        mask=me[:, None, None] & mask_hc[None, :, :],
+        other=0.0,
+    ).to(ACC)
+
+
+@kernel_helper
+def _recomputed_alpha(scores, lse_i, meh):
+    """The softmax coefficients ``exp(score - L_i)`` of a tile, recomputed from the stored
+    log-sum-exp ``lse_i`` (broadcast to ``[E, H]``); 0 outside ``meh``."""
+    return tl.where(meh, tl.exp(scores - lse_i), 0.0)
+
+
+@kernel_helper
+def _dropout_softmax_grads(alpha, dp, d, keep, scale, DROPOUT: tl.constexpr):
+    """Back through dropout and the softmax for a tile of edges: ``(w, ds)`` with ``w`` the
+    coefficient applied to the messages (alpha, or alpha * keep / (1 - p)) and
+    ``ds = alpha (dP - D)``, where ``dp`` is ``dL/d(applied coefficient)``, ``dP`` it
+    through the mask and ``d`` the row's ``D``; ``keep`` is read only with ``DROPOUT``."""
     w = alpha
     if DROPOUT:
         dp = tl.where(keep, dp * scale, 0.0)
         w = tl.where(keep, alpha * scale, 0.0)
-    ds = alpha * (dp - d)
+    return w, alpha * (dp - d)
+
+
+@kernel_helper
+def _score_grads(alpha, dp, d, z, meh, slope, keep, scale, DROPOUT: tl.constexpr):
+    """Back through dropout, the softmax and the LeakyReLU for a block of edges:
+    ``w`` and ``ds`` of :func:`_dropout_softmax_grads`, and ``dZ = LeakyReLU'(z) ds``,
+    zero outside ``meh``."""
+    w, ds = _dropout_softmax_grads(alpha, dp, d, keep, scale, DROPOUT)
     dz = tl.where(meh, tl.where(z > 0, ds, ds * slope), 0.0)
     return w, dz
 
@@ -262,26 +337,11 @@ def _gat_fwd_kernel(
     l = tl.zeros([BLOCK_H], ACC)
     acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
     for e0 in range(start, end, BLOCK_E):
-        pos = e0 + offs_e
-        me = pos < end
-        j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
-        meh = me[:, None] & mask_h[None, :]
-        s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        z = s + t[None, :]
-        cid = pos  # read only with DRAW or HAS_EDGE
-        if DRAW or HAS_EDGE:
-            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-        if HAS_EDGE:
-            z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        e = tl.where(z > 0, z, z * slope)
+        pos, me, meh, j, cid, z, e = _gat_target_row_tile(
+            e0, end, offs_e, offs_h, mask_h, idx, perm, s_src, s_edge, t, slope, H, DRAW, False, HAS_EDGE, ACC)
         m, l, rescale, pexp = _softmax_weights(m, l, e, meh, seed, keep_bits, cid, pos, me, offs_h, H, p_drop, scale,
                                                DROPOUT, RNG64, HAS_BITS)
-        hj = tl.load(
-            h + j[:, None, None] * (H * C) + hc[None, :, :],
-            mask=me[:, None, None] & mask_hc[None, :, :],
-            other=0.0,
-        ).to(ACC)
-        acc = _softmax_accumulate(acc, rescale, pexp, hj)
+        acc = _softmax_accumulate(acc, rescale, pexp, _gather_rows(h, j, me, mask_hc, hc, H, C, ACC))
     _finish_softmax_row(out, lse, part_acc, part_m, part_l, row, slot, m, l, acc, offs_h, mask_h, mask_hc, hc, H, C)
 
 
@@ -345,30 +405,14 @@ def _gat_bwd_row_kernel(
         d += tl.load(d_extra + row * H + offs_h, mask=mask_h, other=0.0).to(ACC)
     dt = tl.zeros([BLOCK_H], ACC)
     for e0 in range(start, end, BLOCK_E):
-        pos = e0 + offs_e
-        me = pos < end
-        meh = me[:, None] & mask_h[None, :]
-        j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
-        s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        z = s + t[None, :]
-        cid = pos  # read only with DRAW, HAS_GALPHA or HAS_EDGE
-        if DRAW or HAS_GALPHA or HAS_EDGE:
-            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-        if HAS_EDGE:
-            z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        e = tl.where(z > 0, z, z * slope)
-        alpha = tl.where(meh, tl.exp(e - lse_i[None, :]), 0.0)
-        hj = tl.load(
-            h + j[:, None, None] * (H * C) + hc[None, :, :],
-            mask=me[:, None, None] & mask_hc[None, :, :],
-            other=0.0,
-        ).to(ACC)
+        pos, me, meh, j, cid, z, e = _gat_target_row_tile(
+            e0, end, offs_e, offs_h, mask_h, idx, perm, s_src, s_edge, t, slope, H, DRAW, HAS_GALPHA, HAS_EDGE, ACC)
+        alpha = _recomputed_alpha(e, lse_i[None, :], meh)
+        hj = _gather_rows(h, j, me, mask_hc, hc, H, C, ACC)
         dp = tl.sum(g[None, :, :] * hj, axis=2)
         if HAS_GALPHA:
             dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        keep = meh  # read only with DROPOUT
-        if DROPOUT:
-            keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
+        keep = _tile_keep(seed, keep_bits, cid, pos, me, meh, offs_h, H, p_drop, DROPOUT, RNG64, HAS_BITS)
         w, dz = _score_grads(alpha, dp, d[None, :], z, meh, slope, keep, scale, DROPOUT)
         dt += tl.sum(dz, axis=0)
         if HAS_EDGE:
@@ -423,24 +467,14 @@ def _gat_bwd_col_kernel(
         lse_i = tl.load(ih + H, mask=meh, other=0.0)
         d = tl.load(ih + 2 * H, mask=meh, other=0.0)
         z = s[None, :] + t
-        cid = pos  # read only with DRAW, HAS_GALPHA or HAS_EDGE
-        if DRAW or HAS_GALPHA or HAS_EDGE:
-            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-        if HAS_EDGE:
-            z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        e = tl.where(z > 0, z, z * slope)
-        alpha = tl.where(meh, tl.exp(e - lse_i), 0.0)
-        gi = tl.load(
-            grad_out + i[:, None, None] * (H * C) + hc[None, :, :],
-            mask=me[:, None, None] & mask_hc[None, :, :],
-            other=0.0,
-        ).to(ACC)
+        cid = _coo_ids(perm, pos, me, DRAW, HAS_GALPHA, HAS_EDGE)
+        z, e = _gat_scores(z, s_edge, cid, meh, offs_h, H, slope, HAS_EDGE, ACC)
+        alpha = _recomputed_alpha(e, lse_i, meh)
+        gi = _gather_rows(grad_out, i, me, mask_hc, hc, H, C, ACC)
         dp = tl.sum(gi * hj[None, :, :], axis=2)
         if HAS_GALPHA:
             dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        keep = meh  # read only with DROPOUT
-        if DROPOUT:
-            keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
+        keep = _tile_keep(seed, keep_bits, cid, pos, me, meh, offs_h, H, p_drop, DROPOUT, RNG64, HAS_BITS)
         w, dz = _score_grads(alpha, dp, d, z, meh, slope, keep, scale, DROPOUT)
         acc_s += tl.sum(dz, axis=0)
         acc_h += tl.sum(w[:, :, None] * gi, axis=0)

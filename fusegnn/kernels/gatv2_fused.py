@@ -96,7 +96,10 @@ _AGGREGATIONS = ("gar", "gas")
 # the GAT kernels' work-item and dropout-mask device helpers, jitted with these kernels
 _program_start = shared_kernel_helper(gat_fused.__name__, "_program_start", __name__)
 _head_channels = shared_kernel_helper(gat_fused.__name__, "_head_channels", __name__)
-_keep = shared_kernel_helper(gat_fused.__name__, "_keep", __name__)
+_tile_keep = shared_kernel_helper(gat_fused.__name__, "_tile_keep", __name__)
+_coo_ids = shared_kernel_helper(gat_fused.__name__, "_coo_ids", __name__)
+_recomputed_alpha = shared_kernel_helper(gat_fused.__name__, "_recomputed_alpha", __name__)
+_dropout_softmax_grads = shared_kernel_helper(gat_fused.__name__, "_dropout_softmax_grads", __name__)
 _softmax_weights = shared_kernel_helper(gat_fused.__name__, "_softmax_weights", __name__)
 _softmax_accumulate = shared_kernel_helper(gat_fused.__name__, "_softmax_accumulate", __name__)
 _finish_softmax_row = shared_kernel_helper(gat_fused.__name__, "_finish_softmax_row", __name__)
@@ -125,9 +128,7 @@ def _target_row_tile(e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, 
     m3 = me[:, None, None] & mask_hc[None, :, :]
     j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
     xj = tl.load(xl + j[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
-    cid = pos
-    if HAS_EDGE or DRAW:
-        cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
+    cid = _coo_ids(perm, pos, me, DRAW, False, HAS_EDGE)
     z, lr, s = _edge_scores(xj + xr_i[None, :, :], a, edge, cid, hc, m3, slope, H, C, HAS_EDGE, ACC)
     return me, meh, m3, j, cid, xj, z, lr, s
 
@@ -138,11 +139,7 @@ def _edge_grads(alpha, dp, d, z, a, slope, keep, scale, DROPOUT: tl.constexpr):
     dz)`` with ``w`` the applied coefficient, ``ds = alpha (dP - D)`` and
     ``dz = ds a LeakyReLU'(z)``; ``dp`` is ``g_i . x_l[j]`` (before the mask), ``keep``
     read only with ``DROPOUT``."""
-    w = alpha
-    if DROPOUT:
-        dp = tl.where(keep, dp * scale, 0.0)
-        w = tl.where(keep, alpha * scale, 0.0)
-    ds = alpha * (dp - d)
+    w, ds = _dropout_softmax_grads(alpha, dp, d, keep, scale, DROPOUT)
     return w, ds, ds[:, :, None] * tl.where(z > 0, a[None, :, :], a[None, :, :] * slope)
 
 
@@ -213,10 +210,8 @@ def _gatv2_bwd_row_kernel(
             e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
             HAS_EDGE, DRAW, ACC,
         )
-        alpha = tl.where(meh, tl.exp(s - lse_i[None, :]), 0.0)
-        keep = meh  # read only with DROPOUT
-        if DROPOUT:
-            keep = _keep(seed, keep_bits, cid, e0 + offs_e, me, offs_h, H, p_drop, RNG64, HAS_BITS)
+        alpha = _recomputed_alpha(s, lse_i[None, :], meh)
+        keep = _tile_keep(seed, keep_bits, cid, e0 + offs_e, me, meh, offs_h, H, p_drop, DROPOUT, RNG64, HAS_BITS)
         w, ds, dz = _edge_grads(alpha, tl.sum(g[None, :, :] * xj, axis=2), d[None, :], z, a, slope, keep, scale,
                                 DROPOUT)
         dxr += tl.sum(dz, axis=0)
@@ -265,18 +260,14 @@ def _gatv2_bwd_col_kernel(
         m3 = me[:, None, None] & mask_hc[None, :, :]
         i = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
         rows = i[:, None, None] * (H * C) + hc[None, :, :]
-        cid = pos  # read only with HAS_EDGE or DRAW
-        if HAS_EDGE or DRAW:
-            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
+        cid = _coo_ids(perm, pos, me, DRAW, False, HAS_EDGE)
         z = xj[None, :, :] + tl.load(xr + rows, mask=m3, other=0.0).to(ACC)
         z, lr, s = _edge_scores(z, a, edge, cid, hc, m3, slope, H, C, HAS_EDGE, ACC)
         gi = tl.load(grad_out + rows, mask=m3, other=0.0).to(ACC)
         lse_i = tl.load(aux + i[:, None] * (2 * H) + offs_h[None, :], mask=meh, other=0.0)
         d = tl.load(aux + i[:, None] * (2 * H) + H + offs_h[None, :], mask=meh, other=0.0)
-        alpha = tl.where(meh, tl.exp(s - lse_i), 0.0)
-        keep = meh  # read only with DROPOUT
-        if DROPOUT:
-            keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
+        alpha = _recomputed_alpha(s, lse_i, meh)
+        keep = _tile_keep(seed, keep_bits, cid, pos, me, meh, offs_h, H, p_drop, DROPOUT, RNG64, HAS_BITS)
         w, ds, dz = _edge_grads(alpha, tl.sum(gi * xj[None, :, :], axis=2), d, z, a, slope, keep, scale, DROPOUT)
         acc += tl.sum(w[:, :, None] * gi + dz, axis=0)
     if slot < 0:
