@@ -182,6 +182,16 @@ def _tile_keep(seed, keep_bits, cid, pos, me, meh, offs_h, H, p_drop,
 
 
 @kernel_helper
+def _edge_tile(e0, end, offs_e, mask_h):
+    """``(pos, me, meh)`` of the tile of edges from position ``e0`` of a row / column that
+    ends before ``end``: the positions, which of them are edges, and the valid
+    (edge, head) entries."""
+    pos = e0 + offs_e
+    me = pos < end
+    return pos, me, me[:, None] & mask_h[None, :]
+
+
+@kernel_helper
 def _coo_ids(perm, pos, me, DRAW: tl.constexpr, HAS_GALPHA: tl.constexpr, HAS_EDGE: tl.constexpr):
     """The COO edge ids ``perm[pos]`` of the edges at positions ``pos`` of a pass's (CSR /
     CSC) order, read only where something uses them: a dropout mask drawn per edge
@@ -207,11 +217,9 @@ def _gat_target_row_tile(e0, end, offs_e, offs_h, mask_h, idx, perm, s_src, s_ed
                          DRAW: tl.constexpr, HAS_GALPHA: tl.constexpr, HAS_EDGE: tl.constexpr, ACC: tl.constexpr):
     """The tile of a target row's edges from position ``e0`` (before ``end``) with the row's
     score ``t`` ``[H]``: ``(pos, me, meh, j, cid, z, LeakyReLU(z))`` -- positions, masks of
-    the edges and (edge, head) entries, the sources, the COO edge ids (:func:`_coo_ids`)
-    and the scores (:func:`_gat_scores`)."""
-    pos = e0 + offs_e
-    me = pos < end
-    meh = me[:, None] & mask_h[None, :]
+    the edges and (edge, head) entries (:func:`_edge_tile`), the sources, the COO edge ids
+    (:func:`_coo_ids`) and the scores (:func:`_gat_scores`)."""
+    pos, me, meh = _edge_tile(e0, end, offs_e, mask_h)
     j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
     s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
     z = s + t[None, :]
@@ -259,6 +267,16 @@ def _score_grads(alpha, dp, d, z, meh, slope, keep, scale, DROPOUT: tl.constexpr
     w, ds = _dropout_softmax_grads(alpha, dp, d, keep, scale, DROPOUT)
     dz = tl.where(meh, tl.where(z > 0, ds, ds * slope), 0.0)
     return w, dz
+
+
+@kernel_helper
+def _softmax_init(BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr):
+    """The online softmax's empty state ``(m, l, acc)``: running maximum ``-inf`` and
+    normaliser 0 per head, accumulator ``[H, C]`` of zeros."""
+    m = tl.full([BLOCK_H], float("-inf"), ACC)
+    l = tl.zeros([BLOCK_H], ACC)
+    acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+    return m, l, acc
 
 
 @kernel_helper
@@ -333,9 +351,7 @@ def _gat_fwd_kernel(
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
     t = tl.load(s_dst + row * H + offs_h, mask=mask_h, other=0.0).to(ACC)
-    m = tl.full([BLOCK_H], float("-inf"), ACC)
-    l = tl.zeros([BLOCK_H], ACC)
-    acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+    m, l, acc = _softmax_init(BLOCK_H, BLOCK_C, ACC)
     for e0 in range(start, end, BLOCK_E):
         pos, me, meh, j, cid, z, e = _gat_target_row_tile(
             e0, end, offs_e, offs_h, mask_h, idx, perm, s_src, s_edge, t, slope, H, DRAW, False, HAS_EDGE, ACC)
@@ -358,9 +374,7 @@ def _gat_combine_kernel(
     first = tl.load(slot_ptr + pid)
     last = tl.load(slot_ptr + pid + 1)
     offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
-    m = tl.full([BLOCK_H], float("-inf"), ACC)
-    l = tl.zeros([BLOCK_H], ACC)
-    acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+    m, l, acc = _softmax_init(BLOCK_H, BLOCK_C, ACC)
     for slot in range(first, last):
         pm = tl.load(part_m + slot * H + offs_h, mask=mask_h, other=float("-inf"))
         pl = tl.load(part_l + slot * H + offs_h, mask=mask_h, other=0.0)
@@ -458,9 +472,7 @@ def _gat_bwd_col_kernel(
     acc_h = tl.zeros([BLOCK_H, BLOCK_C], ACC)
     acc_s = tl.zeros([BLOCK_H], ACC)
     for e0 in range(start, end, BLOCK_E):
-        pos = e0 + offs_e
-        me = pos < end
-        meh = me[:, None] & mask_h[None, :]
+        pos, me, meh = _edge_tile(e0, end, offs_e, mask_h)
         i = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
         ih = aux + i[:, None] * AUX_STRIDE + offs_h[None, :]
         t = tl.load(ih, mask=meh, other=0.0)

@@ -100,6 +100,8 @@ _tile_keep = shared_kernel_helper(gat_fused.__name__, "_tile_keep", __name__)
 _coo_ids = shared_kernel_helper(gat_fused.__name__, "_coo_ids", __name__)
 _recomputed_alpha = shared_kernel_helper(gat_fused.__name__, "_recomputed_alpha", __name__)
 _dropout_softmax_grads = shared_kernel_helper(gat_fused.__name__, "_dropout_softmax_grads", __name__)
+_edge_tile = shared_kernel_helper(gat_fused.__name__, "_edge_tile", __name__)
+_softmax_init = shared_kernel_helper(gat_fused.__name__, "_softmax_init", __name__)
 _softmax_weights = shared_kernel_helper(gat_fused.__name__, "_softmax_weights", __name__)
 _softmax_accumulate = shared_kernel_helper(gat_fused.__name__, "_softmax_accumulate", __name__)
 _finish_softmax_row = shared_kernel_helper(gat_fused.__name__, "_finish_softmax_row", __name__)
@@ -122,9 +124,7 @@ def _target_row_tile(e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, 
     m3, j, cid, x_l[j], z, LeakyReLU(z), score)`` -- masks of the edges, (edge, head) and
     (edge, head, channel) entries, the sources, the COO edge ids (read only with
     ``HAS_EDGE`` or ``DRAW``: dropout drawn per edge), the gathered source rows and the scores."""
-    pos = e0 + offs_e
-    me = pos < end
-    meh = me[:, None] & mask_h[None, :]
+    pos, me, meh = _edge_tile(e0, end, offs_e, mask_h)
     m3 = me[:, None, None] & mask_hc[None, :, :]
     j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
     xj = tl.load(xl + j[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
@@ -164,9 +164,7 @@ def _gatv2_fwd_kernel(
     offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
     xr_i = tl.load(xr + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
     a = tl.load(att + hc, mask=mask_hc, other=0.0).to(ACC)
-    m = tl.full([BLOCK_H], float("-inf"), ACC)
-    l = tl.zeros([BLOCK_H], ACC)
-    acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+    m, l, acc = _softmax_init(BLOCK_H, BLOCK_C, ACC)
     for e0 in range(start, end, BLOCK_E):
         me, meh, m3, j, cid, xj, z, lr, s = _target_row_tile(
             e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
@@ -254,9 +252,7 @@ def _gatv2_bwd_col_kernel(
     a = tl.load(att + hc, mask=mask_hc, other=0.0).to(ACC)
     acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
     for e0 in range(start, end, BLOCK_E):
-        pos = e0 + offs_e
-        me = pos < end
-        meh = me[:, None] & mask_h[None, :]
+        pos, me, meh = _edge_tile(e0, end, offs_e, mask_h)
         m3 = me[:, None, None] & mask_hc[None, :, :]
         i = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
         rows = i[:, None, None] * (H * C) + hc[None, :, :]
