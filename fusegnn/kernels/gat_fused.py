@@ -59,6 +59,13 @@ hub does not serialise one program. In the forward each item writes partial
 item writes its partial sums and a second kernel adds them in item order. So ``"gar"``
 is bitwise reproducible; ``"gas"`` is not (its atomics).
 
+The steps the kernels have in common are device helpers here, shared with the GATv2
+kernels (:mod:`fusegnn.kernels.gatv2_fused`): the online softmax (``_softmax_init``,
+``_softmax_weights``, ``_softmax_accumulate``, ``_finish_softmax_row``, whose store the
+combine kernel uses too), a tile's positions and COO edge ids (``_edge_tile``,
+``_coo_ids``) and the backward's keep mask, recomputed coefficients and gradient through
+dropout and the softmax (``_tile_keep``, ``_recomputed_alpha``, ``_dropout_softmax_grads``).
+
 Accumulation is in float32 (float64 for float64 inputs); index arithmetic in int64.
 The LeakyReLU slope and the dropout scale :math:`1/(1-p)` are passed as float64 kernel
 arguments and cast to the accumulation type (Triton passes an unannotated Python float

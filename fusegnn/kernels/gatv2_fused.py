@@ -20,8 +20,8 @@ not a sum of a source and a target term, so it is computed per edge from two (or
 tile of edges the program gathers :math:`x^l_j` (and :math:`e_{ji}` through
 ``csr.perm``), forms :math:`z`, the LeakyReLU and the per-head dot product with
 :math:`a`, and folds the scores into FlashAttention's running maximum :math:`m`,
-normaliser :math:`l` and accumulator. ``out = acc / l`` and :math:`L_i = m + \log l` are
-stored; nothing of size ``E`` is. Dropout regenerates the keep mask from the counter-based
+normaliser :math:`l` and accumulator (the GAT kernels' online-softmax helpers).
+``out = acc / l`` and :math:`L_i = m + \log l` are stored; nothing of size ``E`` is. Dropout regenerates the keep mask from the counter-based
 RNG of the GAT kernels (``tl.rand(seed, coo_edge_id * H + head) >= p``), read as one
 byte per edge in each pass's order like theirs (:meth:`~fusegnn.kernels.gat_fused._Config.keep_mask`),
 so :func:`fusegnn.kernels.gat_fused.dropout_keep_mask` gives this op's mask too.
@@ -49,6 +49,9 @@ with dropout because ``out`` carries the mask):
 * with ``"gar"``, pass C over ``csc`` (sources): :math:`\partial x^l`, recomputing each
   edge from :math:`x^r_i`, :math:`g_i`, :math:`e_{ji}` and the stored :math:`(L_i, D_i)`.
   No atomics, so ``"gar"`` is bitwise reproducible (the deterministic mode's choice).
+
+Both passes recompute a tile with the GAT kernels' per-tile helpers (edge ids, keep
+mask, :math:`\alpha`, the dropout and softmax gradient) around their own scores.
 
 **Long rows** are split into work items of at most ``chunk`` edges with the GAT kernels'
 schedule (:func:`~fusegnn.kernels._edge_utils.chunk_schedule`): forward partials
@@ -93,7 +96,8 @@ __all__ = [
 
 _AGGREGATIONS = ("gar", "gas")
 
-# the GAT kernels' work-item and dropout-mask device helpers, jitted with these kernels
+# the GAT kernels' device helpers (work item, online softmax, per-tile backward steps),
+# jitted with these kernels
 _program_start = shared_kernel_helper(gat_fused.__name__, "_program_start", __name__)
 _head_channels = shared_kernel_helper(gat_fused.__name__, "_head_channels", __name__)
 _tile_keep = shared_kernel_helper(gat_fused.__name__, "_tile_keep", __name__)
