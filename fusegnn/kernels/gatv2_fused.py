@@ -21,10 +21,11 @@ tile of edges the program gathers :math:`x^l_j` (and :math:`e_{ji}` through
 ``csr.perm``), forms :math:`z`, the LeakyReLU and the per-head dot product with
 :math:`a`, and folds the scores into FlashAttention's running maximum :math:`m`,
 normaliser :math:`l` and accumulator (the GAT kernels' online-softmax helpers).
-``out = acc / l`` and :math:`L_i = m + \log l` are stored; nothing of size ``E`` is. Dropout regenerates the keep mask from the counter-based
-RNG of the GAT kernels (``tl.rand(seed, coo_edge_id * H + head) >= p``), read as one
-byte per edge in each pass's order like theirs (:meth:`~fusegnn.kernels.gat_fused._Config.keep_mask`),
-so :func:`fusegnn.kernels.gat_fused.dropout_keep_mask` gives this op's mask too.
+``out = acc / l`` and :math:`L_i = m + \log l` are stored; nothing of size ``E`` is.
+Dropout regenerates the keep mask from the counter-based RNG of the GAT kernels
+(``tl.rand(seed, coo_edge_id * H + head) >= p``), read as one byte per edge in each
+pass's order like theirs (:meth:`~fusegnn.kernels.gat_fused._Config.keep_mask`), so
+:func:`fusegnn.kernels.gat_fused.dropout_keep_mask` gives this op's mask too.
 
 **Backward** (no ``[E, H, C]`` intermediate stored; the scores are recomputed and
 :math:`\alpha_{ji} = \exp(s_{ji} - L_i)`). With :math:`g_i` the output gradient and
