@@ -59,6 +59,13 @@ hub does not serialise one program. In the forward each item writes partial
 item writes its partial sums and a second kernel adds them in item order. So ``"gar"``
 is bitwise reproducible; ``"gas"`` is not (its atomics).
 
+The steps the kernels have in common are device helpers here, shared with the GATv2
+kernels (:mod:`fusegnn.kernels.gatv2_fused`): the online softmax (``_softmax_init``,
+``_softmax_weights``, ``_softmax_accumulate``, ``_finish_softmax_row``, whose store the
+combine kernel uses too), a tile's positions and COO edge ids (``_edge_tile``,
+``_coo_ids``) and the backward's keep mask, recomputed coefficients and gradient through
+dropout and the softmax (``_tile_keep``, ``_recomputed_alpha``, ``_dropout_softmax_grads``).
+
 Accumulation is in float32 (float64 for float64 inputs); index arithmetic in int64.
 The LeakyReLU slope and the dropout scale :math:`1/(1-p)` are passed as float64 kernel
 arguments and cast to the accumulation type (Triton passes an unannotated Python float
@@ -171,19 +178,165 @@ def _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64: tl.constexpr,
 
 
 @kernel_helper
-def _score_grads(alpha, dp, d, z, meh, slope, keep, scale, DROPOUT: tl.constexpr):
-    """Back through dropout, the softmax and the LeakyReLU for a block of edges:
-    ``w`` (the coefficient applied to the messages: alpha, or alpha * keep / (1 - p)) and
-    ``dZ = LeakyReLU'(z) * alpha * (dp - D)``, zero outside ``meh``. ``dp`` is
-    ``dL/d(applied coefficient)``, ``d`` the row's ``D``; ``keep`` is read only with
-    ``DROPOUT``."""
+def _tile_keep(seed, keep_bits, cid, pos, me, meh, offs_h, H, p_drop,
+               DROPOUT: tl.constexpr, RNG64: tl.constexpr, HAS_BITS: tl.constexpr):
+    """A backward tile's ``[E, H]`` dropout keep mask (:func:`_keep`) with ``DROPOUT``;
+    without, ``meh`` (which :func:`_dropout_softmax_grads` then does not read)."""
+    keep = meh
+    if DROPOUT:
+        keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
+    return keep
+
+
+@kernel_helper
+def _edge_tile(e0, end, offs_e, mask_h):
+    """``(pos, me, meh)`` of the tile of edges from position ``e0`` of a row / column that
+    ends before ``end``: the positions, which of them are edges, and the valid
+    (edge, head) entries."""
+    pos = e0 + offs_e
+    me = pos < end
+    return pos, me, me[:, None] & mask_h[None, :]
+
+
+@kernel_helper
+def _coo_ids(perm, pos, me, DRAW: tl.constexpr, HAS_GALPHA: tl.constexpr, HAS_EDGE: tl.constexpr):
+    """The COO edge ids ``perm[pos]`` of the edges at positions ``pos`` of a pass's (CSR /
+    CSC) order, read only where something uses them: a dropout mask drawn per edge
+    (``DRAW``), the coefficients' gradient (``HAS_GALPHA``) or a per-edge input
+    (``HAS_EDGE``); else ``pos``, which is then not read."""
+    cid = pos
+    if DRAW or HAS_GALPHA or HAS_EDGE:
+        cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
+    return cid
+
+
+@kernel_helper
+def _gat_scores(z, s_edge, cid, meh, offs_h, H, slope, HAS_EDGE: tl.constexpr, ACC: tl.constexpr):
+    """For a tile of edges with ``z = s_j + t_i`` ``[E, H]``: adds the edge addend
+    ``u[cid]`` (``HAS_EDGE``) and returns ``(z, LeakyReLU(z))``."""
+    if HAS_EDGE:
+        z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
+    return z, tl.where(z > 0, z, z * slope)
+
+
+@kernel_helper
+def _gat_target_row_tile(e0, end, offs_e, offs_h, mask_h, idx, perm, s_src, s_edge, t, slope, H,
+                         DRAW: tl.constexpr, HAS_GALPHA: tl.constexpr, HAS_EDGE: tl.constexpr, ACC: tl.constexpr):
+    """The tile of a target row's edges from position ``e0`` (before ``end``) with the row's
+    score ``t`` ``[H]``: ``(pos, me, meh, j, cid, z, LeakyReLU(z))`` -- positions, masks of
+    the edges and (edge, head) entries (:func:`_edge_tile`), the sources, the COO edge ids
+    (:func:`_coo_ids`) and the scores (:func:`_gat_scores`)."""
+    pos, me, meh = _edge_tile(e0, end, offs_e, mask_h)
+    j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
+    s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
+    z = s + t[None, :]
+    cid = _coo_ids(perm, pos, me, DRAW, HAS_GALPHA, HAS_EDGE)
+    z, e = _gat_scores(z, s_edge, cid, meh, offs_h, H, slope, HAS_EDGE, ACC)
+    return pos, me, meh, j, cid, z, e
+
+
+@kernel_helper
+def _gather_rows(base, j, me, mask_hc, hc, H, C, ACC: tl.constexpr):
+    """``[E, H, C]`` rows ``j`` of an ``[N, H, C]`` tensor for a tile of edges (zero outside
+    ``me`` and ``mask_hc``), in ``ACC``."""
+    return tl.load(
+        base + j[:, None, None] * (H * C) + hc[None, :, :],
+        mask=me[:, None, None] & mask_hc[None, :, :],
+        other=0.0,
+    ).to(ACC)
+
+
+@kernel_helper
+def _recomputed_alpha(scores, lse_i, meh):
+    """The softmax coefficients ``exp(score - L_i)`` of a tile, recomputed from the stored
+    log-sum-exp ``lse_i`` (broadcast to ``[E, H]``); 0 outside ``meh``."""
+    return tl.where(meh, tl.exp(scores - lse_i), 0.0)
+
+
+@kernel_helper
+def _dropout_softmax_grads(alpha, dp, d, keep, scale, DROPOUT: tl.constexpr):
+    """Back through dropout and the softmax for a tile of edges: ``(w, ds)`` with ``w`` the
+    coefficient applied to the messages (alpha, or alpha * keep / (1 - p)) and
+    ``ds = alpha (dP - D)``, where ``dp`` is ``dL/d(applied coefficient)``, ``dP`` it
+    through the mask and ``d`` the row's ``D``; ``keep`` is read only with ``DROPOUT``."""
     w = alpha
     if DROPOUT:
         dp = tl.where(keep, dp * scale, 0.0)
         w = tl.where(keep, alpha * scale, 0.0)
-    ds = alpha * (dp - d)
+    return w, alpha * (dp - d)
+
+
+@kernel_helper
+def _score_grads(alpha, dp, d, z, meh, slope, keep, scale, DROPOUT: tl.constexpr):
+    """Back through dropout, the softmax and the LeakyReLU for a block of edges:
+    ``w`` and ``ds`` of :func:`_dropout_softmax_grads`, and ``dZ = LeakyReLU'(z) ds``,
+    zero outside ``meh``."""
+    w, ds = _dropout_softmax_grads(alpha, dp, d, keep, scale, DROPOUT)
     dz = tl.where(meh, tl.where(z > 0, ds, ds * slope), 0.0)
     return w, dz
+
+
+@kernel_helper
+def _softmax_init(BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr):
+    """The online softmax's empty state ``(m, l, acc)``: running maximum ``-inf`` and
+    normaliser 0 per head, accumulator ``[H, C]`` of zeros."""
+    m = tl.full([BLOCK_H], float("-inf"), ACC)
+    l = tl.zeros([BLOCK_H], ACC)
+    acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+    return m, l, acc
+
+
+@kernel_helper
+def _softmax_weights(m, l, scores, meh, seed, keep_bits, cid, pos, me, offs_h, H, p_drop, scale,
+                     DROPOUT: tl.constexpr, RNG64: tl.constexpr, HAS_BITS: tl.constexpr):
+    """One tile of edges folded into the online softmax of a target row: ``(m, l, rescale,
+    p)`` -- the running maximum and normaliser after the tile, the factor
+    ``exp(m_old - m_new)`` that rescales what was accumulated before it and the tile's
+    unnormalised weights ``exp(score - m_new)`` ``[E, H]`` (``scores`` outside ``meh`` do
+    not count), with ``DROPOUT`` masked by the keep mask (:func:`_keep`) and scaled by
+    ``scale`` after they were added to ``l``."""
+    scores = tl.where(meh, scores, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, axis=0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    rescale = tl.exp(m - m_safe)
+    pexp = tl.exp(scores - m_safe[None, :])
+    l = l * rescale + tl.sum(pexp, axis=0)
+    if DROPOUT:
+        keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
+        pexp = tl.where(keep, pexp * scale, 0.0)
+    return m_new, l, rescale, pexp
+
+
+@kernel_helper
+def _softmax_accumulate(acc, rescale, p, rows):
+    """The online softmax's accumulator ``[H, C]`` after a tile: the old one rescaled by
+    ``rescale`` plus the tile's rows ``[E, H, C]`` weighted by ``p`` ``[E, H]``
+    (:func:`_softmax_weights`)."""
+    return acc * rescale[:, None] + tl.sum(p[:, :, None] * rows, axis=0)
+
+
+@kernel_helper
+def _store_softmax_row(out, lse, row, m, l, acc, offs_h, mask_h, mask_hc, hc, H, C):
+    """Stores a target row's result from its online-softmax state: ``out = acc / l`` and the
+    log-sum-exp ``m + log l`` (both 0 for a head without edges, ``l = 0``)."""
+    inv = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
+    tl.store(out + row * (H * C) + hc, (acc * inv[:, None]).to(out.dtype.element_ty), mask=mask_hc)
+    lse_row = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), 0.0)
+    tl.store(lse + row * H + offs_h, lse_row, mask=mask_h)
+
+
+@kernel_helper
+def _finish_softmax_row(out, lse, part_acc, part_m, part_l, row, slot, m, l, acc, offs_h, mask_h, mask_hc, hc,
+                        H, C):
+    """The end of a forward program: a whole row's result (``slot < 0``:
+    :func:`_store_softmax_row`), or a chunk's partial ``(acc, m, l)`` at ``slot`` for the
+    combine kernel."""
+    if slot < 0:
+        _store_softmax_row(out, lse, row, m, l, acc, offs_h, mask_h, mask_hc, hc, H, C)
+    else:
+        tl.store(part_acc + slot * (H * C) + hc, acc, mask=mask_hc)
+        tl.store(part_m + slot * H + offs_h, m, mask=mask_h)
+        tl.store(part_l + slot * H + offs_h, l, mask=mask_h)
 
 
 def _gat_fwd_kernel(
@@ -205,48 +358,14 @@ def _gat_fwd_kernel(
     offs_e = tl.arange(0, BLOCK_E)
     offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
     t = tl.load(s_dst + row * H + offs_h, mask=mask_h, other=0.0).to(ACC)
-    m = tl.full([BLOCK_H], float("-inf"), ACC)
-    l = tl.zeros([BLOCK_H], ACC)
-    acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+    m, l, acc = _softmax_init(BLOCK_H, BLOCK_C, ACC)
     for e0 in range(start, end, BLOCK_E):
-        pos = e0 + offs_e
-        me = pos < end
-        j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
-        meh = me[:, None] & mask_h[None, :]
-        s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        z = s + t[None, :]
-        cid = pos  # read only with DRAW or HAS_EDGE
-        if DRAW or HAS_EDGE:
-            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-        if HAS_EDGE:
-            z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        e = tl.where(z > 0, z, z * slope)
-        e = tl.where(meh, e, float("-inf"))
-        m_new = tl.maximum(m, tl.max(e, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        rescale = tl.exp(m - m_safe)
-        pexp = tl.exp(e - m_safe[None, :])
-        l = l * rescale + tl.sum(pexp, axis=0)
-        if DROPOUT:
-            keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
-            pexp = tl.where(keep, pexp * scale, 0.0)
-        hj = tl.load(
-            h + j[:, None, None] * (H * C) + hc[None, :, :],
-            mask=me[:, None, None] & mask_hc[None, :, :],
-            other=0.0,
-        ).to(ACC)
-        acc = acc * rescale[:, None] + tl.sum(pexp[:, :, None] * hj, axis=0)
-        m = m_new
-    if slot < 0:
-        inv = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
-        o = acc * inv[:, None]
-        tl.store(out + row * (H * C) + hc, o.to(out.dtype.element_ty), mask=mask_hc)
-        lse_row = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), 0.0)
-        tl.store(lse + row * H + offs_h, lse_row, mask=mask_h)
-    else:
-        tl.store(part_acc + slot * (H * C) + hc, acc, mask=mask_hc)
-        tl.store(part_m + slot * H + offs_h, m, mask=mask_h)
-        tl.store(part_l + slot * H + offs_h, l, mask=mask_h)
+        pos, me, meh, j, cid, z, e = _gat_target_row_tile(
+            e0, end, offs_e, offs_h, mask_h, idx, perm, s_src, s_edge, t, slope, H, DRAW, False, HAS_EDGE, ACC)
+        m, l, rescale, pexp = _softmax_weights(m, l, e, meh, seed, keep_bits, cid, pos, me, offs_h, H, p_drop, scale,
+                                               DROPOUT, RNG64, HAS_BITS)
+        acc = _softmax_accumulate(acc, rescale, pexp, _gather_rows(h, j, me, mask_hc, hc, H, C, ACC))
+    _finish_softmax_row(out, lse, part_acc, part_m, part_l, row, slot, m, l, acc, offs_h, mask_h, mask_hc, hc, H, C)
 
 
 def _gat_combine_kernel(
@@ -262,9 +381,7 @@ def _gat_combine_kernel(
     first = tl.load(slot_ptr + pid)
     last = tl.load(slot_ptr + pid + 1)
     offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
-    m = tl.full([BLOCK_H], float("-inf"), ACC)
-    l = tl.zeros([BLOCK_H], ACC)
-    acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+    m, l, acc = _softmax_init(BLOCK_H, BLOCK_C, ACC)
     for slot in range(first, last):
         pm = tl.load(part_m + slot * H + offs_h, mask=mask_h, other=float("-inf"))
         pl = tl.load(part_l + slot * H + offs_h, mask=mask_h, other=0.0)
@@ -276,10 +393,7 @@ def _gat_combine_kernel(
         l = l * r_old + pl * r_new
         acc = acc * r_old[:, None] + pa * r_new[:, None]
         m = m_new
-    inv = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
-    tl.store(out + row * (H * C) + hc, (acc * inv[:, None]).to(out.dtype.element_ty), mask=mask_hc)
-    lse_row = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), 0.0)
-    tl.store(lse + row * H + offs_h, lse_row, mask=mask_h)
+    _store_softmax_row(out, lse, row, m, l, acc, offs_h, mask_h, mask_hc, hc, H, C)
 
 
 def _gat_bwd_row_kernel(
@@ -312,30 +426,14 @@ def _gat_bwd_row_kernel(
         d += tl.load(d_extra + row * H + offs_h, mask=mask_h, other=0.0).to(ACC)
     dt = tl.zeros([BLOCK_H], ACC)
     for e0 in range(start, end, BLOCK_E):
-        pos = e0 + offs_e
-        me = pos < end
-        meh = me[:, None] & mask_h[None, :]
-        j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
-        s = tl.load(s_src + j[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        z = s + t[None, :]
-        cid = pos  # read only with DRAW, HAS_GALPHA or HAS_EDGE
-        if DRAW or HAS_GALPHA or HAS_EDGE:
-            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-        if HAS_EDGE:
-            z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        e = tl.where(z > 0, z, z * slope)
-        alpha = tl.where(meh, tl.exp(e - lse_i[None, :]), 0.0)
-        hj = tl.load(
-            h + j[:, None, None] * (H * C) + hc[None, :, :],
-            mask=me[:, None, None] & mask_hc[None, :, :],
-            other=0.0,
-        ).to(ACC)
+        pos, me, meh, j, cid, z, e = _gat_target_row_tile(
+            e0, end, offs_e, offs_h, mask_h, idx, perm, s_src, s_edge, t, slope, H, DRAW, HAS_GALPHA, HAS_EDGE, ACC)
+        alpha = _recomputed_alpha(e, lse_i[None, :], meh)
+        hj = _gather_rows(h, j, me, mask_hc, hc, H, C, ACC)
         dp = tl.sum(g[None, :, :] * hj, axis=2)
         if HAS_GALPHA:
             dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        keep = meh  # read only with DROPOUT
-        if DROPOUT:
-            keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
+        keep = _tile_keep(seed, keep_bits, cid, pos, me, meh, offs_h, H, p_drop, DROPOUT, RNG64, HAS_BITS)
         w, dz = _score_grads(alpha, dp, d[None, :], z, meh, slope, keep, scale, DROPOUT)
         dt += tl.sum(dz, axis=0)
         if HAS_EDGE:
@@ -381,33 +479,21 @@ def _gat_bwd_col_kernel(
     acc_h = tl.zeros([BLOCK_H, BLOCK_C], ACC)
     acc_s = tl.zeros([BLOCK_H], ACC)
     for e0 in range(start, end, BLOCK_E):
-        pos = e0 + offs_e
-        me = pos < end
-        meh = me[:, None] & mask_h[None, :]
+        pos, me, meh = _edge_tile(e0, end, offs_e, mask_h)
         i = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
         ih = aux + i[:, None] * AUX_STRIDE + offs_h[None, :]
         t = tl.load(ih, mask=meh, other=0.0)
         lse_i = tl.load(ih + H, mask=meh, other=0.0)
         d = tl.load(ih + 2 * H, mask=meh, other=0.0)
         z = s[None, :] + t
-        cid = pos  # read only with DRAW, HAS_GALPHA or HAS_EDGE
-        if DRAW or HAS_GALPHA or HAS_EDGE:
-            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-        if HAS_EDGE:
-            z += tl.load(s_edge + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        e = tl.where(z > 0, z, z * slope)
-        alpha = tl.where(meh, tl.exp(e - lse_i), 0.0)
-        gi = tl.load(
-            grad_out + i[:, None, None] * (H * C) + hc[None, :, :],
-            mask=me[:, None, None] & mask_hc[None, :, :],
-            other=0.0,
-        ).to(ACC)
+        cid = _coo_ids(perm, pos, me, DRAW, HAS_GALPHA, HAS_EDGE)
+        z, e = _gat_scores(z, s_edge, cid, meh, offs_h, H, slope, HAS_EDGE, ACC)
+        alpha = _recomputed_alpha(e, lse_i, meh)
+        gi = _gather_rows(grad_out, i, me, mask_hc, hc, H, C, ACC)
         dp = tl.sum(gi * hj[None, :, :], axis=2)
         if HAS_GALPHA:
             dp += tl.load(grad_alpha + cid[:, None] * H + offs_h[None, :], mask=meh, other=0.0).to(ACC)
-        keep = meh  # read only with DROPOUT
-        if DROPOUT:
-            keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
+        keep = _tile_keep(seed, keep_bits, cid, pos, me, meh, offs_h, H, p_drop, DROPOUT, RNG64, HAS_BITS)
         w, dz = _score_grads(alpha, dp, d, z, meh, slope, keep, scale, DROPOUT)
         acc_s += tl.sum(dz, axis=0)
         acc_h += tl.sum(w[:, :, None] * gi, axis=0)

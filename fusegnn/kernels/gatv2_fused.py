@@ -20,11 +20,12 @@ not a sum of a source and a target term, so it is computed per edge from two (or
 tile of edges the program gathers :math:`x^l_j` (and :math:`e_{ji}` through
 ``csr.perm``), forms :math:`z`, the LeakyReLU and the per-head dot product with
 :math:`a`, and folds the scores into FlashAttention's running maximum :math:`m`,
-normaliser :math:`l` and accumulator. ``out = acc / l`` and :math:`L_i = m + \log l` are
-stored; nothing of size ``E`` is. Dropout regenerates the keep mask from the counter-based
-RNG of the GAT kernels (``tl.rand(seed, coo_edge_id * H + head) >= p``), read as one
-byte per edge in each pass's order like theirs (:meth:`~fusegnn.kernels.gat_fused._Config.keep_mask`),
-so :func:`fusegnn.kernels.gat_fused.dropout_keep_mask` gives this op's mask too.
+normaliser :math:`l` and accumulator (the GAT kernels' online-softmax helpers).
+``out = acc / l`` and :math:`L_i = m + \log l` are stored; nothing of size ``E`` is.
+Dropout regenerates the keep mask from the counter-based RNG of the GAT kernels
+(``tl.rand(seed, coo_edge_id * H + head) >= p``), read as one byte per edge in each
+pass's order like theirs (:meth:`~fusegnn.kernels.gat_fused._Config.keep_mask`), so
+:func:`fusegnn.kernels.gat_fused.dropout_keep_mask` gives this op's mask too.
 
 **Backward** (no ``[E, H, C]`` intermediate stored; the scores are recomputed and
 :math:`\alpha_{ji} = \exp(s_{ji} - L_i)`). With :math:`g_i` the output gradient and
@@ -49,6 +50,9 @@ with dropout because ``out`` carries the mask):
 * with ``"gar"``, pass C over ``csc`` (sources): :math:`\partial x^l`, recomputing each
   edge from :math:`x^r_i`, :math:`g_i`, :math:`e_{ji}` and the stored :math:`(L_i, D_i)`.
   No atomics, so ``"gar"`` is bitwise reproducible (the deterministic mode's choice).
+
+Both passes recompute a tile with the GAT kernels' per-tile helpers (edge ids, keep
+mask, :math:`\alpha`, the dropout and softmax gradient) around their own scores.
 
 **Long rows** are split into work items of at most ``chunk`` edges with the GAT kernels'
 schedule (:func:`~fusegnn.kernels._edge_utils.chunk_schedule`): forward partials
@@ -93,10 +97,19 @@ __all__ = [
 
 _AGGREGATIONS = ("gar", "gas")
 
-# the GAT kernels' work-item and dropout-mask device helpers, jitted with these kernels
+# the GAT kernels' device helpers (work item, online softmax, per-tile backward steps),
+# jitted with these kernels
 _program_start = shared_kernel_helper(gat_fused.__name__, "_program_start", __name__)
 _head_channels = shared_kernel_helper(gat_fused.__name__, "_head_channels", __name__)
-_keep = shared_kernel_helper(gat_fused.__name__, "_keep", __name__)
+_tile_keep = shared_kernel_helper(gat_fused.__name__, "_tile_keep", __name__)
+_coo_ids = shared_kernel_helper(gat_fused.__name__, "_coo_ids", __name__)
+_recomputed_alpha = shared_kernel_helper(gat_fused.__name__, "_recomputed_alpha", __name__)
+_dropout_softmax_grads = shared_kernel_helper(gat_fused.__name__, "_dropout_softmax_grads", __name__)
+_edge_tile = shared_kernel_helper(gat_fused.__name__, "_edge_tile", __name__)
+_softmax_init = shared_kernel_helper(gat_fused.__name__, "_softmax_init", __name__)
+_softmax_weights = shared_kernel_helper(gat_fused.__name__, "_softmax_weights", __name__)
+_softmax_accumulate = shared_kernel_helper(gat_fused.__name__, "_softmax_accumulate", __name__)
+_finish_softmax_row = shared_kernel_helper(gat_fused.__name__, "_finish_softmax_row", __name__)
 
 
 @kernel_helper
@@ -116,15 +129,11 @@ def _target_row_tile(e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, 
     m3, j, cid, x_l[j], z, LeakyReLU(z), score)`` -- masks of the edges, (edge, head) and
     (edge, head, channel) entries, the sources, the COO edge ids (read only with
     ``HAS_EDGE`` or ``DRAW``: dropout drawn per edge), the gathered source rows and the scores."""
-    pos = e0 + offs_e
-    me = pos < end
-    meh = me[:, None] & mask_h[None, :]
+    pos, me, meh = _edge_tile(e0, end, offs_e, mask_h)
     m3 = me[:, None, None] & mask_hc[None, :, :]
     j = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
     xj = tl.load(xl + j[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
-    cid = pos
-    if HAS_EDGE or DRAW:
-        cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
+    cid = _coo_ids(perm, pos, me, DRAW, False, HAS_EDGE)
     z, lr, s = _edge_scores(xj + xr_i[None, :, :], a, edge, cid, hc, m3, slope, H, C, HAS_EDGE, ACC)
     return me, meh, m3, j, cid, xj, z, lr, s
 
@@ -135,11 +144,7 @@ def _edge_grads(alpha, dp, d, z, a, slope, keep, scale, DROPOUT: tl.constexpr):
     dz)`` with ``w`` the applied coefficient, ``ds = alpha (dP - D)`` and
     ``dz = ds a LeakyReLU'(z)``; ``dp`` is ``g_i . x_l[j]`` (before the mask), ``keep``
     read only with ``DROPOUT``."""
-    w = alpha
-    if DROPOUT:
-        dp = tl.where(keep, dp * scale, 0.0)
-        w = tl.where(keep, alpha * scale, 0.0)
-    ds = alpha * (dp - d)
+    w, ds = _dropout_softmax_grads(alpha, dp, d, keep, scale, DROPOUT)
     return w, ds, ds[:, :, None] * tl.where(z > 0, a[None, :, :], a[None, :, :] * slope)
 
 
@@ -164,34 +169,16 @@ def _gatv2_fwd_kernel(
     offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
     xr_i = tl.load(xr + row * (H * C) + hc, mask=mask_hc, other=0.0).to(ACC)
     a = tl.load(att + hc, mask=mask_hc, other=0.0).to(ACC)
-    m = tl.full([BLOCK_H], float("-inf"), ACC)
-    l = tl.zeros([BLOCK_H], ACC)
-    acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
+    m, l, acc = _softmax_init(BLOCK_H, BLOCK_C, ACC)
     for e0 in range(start, end, BLOCK_E):
         me, meh, m3, j, cid, xj, z, lr, s = _target_row_tile(
             e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
             HAS_EDGE, DRAW, ACC,
         )
-        s = tl.where(meh, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        rescale = tl.exp(m - m_safe)
-        pexp = tl.exp(s - m_safe[None, :])
-        l = l * rescale + tl.sum(pexp, axis=0)
-        if DROPOUT:
-            keep = _keep(seed, keep_bits, cid, e0 + offs_e, me, offs_h, H, p_drop, RNG64, HAS_BITS)
-            pexp = tl.where(keep, pexp * scale, 0.0)
-        acc = acc * rescale[:, None] + tl.sum(pexp[:, :, None] * xj, axis=0)
-        m = m_new
-    if slot < 0:
-        inv = tl.where(l > 0, 1.0 / tl.where(l > 0, l, 1.0), 0.0)
-        tl.store(out + row * (H * C) + hc, (acc * inv[:, None]).to(out.dtype.element_ty), mask=mask_hc)
-        lse_row = tl.where(l > 0, m + tl.log(tl.where(l > 0, l, 1.0)), 0.0)
-        tl.store(lse + row * H + offs_h, lse_row, mask=mask_h)
-    else:
-        tl.store(part_acc + slot * (H * C) + hc, acc, mask=mask_hc)
-        tl.store(part_m + slot * H + offs_h, m, mask=mask_h)
-        tl.store(part_l + slot * H + offs_h, l, mask=mask_h)
+        m, l, rescale, pexp = _softmax_weights(m, l, s, meh, seed, keep_bits, cid, e0 + offs_e, me, offs_h, H, p_drop,
+                                               scale, DROPOUT, RNG64, HAS_BITS)
+        acc = _softmax_accumulate(acc, rescale, pexp, xj)
+    _finish_softmax_row(out, lse, part_acc, part_m, part_l, row, slot, m, l, acc, offs_h, mask_h, mask_hc, hc, H, C)
 
 
 def _gatv2_bwd_row_kernel(
@@ -226,10 +213,8 @@ def _gatv2_bwd_row_kernel(
             e0, end, offs_e, mask_h, mask_hc, hc, idx, perm, xl, xr_i, a, edge, slope, H, C,
             HAS_EDGE, DRAW, ACC,
         )
-        alpha = tl.where(meh, tl.exp(s - lse_i[None, :]), 0.0)
-        keep = meh  # read only with DROPOUT
-        if DROPOUT:
-            keep = _keep(seed, keep_bits, cid, e0 + offs_e, me, offs_h, H, p_drop, RNG64, HAS_BITS)
+        alpha = _recomputed_alpha(s, lse_i[None, :], meh)
+        keep = _tile_keep(seed, keep_bits, cid, e0 + offs_e, me, meh, offs_h, H, p_drop, DROPOUT, RNG64, HAS_BITS)
         w, ds, dz = _edge_grads(alpha, tl.sum(g[None, :, :] * xj, axis=2), d[None, :], z, a, slope, keep, scale,
                                 DROPOUT)
         dxr += tl.sum(dz, axis=0)
@@ -272,24 +257,18 @@ def _gatv2_bwd_col_kernel(
     a = tl.load(att + hc, mask=mask_hc, other=0.0).to(ACC)
     acc = tl.zeros([BLOCK_H, BLOCK_C], ACC)
     for e0 in range(start, end, BLOCK_E):
-        pos = e0 + offs_e
-        me = pos < end
-        meh = me[:, None] & mask_h[None, :]
+        pos, me, meh = _edge_tile(e0, end, offs_e, mask_h)
         m3 = me[:, None, None] & mask_hc[None, :, :]
         i = tl.load(idx + pos, mask=me, other=0).to(tl.int64)
         rows = i[:, None, None] * (H * C) + hc[None, :, :]
-        cid = pos  # read only with HAS_EDGE or DRAW
-        if HAS_EDGE or DRAW:
-            cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
+        cid = _coo_ids(perm, pos, me, DRAW, False, HAS_EDGE)
         z = xj[None, :, :] + tl.load(xr + rows, mask=m3, other=0.0).to(ACC)
         z, lr, s = _edge_scores(z, a, edge, cid, hc, m3, slope, H, C, HAS_EDGE, ACC)
         gi = tl.load(grad_out + rows, mask=m3, other=0.0).to(ACC)
         lse_i = tl.load(aux + i[:, None] * (2 * H) + offs_h[None, :], mask=meh, other=0.0)
         d = tl.load(aux + i[:, None] * (2 * H) + H + offs_h[None, :], mask=meh, other=0.0)
-        alpha = tl.where(meh, tl.exp(s - lse_i), 0.0)
-        keep = meh  # read only with DROPOUT
-        if DROPOUT:
-            keep = _keep(seed, keep_bits, cid, pos, me, offs_h, H, p_drop, RNG64, HAS_BITS)
+        alpha = _recomputed_alpha(s, lse_i, meh)
+        keep = _tile_keep(seed, keep_bits, cid, pos, me, meh, offs_h, H, p_drop, DROPOUT, RNG64, HAS_BITS)
         w, ds, dz = _edge_grads(alpha, tl.sum(gi * xj[None, :, :], axis=2), d, z, a, slope, keep, scale, DROPOUT)
         acc += tl.sum(w[:, :, None] * gi + dz, axis=0)
     if slot < 0:
