@@ -41,7 +41,9 @@ r"""Suite ``vector``: vector sparsity against the sparse and dense baselines (is
   ever worth picking; no automatic rule picks it. A torch backend whose autograd
   cannot give a gradient falls back to fewer gradients, then to the forward alone, then
   to float32 (the ``note`` says what failed, ``grads`` and ``dtype`` what was timed);
-* masks -- ``fusegnn``: ``sparse_attention(..., aggregation="vector")``; ``element``:
+* masks -- ``fusegnn``: ``sparse_attention(..., aggregation="vector")``; ``fusegnn-auto``:
+  ``sparse_attention(...)`` as a user calls it (``aggregation="auto"``; ``path``: what the
+  rule took); ``element``:
   ``sparse_attention(..., aggregation="element")``; ``flex``: ``torch.compile``\ d
   FlexAttention with ``create_block_mask`` of a ``mask_mod`` reading the same boolean
   matrix (128 x 128 blocks; built once, ``build_ms``); all three ``dq, dk, dv``;
@@ -103,10 +105,10 @@ __all__ = ["BACKENDS", "CASES", "KIND_BACKENDS", "QUICK", "VectorCase", "main_fr
 
 SUITE = "vector"
 #: every backend name, in the issue's order
-BACKENDS = ("fusegnn", "cublas", "cusparse", "bsr", "cusparselt", "element", "flex")
+BACKENDS = ("fusegnn", "fusegnn-auto", "cublas", "cusparse", "bsr", "cusparselt", "element", "flex")
 KIND_BACKENDS = {
     "linear": ("fusegnn", "cublas", "cusparse", "bsr", "cusparselt"),
-    "mask": ("fusegnn", "element", "flex"),
+    "mask": ("fusegnn", "fusegnn-auto", "element", "flex"),
     "agg": ("fusegnn", "element", "cusparse"),
 }
 #: the rows each row of a case is compared with (``vs_<anchor>``)
@@ -351,13 +353,15 @@ def run_vector_suite(device: torch.device, out: Path, *, cases: list[str] | None
 
 # ----------------------------------------------------------------------------- report
 
-#: the issue's targets: (what, case pattern, anchor backend, suffix that the anchor's case lacks, goal)
+#: the issue's targets: (what, case pattern, anchor backend, suffix that the anchor's case lacks, goal[,
+#: the row measured against the anchor: "fusegnn" unless named])
 TARGETS = (
     ("pruned linear 90% V=8 vs cuBLAS", "linear-*-s90-v8", "cublas", "", 1.3),
     ("pruned linear 90% V=8 vs cuSPARSE CSR", "linear-*-s90-v8", "cusparse", "", 4.0),
     ("pruned linear 90% V=8 vs BSR", "linear-*-s90-v8", "bsr", "", 1.5),
     ("masks vs our element path", "mask-*", "element", "", 2.0),
     ("masks vs FlexAttention", "mask-*", "flex", "", 1.0),
+    ("masks, auto's path, vs FlexAttention", "mask-*", "flex", "", 1.0, "fusegnn-auto"),
     ("aggregation F=128/256 vs cuSPARSE (original graph)", "agg-reddit-f[12][25]*", "cusparse", "-rcm", 2.0),
 )
 
@@ -372,9 +376,9 @@ def target_rows(doc: dict) -> list[tuple]:
     the original and on the reordered graph)."""
     rows = {(r["case"], r["backend"]): r for r in doc["records"] if r.get("ok")}
     out = []
-    for what, pattern, anchor, strip, goal in TARGETS:
+    for what, pattern, anchor, strip, goal, *measured in TARGETS:
         for case in doc["cases"]:
-            mine = rows.get((case, "fusegnn"))
+            mine = rows.get((case, measured[0] if measured else "fusegnn"))
             if not fnmatch.fnmatchcase(case, pattern) or mine is None:
                 continue
             base = rows.get((case.removesuffix(strip) if strip else case, anchor))

@@ -291,7 +291,12 @@ def mask_inputs(case, sizes: Sizes, device: torch.device, seed: int) -> CaseInpu
 
     def sparse(aggregation: str) -> Callable[[], list[Candidate]]:
         def make() -> Step:
-            return attention_step(lambda q_, k_, v_: sparse_attention(q_, k_, v_, mask, aggregation=aggregation))
+            step = attention_step(lambda q_, k_, v_: sparse_attention(q_, k_, v_, mask, aggregation=aggregation))
+            if aggregation == "auto":  # the path the rule took (a training step: with a gradient)
+                from fusegnn.attention import explain_attention
+
+                step.info["path"] = explain_attention(q, mask, backward=True).label
+            return step
         return lambda: [Candidate(f"{_dtype_name(dtype)} dq+dk+dv", make)]
 
     def flex() -> list[Candidate]:
@@ -314,7 +319,8 @@ def mask_inputs(case, sizes: Sizes, device: torch.device, seed: int) -> CaseInpu
 
     return CaseInputs(
         reference=reference,
-        candidates={"fusegnn": sparse("vector"), "element": sparse("element"), "flex": flex},
+        candidates={"fusegnn": sparse("vector"), "fusegnn-auto": sparse("auto"), "element": sparse("element"),
+                    "flex": flex},
         view=lambda t: t[:1, :CHECK_HEADS],
         info={"shape": f"q/k/v [1, {sizes.heads}, {L}, {sizes.head_dim}]",
               "density": pairs.size(0) / float(L * L)},

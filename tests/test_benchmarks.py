@@ -489,9 +489,11 @@ def test_vector_suite_names_are_the_issues():
     masks = {f"mask-random{p}-L{L}" for p in (1, 2, 5) for L in (4096, 16384)}
     agg = {f"agg-reddit-f{F}{suffix}" for F in (64, 128, 256) for suffix in ("", "-rcm")}
     assert set(CASES) == linear | masks | agg and len(CASES) == 30
-    assert BACKENDS == ("fusegnn", "cublas", "cusparse", "bsr", "cusparselt", "element", "flex")
+    # the issue's backend names, and sparse_attention's auto rule beside the vector path
+    assert BACKENDS == ("fusegnn", "fusegnn-auto", "cublas", "cusparse", "bsr", "cusparselt", "element", "flex")
     assert KIND_BACKENDS == {"linear": ("fusegnn", "cublas", "cusparse", "bsr", "cusparselt"),
-                             "mask": ("fusegnn", "element", "flex"), "agg": ("fusegnn", "element", "cusparse")}
+                             "mask": ("fusegnn", "fusegnn-auto", "element", "flex"),
+                             "agg": ("fusegnn", "element", "cusparse")}
     assert set(QUICK) <= set(CASES)
     case = CASES["linear-16384x4096-s95-v16"]
     assert (case.in_features, case.out_features, case.sparsity, case.V) == (16384, 4096, 95, 16)
@@ -506,8 +508,8 @@ def test_vector_suite_list(capsys):
     assert "suite vector: 30 of 30 cases" in out
     for name in ("linear-4096x16384-s90-v8", "mask-random2-L16384", "agg-reddit-f128-rcm"):
         assert f"  {name} " in out
-    assert "all backend names: fusegnn, cublas, cusparse, bsr, cusparselt, element, flex" in out
-    assert "backends (mask): fusegnn, element, flex" in out
+    assert "all backend names: fusegnn, fusegnn-auto, cublas, cusparse, bsr, cusparselt, element, flex" in out
+    assert "backends (mask): fusegnn, fusegnn-auto, element, flex" in out
     assert main(["--suite", "vector", "--list", "--quick", "--cases", "agg-*"]) == 0
     out = capsys.readouterr().out
     assert "suite vector: 2 of 30 cases" in out and "agg-reddit-f128-rcm" in out and "linear-" not in out
@@ -556,6 +558,8 @@ def test_vector_suite_smoke_on_cpu(tmp_path, one_thread):
     timed(rows[(mask, "element")], "float32 dq+dk+dv")
     assert 0.02 < rows[(mask, "element")]["density"] < 0.1  # 2% and the diagonal, at L = 64
     timed(rows[(mask, "fusegnn")], "float32 dq+dk+dv")  # sparse_attention(aggregation="vector")
+    timed(rows[(mask, "fusegnn-auto")], "float32 dq+dk+dv")  # as a user calls it: off CUDA, the reference
+    assert rows[(mask, "fusegnn-auto")]["path"] == "reference"
     assert rows[(mask, "flex")]["error"].startswith("skipped: ")
 
     for case in ("agg-reddit-f64", "agg-reddit-f64-rcm"):
@@ -617,7 +621,7 @@ def test_vector_suite_time_limit(tmp_path):
                  "--no-png", *FAST])
     assert code == 0
     doc = json.loads((tmp_path / "vector" / "cpu.json").read_text())
-    assert [r["backend"] for r in doc["records"]] == ["fusegnn", "element", "flex"]
+    assert [r["backend"] for r in doc["records"]] == ["fusegnn", "fusegnn-auto", "element", "flex"]
     assert all(r["error"] == "not run: --time-limit 0 s reached" and not r["ok"] for r in doc["records"])
     assert "| mask-random1-L4096 | flex |" in (tmp_path / "vector" / "cpu.md").read_text()
 
@@ -630,4 +634,4 @@ def test_vector_suite_append_keeps_other_cases(tmp_path):
     assert main([*args, "--cases", "agg-reddit-f64", "--append"]) == 0
     doc = json.loads((tmp_path / "vector" / "cpu.json").read_text())
     assert sorted({r["case"] for r in doc["records"]}) == ["agg-reddit-f64", "mask-random1-L4096"]
-    assert len(doc["records"]) == 6 and set(doc["cases"]) == {"agg-reddit-f64", "mask-random1-L4096"}
+    assert len(doc["records"]) == 7 and set(doc["cases"]) == {"agg-reddit-f64", "mask-random1-L4096"}
