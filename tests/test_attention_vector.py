@@ -339,7 +339,8 @@ def test_vector_gpu_issue_sizes(L, density, dtype):
 def test_vector_gpu_auto_takes_the_vector_path_on_a_scattered_mask():
     """On CUDA, ``"auto"`` on a 1 %-dense random mask at the calibration's sizes (B=4, H=12,
     D=64, bf16, training) is the vector path: the same outputs and gradients as asking for
-    it, bit for bit, reading the structure the rule built (cached on the mask)."""
+    it, bit for bit, reading the structure the rule built (cached on the mask), eager and
+    compiled."""
     L, B, H, D = 4096, 4, 12, 64
     gen = torch.Generator(device="cuda").manual_seed(7)
     dense = torch.rand(L, L, generator=gen, device="cuda") < 0.01
@@ -358,6 +359,14 @@ def test_vector_gpu_auto_takes_the_vector_path_on_a_scattered_mask():
     for a, b in zip(outs["auto"], outs["vector"]):
         assert torch.equal(a, b)
     assert vector_structure(mask, 16, q.device, keep=False) is vector_structure(mask, 16, q.device, keep=False)
+    # compiled, auto takes the same path with the sizes it decided (the custom op on the same kernels)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q_, k_, v_: sparse_attention(q_, k_, v_, mask), backend="aot_eager", fullgraph=True)
+    ins = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = compiled(*ins)
+    out.backward(g)
+    for a, b in zip((out, *(t.grad for t in ins)), outs["vector"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")

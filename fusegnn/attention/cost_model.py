@@ -54,10 +54,11 @@ __all__ = [
 ELEMENT_MAX_FILL = 0.01
 
 # "auto" weighs the vector path only when allowed elements fill less than this fraction of
-# the non-empty blocks: it has to build the mask's query-window structure first (one sort
-# of the allowed elements), and on the structured masks of the calibration (window,
-# bigbird, longformer, dilated, causal; fill 0.5-1) it ran 2-4x the block path; on random
-# and graph masks (fill 0.001-0.05) it ran up to 15x faster (benchmarks/NOTES-attention.md).
+# the non-empty blocks: it has to build the mask's query-window structure first (sorts of
+# the allowed elements). On the calibration's structured masks (window, bigbird,
+# longformer, causal: fill 0.5-1; dilated8: 0.44-0.9 on its split layout) the block path was
+# faster from L = 4096 on (up to 4.5x); on random and graph masks (fill 0.001-0.05) the vector
+# path was up to 17x faster than blocks (benchmarks/NOTES-attention.md).
 VECTOR_MAX_FILL = 0.1
 
 

@@ -408,6 +408,8 @@ def auto_attention_rule(
     """
     bs = _as_block_size(block_size)
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())  # the key the paths' caches use (q.device)
     layout, dilation = _block_layout(mask, bs, device)
     BM, BN = layout.BM, layout.BN
     pairs = batch * heads
@@ -431,12 +433,16 @@ def auto_attention_rule(
     predicted = [(sparse.label, sparse_ms)]
     structure = None  # the vector path's, when it is the sparse path (cached on the mask if it is picked)
     if vector_allowed and isinstance(mask, Mask) and fill < cost_model.VECTOR_MAX_FILL:
-        vector, vector_ms, counted = _vector_candidate(mask, pairs, device, predict)
-        predicted.append((vector.label, vector_ms))
-        if vector_ms < sparse_ms:
-            why_sparse = (f"allowed elements fill {fill:.3f} < {cost_model.VECTOR_MAX_FILL} of the non-empty blocks; "
-                          f"{vector.label} predicted faster than {sparse.label}")
-            sparse, sparse_ms, structure = vector, vector_ms, counted
+        try:
+            vector, vector_ms, counted = _vector_candidate(mask, pairs, device, predict)
+        except (ValueError, MemoryError, torch.cuda.OutOfMemoryError) as exc:  # a structure too large to build
+            why_sparse += f"; the vector path not weighed ({type(exc).__name__}: {exc})"
+        else:
+            predicted.append((vector.label, vector_ms))
+            if vector_ms < sparse_ms:
+                why_sparse = (f"allowed elements fill {fill:.3f} < {cost_model.VECTOR_MAX_FILL} of the non-empty "
+                              f"blocks; {vector.label} predicted faster than {sparse.label}")
+                sparse, sparse_ms, structure = vector, vector_ms, counted
 
     def sparse_decision(reason: str) -> AttentionDecision:
         if structure is not None:
@@ -466,11 +472,20 @@ def auto_attention_rule(
 def _vector_candidate(mask: Mask, pairs: int, device: torch.device, predict) -> tuple[AttentionDecision, float, Any]:
     """``(decision, predicted ms, structure)`` of the vector path at its default sizes for
     ``pairs`` (batch, head) pairs: the work is the structure's compacted entries, each
-    mask head's counted for the pairs that share it (the structure is not cached here)."""
+    mask head's counted for the pairs that share it. The count is cached on the mask (it
+    is the same on every device), the structure is not: it is returned when this call
+    built it (else ``None``; the path builds and caches it at its first call)."""
     sizes = vector_sizes(None)
-    structure = vector_structure(mask, sizes[0], device, keep=False)
-    entries = structure.num_entries * (pairs // structure.num_heads)
-    return AttentionDecision("vector", "", vector_sizes=sizes), predict("vector", entries, window=sizes[0]), structure
+    built = []
+
+    def count() -> tuple[int, int]:
+        structure = vector_structure(mask, sizes[0], device, keep=False)
+        built.append(structure)
+        return structure.num_entries, structure.num_heads
+
+    entries, mask_heads = mask.cached(("vector_entries", sizes[0]), count)
+    ms = predict("vector", entries * (pairs // mask_heads), window=sizes[0])
+    return AttentionDecision("vector", "", vector_sizes=sizes), ms, built[0] if built else None
 
 
 def _needs_backward(*tensors: Tensor) -> bool:
@@ -616,7 +631,7 @@ def sparse_attention(
         aggregation: ``"auto"``, ``"block"``, ``"element"``, ``"reference"``,
             ``"dense"`` (PyTorch's SDPA: no mask, ``is_causal=True`` or a boolean mask, as
             the mask allows) or ``"vector"`` (query windows with compacted key columns,
-            for element-irregular masks; never chosen by ``"auto"``).
+            for element-irregular masks; ``"auto"`` weighs it at its default sizes).
         block_size: ``BM`` (square) or ``(BM, BN)``, powers of two >= 16, for the block
             layout built from a ``Mask`` -- for a mask that splits into sub-sequences
             (:meth:`~fusegnn.attention.masks.Mask.dilation_split`), its base mask's layout
@@ -665,7 +680,7 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
     bs = _size_key(aggregation, block_size)
     nm = check_nm(nm)
     nm_n, nm_m = nm if nm is not None else (0, 0)
-    name, variant, layout, dilation, precision = compiled_decision(
+    name, variant, layout, dilation, precision, window, block_n = compiled_decision(
         mask.handle, tuple(q.shape), q.dtype, str(q.device), aggregation, bs[0] if bs else 0, bs[1] if bs else 0,
         _needs_backward(q, k, v), nm_n, nm_m,
     )
@@ -676,7 +691,7 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
     if name == "dense":
         return _dense_path(q, k, v, mask, scale, variant)
     if name == "vector":
-        out, _ = torch.ops.fusegnn.vector_attention(q, k, v, _mask_of(mask).handle, bs[0], bs[1], scale, precision)
+        out, _ = torch.ops.fusegnn.vector_attention(q, k, v, _mask_of(mask).handle, window, block_n, scale, precision)
         return out
     out, _ = torch.ops.fusegnn.block_attention(q, k, v, layout, scale, precision, dilation, nm_n, nm_m)
     return out
@@ -686,7 +701,8 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
 def compiled_decision(mask: int, shape: tuple, dtype: torch.dtype, device: str, aggregation: str, block_m: int,
            block_n: int, backward: bool, nm_n: int = 0, nm_m: int = 0) -> tuple:
     """The path of a compiled call, as constants: ``(name, dense variant, layout handle,
-    dilation, precision)``; whatever the path reads is built and cached on the mask here
+    dilation, precision, W, BLOCK_N)`` (the last two the vector path's sizes, 0 on the other
+    paths); whatever the path reads is built and cached on the mask here
     (Dynamo calls this function instead of tracing it: see
     :mod:`fusegnn.attention.library`). ``nm_m = 0``: no N:M."""
     target = handles.lookup(mask)
@@ -710,7 +726,9 @@ def compiled_decision(mask: int, shape: tuple, dtype: torch.dtype, device: str, 
     from fusegnn.kernels.block_attention import _precision
 
     precision = _precision(dtype, None) if decision.name in ("block", "vector") else ""
-    return decision.name, decision.dense_variant or "", layout.handle if layout is not None else 0, dilation, precision
+    window, keys_per_step = decision.vector_sizes or (0, 0)  # what "vector" was asked with, or what auto chose
+    return (decision.name, decision.dense_variant or "", layout.handle if layout is not None else 0, dilation,
+            precision, window, keys_per_step)
 
 
 def _size_key(aggregation: str, block_size: Any) -> tuple[int, int] | None:
