@@ -450,6 +450,27 @@ def test_auto_counts_the_vector_structure_once_and_survives_one_it_cannot_build(
     assert "vector W16 x 64" not in dict(got.predicted_ms)
 
 
+def test_auto_leaves_out_the_vector_path_when_one_window_holds_most_of_its_work():
+    """A global token (a query attending every key, a key every query attends) is one
+    window of L entries among windows of a few: one long program, which the summed-work
+    model does not see (measured slower than blocks), so the path is not weighed. A
+    narrow window's windows are even: weighed."""
+    L = 8192
+    skewed = auto_attention_rule(M.global_tokens(L, 1), batch=4, heads=12, head_dim=64, backward=True)
+    assert "busiest window" in skewed.reason and "vector W16 x 64" not in dict(skewed.predicted_ms)
+    assert skewed.name != "vector"
+    even = auto_attention_rule(M.sliding_window(L, 4), batch=4, heads=12, head_dim=64, backward=True)
+    assert "vector W16 x 64" in dict(even.predicted_ms)
+    assert SA._window_skew(vector_structure_of(M.sliding_window(L, 4))) < CM.VECTOR_MAX_WINDOW_SKEW
+    assert SA._window_skew(vector_structure_of(M.global_tokens(L, 1))) > 100
+
+
+def vector_structure_of(mask):
+    from fusegnn.attention.vector_windows import vector_structure
+
+    return vector_structure(mask, 16, torch.device("cpu"), keep=False)
+
+
 def test_compiled_decision_carries_the_vector_sizes():
     """What a compiled call reads: the vector path's (W, BLOCK_N) as asked, zeros elsewhere."""
     mask = _random_mask(64, 0.05, 4)

@@ -22,8 +22,9 @@ key) entries (each ``W`` scores), all summed over the ``B * H`` (batch, head) pa
 overheads :math:`a` and per-unit costs :math:`c` are :data:`COST_MODELS` (``"fwd"``,
 ``"fwdbwd"``), :math:`f_\mathrm{causal}` = :data:`DENSE_CAUSAL_FACTOR`,
 :math:`f_\mathrm{mask}` = :data:`DENSE_MASK_FACTOR`. Besides the predicted times the rule
-reads three thresholds: :data:`ELEMENT_MAX_FILL` (element path instead of blocks for very
-irregular masks), :data:`VECTOR_MAX_FILL` (the vector path is weighed only below it) and
+reads four thresholds: :data:`ELEMENT_MAX_FILL` (element path instead of blocks for very
+irregular masks), :data:`VECTOR_MAX_FILL` and :data:`VECTOR_MAX_WINDOW_SKEW` (the vector path
+is weighed only below them) and
 :data:`DENSE_MASK_MAX_ELEMENTS` (largest boolean mask handed to SDPA).
 
 The constants are a least-squares fit to measurements on an NVIDIA H200
@@ -45,6 +46,7 @@ __all__ = [
     "DENSE_VARIANTS",
     "ELEMENT_MAX_FILL",
     "VECTOR_MAX_FILL",
+    "VECTOR_MAX_WINDOW_SKEW",
     "predict_attention_ms",
 ]
 
@@ -60,6 +62,13 @@ ELEMENT_MAX_FILL = 0.01
 # faster from L = 4096 on (up to 4.5x); on random and graph masks (fill 0.001-0.05) the vector
 # path was up to 17x faster than blocks (benchmarks/NOTES-attention.md).
 VECTOR_MAX_FILL = 0.1
+
+# ... and only when its busiest window (query or key window) holds at most this many times
+# the mean entries of the non-empty windows: the kernels give a window one program, so a
+# row or column attending everything (global tokens) is one long serial program that the
+# summed-work model does not see (L = 16384, one global token: the vector path 36 % slower
+# than blocks where the model predicted it 5 % faster; benchmarks/NOTES-attention.md).
+VECTOR_MAX_WINDOW_SKEW = 8.0
 
 
 @dataclass(frozen=True)

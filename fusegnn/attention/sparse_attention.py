@@ -397,9 +397,11 @@ def auto_attention_rule(
        :data:`~.cost_model.ELEMENT_MAX_FILL` of the non-empty blocks' ``BM x BN`` elements (and
        ``element_allowed``), else ``"block"``; then, for a :class:`Mask` whose allowed
        elements fill less than :data:`~.cost_model.VECTOR_MAX_FILL` (and
-       ``vector_allowed``), ``"vector"`` instead when its predicted time is below that
-       path's (the query-window structure is built to count its entries, and kept on
-       the mask only when the vector path is picked).
+       ``vector_allowed``) and whose busiest query or key window holds at most
+       :data:`~.cost_model.VECTOR_MAX_WINDOW_SKEW` times the mean entries, ``"vector"``
+       instead when its predicted time is below that path's (the query-window structure
+       is built to count its entries, and kept on the mask only when the vector path is
+       picked).
     2. The dense variant from :meth:`Mask.structure`: ``"no mask"`` (every element
        allowed), ``"causal"`` (exactly ``k <= q``), else ``"bool mask"`` -- not
        considered above :data:`~.cost_model.DENSE_MASK_MAX_ELEMENTS` mask elements.
@@ -435,6 +437,8 @@ def auto_attention_rule(
     if vector_allowed and isinstance(mask, Mask) and fill < cost_model.VECTOR_MAX_FILL:
         try:
             vector, vector_ms, counted = _vector_candidate(mask, pairs, device, predict)
+        except _VectorSkewed as exc:
+            why_sparse += f"; the vector path not weighed: {exc}"
         except (ValueError, MemoryError, torch.cuda.OutOfMemoryError) as exc:  # a structure too large to build
             why_sparse += f"; the vector path not weighed ({type(exc).__name__}: {exc})"
         else:
@@ -478,14 +482,33 @@ def _vector_candidate(mask: Mask, pairs: int, device: torch.device, predict) -> 
     sizes = vector_sizes(None)
     built = []
 
-    def count() -> tuple[int, int]:
+    def count() -> tuple[int, int, float]:
         structure = vector_structure(mask, sizes[0], device, keep=False)
         built.append(structure)
-        return structure.num_entries, structure.num_heads
+        return structure.num_entries, structure.num_heads, _window_skew(structure)
 
-    entries, mask_heads = mask.cached(("vector_entries", sizes[0]), count)
+    entries, mask_heads, skew = mask.cached(("vector_entries", sizes[0]), count)
+    if skew > cost_model.VECTOR_MAX_WINDOW_SKEW:
+        raise _VectorSkewed(f"its busiest window holds {skew:.0f}x the mean entries "
+                            f"(> VECTOR_MAX_WINDOW_SKEW = {cost_model.VECTOR_MAX_WINDOW_SKEW:g})")
     ms = predict("vector", entries * (pairs // mask_heads), window=sizes[0])
     return AttentionDecision("vector", "", vector_sizes=sizes), ms, built[0] if built else None
+
+
+class _VectorSkewed(Exception):
+    """The vector path is not weighed: one window's program would be most of the work."""
+
+
+def _window_skew(structure) -> float:
+    """The busiest window's entries over the mean of the non-empty windows, the larger of
+    the query windows' (forward, ``dQ``) and the key windows' (``dK``, ``dV``)."""
+    skew = 1.0
+    for index in (structure.rows, structure.cols):
+        counts = (index.ptr[1:] - index.ptr[:-1]).to(torch.float64)
+        busy = counts[counts > 0]
+        if busy.numel():
+            skew = max(skew, float(busy.max() / busy.mean()))
+    return skew
 
 
 def _needs_backward(*tensors: Tensor) -> bool:
