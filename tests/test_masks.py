@@ -392,6 +392,44 @@ def test_mask_mod_with_flex_create_block_mask():
         assert torch.equal(bm.full_kv_num_blocks[0].long(), (ours == M.FULL).sum(-1)), mask
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled FlexAttention needs a CUDA device (none here)")
+@pytest.mark.parametrize("L_q,L_k", [(1000, 1000), (200, 333)])
+def test_mask_mod_in_compiled_flex_attention_at_ragged_lengths(L_q, L_k):
+    """The table-reading masks' mask_mod (no index clamps) in compiled FlexAttention at
+    lengths that are no multiple of its block: forward and gradients equal SDPA with the
+    boolean mask (FlexAttention keeps the indices it passes in range)."""
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(1)
+    # (a from_graph mask's predicate is a searchsorted, which compiled FlexAttention cannot lower)
+    tables = [M.from_dense(torch.rand(L_q, L_k, generator=gen) < 0.05)]
+    if L_q == L_k:
+        tables += [M.random_blocks(L_q, 64, 0.3, 2), M.bigbird(L_q, 16, 4, 64, 0.2, 3),
+                   M.stack_heads([M.from_dense(torch.rand(L_q, L_k, generator=gen) < 0.1), M.causal(L_q)])]
+    attend = torch.compile(flex.flex_attention, dynamic=False)
+    for mask in tables:
+        H = 2
+        q, k, v, g = (torch.randn(1, H, n, 32, device="cuda", generator=torch.Generator(device="cuda").manual_seed(i))
+                      for i, n in enumerate((L_q, L_k, L_k, L_q)))
+        bm = flex.create_block_mask(mask.mask_mod, None, mask.num_heads if mask.num_heads > 1 else None, L_q, L_k,
+                                    device="cuda")
+        ins = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = attend(*ins, block_mask=bm)
+        out.backward(g)
+        ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+        keep = mask.dense("cuda")
+        keep = keep.unsqueeze(0) if keep.dim() == 2 else keep  # [1 or H, L_q, L_k]
+        has_key = keep.any(-1)  # rows without a key: every key inside SDPA, then zeros (FlexAttention's zeros)
+        ref = F.scaled_dot_product_attention(*ref_in, attn_mask=keep | ~has_key.unsqueeze(-1))
+        ref = torch.where(has_key.unsqueeze(-1), ref, torch.zeros_like(ref))
+        ref.backward(g)
+        rows = has_key.expand(1, H, L_q)
+        torch.testing.assert_close(out[rows], ref[rows], rtol=2e-3, atol=2e-3)
+        for a, b in zip((t.grad for t in ins), (t.grad for t in ref_in)):
+            torch.testing.assert_close(a, b, rtol=5e-3, atol=5e-3)
+
+
 # ----------------------------------------------------------------------------- graphs
 def test_to_graph_edges_are_the_allowed_pairs():
     for L in (1, 37, 70):

@@ -310,8 +310,6 @@ class LayoutMask(Mask):
     block ``(q // BM, k // BN)`` of head ``h`` is full, or partial with
     ``patterns[p, q % BM, k % BN]``."""
 
-    _reads_tables = True
-
     def __init__(self, layout: BlockLayout) -> None:
         super().__init__(layout.L_q, layout.L_k, layout.num_heads)
         self.BM, self.BN = layout.BM, layout.BN
