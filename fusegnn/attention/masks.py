@@ -738,7 +738,6 @@ class RandomBlocks(_Square):
     """``allowed(q, k) = R[q // block, k // block]`` for a seeded random boolean table
     ``R`` (see :func:`random_blocks`)."""
 
-
     def __init__(self, L: int, block: int, density: float, seed: int) -> None:
         super().__init__(L)
         self.block = _check_int(block, "block", 1)
@@ -805,7 +804,6 @@ class DenseMask(Mask):
     """``allowed(q, k) = M[q, k]`` (``M[h, q, k]`` per head) for a stored boolean matrix
     (see :func:`from_dense`)."""
 
-
     def __init__(self, matrix: Tensor) -> None:
         if not isinstance(matrix, Tensor):
             raise TypeError(f"mask must be a torch.Tensor, got {type(matrix).__name__}")
@@ -836,7 +834,6 @@ class DenseMask(Mask):
 
 class GraphMask(Mask):
     """``allowed(q, k)`` iff the graph has an edge ``k -> q`` (see :func:`from_graph`)."""
-
 
     def __init__(self, src: Tensor, dst: Tensor, L_q: int, L_k: int) -> None:
         super().__init__(L_q, L_k)

@@ -257,6 +257,15 @@ def _block_kernel() -> tuple[Callable[..., Tensor] | None, str]:
     return block_sparse_attention, ""
 
 
+def _vector_kernel() -> tuple[bool, str]:
+    """``(available, why not)`` of the vector path's kernels (as :func:`_block_kernel`)."""
+    try:
+        import fusegnn.kernels.vector_attention  # noqa: F401
+    except ImportError as exc:  # the kernel module (or Triton) is missing
+        return False, f"{type(exc).__name__}: {exc}"
+    return True, ""
+
+
 def _block_prechecked() -> Callable[..., Tensor]:
     from fusegnn.kernels.block_attention import block_sparse_attention_prechecked
 
@@ -571,16 +580,8 @@ def explain_attention(
     B, H, _, D = q.shape
     return auto_attention_rule(
         mask, batch=B, heads=H, head_dim=D, backward=backward, block_size=bs, device=q.device,
-        vector_allowed=_vector_kernel_available(),
+        vector_allowed=_vector_kernel()[0],
     )
-
-
-def _vector_kernel_available() -> bool:
-    try:
-        import fusegnn.kernels.vector_attention  # noqa: F401
-    except ImportError:  # the kernel module (or Triton) is missing: auto never weighs the vector path
-        return False
-    return True
 
 
 def _vector_decision(q: Tensor, nm: tuple[int, int] | None, block_size: Any) -> AttentionDecision:
@@ -593,13 +594,12 @@ def _vector_decision(q: Tensor, nm: tuple[int, int] | None, block_size: Any) -> 
     sizes = vector_sizes(block_size)
     if q.dtype not in BLOCK_ATTENTION_DTYPES:
         raise TypeError(f"q: aggregation='vector' takes float16, bfloat16 or float32, got dtype {q.dtype}")
-    try:
-        import fusegnn.kernels.vector_attention  # noqa: F401
-    except ImportError as exc:  # the kernel module (or Triton) is missing
+    available, why = _vector_kernel()
+    if not available:
         raise NotImplementedError(
             f"aggregation='vector' needs fusegnn.kernels.vector_attention, not available in this build "
-            f"({type(exc).__name__}: {exc}); use 'element', 'dense' or 'reference'"
-        ) from exc
+            f"({why}); use 'element', 'dense' or 'reference'"
+        )
     return AttentionDecision("vector", "aggregation='vector' was asked for", vector_sizes=sizes)
 
 
