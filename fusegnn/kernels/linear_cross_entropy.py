@@ -236,8 +236,7 @@ def _rows_kernel(
                 cols = c0 + cols0
                 mask = in_rows[:, None] & (cols < num_cols)[None, :]
                 z = tl.load(zrow + cols[None, :], mask=mask, other=0.0).to(ACC)
-                p = tl.exp2((z - lse[:, None]) * LOG2E)
-                dz = _grad_from_probs(p, cols[None, :] == y[:, None], eps[:, None], num_classes, scale[:, None])
+                dz = _logit_grad(z, lse, cols, y, eps, num_classes, scale)
                 tl.store(zrow + cols[None, :], tl.where((cols < num_classes)[None, :], dz, 0.0)
                          .to(z_ptr.dtype.element_ty), mask=mask)
 
