@@ -407,6 +407,18 @@ def test_auto_threshold_follows_the_calibration():
     assert dispatch.gar_min_avg_degree(None) == dispatch.GAR_MIN_AVG_DEGREE
 
 
+def test_attention_layers_take_their_own_crossover():
+    gat, gatv2 = (dict(dispatch.ATTENTION_GAR_CROSSOVER[op]) for op in ("gat", "gatv2"))
+    # GAT: GAR on every graph with self-loops (average degree >= 1), at every width
+    assert all(dispatch.gar_min_avg_degree(width, "gat") == 1.0 for width in (1, 4, 16, 64, 512, None))
+    for width, degree in gatv2.items():
+        assert dispatch.gar_min_avg_degree(width, "gatv2") == pytest.approx(degree)
+    assert gatv2[64] < dispatch.gar_min_avg_degree(32, "gatv2") < gatv2[16] < gatv2[4]
+    assert dispatch.gar_min_avg_degree(None, "gatv2") == max(gatv2.values())
+    assert dispatch.gar_min_avg_degree(64, "sddmm") == dispatch.gar_min_avg_degree(64)  # other ops: spmm's table
+    assert gat and dispatch.gar_min_avg_degree(64, "gat") < dispatch.gar_min_avg_degree(64)
+
+
 def test_supports_cpu_only_under_the_interpreter(monkeypatch):
     graph = Graph(random_graph(10, 50, 22), 10)
     x = torch.randn(10, 3)

@@ -91,6 +91,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from fusegnn.kernels._edge_utils import ChunkSchedule, acc_dtype, chunk_schedule
+from fusegnn.kernels._reductions import column_sum
 from fusegnn.kernels._triton import LazyKernel, kernel_helper, next_pow2
 from fusegnn.kernels.sddmm import edge_to_node_sum
 from fusegnn.sparse.graph import Graph
@@ -1132,6 +1133,21 @@ def _layer_config(graph: Graph, h: Tensor, negative_slope: float, p: float, aggr
     return cfg
 
 
+def _attention_vector_grads(grad_src: Tensor, grad_dst: Tensor, h: Tensor) -> Tensor:
+    r"""``[2, H, C]``: :math:`\partial \mathcal{L} / \partial a_{hc} = \sum_n
+    \partial_{s_{nh}} h_{nhc}` for the source and target score vectors (``grad_src``,
+    ``grad_dst`` ``[N, H]``, ``h`` ``[N, H, C]``, one dtype). One product over the nodes,
+    :math:`[2H, N] \times [N, HC]`, whose head-diagonal blocks are the sums: H times the
+    needed multiply-adds, but one cuBLAS call (split over ``N``) where a broadcast
+    product and a reduction over the node dimension wrote ``[2, N, H, C]`` first (H100,
+    PubMed, 8 x 8: 16 against 31 us; 8 x 16: 18 against 40; ``benchmarks/NOTES-overhead.md``,
+    session 16). Under TF32 matmul precision this product runs in TF32, as the layer's
+    linear map does."""
+    n, heads, channels = h.shape
+    full = torch.cat((grad_src, grad_dst), dim=1).t() @ h.reshape(n, heads * channels)  # [2H, HC]
+    return full.view(2, heads, heads, channels).diagonal(dim1=1, dim2=2).permute(0, 2, 1)
+
+
 class GATLayerFunction(torch.autograd.Function):
     r"""The sparse part of a GAT layer as one autograd node: scores from the attention
     vectors, the fused attention, the head epilogue and the bias.
@@ -1178,28 +1194,26 @@ class GATLayerFunction(torch.autograd.Function):
         h, hp, att_src, att_dst, s_src, s_dst, score_edge, out, lse = ctx.saved_tensors
         cfg: _Config = ctx.cfg
         n, H, C = h.shape
-        grad_bias = grad_res.sum(0) if ctx.needs_input_grad[3] else None
+        grad_bias = column_sum(grad_res) if ctx.needs_input_grad[3] else None
         g = grad_res.view(-1, H, C) if ctx.concat else (grad_res / H).unsqueeze(1).expand(-1, H, C)
         if ctx.padded != C:
             g = torch.nn.functional.pad(g, (0, ctx.padded - C))
         g = g.contiguous()
         if cfg.graph.num_edges == 0 or cfg.graph.num_dst_nodes == 0:
             grad_h = torch.zeros(hp.shape, dtype=cfg.acc, device=h.device)
-            grad_scores = torch.zeros((2, n, H), dtype=cfg.acc, device=h.device)
+            grad_src = grad_dst = torch.zeros((n, H), dtype=cfg.acc, device=h.device)
             grad_edge = torch.zeros_like(score_edge) if score_edge is not None else None
         else:
             grad_h, grad_src, grad_dst, grad_edge = _backward(cfg, hp, s_src, s_dst, out, lse, g, None, None, score_edge)
-            grad_scores = torch.stack((grad_src, grad_dst))  # [2, N, H]
         if ctx.padded != C:
             grad_h = grad_h[..., :C]
-        att = torch.cat((att_src, att_dst))  # [2, H, C]
-        # dL/dh_j += dL/ds_j a_s + dL/dt_j a_t (one batched product over the two vectors)
-        grad_h = grad_h + (grad_scores.unsqueeze(-1) * att.unsqueeze(1)).sum(0)
+        # dL/dh_j += dL/ds_j a_s + dL/dt_j a_t, in place on the kernels' fresh gradient
+        grad_h = grad_h.addcmul_(grad_src.unsqueeze(-1), att_src).addcmul_(grad_dst.unsqueeze(-1), att_dst)
         grad_att_src = grad_att_dst = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            grad_att = (grad_scores.unsqueeze(-1) * h.unsqueeze(0).to(cfg.acc)).sum(1, keepdim=True)  # [2, 1, H, C]
-            grad_att_src = grad_att[0].to(att_src.dtype)
-            grad_att_dst = grad_att[1].to(att_dst.dtype)
+            grad_att = _attention_vector_grads(grad_src, grad_dst, h.to(cfg.acc))  # [2, H, C]
+            grad_att_src = grad_att[0].unsqueeze(0).to(att_src.dtype)
+            grad_att_dst = grad_att[1].unsqueeze(0).to(att_dst.dtype)
         if grad_edge is not None:
             grad_edge = grad_edge.to(score_edge.dtype)
         return grad_h.to(h.dtype), grad_att_src, grad_att_dst, grad_bias, grad_edge, None, None

@@ -74,6 +74,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from fusegnn.kernels import gat_fused
+from fusegnn.kernels._reductions import column_sum
 from fusegnn.kernels._triton import LazyKernel, kernel_helper, shared_kernel_helper
 from fusegnn.kernels.gat_fused import (
     DEFAULT_CHUNK,
@@ -365,8 +366,8 @@ def _backward(cfg: _Config, xl, xr, att, edge, out, lse, grad_out):
                 num_warps=cfg.col.num_warps,
             )
         _combine_sums(sched_c, part_xl, grad_xl)
-    # the targets' shares of d att, summed in row order (deterministic)
-    grad_att = att_rows.sum(dim=0, keepdim=True)
+    # the targets' shares of d att, summed over the rows (a deterministic column sum)
+    grad_att = column_sum(att_rows.reshape(n_dst, H * C)).view(1, H, C)
     return grad_xl, grad_xr, grad_att, (grad_edge if has_edge else None)
 
 

@@ -49,6 +49,7 @@ import triton
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from fusegnn.kernels._reductions import column_sum
 from fusegnn.kernels.partition import plan_for
 from fusegnn.kernels.spmm_gar import MAX_DOT_BLOCK_F, GarConfig, gar_config, gar_reduce
 from fusegnn.kernels.spmm_gas import GasConfig, gas_config, gas_scatter
@@ -168,7 +169,7 @@ def _bias_grad(ctx, g2: Tensor) -> Tensor | None:
     """``dL/dbias``: the column sums of the flattened output gradient, in bias's shape."""
     if not ctx.needs_input_grad[2]:
         return None
-    return g2.sum(0).to(ctx.bias_dtype).reshape(ctx.bias_shape)
+    return column_sum(g2).to(ctx.bias_dtype).reshape(ctx.bias_shape)
 
 
 # --------------------------------------------------------------------------- GAS

@@ -21,7 +21,8 @@ Every public op takes ``aggregation``:
      256: ``python -m benchmarks.run --suite agg --sweep spmm``, see
      ``benchmarks/NOTES-spmm.md``), GAS below it. The threshold assumes the CSR / CSC
      formats are reused (transductive training); the first GAR call on a graph also
-     pays the conversion;
+     pays the conversion. The fused attention layers (GAT, GATv2) have their own,
+     lower crossover (:data:`ATTENTION_GAR_CROSSOVER`: GAR nearly everywhere for GAT);
   4. the reference when no kernel backend can run (Triton missing, unsupported dtype).
 
   For ``spmm`` one regime comes before 3: **host-bound**. When the op's work (edges x
@@ -104,6 +105,7 @@ __all__ = [
     "SPMM_AGGREGATIONS",
     "GAR_MIN_AVG_DEGREE",
     "GAR_CROSSOVER",
+    "ATTENTION_GAR_CROSSOVER",
     "HOST_BOUND_WORK",
     "HOST_BOUND_FORWARD_WORK",
     "needs_grad",
@@ -146,6 +148,21 @@ WINDOW_MIN_TILE_DENSITY = 0.25
 GAR_CROSSOVER: tuple[tuple[int, float], ...] = ((16, 38.0), (64, 20.0), (256, 5.0))
 # The threshold when the width is unknown (that of 64 columns).
 GAR_MIN_AVG_DEGREE = 20.0
+# The same crossover for the fused attention layers (``op`` ``"gat"``: :func:`gat_attention`,
+# :func:`gat_layer`; ``"gatv2"``: :func:`gatv2_attention`), whose backward differs from
+# spmm's: GAS scatters each edge's H * C-wide gradient of h (GATv2: of x_l) with atomics
+# where GAR's second pass gathers it over the CSC, and both passes share the per-edge
+# softmax recomputation. Measured on an H100 (fp32, attention dropout 0.6, forward +
+# backward GPU time, formats cached; Cora, CiteSeer, PubMed and 100k-node graphs of average
+# degree 3-151 at widths 4 / 16 / 64 (8 x 8 and 1 x 64) / 128; benchmarks/NOTES-overhead.md,
+# session 16): GAT's GAR won 38 of 40 cases by 1.04-1.99x and lost 0.86-0.92x only at widths
+# 4 and 16 on the degree-3 graph, so 1.0 (every graph with self-loops); GATv2's GAR won at
+# widths from 64 at every degree (1.11-2.29x; 0.84x on Cora / CiteSeer at 8 x 16), at width 16
+# from degree ~10 and at width 4 from degree ~50 (the crossovers below).
+ATTENTION_GAR_CROSSOVER: dict[str, tuple[tuple[int, float], ...]] = {
+    "gat": ((16, 1.0),),
+    "gatv2": ((4, 30.0), (16, 10.0), (64, 1.0)),
+}
 # Below this many edge-columns (edges x feature width), an eager spmm on a GPU is bound by
 # the host (see the module docstring): Cora, CiteSeer and PubMed at widths up to 64, and
 # Cora's 1,433 raw input features (10,556 x 1,433 = 15.1M: SAGE and GIN aggregate them
@@ -190,11 +207,13 @@ def takes_host_bound_reference(graph: Graph, x: Tensor, aggregation: str, record
     return width is not None and graph.num_edges * width < host_bound_work(records_backward)
 
 
-def gar_min_avg_degree(width: int | None) -> float:
-    """Average degree from which ``"auto"`` picks GAR for ``width`` feature columns."""
+def gar_min_avg_degree(width: int | None, op: str = "") -> float:
+    """Average degree from which ``"auto"`` picks GAR for ``width`` feature columns, for
+    ``op`` (an attention layer's own crossover, :data:`ATTENTION_GAR_CROSSOVER`, else
+    spmm's :data:`GAR_CROSSOVER`), interpolated log-log between the measured widths."""
+    points = ATTENTION_GAR_CROSSOVER.get(op, GAR_CROSSOVER)
     if width is None:
-        return GAR_MIN_AVG_DEGREE
-    points = GAR_CROSSOVER
+        return GAR_MIN_AVG_DEGREE if points is GAR_CROSSOVER else max(d for _, d in points)
     if width <= points[0][0]:
         return points[0][1]
     for (w0, d0), (w1, d1) in zip(points, points[1:]):
@@ -373,7 +392,8 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str =
             records_backward: bool | None = None) -> Decision:
     """The :class:`Decision` an op on ``graph`` and ``tensors`` takes for ``aggregation``,
     without running it (``op``: ``"spmm"`` enables the host-bound regime of the module
-    docstring, and admits ``"window"``; ``records_backward``: whether the op records a
+    docstring, and admits ``"window"``; ``"gat"`` / ``"gatv2"`` take the attention
+    layers' GAR crossover, :data:`ATTENTION_GAR_CROSSOVER`; ``records_backward``: whether the op records a
     backward, by default whether one of ``tensors`` needs a gradient -- an ``spmm`` passes
     its edge weights' and bias's too). Raises like the op would for an unavailable backend."""
     check_aggregation(aggregation, op)
@@ -432,12 +452,13 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str =
         )
     if op == "spmm" and (windowed := _window_rule(graph, tensors)) is not None:
         return windowed
-    threshold = gar_min_avg_degree(width)
+    threshold = gar_min_avg_degree(width, op)
     if avg >= threshold:
         order, why = ("gar", "gas"), f"average degree {avg:.1f} >= {threshold:.1f}"
     else:
         order, why = ("gas", "gar"), f"average degree {avg:.1f} < {threshold:.1f}"
-    why += f" (GAR threshold for feature width {width})" if width is not None else " (feature width unknown)"
+    rule = f"{op} " if op in ATTENTION_GAR_CROSSOVER else ""
+    why += f" ({rule}GAR threshold for feature width {width})" if width is not None else " (feature width unknown)"
     for name in order:
         if _usable(name, graph, tensors):
             return Decision(name, why)

@@ -164,7 +164,7 @@ def gat_attention(
         )
         return (out, alpha) if return_alpha else out
 
-    backend = resolve_aggregation(aggregation, graph, h, score_src, score_dst)
+    backend = resolve_aggregation(aggregation, graph, h, score_src, score_dst, op="gat")
     if backend.name == "reference":
         out, alpha = reference.gat_attention(
             graph, h, score_src, score_dst, float(negative_slope), p, score_edge=score_edge
@@ -255,7 +255,7 @@ def gat_layer(
             score_edge,
         )
     else:
-        backend = resolve_aggregation(aggregation, graph, h)
+        backend = resolve_aggregation(aggregation, graph, h, op="gat")
         if backend.name != "reference":
             from fusegnn.kernels.gat_fused import fused_gat_layer
 

@@ -110,7 +110,7 @@ def gatv2_attention(
         out, alpha = library.gatv2_attention(graph, x_l, x_r, att, edge_attr, slope, p, return_alpha, aggregation)
         return (out, alpha) if return_alpha else out
 
-    backend = resolve_aggregation(aggregation, graph, x_l, x_r)
+    backend = resolve_aggregation(aggregation, graph, x_l, x_r, op="gatv2")
     if backend.name != "reference" and return_alpha:
         note_path("reference", f"return_alpha is not fused: {backend.name} hands GATv2 to the reference")
     if backend.name == "reference" or return_alpha:

@@ -153,12 +153,13 @@ def resolve(ref: GraphRef) -> Graph:
     return graph
 
 
-def _resolved(aggregation: str, graph: Graph, *tensors: Tensor) -> str:
+def _resolved(aggregation: str, graph: Graph, *tensors: Tensor, op: str = "") -> str:
     """The aggregation a backward runs: the forward's (an explicit choice was already checked
-    by the forward; ``"auto"`` is decided again, on the same inputs, without recording)."""
+    by the forward; ``"auto"`` is decided again, on the same inputs and ``op``, without
+    recording)."""
     if aggregation != "auto":
         return aggregation
-    return explain(graph, *tensors, aggregation="auto").name
+    return explain(graph, *tensors, aggregation="auto", op=op).name
 
 
 def _backend(aggregation: str, graph: Graph, *tensors: Tensor) -> Backend:
@@ -539,7 +540,7 @@ def _lse_dtype(h: Tensor, scores: Tensor) -> torch.dtype:
 
 def _gat(og: OpGraph, h, score_src, score_dst, score_edge, seed, negative_slope, p, return_alpha, aggregation):
     g = og.graph
-    backend = resolve_aggregation(aggregation, g, h, score_src, score_dst)
+    backend = resolve_aggregation(aggregation, g, h, score_src, score_dst, op="gat")
     heads = h.size(1)
     lse = torch.zeros((g.num_dst_nodes, heads), dtype=_lse_dtype(h, score_src), device=h.device)
     alpha = None
@@ -569,7 +570,7 @@ def _gat_fake(sizes: Sizes, h, score_src, score_dst, score_edge, seed, negative_
 def _gat_backward(og: OpGraph, h, score_src, score_dst, score_edge, seed, out, lse, alpha, grad_out, grad_alpha,
                   negative_slope, p, aggregation):
     g = og.graph
-    aggregation = _resolved(aggregation, g, h, score_src, score_dst)
+    aggregation = _resolved(aggregation, g, h, score_src, score_dst, op="gat")
     if aggregation == "reference":
         return reference_grads.gat_attention_backward(
             g, h, score_src, score_dst, negative_slope, p, seed, grad_out, grad_alpha, score_edge
@@ -631,7 +632,7 @@ def _gatv2_reference_path(backend: Backend, return_alpha: bool) -> bool:
 
 def _gatv2(og: OpGraph, x_l, x_r, att, edge_attr, seed, negative_slope, p, return_alpha, aggregation):
     g = og.graph
-    backend = resolve_aggregation(aggregation, g, x_l, x_r)
+    backend = resolve_aggregation(aggregation, g, x_l, x_r, op="gatv2")
     heads = x_l.size(1)
     lse = torch.zeros((g.num_dst_nodes, heads), dtype=_lse_dtype(x_l, att), device=x_l.device)
     if _gatv2_reference_path(backend, return_alpha):
@@ -655,13 +656,13 @@ def _gatv2_fake(sizes: Sizes, x_l, x_r, att, edge_attr, seed, negative_slope, p,
 def _gatv2_backward(og: OpGraph, x_l, x_r, att, edge_attr, seed, out, lse, grad_out, grad_alpha,
                     negative_slope, p, return_alpha, aggregation):
     g = og.graph
-    if _gatv2_reference_path(backend_named(_resolved(aggregation, g, x_l, x_r)), return_alpha):
+    if _gatv2_reference_path(backend_named(_resolved(aggregation, g, x_l, x_r, op="gatv2")), return_alpha):
         return reference_grads.gatv2_attention_backward(
             g, x_l, x_r, att, edge_attr, negative_slope, p, seed, grad_out, grad_alpha
         )
     from fusegnn.kernels.gatv2_fused import gatv2_backward, gatv2_config
 
-    cfg = gatv2_config(g, x_l, att, negative_slope, p, seed, _resolved(aggregation, g, x_l, x_r))
+    cfg = gatv2_config(g, x_l, att, negative_slope, p, seed, _resolved(aggregation, g, x_l, x_r, op="gatv2"))
     edge = edge_attr.contiguous() if edge_attr is not None else None
     return gatv2_backward(cfg, x_l.contiguous(), x_r.contiguous(), att.contiguous(), edge, out, lse, grad_out)
 
