@@ -481,6 +481,25 @@ def _time_graphed(record: dict, backend: PaperBackend, shared: _PaperCase, case:
     return step
 
 
+def _paths_taken(backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig) -> str | None:
+    """The sparse paths (``"gar"``, ``"gas+gar"``, ``"reference"``, ...) that one training
+    step of ``backend``'s model takes, as :func:`fusegnn.sparse.dispatch.decisions_taken`
+    records them (for a graphed row, under :func:`~fusegnn.sparse.dispatch.for_capture`, as
+    its capture runs); on a fresh model, so the timed ones start from the case's weights.
+    ``None`` when the step records no sparse op."""
+    import contextlib
+
+    from fusegnn.sparse.dispatch import decisions_taken, for_capture
+
+    model, graph_arg = _paper_model(backend, shared, case, config.device)
+    model.train()
+    optimizer = _adam(model, config)
+    with for_capture() if backend.graphed else contextlib.nullcontext(), decisions_taken() as taken:
+        _training_step(model, optimizer, graph_arg, shared)()
+    synchronize(config.device)
+    return "+".join(sorted({decision.name for decision in taken})) or None
+
+
 def _run_paper_case(case, backends, data, config, emit, tick) -> None:
     device = config.device
     backends = sorted((b for b in backends if b.applies(case)), key=lambda b: oracle_rank(b.name))
@@ -494,13 +513,15 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
     for backend in backends:  # 1. correctness, every backend, before any timing
         record = records[backend.name] = new_record(case, backend.name)
         record["norm_ms"] = shared.norm_ms[backend.library]
-        if backend.library == "fusegnn":
-            auto = shared.auto if backend.graphed or backend.name.endswith("compiled") else shared.eager_auto
-            resolved = auto if backend.aggregation == "auto" else backend.aggregation
-            record["aggregation"] = resolved
-            record["convert_ms"] = shared.convert_ms if resolved == "gar" else None
         model = out = None
         try:
+            if backend.library == "fusegnn":
+                auto = shared.auto if backend.graphed or backend.compiled else shared.eager_auto
+                resolved = auto if backend.aggregation == "auto" else backend.aggregation
+                if not backend.compiled:  # the paths one training step of this row takes
+                    resolved = _paths_taken(backend, shared, case, config) or resolved
+                record["aggregation"] = resolved
+                record["convert_ms"] = shared.convert_ms if "gar" in resolved.split("+") else None
             model, graph_arg = _paper_model(backend, shared, case, device)
             model.eval()
             if backend.compiled:  # the function the timed steps compute
