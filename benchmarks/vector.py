@@ -363,6 +363,8 @@ TARGETS = (
     ("masks vs FlexAttention", "mask-*", "flex", "", 1.0),
     ("masks, auto's path, vs FlexAttention", "mask-*", "flex", "", 1.0, "fusegnn-auto"),
     ("aggregation F=128/256 vs cuSPARSE (original graph)", "agg-reddit-f[12][25]*", "cusparse", "-rcm", 2.0),
+    ("aggregation F=128/256, auto's path (`spmm` as a user calls it), vs cuSPARSE (original graph)",
+     "agg-reddit-f[12][25]*", "cusparse", "-rcm", 2.0, "element"),
 )
 
 

@@ -683,6 +683,13 @@ MAX_BITS_HEADS = 8
 #: training step), where GAT 1 x 48 (tiles of 8 edges in the backward) went from 25.9 to
 #: 18.4 ms and GATv2 1 x 48 (8 / 8 / 4) from 37.1 to 28.2 ms.
 BITS_BELOW_EDGES = 32
+#: (edge, head) draws per program of the keep-mask draw (edges per program: this over the
+#: padded heads, 128-1,024). One Philox draw each; with 1,024 edges per program at 8 heads a
+#: draw took 9.8 us on PubMed's 108k edges (106 programs, fewer than an H100 has SMs) and
+#: 4.0 ms on the Reddit-sized graph, with 256 5.0 us and 2.9 ms; at one head 1,024 edges
+#: stayed best (Reddit-sized: 0.40 ms against 0.54 at 256). H100, session 16
+#: (``benchmarks/NOTES-overhead.md``).
+KEEP_BITS_ELEMENTS = 2048
 
 _TUNING: dict = {}
 _KERNELS = ("fwd", "row", "col")
@@ -815,7 +822,7 @@ class _Config:
         comp = self.graph.csr if order == "csr" else self.graph.csc
         num_edges = self.graph.num_edges
         bits = torch.empty(num_edges, dtype=torch.uint8, device=comp.perm.device)
-        block = 1024
+        block = max(128, min(1024, KEEP_BITS_ELEMENTS // self.block_h))
         keep_bits_kernel[(triton.cdiv(num_edges, block),)](
             comp.perm, bits, self.seed, self.p, num_edges, self.heads,
             RNG64=self.rng64, BLOCK_E=block, BLOCK_H=self.block_h,
