@@ -18,7 +18,9 @@ row's edges keeps FlashAttention's running maximum :math:`m`, normaliser :math:`
 accumulator :math:`a` per head, rescaling both by :math:`\exp(m_{old} - m_{new})` when the
 maximum grows; ``out = a / l`` and the log-sum-exp :math:`L_i = m + \log l` is kept for
 the backward. Nothing of size ``E`` is kept. The keep mask is not stored between passes
-either: it is defined by a counter-based RNG, ``tl.rand(seed, coo_edge_id * H + head) >= p``.
+either: it is defined by a counter-based RNG, one Philox draw (four uniforms) per edge and
+group of four heads: head ``h`` keeps where output ``h % 4`` of
+``tl.rand4x(seed, coo_edge_id * ceil(H / 4) + h // 4)`` is ``>= p``.
 For up to :data:`MAX_BITS_HEADS` heads a pass with small edge tiles
 (:data:`BITS_BELOW_EDGES`) first draws it into one byte per edge
 in the pass's own (CSR or CSC) order (:meth:`_Config.keep_mask`, ``E`` bytes, freed after
@@ -153,14 +155,24 @@ def _head_channels(H, C, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr):
     return offs_h, mask_h, mask_h[:, None] & (offs_c[None, :] < C), offs_h[:, None] * C + offs_c[None, :]
 
 @kernel_helper
+def _uniform_of_lane(u0, u1, u2, u3, lane):
+    """Output ``lane`` (0-3, elementwise) of a four-output Philox draw."""
+    return tl.where(lane == 0, u0, tl.where(lane == 1, u1, tl.where(lane == 2, u2, u3)))
+
+
+@kernel_helper
 def _dropout_keep(seed, edge_id, offs_h, H, p_drop, RNG64: tl.constexpr):
-    """``[E, H]`` whether each (edge, head) survives dropout: one uniform draw per
-    ``edge_id * H + head`` (the edge's id in the input order), so the forward, both
-    backward passes and :func:`dropout_keep_mask` regenerate the same mask."""
-    rng = edge_id[:, None] * H + offs_h[None, :]
+    """``[E, H]`` whether each (edge, head) survives dropout. One Philox draw
+    (``tl.rand4x``) gives four uniforms: head ``h`` of the edge with id ``edge_id`` (its
+    id in the input order) takes output ``h % 4`` of the draw at counter
+    ``edge_id * ceil(H / 4) + h // 4``, so the forward, both backward passes,
+    :meth:`_Config.keep_mask` and :func:`dropout_keep_mask` regenerate the same mask (with
+    one head it is ``tl.rand(seed, edge_id)``)."""
+    rng = edge_id[:, None] * ((H + 3) // 4) + offs_h[None, :] // 4
     if not RNG64:
         rng = rng.to(tl.int32)
-    return tl.rand(seed, rng) >= p_drop
+    u0, u1, u2, u3 = tl.rand4x(seed, rng)
+    return _uniform_of_lane(u0, u1, u2, u3, offs_h[None, :] % 4) >= p_drop
 
 
 @kernel_helper
@@ -565,33 +577,42 @@ def _gat_alpha_kernel(
     tl.store(alpha + eid[:, None] * H + offs_h[None, :], a.to(alpha.dtype.element_ty), mask=meh)
 
 
-def _keep_mask_kernel(keep, seed_ptr, p_drop, n, RNG64: tl.constexpr, BLOCK: tl.constexpr):
-    """The dropout keep mask the fused kernels regenerate, materialised (for tests):
-    element ``edge * H + head`` of the flattened ``[E, H]`` mask."""
+def _keep_mask_kernel(keep, seed_ptr, p_drop, n, H, RNG64: tl.constexpr, BLOCK: tl.constexpr):
+    """The dropout keep mask the fused kernels regenerate (:func:`_dropout_keep`),
+    materialised (for tests): element ``edge * H + head`` of the flattened ``[E, H]`` mask."""
     pid = tl.program_id(0)
     seed = tl.load(seed_ptr)
     off = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = off < n
-    rng = off
+    head = off % H
+    rng = (off // H) * ((H + 3) // 4) + head // 4
     if not RNG64:
         rng = rng.to(tl.int32)
-    k = tl.rand(seed, rng) >= p_drop
+    u0, u1, u2, u3 = tl.rand4x(seed, rng)
+    k = _uniform_of_lane(u0, u1, u2, u3, head % 4) >= p_drop
     tl.store(keep + off, k.to(tl.int8), mask=m)
 
 
 def _keep_bits_kernel(perm, bits, seed_ptr, p_drop, E, H, RNG64: tl.constexpr, BLOCK_E: tl.constexpr,
-                      BLOCK_H: tl.constexpr):
+                      BLOCK_G: tl.constexpr):
     """``bits[pos]``: bit ``h`` set where (edge ``perm[pos]``, head ``h``) survives dropout
-    (:func:`_dropout_keep`'s draw), for the edges of one CSR / CSC order in that order."""
+    (:func:`_dropout_keep`'s mask), for the edges of one CSR / CSC order in that order. Each
+    Philox draw here serves four heads (``BLOCK_G`` draws per edge, ``ceil(H / 4)`` used)."""
     pid = tl.program_id(0)
     seed = tl.load(seed_ptr)
     pos = pid.to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
     me = pos < E
     cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-    offs_h = tl.arange(0, BLOCK_H)
-    keep = _dropout_keep(seed, cid, offs_h, H, p_drop, RNG64) & (offs_h[None, :] < H)
-    b = tl.sum(keep.to(tl.int32) << offs_h[None, :], axis=1)
-    tl.store(bits + pos, b.to(tl.uint8), mask=me)
+    first = tl.arange(0, BLOCK_G)[None, :] * 4  # the first head of each draw
+    rng = cid[:, None] * ((H + 3) // 4) + first // 4
+    if not RNG64:
+        rng = rng.to(tl.int32)
+    u0, u1, u2, u3 = tl.rand4x(seed, rng)
+    b = ((u0 >= p_drop) & (first < H)).to(tl.int32) << first
+    b |= ((u1 >= p_drop) & (first + 1 < H)).to(tl.int32) << (first + 1)
+    b |= ((u2 >= p_drop) & (first + 2 < H)).to(tl.int32) << (first + 2)
+    b |= ((u3 >= p_drop) & (first + 3 < H)).to(tl.int32) << (first + 3)
+    tl.store(bits + pos, tl.sum(b, axis=1).to(tl.uint8), mask=me)
 
 
 gat_fwd_kernel = LazyKernel(_gat_fwd_kernel)
@@ -683,13 +704,13 @@ MAX_BITS_HEADS = 8
 #: training step), where GAT 1 x 48 (tiles of 8 edges in the backward) went from 25.9 to
 #: 18.4 ms and GATv2 1 x 48 (8 / 8 / 4) from 37.1 to 28.2 ms.
 BITS_BELOW_EDGES = 32
-#: (edge, head) draws per program of the keep-mask draw (edges per program: this over the
-#: padded heads, 128-1,024). One Philox draw each; with 1,024 edges per program at 8 heads a
-#: draw took 9.8 us on PubMed's 108k edges (106 programs, fewer than an H100 has SMs) and
-#: 4.0 ms on the Reddit-sized graph, with 256 5.0 us and 2.9 ms; at one head 1,024 edges
-#: stayed best (Reddit-sized: 0.40 ms against 0.54 at 256). H100, session 16
-#: (``benchmarks/NOTES-overhead.md``).
-KEEP_BITS_ELEMENTS = 2048
+#: Philox draws per program of the keep-mask draw (edges per program: this over the draws
+#: per edge, ceil(H / 4), within 128-1,024). With one draw per (edge, head) and 1,024
+#: edges per program a mask of 8 heads took 9.8 us on PubMed's 108k edges (106 programs,
+#: fewer than an H100 has SMs) and 4.0 ms on the Reddit-sized graph; 256 edges per program
+#: took 5.0 us and 2.9 ms; with one head 1,024 edges stayed best (Reddit-sized: 0.40 ms
+#: against 0.54 at 256). H100, session 16 (``benchmarks/NOTES-overhead.md``).
+KEEP_BITS_DRAWS = 1024
 
 _TUNING: dict = {}
 _KERNELS = ("fwd", "row", "col")
@@ -746,8 +767,9 @@ def _tuned(kernel: str, default: Launch) -> Launch:
 
 
 def _rng64(num_edges: int, heads: int) -> bool:
-    """Counter offsets ``edge * H + head`` need 64 bits past 2**31 (a different but equally
-    valid random stream; forward and backward always agree)."""
+    """Philox counters (``edge * ceil(H / 4) + head // 4``, below ``E * H``) take 64 bits
+    once ``E * H`` reaches 2**31 (a different but equally valid random stream; forward and
+    backward always agree)."""
     return num_edges * heads >= 2**31
 
 
@@ -822,10 +844,11 @@ class _Config:
         comp = self.graph.csr if order == "csr" else self.graph.csc
         num_edges = self.graph.num_edges
         bits = torch.empty(num_edges, dtype=torch.uint8, device=comp.perm.device)
-        block = max(128, min(1024, KEEP_BITS_ELEMENTS // self.block_h))
+        draws = max(1, self.block_h // 4)  # Philox draws per edge (four heads each)
+        block = max(128, min(1024, KEEP_BITS_DRAWS // draws))
         keep_bits_kernel[(triton.cdiv(num_edges, block),)](
             comp.perm, bits, self.seed, self.p, num_edges, self.heads,
-            RNG64=self.rng64, BLOCK_E=block, BLOCK_H=self.block_h,
+            RNG64=self.rng64, BLOCK_E=block, BLOCK_G=draws,
         )
         return bits, {"HAS_BITS": True, "DRAW": False}
 
@@ -1266,6 +1289,6 @@ def dropout_keep_mask(num_edges: int, heads: int, p: float, seed: int | Tensor,
     if n:
         block = 1024
         keep_mask_kernel[(triton.cdiv(n, block),)](
-            keep, _seed_tensor(seed, keep.device), float(p), n, RNG64=_rng64(num_edges, heads), BLOCK=block
+            keep, _seed_tensor(seed, keep.device), float(p), n, heads, RNG64=_rng64(num_edges, heads), BLOCK=block
         )
     return keep.bool()

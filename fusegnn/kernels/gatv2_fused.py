@@ -23,7 +23,7 @@ tile of edges the program gathers :math:`x^l_j` (and :math:`e_{ji}` through
 normaliser :math:`l` and accumulator (the GAT kernels' online-softmax helpers).
 ``out = acc / l`` and :math:`L_i = m + \log l` are stored; nothing of size ``E`` is.
 Dropout regenerates the keep mask from the counter-based RNG of the GAT kernels
-(``tl.rand(seed, coo_edge_id * H + head) >= p``), read as one byte per edge in each
+(four heads per Philox draw, keyed by the COO edge id), read as one byte per edge in each
 pass's order like theirs (:meth:`~fusegnn.kernels.gat_fused._Config.keep_mask`), so
 :func:`fusegnn.kernels.gat_fused.dropout_keep_mask` gives this op's mask too.
 
