@@ -509,8 +509,9 @@ def _time_graphed(record: dict, backend: PaperBackend, shared: _PaperCase, case:
 def _paths_taken(backend: PaperBackend, shared: _PaperCase, case: Case, config: RunConfig) -> str | None:
     """The sparse paths (``"gar"``, ``"gas+gar"``, ``"reference"``, ...) that one training
     step of ``backend``'s model takes, as :func:`fusegnn.sparse.dispatch.decisions_taken`
-    records them (for a graphed row, under :func:`~fusegnn.sparse.dispatch.for_capture`, as
-    its capture runs); on a fresh model, so the timed ones start from the case's weights.
+    records them; for a graphed or compiled row an eager step under
+    :func:`~fusegnn.sparse.dispatch.for_capture`, whose rules a capture and the compiled
+    custom ops follow. On a fresh model, so the timed ones start from the case's weights.
     ``None`` when the step records no sparse op."""
     import contextlib
 
@@ -519,7 +520,8 @@ def _paths_taken(backend: PaperBackend, shared: _PaperCase, case: Case, config: 
     model, graph_arg = _paper_model(backend, shared, case, config.device)
     model.train()
     optimizer = _adam(model, config)
-    with for_capture() if backend.graphed else contextlib.nullcontext(), decisions_taken() as taken:
+    captured = backend.graphed or backend.compiled
+    with for_capture() if captured else contextlib.nullcontext(), decisions_taken() as taken:
         _training_step(model, optimizer, graph_arg, shared)()
     synchronize(config.device)
     return "+".join(sorted({decision.name for decision in taken})) or None
@@ -543,8 +545,7 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
             if backend.library == "fusegnn":
                 auto = shared.auto if backend.graphed or backend.compiled else shared.eager_auto
                 resolved = auto if backend.aggregation == "auto" else backend.aggregation
-                if not backend.compiled:  # the paths one training step of this row takes
-                    resolved = _paths_taken(backend, shared, case, config) or resolved
+                resolved = _paths_taken(backend, shared, case, config) or resolved
                 record["aggregation"] = resolved
                 record["convert_ms"] = shared.convert_ms if "gar" in resolved.split("+") else None
             model, graph_arg = _paper_model(backend, shared, case, device)
