@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.func import functional_call  # noqa: E402
 
-from fusegnn.layers import APPNP, GINConv, GraphConv, SAGEConv, SGConv  # noqa: E402
+from fusegnn.layers import APPNP, GATv2Conv, GINConv, GraphConv, SAGEConv, SGConv, TransformerConv  # noqa: E402
 from fusegnn.sparse import Graph, propagate, spmm  # noqa: E402
 from fusegnn.sparse.dispatch import decisions_taken  # noqa: E402
 from fusegnn.sparse.processing import gcn_normalized  # noqa: E402
@@ -878,7 +878,13 @@ def fresh_dynamo():
     lambda: SGConv(3, 6, K=2),
     lambda: APPNP(3, 0.2),
     lambda: APPNP(2, 0.2, normalize=False),
-], ids=["sage-mean", "sage-max-project", "sgc-narrow", "sgc-widen", "appnp", "appnp-raw"])
+    lambda: GATv2Conv(5, 3, heads=2),
+    lambda: GATv2Conv(5, 3, heads=2, concat=False, share_weights=True),
+    lambda: GINConv(_mlp(5, 3), train_eps=True),
+    lambda: GraphConv(5, 3, aggr="mean"),
+    lambda: TransformerConv(5, 3, heads=2, beta=True),
+], ids=["sage-mean", "sage-max-project", "sgc-narrow", "sgc-widen", "appnp", "appnp-raw", "gatv2", "gatv2-mean-shared",
+        "gin", "graphconv-mean", "transformer-beta"])
 def test_compiled_forward_and_backward(make):
     spec = SPECS[1]
     n = spec.num_nodes
