@@ -344,30 +344,19 @@ def _compiled(backend: PaperBackend, shared: _PaperCase, case: Case, config: Run
     model.train(train)
     cuda = config.device.type == "cuda"
     optimizer = _adam(model, config, capturable=cuda)  # capturable needs CUDA parameters
-    forward_loss = compile_model(_training_loss(model, shared))
+    step = _step_with_compiled_optimizer(compile_model(_training_loss(model, shared)), optimizer, graph_arg,
+                                         shared, cuda)
+    return model, graph_arg, step
+
+
+def _step_with_compiled_optimizer(loss_of: Callable[[Tensor, Any], Tensor], optimizer, graph_arg,
+                                  shared: _PaperCase, cuda: bool) -> Callable[[], Tensor]:
+    """A training step of ``loss_of`` (the compiled forward and loss of a compiled row, or
+    the eager ones of its check) whose optimizer step is compiled as a compiled row's."""
     optimizer_step = compile_model(optimizer.step, fullgraph=False)  # Adam's step has a graph break
 
     def step() -> Tensor:
         if cuda:  # a new iteration: the previous step's graph outputs may be overwritten
-            torch.compiler.cudagraph_mark_step_begin()
-        optimizer.zero_grad(set_to_none=True)
-        loss = forward_loss(shared.x, graph_arg)
-        loss.backward()
-        optimizer_step()
-        return loss
-
-    return model, graph_arg, step
-
-
-def _with_compiled_optimizer(model, optimizer, graph_arg, shared: _PaperCase, cuda: bool) -> Callable[[], Tensor]:
-    """An eager training step whose optimizer step is compiled as :func:`_compiled`'s
-    (Dynamo's caches reset first)."""
-    _reset_dynamo()
-    loss_of = _training_loss(model, shared)
-    optimizer_step = compile_model(optimizer.step, fullgraph=False)
-
-    def step() -> Tensor:
-        if cuda:
             torch.compiler.cudagraph_mark_step_begin()
         optimizer.zero_grad(set_to_none=True)
         loss = loss_of(shared.x, graph_arg)
@@ -407,7 +396,9 @@ def _verify_training(
         _use_fused_implementation(optimizer)
     step = _training_step(model, optimizer, graph_arg, shared)
     if not graphed:  # the compiled row's Adam step (its model runs eagerly here)
-        step = _with_compiled_optimizer(model, optimizer, graph_arg, shared, capturable)
+        _reset_dynamo()
+        step = _step_with_compiled_optimizer(_training_loss(model, shared), optimizer, graph_arg, shared,
+                                             capturable)
     eager_losses = torch.stack([step().detach().clone() for _ in range(calls)])
     with torch.no_grad():
         eager_out = model(shared.x, graph_arg).float()
