@@ -445,17 +445,19 @@ def auto_attention_rule(
     structure = None  # the vector path's, when it is the sparse path (cached on the mask if it is picked)
     if vector_allowed and isinstance(mask, Mask) and fill < cost_model.VECTOR_MAX_FILL:
         try:
-            vector, vector_ms, counted = _vector_candidate(mask, pairs, device, predict)
-        except _VectorSkewed as exc:
-            why_sparse += f"; the vector path not weighed: {exc}"
+            candidate = _vector_candidate(mask, pairs, device, predict)
         except (ValueError, MemoryError, torch.cuda.OutOfMemoryError) as exc:  # a structure too large to build
             why_sparse += f"; the vector path not weighed ({type(exc).__name__}: {exc})"
         else:
-            predicted.append((vector.label, vector_ms))
-            if vector_ms < sparse_ms:
-                why_sparse = (f"allowed elements fill {fill:.3f} < {cost_model.VECTOR_MAX_FILL} of the non-empty "
-                              f"blocks; {vector.label} predicted faster than {sparse.label}")
-                sparse, sparse_ms, structure = vector, vector_ms, counted
+            if isinstance(candidate, str):  # too skewed to weigh
+                why_sparse += f"; the vector path not weighed: {candidate}"
+            else:
+                vector, vector_ms, counted = candidate
+                predicted.append((vector.label, vector_ms))
+                if vector_ms < sparse_ms:
+                    why_sparse = (f"allowed elements fill {fill:.3f} < {cost_model.VECTOR_MAX_FILL} of the "
+                                  f"non-empty blocks; {vector.label} predicted faster than {sparse.label}")
+                    sparse, sparse_ms, structure = vector, vector_ms, counted
 
     def sparse_decision(reason: str) -> AttentionDecision:
         if structure is not None:
@@ -482,12 +484,15 @@ def auto_attention_rule(
     return sparse_decision(f"{sparse.label} is predicted faster ({costs}; {why_sparse})")
 
 
-def _vector_candidate(mask: Mask, pairs: int, device: torch.device, predict) -> tuple[AttentionDecision, float, Any]:
+def _vector_candidate(mask: Mask, pairs: int, device: torch.device,
+                      predict) -> tuple[AttentionDecision, float, Any] | str:
     """``(decision, predicted ms, structure)`` of the vector path at its default sizes for
     ``pairs`` (batch, head) pairs: the work is the structure's compacted entries, each
     mask head's counted for the pairs that share it. The count is cached on the mask (it
     is the same on every device), the structure is not: it is returned when this call
-    built it (else ``None``; the path builds and caches it at its first call)."""
+    built it (else ``None``; the path builds and caches it at its first call). A mask
+    whose busiest window would be most of the work (one long program the summed-work
+    model does not see) is not weighed: then the reason, a string."""
     sizes = vector_sizes(None)
     built = []
 
@@ -498,14 +503,10 @@ def _vector_candidate(mask: Mask, pairs: int, device: torch.device, predict) -> 
 
     entries, mask_heads, skew = mask.cached(("vector_entries", sizes[0]), count)
     if skew > cost_model.VECTOR_MAX_WINDOW_SKEW:
-        raise _VectorSkewed(f"its busiest window holds {skew:.0f}x the mean entries "
-                            f"(> VECTOR_MAX_WINDOW_SKEW = {cost_model.VECTOR_MAX_WINDOW_SKEW:g})")
+        return (f"its busiest window holds {skew:.0f}x the mean entries "
+                f"(> VECTOR_MAX_WINDOW_SKEW = {cost_model.VECTOR_MAX_WINDOW_SKEW:g})")
     ms = predict("vector", entries * (pairs // mask_heads), window=sizes[0])
     return AttentionDecision("vector", "", vector_sizes=sizes), ms, built[0] if built else None
-
-
-class _VectorSkewed(Exception):
-    """The vector path is not weighed: one window's program would be most of the work."""
 
 
 def _window_skew(structure) -> float:
