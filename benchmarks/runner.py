@@ -47,6 +47,7 @@ and the run goes on; so does any other error (its message is recorded).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -236,7 +237,10 @@ def _prepare_paper_case(case: Case, backends: list[PaperBackend], data: DatasetC
         process = _fusegnn_processing(case, graph)
         norm_ms["fusegnn"] = timed_ms(process, device)
         processed = process()
-        auto = resolve_aggregation("auto", processed, x).name
+        # the rule's pick for the input width (a row's column records the paths it took;
+        # this is the fallback when a step records none)
+        op = case.model if case.model in ("gat", "gatv2") else ""
+        auto = resolve_aggregation("auto", processed, x, op=op).name
         if case.model in ("gcn", "sage", "gin"):  # an eager step may take the host-bound regime (dispatch)
             hidden = torch.empty(processed.num_src_nodes, min(case.width, in_channels), device=device)
             eager_auto = resolve_aggregation("auto", processed, hidden, op="spmm").name
@@ -394,8 +398,9 @@ def _verify_training(
         from fusegnn.capture import _use_fused_implementation
 
         _use_fused_implementation(optimizer)
-    step = _training_step(model, optimizer, graph_arg, shared)
-    if not graphed:  # the compiled row's Adam step (its model runs eagerly here)
+    if graphed:
+        step = _training_step(model, optimizer, graph_arg, shared)
+    else:  # the compiled row's Adam step (its model runs eagerly here)
         _reset_dynamo()
         step = _step_with_compiled_optimizer(_training_loss(model, shared), optimizer, graph_arg, shared,
                                              capturable)
@@ -504,8 +509,6 @@ def _paths_taken(backend: PaperBackend, shared: _PaperCase, case: Case, config: 
     :func:`~fusegnn.sparse.dispatch.for_capture`, whose rules a capture and the compiled
     custom ops follow. On a fresh model, so the timed ones start from the case's weights.
     ``None`` when the step records no sparse op."""
-    import contextlib
-
     from fusegnn.sparse.dispatch import decisions_taken, for_capture
 
     model, graph_arg = _paper_model(backend, shared, case, config.device)

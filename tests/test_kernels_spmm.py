@@ -531,3 +531,36 @@ def test_gpu_auto_rule_and_determinism():
         a = spmm(graph, x)
         b = spmm(graph, x)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("aggregation", ["gas", "gar", "reference"])
+@pytest.mark.parametrize("shape", [(4, 3), (4, 2, 3)], ids=["flat", "heads"])
+def test_bias_gradient_with_no_target_rows(aggregation, shape):
+    """A graph with no targets: an empty output, and zero gradients for x and the bias
+    (the backward's flattening of a 0-row gradient used to fail)."""
+    graph = Graph(torch.empty(2, 0, dtype=torch.long, device=DEVICE), (4, 0))
+    x = torch.randn(shape, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    bias = torch.randn(shape[1:], dtype=torch.float64, device=DEVICE, requires_grad=True)
+    out = spmm(graph, x, bias=bias, aggregation=aggregation)
+    assert out.shape == (0, *shape[1:])
+    out.sum().backward()
+    assert torch.equal(x.grad, torch.zeros_like(x)) and torch.equal(bias.grad, torch.zeros_like(bias))
+
+
+@gpu
+@pytest.mark.parametrize("op", ["gat", "gatv2"])
+def test_attention_layers_route_by_their_own_crossover(op):
+    """On a graph of average degree ~5 at 8 x 8 channels spmm's rule takes GAS; the GAT /
+    GATv2 ops take GAR by theirs, in the forward and the backward they record."""
+    from fusegnn.sparse.gat import gat_layer
+    from fusegnn.sparse.gatv2 import gatv2_attention
+    from fusegnn.sparse.processing import gat_self_loops
+
+    graph = gat_self_loops(Graph(random_graph(2000, 8000, seed=3, device=DEVICE), 2000))
+    h = torch.randn(graph.num_nodes, 8, 8, device=DEVICE, requires_grad=True)
+    att = torch.randn(1, 8, 8, device=DEVICE, requires_grad=True)
+    assert dispatch.explain(graph, h.detach().reshape(graph.num_nodes, 64), op="spmm").name == "gas"
+    with dispatch.decisions_taken() as taken:
+        out = (gat_layer(graph, h, att, att) if op == "gat" else gatv2_attention(graph, h, h, att))
+        out.sum().backward()
+    assert taken and all(d.name == "gar" and f"{op} GAR threshold" in d.reason for d in taken), taken

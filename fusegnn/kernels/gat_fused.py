@@ -74,7 +74,7 @@ arguments and cast to the accumulation type (Triton passes an unannotated Python
 as float32: for float64 inputs that rounded ``0.2`` to ``0.2000000030`` and cost ~1e-8
 relative accuracy on the GPU, while the CPU interpreter kept full precision), so
 float64 inputs give float64-accurate results. The dropout threshold ``p`` stays float32:
-it is compared with ``tl.rand``'s float32 uniforms, which is the mask's definition.
+it is compared with ``tl.rand4x``'s float32 uniforms, which is the mask's definition.
 The backward is not itself differentiable (``once_differentiable``: double backward
 raises); use the reference composition for higher-order gradients.
 """
@@ -709,7 +709,8 @@ BITS_BELOW_EDGES = 32
 #: edges per program a mask of 8 heads took 9.8 us on PubMed's 108k edges (106 programs,
 #: fewer than an H100 has SMs) and 4.0 ms on the Reddit-sized graph; 256 edges per program
 #: took 5.0 us and 2.9 ms; with one head 1,024 edges stayed best (Reddit-sized: 0.40 ms
-#: against 0.54 at 256). H100, session 16 (``benchmarks/NOTES-overhead.md``).
+#: against 0.54 at 256). With four heads per draw (512 edges per program at 8 heads) the
+#: 8-head mask takes 2.8 us and 1.09 ms. H100, session 16 (``benchmarks/NOTES-overhead.md``).
 KEEP_BITS_DRAWS = 1024
 
 _TUNING: dict = {}
@@ -1172,8 +1173,11 @@ def _attention_vector_grads(grad_src: Tensor, grad_dst: Tensor, h: Tensor) -> Te
     product and a reduction over the node dimension wrote ``[2, N, H, C]`` first (H100,
     PubMed, 8 x 8: 16 against 31 us; 8 x 16: 18 against 40; ``benchmarks/NOTES-overhead.md``,
     session 16). Under TF32 matmul precision this product runs in TF32, as the layer's
-    linear map does."""
+    linear map does; under ``torch.use_deterministic_algorithms(True)`` the broadcast form
+    runs (cuBLAS would need ``CUBLAS_WORKSPACE_CONFIG``)."""
     n, heads, channels = h.shape
+    if torch.are_deterministic_algorithms_enabled():  # cuBLAS would need CUBLAS_WORKSPACE_CONFIG
+        return (torch.stack((grad_src, grad_dst)).unsqueeze(-1) * h.unsqueeze(0)).sum(1)
     full = torch.cat((grad_src, grad_dst), dim=1).t() @ h.reshape(n, heads * channels)  # [2H, HC]
     return full.view(2, heads, heads, channels).diagonal(dim1=1, dim2=2).permute(0, 2, 1)
 

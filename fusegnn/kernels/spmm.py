@@ -204,7 +204,7 @@ class GASSpmm(torch.autograd.Function):
             ctx.graph, grad_out, x2, w2, ctx.heads, ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         )
         grad_w = grad_w.reshape(ctx.w_shape) if grad_w is not None else None
-        return grad_x, grad_w, _bias_grad(ctx, grad_out.reshape(grad_out.size(0), -1)), None
+        return grad_x, grad_w, _bias_grad(ctx, grad_out.flatten(1)), None
 
 
 def gas_backward(
@@ -218,7 +218,7 @@ def gas_backward(
     ``[E, heads]`` (:func:`_flatten`). ``grad_x`` has ``x``'s shape, ``N_src`` rows and
     ``grad_out``'s trailing shape; ``grad_w`` is ``[E, heads]`` in the weights' dtype.
     """
-    g = grad_out.reshape(grad_out.size(0), -1).contiguous()
+    g = grad_out.flatten(1).contiguous()
     feat = g.size(1) // heads
     src, dst = _indices(graph)
     acc, gw = gas_scatter(
@@ -264,7 +264,7 @@ class GARSpmm(torch.autograd.Function):
             weight_key=ctx.weight_key,
         )
         grad_w = grad_w.reshape(ctx.w_shape) if grad_w is not None else None
-        return grad_x, grad_w, _bias_grad(ctx, grad_out.reshape(grad_out.size(0), -1)), None
+        return grad_x, grad_w, _bias_grad(ctx, grad_out.flatten(1)), None
 
 
 def gar_backward(
@@ -280,7 +280,7 @@ def gar_backward(
     :data:`~fusegnn.kernels.spmm_gar.MAX_DOT_BLOCK_F` features; wider heads (or
     ``grad_w`` alone) take an edge-parallel dot-product pass.
     """
-    g = grad_out.reshape(grad_out.size(0), -1).contiguous()
+    g = grad_out.flatten(1).contiguous()
     feat = g.size(1) // heads
     grad_x = gw = None
     if need_x:

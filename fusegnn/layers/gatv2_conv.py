@@ -39,7 +39,7 @@ def _reset_linear(lin: nn.Linear | None) -> None:
 
 def _materialize(lin: nn.Linear, width: int) -> None:
     """A lazy ``lin`` (built for ``-1`` input features) made ``[out, width]`` and initialised."""
-    if not isinstance(lin.weight, nn.parameter.UninitializedParameter):  # (is_lazy, which Dynamo can trace)
+    if not isinstance(lin.weight, nn.parameter.UninitializedParameter):  # is_lazy's test, in a form Dynamo traces
         return
     if torch.compiler.is_compiling():
         raise RuntimeError(

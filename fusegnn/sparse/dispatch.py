@@ -157,8 +157,9 @@ GAR_MIN_AVG_DEGREE = 20.0
 # degree 3-151 at widths 4 / 16 / 64 (8 x 8 and 1 x 64) / 128; benchmarks/NOTES-overhead.md,
 # session 16): GAT's GAR won 38 of 40 cases by 1.04-1.99x and lost 0.86-0.92x only at widths
 # 4 and 16 on the degree-3 graph, so 1.0 (every graph with self-loops); GATv2's GAR won at
-# widths from 64 at every degree (1.11-2.29x; 0.84x on Cora / CiteSeer at 8 x 16), at width 16
-# from degree ~10 and at width 4 from degree ~50 (the crossovers below).
+# widths from 64 at every degree (1.11-2.29x; 0.84x on Cora / CiteSeer at 8 x 16); at width 16
+# GAS won to degree 6 (0.95x) and they tied at 11 (so 10); at width 4 GAS won at degree 21
+# (0.92x) and GAR at 51 (1.06x), not measured between (so 30, near their log-midpoint).
 ATTENTION_GAR_CROSSOVER: dict[str, tuple[tuple[int, float], ...]] = {
     "gat": ((16, 1.0),),
     "gatv2": ((4, 30.0), (16, 10.0), (64, 1.0)),
