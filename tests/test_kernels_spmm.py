@@ -409,14 +409,24 @@ def test_auto_threshold_follows_the_calibration():
 
 def test_attention_layers_take_their_own_crossover():
     gat, gatv2 = (dict(dispatch.ATTENTION_GAR_CROSSOVER[op]) for op in ("gat", "gatv2"))
-    # GAT: GAR on every graph with self-loops (average degree >= 1), at every width
-    assert all(dispatch.gar_min_avg_degree(width, "gat") == 1.0 for width in (1, 4, 16, 64, 512, None))
+    for width, degree in gat.items():
+        assert dispatch.gar_min_avg_degree(width, "gat") == pytest.approx(degree)
+    assert dispatch.gar_min_avg_degree(512, "gat") == gat[64] and dispatch.gar_min_avg_degree(1, "gat") == gat[16]
     for width, degree in gatv2.items():
         assert dispatch.gar_min_avg_degree(width, "gatv2") == pytest.approx(degree)
     assert gatv2[64] < dispatch.gar_min_avg_degree(32, "gatv2") < gatv2[16] < gatv2[4]
     assert dispatch.gar_min_avg_degree(None, "gatv2") == max(gatv2.values())
     assert dispatch.gar_min_avg_degree(64, "sddmm") == dispatch.gar_min_avg_degree(64)  # other ops: spmm's table
     assert gat and dispatch.gar_min_avg_degree(64, "gat") < dispatch.gar_min_avg_degree(64)
+
+
+def test_the_rule_reads_the_smaller_side_degree():
+    """A square graph's average degree; a sampled block's sources (many, about one edge
+    each) bound it, where its in-degree is the fan-out."""
+    square = Graph(torch.tensor([[0, 1, 2, 0], [1, 2, 0, 0]]), 3)
+    assert dispatch.smaller_side_degree(square) == pytest.approx(square.avg_degree)
+    block = Graph(torch.stack([torch.arange(100), torch.arange(100) % 4]), (100, 4))
+    assert block.avg_degree == 25 and dispatch.smaller_side_degree(block) == 1.0
 
 
 def test_supports_cpu_only_under_the_interpreter(monkeypatch):
@@ -551,7 +561,8 @@ def test_bias_gradient_with_no_target_rows(aggregation, shape):
 @pytest.mark.parametrize("op", ["gat", "gatv2"])
 def test_attention_layers_route_by_their_own_crossover(op):
     """On a graph of average degree ~5 at 8 x 8 channels spmm's rule takes GAS; the GAT /
-    GATv2 ops take GAR by theirs, in the forward and the backward they record."""
+    GATv2 ops take GAR by theirs, in the forward and the backward they record; on a
+    sampled-like block (sources with about one edge each) GAS."""
     from fusegnn.sparse.gat import gat_layer
     from fusegnn.sparse.gatv2 import gatv2_attention
     from fusegnn.sparse.processing import gat_self_loops
@@ -564,3 +575,8 @@ def test_attention_layers_route_by_their_own_crossover(op):
         out = (gat_layer(graph, h, att, att) if op == "gat" else gatv2_attention(graph, h, h, att))
         out.sum().backward()
     assert taken and all(d.name == "gar" and f"{op} GAR threshold" in d.reason for d in taken), taken
+    n_src, n_dst = 4000, 200
+    block = Graph(torch.stack([torch.randperm(n_src, device=DEVICE), torch.arange(n_src, device=DEVICE) % n_dst]),
+                  (n_src, n_dst))
+    h_src = torch.randn(n_src, 8, 8, device=DEVICE)
+    assert dispatch.explain(block, h_src, op=op).name == "gas"

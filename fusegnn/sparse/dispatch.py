@@ -16,13 +16,15 @@ Every public op takes ``aggregation``:
   1. tensors not on a CUDA device take the reference (also under the Triton
      interpreter, which only explicit ``"gas"`` / ``"gar"`` use on the CPU);
   2. in deterministic mode (below) GAR, which has no atomics;
-  3. otherwise fuseGNN's rule (for ``spmm``, after the row-window rule below): GAR when the graph's average in-degree is at least
+  3. otherwise fuseGNN's rule (for ``spmm``, after the row-window rule below): GAR when the
+     smaller of the graph's average in- and out-degree (:func:`smaller_side_degree`: a square
+     graph's average degree; a sampled block's sources hold about one edge each) is at least
      :func:`gar_min_avg_degree` of the feature width (38 at 16 columns, 20 at 64, 5 at
      256: ``python -m benchmarks.run --suite agg --sweep spmm``, see
      ``benchmarks/NOTES-spmm.md``), GAS below it. The threshold assumes the CSR / CSC
      formats are reused (transductive training); the first GAR call on a graph also
      pays the conversion. The fused attention layers (GAT, GATv2) have their own,
-     lower crossover (:data:`ATTENTION_GAR_CROSSOVER`: GAR nearly everywhere for GAT);
+     lower crossover (:data:`ATTENTION_GAR_CROSSOVER`: GAR for GAT from degree 2-3.5);
   4. the reference when no kernel backend can run (Triton missing, unsupported dtype).
 
   For ``spmm`` one regime comes before 3: **host-bound**. When the op's work (edges x
@@ -106,6 +108,7 @@ __all__ = [
     "GAR_MIN_AVG_DEGREE",
     "GAR_CROSSOVER",
     "ATTENTION_GAR_CROSSOVER",
+    "smaller_side_degree",
     "HOST_BOUND_WORK",
     "HOST_BOUND_FORWARD_WORK",
     "needs_grad",
@@ -156,13 +159,16 @@ GAR_MIN_AVG_DEGREE = 20.0
 # backward GPU time, formats cached; Cora, CiteSeer, PubMed and 100k-node graphs of average
 # degree 3-151 at widths 4 / 16 / 64 (8 x 8 and 1 x 64) / 128; benchmarks/NOTES-overhead.md,
 # session 16): GAT's GAR won 38 of 40 cases by 1.04-1.99x and lost 0.86-0.92x only at widths
-# 4 and 16 on the degree-3 graph, so 1.0 (every graph with self-loops); GATv2's GAR won at
-# widths from 64 at every degree (1.11-2.29x; 0.84x on Cora / CiteSeer at 8 x 16); at width 16
-# GAS won to degree 6 (0.95x) and they tied at 11 (so 10); at width 4 GAS won at degree 21
-# (0.92x) and GAR at 51 (1.06x), not measured between (so 30, near their log-midpoint).
+# 4 and 16 on the degree-3 graph (so 3.5 there; CiteSeer's 3.7 went to GAR, 1.18-1.22x) and
+# won from width 64 at degree 3 (1.12-1.17x); GATv2's GAR won at widths from 64 at every
+# degree (1.11-2.29x; 0.84x on Cora / CiteSeer at 8 x 16); at width 16 GAS won to degree 6
+# (0.95x) and they tied at 11 (so 10); at width 4 GAS won at degree 21 (0.92x) and GAR at 51
+# (1.06x), not measured between (so 30, near their log-midpoint). Like spmm's, these read
+# :func:`smaller_side_degree`; a sampled block (sources with about one edge each) takes GAS,
+# GAT's GAR having lost there also with the formats cached (1.1-1.7x), hence 2.0 at the wide end.
 ATTENTION_GAR_CROSSOVER: dict[str, tuple[tuple[int, float], ...]] = {
-    "gat": ((16, 1.0),),
-    "gatv2": ((4, 30.0), (16, 10.0), (64, 1.0)),
+    "gat": ((16, 3.5), (64, 2.0)),
+    "gatv2": ((4, 30.0), (16, 10.0), (64, 2.0)),
 }
 # Below this many edge-columns (edges x feature width), an eager spmm on a GPU is bound by
 # the host (see the module docstring): Cora, CiteSeer and PubMed at widths up to 64, and
@@ -206,6 +212,17 @@ def takes_host_bound_reference(graph: Graph, x: Tensor, aggregation: str, record
         return False
     width = _feature_width((x,))
     return width is not None and graph.num_edges * width < host_bound_work(records_backward)
+
+
+def smaller_side_degree(graph: Graph) -> float:
+    """The degree the GAS / GAR rule reads: ``E / max(N_src, N_dst)``, the smaller of the
+    average in- and out-degree (a square graph's average degree). GAR's backward runs a
+    pass over the sources (the CSC), and a sampled block's many sources hold about one edge
+    each: on blocks of 1,024 targets x 25 and 25,000 x 10 (25k / 200k sources, H100,
+    forward + backward with the formats built per block, as a loader's blocks are) GAS ran
+    spmm 1.6-7.9x and the GAT op 1.4-3.2x faster, while the in-degree (25, 10) had sent
+    spmm at 64 / 256 columns and GAT to GAR (``benchmarks/NOTES-overhead.md``, session 16)."""
+    return graph.num_edges / max(graph.num_src_nodes, graph.num_dst_nodes, 1)
 
 
 def gar_min_avg_degree(width: int | None, op: str = "") -> float:
@@ -439,7 +456,7 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str =
         if _usable("gar", graph, tensors):
             return Decision("gar", "deterministic mode: GAR has no atomics")
         return Decision("reference", "deterministic mode and GAR cannot run on these inputs")
-    avg = graph.avg_degree
+    avg = smaller_side_degree(graph)
     width = _feature_width(tensors)
     if records_backward is None:
         records_backward = needs_grad(*tensors)
