@@ -544,25 +544,30 @@ def test_gpu_auto_rule_and_determinism():
 
 
 @pytest.mark.parametrize("aggregation", ["gas", "gar", "reference"])
-@pytest.mark.parametrize("shape", [(4, 3), (4, 2, 3)], ids=["flat", "heads"])
-def test_bias_gradient_with_no_target_rows(aggregation, shape):
-    """A graph with no targets: an empty output, and zero gradients for x and the bias
-    (the backward's flattening of a 0-row gradient used to fail)."""
-    graph = Graph(torch.empty(2, 0, dtype=torch.long, device=DEVICE), (4, 0))
-    x = torch.randn(shape, dtype=torch.float64, device=DEVICE, requires_grad=True)
-    bias = torch.randn(shape[1:], dtype=torch.float64, device=DEVICE, requires_grad=True)
+@pytest.mark.parametrize("width", [(3,), (2, 3)], ids=["flat", "heads"])
+@pytest.mark.parametrize("sizes", [(4, 0), (0, 4)], ids=["no-targets", "no-sources"])
+def test_bias_gradient_with_no_rows(aggregation, width, sizes):
+    """A graph with no targets (an empty output) or no sources (the bias alone): the
+    gradients of x and the bias (flattening a 0-row tensor used to fail)."""
+    num_src, num_dst = sizes
+    graph = Graph(torch.empty(2, 0, dtype=torch.long, device=DEVICE), sizes)
+    x = torch.randn((num_src, *width), dtype=torch.float64, device=DEVICE, requires_grad=True)
+    bias = torch.randn(width, dtype=torch.float64, device=DEVICE, requires_grad=True)
     out = spmm(graph, x, bias=bias, aggregation=aggregation)
-    assert out.shape == (0, *shape[1:])
+    assert out.shape == (num_dst, *width)
+    torch.testing.assert_close(out, bias.expand_as(out))
     out.sum().backward()
-    assert torch.equal(x.grad, torch.zeros_like(x)) and torch.equal(bias.grad, torch.zeros_like(bias))
+    assert torch.equal(x.grad, torch.zeros_like(x))
+    torch.testing.assert_close(bias.grad, torch.full_like(bias, float(num_dst)))
 
 
 @gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("op", ["gat", "gatv2"])
 def test_attention_layers_route_by_their_own_crossover(op):
     """On a graph of average degree ~5 at 8 x 8 channels spmm's rule takes GAS; the GAT /
-    GATv2 ops take GAR by theirs, in the forward and the backward they record; on a
-    sampled-like block (sources with about one edge each) GAS."""
+    GATv2 ops take GAR by theirs (every decision a forward and backward record); on a
+    sampled-like block (sources with about one edge each, in-degree 20) GAS."""
     from fusegnn.sparse.gat import gat_layer
     from fusegnn.sparse.gatv2 import gatv2_attention
     from fusegnn.sparse.processing import gat_self_loops

@@ -74,9 +74,10 @@ def test_column_sum_in_a_cuda_graph():
 
 
 @needs_cuda
-def test_column_sum_under_deterministic_algorithms():
-    """torch.use_deterministic_algorithms(True) (cuBLAS would need CUBLAS_WORKSPACE_CONFIG):
-    torch's reduction, the same sums."""
+def test_column_sum_under_deterministic_algorithms(monkeypatch):
+    """torch.use_deterministic_algorithms(True) (cuBLAS would need CUBLAS_WORKSPACE_CONFIG,
+    unset here, and raise): torch's reduction, the same sums."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     matrix = torch.randn(100, 4, device="cuda")
     previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:
@@ -88,7 +89,31 @@ def test_column_sum_under_deterministic_algorithms():
 
 
 def test_column_sum_keeps_torchs_reduction_for_half_inputs():
-    """Half inputs: torch's reduction (float32 accumulation), bitwise ``sum(0)``."""
+    """Half inputs: torch's reduction (float32 accumulation), bitwise ``sum(0)`` (on a GPU
+    where there is one: there the float32 path would be cuBLAS's)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     for dtype in (torch.float16, torch.bfloat16):
-        matrix = torch.randn(64, 3).to(dtype)
+        matrix = torch.randn(4096, 3, device=device).to(dtype)
         assert torch.equal(column_sum(matrix), matrix.sum(0))
+
+
+@pytest.mark.parametrize("n, heads, channels", [(50, 8, 8), (0, 2, 3), (7, 1, 64), (9, 3, 5)])
+def test_attention_vector_grads_deterministic_form_matches(n, heads, channels):
+    """GAT's attention-vector gradients: the head-diagonal product and the broadcast form
+    that runs under torch.use_deterministic_algorithms give the same [2, H, C] sums."""
+    from fusegnn.kernels.gat_fused import _attention_vector_grads
+
+    gen = torch.Generator().manual_seed(n + heads)
+    grad_src, grad_dst = (torch.randn(n, heads, generator=gen, dtype=torch.float64) for _ in range(2))
+    h = torch.randn(n, heads, channels, generator=gen, dtype=torch.float64)
+    product = _attention_vector_grads(grad_src, grad_dst, h)
+    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        broadcast = _attention_vector_grads(grad_src, grad_dst, h)
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+    want = (torch.stack((grad_src, grad_dst)).unsqueeze(-1) * h.unsqueeze(0)).sum(1)
+    assert product.shape == broadcast.shape == (2, heads, channels)
+    torch.testing.assert_close(product, want)
+    torch.testing.assert_close(broadcast, want)

@@ -116,7 +116,7 @@ def _use_runs(graph: Graph, which: str, cols: int) -> bool:
 # --------------------------------------------------------------------------- helpers
 def _flatten(graph: Graph, x: Tensor, weight: Tensor | None) -> tuple[Tensor, Tensor | None, int]:
     """``x`` as contiguous ``[N, C]``, weights as contiguous ``[E, heads]`` and ``heads``."""
-    x2 = x.reshape(x.size(0), -1) if x.dim() != 2 else x
+    x2 = x.flatten(1) if x.dim() != 2 else x
     x2 = x2.contiguous()
     if weight is None:
         return x2, None, 1
@@ -325,7 +325,7 @@ def spmm_backward(
     if need_w:
         if x is None:
             raise ValueError("spmm_backward needs x to form the weight gradient")
-        x2 = x.reshape(x.size(0), -1).contiguous()
+        x2 = x.flatten(1).contiguous()
     w2, heads = None, 1
     if weight is not None:
         w2 = weight.reshape(-1, 1).contiguous() if weight.dim() == 1 else weight.contiguous()

@@ -18,7 +18,8 @@ Every public op takes ``aggregation``:
   2. in deterministic mode (below) GAR, which has no atomics;
   3. otherwise fuseGNN's rule (for ``spmm``, after the row-window rule below): GAR when the
      smaller of the graph's average in- and out-degree (:func:`smaller_side_degree`: a square
-     graph's average degree; a sampled block's sources hold about one edge each) is at least
+     graph's average degree; a sampled block's, whose many sources hold about one edge each,
+     is about 1, not its fan-out: GAR's backward runs over those sources) is at least
      :func:`gar_min_avg_degree` of the feature width (38 at 16 columns, 20 at 64, 5 at
      256: ``python -m benchmarks.run --suite agg --sweep spmm``, see
      ``benchmarks/NOTES-spmm.md``), GAS below it. The threshold assumes the CSR / CSC
@@ -142,7 +143,7 @@ SPMM_AGGREGATIONS = (*AGGREGATIONS, "window")
 #: ``"auto"`` runs ``spmm`` on row windows from this tile density up (module docstring)
 WINDOW_MIN_TILE_DENSITY = 0.25
 
-# Average in-degree at and above which "auto" prefers GAR over GAS on a GPU, by feature
+# Degree (smaller_side_degree) at and above which "auto" prefers GAR over GAS on a GPU, by feature
 # width (columns of x: H * F). Calibrated on an H200 by the "calib" stage of
 # python -m benchmarks.run --suite agg --sweep spmm (fp32, forward + backward, formats cached; see
 # benchmarks/NOTES-spmm.md): GAS's atomics cost grows with the width, GAR's per-row
@@ -472,9 +473,9 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str =
         return windowed
     threshold = gar_min_avg_degree(width, op)
     if avg >= threshold:
-        order, why = ("gar", "gas"), f"average degree {avg:.1f} >= {threshold:.1f}"
+        order, why = ("gar", "gas"), f"degree {avg:.1f} >= {threshold:.1f}"
     else:
-        order, why = ("gas", "gar"), f"average degree {avg:.1f} < {threshold:.1f}"
+        order, why = ("gas", "gar"), f"degree {avg:.1f} < {threshold:.1f}"
     rule = f"{op} " if op in ATTENTION_GAR_CROSSOVER else ""
     why += f" ({rule}GAR threshold for feature width {width})" if width is not None else " (feature width unknown)"
     for name in order:
@@ -549,7 +550,7 @@ def decisions_taken() -> Iterator[list[Decision]]:
 
         with decisions_taken() as taken:
             layer(x, graph)
-        taken[0].name, taken[0].reason   # e.g. "gar", "average degree 492.0 >= 20.0 ..."
+        taken[0].name, taken[0].reason   # e.g. "gar", "degree 492.0 >= 20.0 ..."
     """
     global _open_logs
     log: list[Decision] = []

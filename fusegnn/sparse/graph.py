@@ -323,7 +323,8 @@ class Graph:
 
     @property
     def avg_degree(self) -> float:
-        """Average in-degree ``E / num_dst_nodes`` (fuseGNN's GAS/GAR criterion)."""
+        """Average in-degree ``E / num_dst_nodes`` (the GAS / GAR rule reads the smaller of
+        the in- and out-degree: :func:`fusegnn.sparse.dispatch.smaller_side_degree`)."""
         return self.num_edges / max(self._num_dst, 1)
 
     def __repr__(self) -> str:

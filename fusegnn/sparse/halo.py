@@ -25,6 +25,8 @@ same ops in the same order: an exchange is a collective.
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable
 
 import torch
@@ -138,7 +140,7 @@ def with_halo_rows(graph, *source_tensors: Tensor) -> tuple:
     if len(source_tensors) == 1 or len({t.dtype for t in source_tensors}) > 1:
         return (graph.local, *(graph.source_rows(t) for t in source_tensors))
     n = graph.num_own
-    flat = [t.reshape(n, -1) for t in source_tensors]
+    flat = [t.reshape(n, math.prod(t.shape[1:])) for t in source_tensors]  # (n may be 0)
     widths = [f.size(1) for f in flat]
     rows = graph.source_rows(torch.cat(flat, dim=1))
     parts = rows.split(widths, dim=1)
