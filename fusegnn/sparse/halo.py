@@ -26,7 +26,6 @@ same ops in the same order: an exchange is a collective.
 from __future__ import annotations
 
 import math
-
 from typing import Callable
 
 import torch
