@@ -227,9 +227,10 @@ def smaller_side_degree(graph: Graph) -> float:
 
 
 def gar_min_avg_degree(width: int | None, op: str = "") -> float:
-    """Average degree from which ``"auto"`` picks GAR for ``width`` feature columns, for
-    ``op`` (an attention layer's own crossover, :data:`ATTENTION_GAR_CROSSOVER`, else
-    spmm's :data:`GAR_CROSSOVER`), interpolated log-log between the measured widths."""
+    """The degree (:func:`smaller_side_degree`) from which ``"auto"`` picks GAR for
+    ``width`` feature columns, for ``op`` (an attention layer's own crossover,
+    :data:`ATTENTION_GAR_CROSSOVER`, else spmm's :data:`GAR_CROSSOVER`), interpolated
+    log-log between the measured widths."""
     points = ATTENTION_GAR_CROSSOVER.get(op, GAR_CROSSOVER)
     if width is None:
         return GAR_MIN_AVG_DEGREE if points is GAR_CROSSOVER else max(d for _, d in points)
@@ -411,10 +412,11 @@ def explain(graph: Graph, *tensors: Tensor, aggregation: str = "auto", op: str =
             records_backward: bool | None = None) -> Decision:
     """The :class:`Decision` an op on ``graph`` and ``tensors`` takes for ``aggregation``,
     without running it (``op``: ``"spmm"`` enables the host-bound regime of the module
-    docstring, and admits ``"window"``; ``"gat"`` / ``"gatv2"`` take the attention
-    layers' GAR crossover, :data:`ATTENTION_GAR_CROSSOVER`; ``records_backward``: whether the op records a
-    backward, by default whether one of ``tensors`` needs a gradient -- an ``spmm`` passes
-    its edge weights' and bias's too). Raises like the op would for an unavailable backend."""
+    docstring, and admits ``"window"``; ``"gat"`` / ``"gatv2"`` take the attention layers'
+    GAR crossover, :data:`ATTENTION_GAR_CROSSOVER`; ``records_backward``: whether the op
+    records a backward, by default whether one of ``tensors`` needs a gradient -- an
+    ``spmm`` passes its edge weights' and bias's too). Raises like the op would for an
+    unavailable backend."""
     check_aggregation(aggregation, op)
     _load_kernel_backends()
     if aggregation != "auto":
