@@ -420,3 +420,20 @@ def test_keep_bits_only_for_small_tiles_and_few_heads():
     h9, s9, _ = _inputs(graph, gat_fused.MAX_BITS_HEADS + 1, 2, seed=1)
     arg, flags = gat_fused.attention_config(graph, h9, s9, SLOPE, 0.5, 3, "gar")[0].keep_mask("csr", L(4, 1), h9)
     assert arg is h9 and flags == drawn
+
+
+@pytest.mark.parametrize("n, heads, channels", [(37, 8, 8), (5, 3, 5), (0, 2, 4), (300, 1, 3), (9, 2, 33)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_node_scores_are_the_two_dot_products(n, heads, channels, dtype):
+    """The GAT layer's scores ``<h_n, a_s>``, ``<h_n, a_t>`` per head, one kernel: as the
+    broadcast product summed over the channels, in ``h``'s dtype; inputs unchanged."""
+    gen = torch.Generator().manual_seed(n * 7 + heads)
+    h = torch.randn(n, heads, channels, generator=gen, dtype=dtype).to(DEVICE)
+    att_src, att_dst = (torch.randn(1, heads, channels, generator=gen, dtype=dtype).to(DEVICE) for _ in range(2))
+    before = h.clone()
+    got = gat_fused.node_scores(h, att_src, att_dst, torch.float64 if dtype == torch.float64 else torch.float32)
+    want = torch.stack(((h.double() * att_src.double()).sum(-1), (h.double() * att_dst.double()).sum(-1)))
+    assert got.shape == (2, n, heads) and got.dtype == dtype
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.double(), want, **tol)
+    assert torch.equal(h, before)

@@ -615,7 +615,28 @@ def _keep_bits_kernel(perm, bits, seed_ptr, p_drop, E, H, RNG64: tl.constexpr, B
     tl.store(bits + pos, tl.sum(b, axis=1).to(tl.uint8), mask=me)
 
 
+def _node_scores_kernel(h, att_src, att_dst, scores, N, H, C,
+                        BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr):
+    """``scores[0, n, k] = <h[n, k], att_src[k]>``, ``scores[1, n, k] = <h[n, k], att_dst[k]>``
+    for a block of ``BLOCK_N`` nodes: one read of ``h``, sums over the channels in ``ACC``."""
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_c = tl.arange(0, BLOCK_C)
+    mask_hc = (offs_h[:, None] < H) & (offs_c[None, :] < C)
+    hc = offs_h[:, None] * C + offs_c[None, :]
+    a_s = tl.load(att_src + hc, mask=mask_hc, other=0.0).to(ACC)
+    a_t = tl.load(att_dst + hc, mask=mask_hc, other=0.0).to(ACC)
+    m3 = (rows < N)[:, None, None] & mask_hc[None, :, :]
+    x = tl.load(h + rows[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
+    out = rows[:, None] * H + offs_h[None, :]
+    m2 = (rows < N)[:, None] & (offs_h[None, :] < H)
+    tl.store(scores + out, tl.sum(x * a_s[None, :, :], axis=2).to(scores.dtype.element_ty), mask=m2)
+    tl.store(scores + N * H + out, tl.sum(x * a_t[None, :, :], axis=2).to(scores.dtype.element_ty), mask=m2)
+
+
 gat_fwd_kernel = LazyKernel(_gat_fwd_kernel)
+node_scores_kernel = LazyKernel(_node_scores_kernel)
 gat_combine_kernel = LazyKernel(_gat_combine_kernel)
 gat_bwd_row_kernel = LazyKernel(_gat_bwd_row_kernel)
 gat_bwd_col_kernel = LazyKernel(_gat_bwd_col_kernel)
@@ -1164,6 +1185,30 @@ def _layer_config(graph: Graph, h: Tensor, negative_slope: float, p: float, aggr
     return cfg
 
 
+#: ``h`` values (nodes x padded heads x padded channels) per program of the node-scores kernel
+NODE_SCORES_TILE = 2048
+
+
+def node_scores(h: Tensor, att_src: Tensor, att_dst: Tensor, acc: torch.dtype) -> Tensor:
+    r"""``[2, N, H]`` in ``h``'s dtype: :math:`s_{nk} = \langle h_{nk}, a^{(k)}_s angle` and
+    :math:`t_{nk} = \langle h_{nk}, a^{(k)}_t angle` for contiguous ``h`` ``[N, H, C]`` and
+    ``att_src`` / ``att_dst`` ``[1, H, C]``, summed in ``acc`` by one kernel that reads ``h``
+    once -- what ``(h * att).sum(-1)`` for both vectors computes with four passes over a
+    ``[2, N, H, C]`` product (PubMed 8 x 8 on an H100: 25 us; ``benchmarks/NOTES-overhead.md``,
+    session 16), and without a GEMM (which TF32 matmul precision would round)."""
+    n, heads, channels = h.shape
+    scores = torch.empty((2, n, heads), dtype=h.dtype, device=h.device)
+    if n == 0 or heads == 0:
+        return scores
+    block_h, block_c = next_pow2(heads), next_pow2(channels)
+    block_n = max(1, NODE_SCORES_TILE // (block_h * block_c))
+    node_scores_kernel[(triton.cdiv(n, block_n),)](
+        h, att_src.contiguous(), att_dst.contiguous(), scores, n, heads, channels,
+        BLOCK_N=block_n, BLOCK_H=block_h, BLOCK_C=block_c, ACC=_TL_ACC[acc],
+    )
+    return scores
+
+
 def _attention_vector_grads(grad_src: Tensor, grad_dst: Tensor, h: Tensor) -> Tensor:
     r"""``[2, H, C]``: :math:`\partial \mathcal{L} / \partial a_{hc} = \sum_n
     \partial_{s_{nh}} h_{nhc}` for the source and target score vectors (``grad_src``,
@@ -1205,7 +1250,7 @@ class GATLayerFunction(torch.autograd.Function):
     def forward(ctx, h, att_src, att_dst, bias, score_edge, cfg: _Config, concat: bool):  # type: ignore[override]
         graph = cfg.graph
         n_dst, H, C = graph.num_dst_nodes, h.size(1), h.size(2)
-        scores = (h.unsqueeze(0) * torch.cat((att_src, att_dst)).unsqueeze(1)).sum(-1)  # [2, N, H]
+        scores = node_scores(h, att_src, att_dst, cfg.acc)  # [2, N, H]
         s_src, s_dst = scores[0], scores[1]
         padded = padded_channels(C)
         hp = torch.nn.functional.pad(h, (0, padded - C)) if padded != C else h
