@@ -3,7 +3,7 @@ r"""What each backend name means, and whether it can run here.
 Suite ``paper`` (a training step of the 2-layer model):
 
 =====================  ========================================================================
-``fusegnn``            fusegnn layers, ``aggregation="auto"`` (GAS or GAR by average degree)
+``fusegnn``            fusegnn layers, ``aggregation="auto"`` (GAS or GAR by degree and width)
 ``fusegnn-gas``        fusegnn layers, every sparse op on the fused GAS kernels
 ``fusegnn-gar``        fusegnn layers, every sparse op on the fused GAR kernels
 ``fusegnn-reference``  fusegnn layers on the pure-PyTorch reference ops (gather / scatter)
