@@ -71,12 +71,13 @@ VECTOR_MAX_FILL = 0.1
 VECTOR_MAX_WINDOW_SKEW = 8.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CostModel:
     """Constants of the auto rule's cost model (see the module docstring): overheads in
     ms per call; per-unit costs in ms at head dim 64 per dense ``(b, h, q, k)`` element,
     per non-empty 64 x 64 block of one ``(b, h)`` pair, per allowed element of one pair,
-    per compacted (16-query window, key) entry of the vector path of one pair."""
+    per compacted (16-query window, key) entry of the vector path of one pair. Built by
+    keyword only: eight floats in a row are easy to misplace."""
 
     dense_overhead_ms: float
     dense_ms_per_element: float
