@@ -577,20 +577,17 @@ def _gat_alpha_kernel(
     tl.store(alpha + eid[:, None] * H + offs_h[None, :], a.to(alpha.dtype.element_ty), mask=meh)
 
 
-def _keep_mask_kernel(keep, seed_ptr, p_drop, n, H, RNG64: tl.constexpr, BLOCK: tl.constexpr):
+def _keep_mask_kernel(keep, seed_ptr, p_drop, E, H, RNG64: tl.constexpr, BLOCK_E: tl.constexpr,
+                      BLOCK_H: tl.constexpr):
     """The dropout keep mask the fused kernels regenerate (:func:`_dropout_keep`),
-    materialised (for tests): element ``edge * H + head`` of the flattened ``[E, H]`` mask."""
+    materialised (for tests): rows ``[BLOCK_E]`` of the ``[E, H]`` mask, COO edge order."""
     pid = tl.program_id(0)
     seed = tl.load(seed_ptr)
-    off = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = off < n
-    head = off % H
-    rng = (off // H) * ((H + 3) // 4) + head // 4
-    if not RNG64:
-        rng = rng.to(tl.int32)
-    u0, u1, u2, u3 = tl.rand4x(seed, rng)
-    k = _uniform_of_lane(u0, u1, u2, u3, head % 4) >= p_drop
-    tl.store(keep + off, k.to(tl.int8), mask=m)
+    edges = pid.to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_h = tl.arange(0, BLOCK_H)
+    k = _dropout_keep(seed, edges, offs_h, H, p_drop, RNG64)
+    m = (edges < E)[:, None] & (offs_h < H)[None, :]
+    tl.store(keep + edges[:, None] * H + offs_h[None, :], k.to(tl.int8), mask=m)
 
 
 def _keep_bits_kernel(perm, bits, seed_ptr, p_drop, E, H, RNG64: tl.constexpr, BLOCK_E: tl.constexpr,
@@ -621,16 +618,13 @@ def _node_scores_kernel(h, att_src, att_dst, scores, N, H, C,
     for a block of ``BLOCK_N`` nodes: one read of ``h``, sums over the channels in ``ACC``."""
     pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_c = tl.arange(0, BLOCK_C)
-    mask_hc = (offs_h[:, None] < H) & (offs_c[None, :] < C)
-    hc = offs_h[:, None] * C + offs_c[None, :]
+    offs_h, mask_h, mask_hc, hc = _head_channels(H, C, BLOCK_H, BLOCK_C)
     a_s = tl.load(att_src + hc, mask=mask_hc, other=0.0).to(ACC)
     a_t = tl.load(att_dst + hc, mask=mask_hc, other=0.0).to(ACC)
     m3 = (rows < N)[:, None, None] & mask_hc[None, :, :]
     x = tl.load(h + rows[:, None, None] * (H * C) + hc[None, :, :], mask=m3, other=0.0).to(ACC)
     out = rows[:, None] * H + offs_h[None, :]
-    m2 = (rows < N)[:, None] & (offs_h[None, :] < H)
+    m2 = (rows < N)[:, None] & mask_h[None, :]
     tl.store(scores + out, tl.sum(x * a_s[None, :, :], axis=2).to(scores.dtype.element_ty), mask=m2)
     tl.store(scores + N * H + out, tl.sum(x * a_t[None, :, :], axis=2).to(scores.dtype.element_ty), mask=m2)
 
@@ -1190,8 +1184,8 @@ NODE_SCORES_TILE = 2048
 
 
 def node_scores(h: Tensor, att_src: Tensor, att_dst: Tensor, acc: torch.dtype) -> Tensor:
-    r"""``[2, N, H]`` in ``h``'s dtype: :math:`s_{nk} = \langle h_{nk}, a^{(k)}_s angle` and
-    :math:`t_{nk} = \langle h_{nk}, a^{(k)}_t angle` for contiguous ``h`` ``[N, H, C]`` and
+    r"""``[2, N, H]`` in ``h``'s dtype: :math:`s_{nk} = \langle h_{nk}, a^{(k)}_s \rangle` and
+    :math:`t_{nk} = \langle h_{nk}, a^{(k)}_t \rangle` for contiguous ``h`` ``[N, H, C]`` and
     ``att_src`` / ``att_dst`` ``[1, H, C]``, summed in ``acc`` by one kernel that reads ``h``
     once -- what ``(h * att).sum(-1)`` for both vectors computes with four passes over a
     ``[2, N, H, C]`` product (PubMed 8 x 8 on an H100: 25 us; ``benchmarks/NOTES-overhead.md``,
@@ -1334,10 +1328,11 @@ def dropout_keep_mask(num_edges: int, heads: int, p: float, seed: int | Tensor,
     Lets tests compare against the unfused reference with exactly the same mask.
     """
     keep = torch.empty((num_edges, heads), dtype=torch.int8, device=device)
-    n = num_edges * heads
-    if n:
-        block = 1024
-        keep_mask_kernel[(triton.cdiv(n, block),)](
-            keep, _seed_tensor(seed, keep.device), float(p), n, heads, RNG64=_rng64(num_edges, heads), BLOCK=block
+    if num_edges * heads:
+        block_h = next_pow2(heads)
+        block_e = max(1, 1024 // block_h)
+        keep_mask_kernel[(triton.cdiv(num_edges, block_e),)](
+            keep, _seed_tensor(seed, keep.device), float(p), num_edges, heads, RNG64=_rng64(num_edges, heads),
+            BLOCK_E=block_e, BLOCK_H=block_h,
         )
     return keep.bool()
