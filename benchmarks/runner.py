@@ -187,8 +187,6 @@ class _PaperCase:
     state: dict[str, Tensor]  # the weights every backend starts from
     norm_ms: dict[str, float | None]  # library -> graph processing time
     convert_ms: float | None
-    auto: str | None  # the backend "auto" resolves to in a captured or compiled step
-    eager_auto: str | None  # ... and in an eager step (the host-bound regime may take the reference)
 
 
 def _fusegnn_processing(case: Case, graph) -> Callable[[], Any]:
@@ -221,7 +219,7 @@ def _fresh_copy(graph):
 
 
 def _prepare_paper_case(case: Case, backends: list[PaperBackend], data: DatasetCache, config: RunConfig) -> _PaperCase:
-    from fusegnn.sparse import Graph, resolve_aggregation
+    from fusegnn.sparse import Graph
 
     from benchmarks.models import build_fusegnn_model
 
@@ -232,20 +230,11 @@ def _prepare_paper_case(case: Case, backends: list[PaperBackend], data: DatasetC
     x = dataset.x if case.in_features is None else dataset.x[:, : case.in_features].contiguous()
     in_channels = x.size(1)
     norm_ms: dict[str, float | None] = {"fusegnn": None, "pyg": None}
-    convert_ms = auto = eager_auto = None
+    convert_ms = None
     if any(b.library == "fusegnn" for b in backends):
         process = _fusegnn_processing(case, graph)
         norm_ms["fusegnn"] = timed_ms(process, device)
         processed = process()
-        # the rule's pick for the input width (a row's column records the paths it took;
-        # this is the fallback when a step records none)
-        op = case.model if case.model in ("gat", "gatv2") else ""
-        auto = resolve_aggregation("auto", processed, x, op=op).name
-        if case.model in ("gcn", "sage", "gin"):  # an eager step may take the host-bound regime (dispatch)
-            hidden = torch.empty(processed.num_src_nodes, min(case.width, in_channels), device=device)
-            eager_auto = resolve_aggregation("auto", processed, hidden, op="spmm").name
-        else:
-            eager_auto = auto
         convert_ms = timed_ms(lambda: build_csr_formats(_fresh_copy(processed)), device)
         del processed
     if any(b.library == "pyg" for b in backends):
@@ -267,8 +256,6 @@ def _prepare_paper_case(case: Case, backends: list[PaperBackend], data: DatasetC
         state=state,
         norm_ms=norm_ms,
         convert_ms=convert_ms,
-        auto=auto,
-        eager_auto=eager_auto,
     )
 
 
@@ -537,11 +524,9 @@ def _run_paper_case(case, backends, data, config, emit, tick) -> None:
         model = out = None
         try:
             if backend.library == "fusegnn":
-                auto = shared.auto if backend.graphed or backend.compiled else shared.eager_auto
-                resolved = auto if backend.aggregation == "auto" else backend.aggregation
-                resolved = _paths_taken(backend, shared, case, config) or resolved
-                record["aggregation"] = resolved
-                record["convert_ms"] = shared.convert_ms if "gar" in resolved.split("+") else None
+                paths = _paths_taken(backend, shared, case, config)  # None: the step ran no sparse op
+                record["aggregation"] = paths
+                record["convert_ms"] = shared.convert_ms if paths and "gar" in paths.split("+") else None
             model, graph_arg = _paper_model(backend, shared, case, device)
             model.eval()
             if backend.compiled:  # the function the timed steps compute
