@@ -13,6 +13,7 @@ from fusegnn.layers._utils import (
     bipartite_graph_for,
     channel_pair,
     check_attention_args,
+    check_linear_input,
     glorot_,
     graph_for,
     input_linear,
@@ -35,41 +36,6 @@ def _reset_linear(lin: nn.Linear | None) -> None:
         bound = 1.0 / math.sqrt(lin.weight.size(1))
         with torch.no_grad():
             lin.bias.uniform_(-bound, bound)
-
-
-def _materialize(lin: nn.Linear, width: int) -> None:
-    """A lazy ``lin`` (built for ``-1`` input features) made ``[out, width]`` and initialised."""
-    if not isinstance(lin.weight, nn.parameter.UninitializedParameter):  # is_lazy's test, in a form Dynamo traces
-        return
-    if torch.compiler.is_compiling():
-        raise RuntimeError(
-            "GATv2Conv(in_channels=-1) is initialised at its first forward, which torch.compile cannot "
-            "trace: run one eager forward (or load a state dict) before compiling"
-        )
-    with torch.no_grad():
-        lin.weight.materialize((lin.out_features, width))
-        if lin.bias is not None:
-            lin.bias.materialize((lin.out_features,))
-    lin.in_features = width
-    _reset_linear(lin)
-
-
-def _check_input(x: Tensor, lin: nn.Linear, name: str) -> None:
-    """``x`` is a floating ``[N, F]`` tensor fitting ``lin`` (materialised here if lazy)."""
-    if not x.is_floating_point():
-        raise TypeError(f"GATv2Conv: {name} must be a floating tensor, got dtype {x.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"GATv2Conv: {name} must have shape [num_nodes, in_channels], got {tuple(x.shape)}")
-    _materialize(lin, x.size(1))
-    if x.size(1) != lin.weight.size(1):
-        raise ValueError(
-            f"GATv2Conv: {name} has {x.size(1)} features per node but the layer expects {lin.weight.size(1)}"
-        )
-    dtype = lin.weight.dtype
-    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
-        raise TypeError(
-            f"GATv2Conv: {name} has dtype {x.dtype} but the layer's parameters are {dtype}; convert one of them"
-        )
 
 
 class GATv2Conv(nn.Module):
@@ -214,11 +180,11 @@ class GATv2Conv(nn.Module):
         x_src, x_dst = node_pair(x, name)
         graph = self._graph(x, x_src, x_dst, edge_index_or_graph)
         bipartite_x = x_dst is not x_src
-        _check_input(x_src, self.lin_l, "x_src" if bipartite_x else "x")
+        check_linear_input(x_src, self.lin_l, self, "x_src" if bipartite_x else "x")
         if bipartite_x or self.lin_r is not self.lin_l:
-            _check_input(x_dst, self.lin_r, "x_dst" if bipartite_x else "x")
+            check_linear_input(x_dst, self.lin_r, self, "x_dst" if bipartite_x else "x")
         if self.res is not None:
-            _check_input(x_dst, self.res, "x_dst" if bipartite_x else "x")
+            check_linear_input(x_dst, self.res, self, "x_dst" if bipartite_x else "x")
         if edge_attr is not None:
             edge_attr = self._edge_features(edge_attr, graph)
         if self.add_self_loops:  # PyG's: loops i -> i for i < min(N_src, N_dst), old loops dropped
