@@ -43,14 +43,14 @@ log-sum-exp, the loss, ``dz`` and ``dh = dz W`` on chip and stores only ``dz`` (
 **Precision of dh in half precision.** ``dz`` is stored in the input dtype for the
 tensor-core products, and a row's target entry :math:`s (p_y - 1 + \dots)` -- its largest,
 of order :math:`s` -- loses ``2^-9`` of itself to that rounding (bfloat16): in ``dh`` that
-is more error than the output's own rounding (norm-wise against float32 on GNN heads:
-2.3-2.7e-3, eager bfloat16 2.5-2.9e-3, the rounding of ``dh`` alone 1.7e-3). So
-:data:`head_kernel` multiplies ``W`` by ``dz`` in two parts (``hi + lo``, both half), and on
-the GEMM path of up to :data:`SMALL_HEAD_CLASSES` classes the row kernel keeps each row's
-target remainder :math:`\rho_r` (what the rounding of its target entry lost) and
-:data:`grad_rows_kernel` forms ``dh = dz W + rho W_y`` before its one rounding (a
-language-model head's ``dh`` stays on cuBLAS: the target entry weighs less among 10^5
-classes, 1.7e-3 as it is). ``dW`` keeps the rounded ``dz``.
+is more error than the output's own rounding (bfloat16 GNN heads, norm-wise against
+float32: 2.6e-3 on a product of the rounded ``dz``, as eager's, against 1.7e-3 for the
+rounding of ``dh`` alone). :data:`head_kernel` therefore multiplies ``W`` by ``dz`` in two
+half parts (``hi + lo``): a second ``tl.dot`` in a memory-bound kernel. The GEMM path keeps
+the product of the rounded ``dz`` (2.1e-3 on ogbn-mag's 349-class head, 1.7e-3 on a
+language model's): carrying the remainder there needs the correction inside the ``dh``
+GEMM, and a Triton GEMM with that epilogue ran at 0.6x cuBLAS on these shapes (H100,
+benchmarks/NOTES-loss.md, session 17).
 
 With ``index`` the rows that count are ``h[index]`` (repeats count each time); a chunk's
 rows are gathered into an ``[R, K]`` workspace for the GEMM (never an ``[len(index), K]``
@@ -109,9 +109,7 @@ CLASS_ALIGN = 16
 PAD_MAX_WEIGHT_BYTES = 16 * 2**20
 #: elements of one row-kernel tile (``BLOCK_R x BLOCK_C``)
 _TILE = 4096
-#: input dtypes whose ``dz`` loses enough in its rounding to be carried as two parts
-#: (:data:`head_kernel`) or to have its target entry's remainder added back
-#: (:data:`grad_rows_kernel`)
+#: input dtypes whose ``dz`` :data:`head_kernel` carries in two parts for ``dh``
 _HALF = (torch.float16, torch.bfloat16)
 #: a row that fits one tile of up to ``_ROW_PER_WARP`` columns is held by one warp, two rows
 #: a warp, two warps a program (its reductions stay within the warp); wider one-tile rows
@@ -181,26 +179,10 @@ def _target_logit(z_ptr, stride_z, local, y, valid, num_classes):
     return tl.load(z_ptr + local * stride_z + tl.where(in_row, y, 0), mask=in_row, other=0.0)
 
 
-@kernel_helper
-def _store_target_remainder(remainder_ptr, local, in_rows, valid, p_y, eps, num_classes, scale, DTYPE):
-    r"""Stores :math:`\rho = \partial z_{y} - \mathrm{round}(\partial z_{y})` of each row: what
-    rounding the target's gradient to the buffer's ``DTYPE`` lost (0 on ignored rows).
-
-    Why: the target's entry :math:`s (p_y - 1 + \varepsilon - \varepsilon / C)` is a row's
-    largest, of order :math:`s`, and its rounding (``2^-9`` relative in bfloat16) is what
-    bounds ``dh``'s error (2.3-2.7e-3 norm-wise against float32 on GNN heads, more than the
-    output's own rounding, 1.7e-3); :data:`grad_rows_kernel` adds
-    :math:`\rho_r W_{y_r}` back before its one rounding. ``p_y`` must be formed by the same
-    operations as the stored tile's entry, so that the rounding is the same."""
-    dz_y = _grad_from_probs(p_y, valid, eps, num_classes, scale)
-    tl.store(remainder_ptr + local, dz_y - dz_y.to(DTYPE).to(dz_y.dtype), mask=in_rows)
-
-
 def _rows_kernel(
-    z_ptr, stride_z, target_ptr, index_ptr, scale_ptr, loss_ptr, remainder_ptr,
+    z_ptr, stride_z, target_ptr, index_ptr, scale_ptr, loss_ptr,
     row0, n_rows, num_cols, num_classes, ignore_index, smoothing: tl.float64,
     HAS_INDEX: tl.constexpr, SCALE_PER_ROW: tl.constexpr, WRITE_GRAD: tl.constexpr, SMOOTHING: tl.constexpr,
-    WRITE_REMAINDER: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ACC: tl.constexpr, ONE_TILE: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """Rows ``row0 + [pid*BLOCK_R, +BLOCK_R)`` of the chunk whose logits are ``z`` (row
@@ -214,10 +196,7 @@ def _rows_kernel(
     ``[SPLIT, BLOCK_R, BLOCK_C / SPLIT]`` tile whose last axis is one warp's vector loads,
     so that the warps spread over the rows and a row's reductions stay within its warp;
     the gradient comes from the registers (``softmax = e / sum(e)``). Otherwise an online
-    log-sum-exp over ``[BLOCK_R, BLOCK_C]`` tiles, then a second sweep for the gradient.
-
-    With ``WRITE_REMAINDER`` each row's target remainder (:func:`_store_target_remainder`)
-    goes to ``remainder_ptr`` at its chunk row, for :data:`grad_rows_kernel`."""
+    log-sum-exp over ``[BLOCK_R, BLOCK_C]`` tiles, then a second sweep for the gradient."""
     local, in_rows, src, y, valid, eps = _block_rows(index_ptr, target_ptr, row0, n_rows, ignore_index, smoothing,
                                                      HAS_INDEX, BLOCK_R, ACC)
     z_y = _target_logit(z_ptr, stride_z, local, y, valid, num_classes).to(ACC)
@@ -245,10 +224,6 @@ def _rows_kernel(
             dz = _grad_from_probs(e * (1.0 / s)[None, :, None], cols == y[None, :, None], eps[None, :, None],
                                   num_classes, scale[None, :, None])
             tl.store(ptrs, tl.where(is_class, dz, 0.0).to(z_ptr.dtype.element_ty), mask=mask)
-            if WRITE_REMAINDER:  # the target's probability by the tile's own operations
-                p_y = tl.exp2((z_y - m) * LOG2E) * (1.0 / s)
-                _store_target_remainder(remainder_ptr, local, in_rows, valid, p_y, eps, num_classes, scale,
-                                        z_ptr.dtype.element_ty)
     else:
         zrow = z_ptr + local[:, None] * stride_z
         cols0 = tl.arange(0, BLOCK_C)
@@ -278,9 +253,6 @@ def _rows_kernel(
                 dz = _logit_grad(z, lse, cols, y, eps, num_classes, scale)
                 tl.store(zrow + cols[None, :], tl.where((cols < num_classes)[None, :], dz, 0.0)
                          .to(z_ptr.dtype.element_ty), mask=mask)
-            if WRITE_REMAINDER:  # the target's probability as _logit_grad forms it
-                _store_target_remainder(remainder_ptr, local, in_rows, valid, tl.exp(z_y - lse), eps, num_classes,
-                                        scale, z_ptr.dtype.element_ty)
 
 
 #: ``triton.language``, bound at the first launch (the kernel's body reads it when it is
@@ -289,53 +261,6 @@ def _rows_kernel(
 tl = None
 
 rows_kernel = LazyKernel(_rows_kernel)
-
-
-def _grad_rows_kernel(
-    dz_ptr, stride_dz, w_ptr, remainder_ptr, target_ptr, index_ptr, out_ptr, stride_out,
-    row0, n_rows, width, features, num_classes, ignore_index,
-    HAS_INDEX: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ACC: tl.constexpr, UPCAST: tl.constexpr,
-):
-    r"""``dh`` of a chunk's rows, :math:`\partial h_r = \partial z_r W + \rho_r W_{y_r}`, for
-    an ``[BLOCK_M, BLOCK_N]`` tile: the GEMM over the ``width`` (padded) classes on tensor
-    cores, then the target remainder :math:`\rho_r` of :func:`_store_target_remainder` times
-    the target's row of ``W`` (``[width, features]``), added in ``ACC`` before the one
-    rounding to the output's dtype. Chunk row ``r`` is row ``row0 + r`` of the rows that
-    count (its target read through ``index`` with ``HAS_INDEX``), stored at ``out`` row ``r``."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_rows = rows < n_rows
-    in_cols = cols < features
-    ks = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], ACC)
-    for k0 in range(0, width, BLOCK_K):
-        kk = k0 + ks
-        a = tl.load(dz_ptr + rows[:, None] * stride_dz + kk[None, :], mask=in_rows[:, None] & (kk < width)[None, :],
-                    other=0.0)
-        b = tl.load(w_ptr + kk[:, None] * features + cols[None, :], mask=(kk < width)[:, None] & in_cols[None, :],
-                    other=0.0)
-        if UPCAST:
-            a, b = a.to(ACC), b.to(ACC)
-        acc += tl.dot(a, b, input_precision="ieee", out_dtype=ACC)
-    if HAS_INDEX:
-        src = tl.load(index_ptr + row0 + rows, mask=in_rows, other=0).to(tl.int64)
-    else:
-        src = row0 + rows
-    y = tl.load(target_ptr + src, mask=in_rows, other=ignore_index).to(tl.int64)
-    counts = in_rows & (y != ignore_index) & (y >= 0) & (y < num_classes)
-    rho = tl.load(remainder_ptr + rows, mask=counts, other=0.0)
-    w_y = tl.load(w_ptr + tl.where(counts, y, 0)[:, None] * features + cols[None, :],
-                  mask=counts[:, None] & in_cols[None, :], other=0.0)
-    acc += rho[:, None] * w_y.to(ACC)
-    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=in_rows[:, None] & in_cols[None, :])
-
-
-grad_rows_kernel = LazyKernel(_grad_rows_kernel)
-
-#: ``(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)`` of :data:`grad_rows_kernel`
-GRAD_ROWS_BLOCKS = (128, 128, 32, 8, 3)
 
 
 def _head_kernel(
@@ -493,11 +418,9 @@ def scale_all_unless_one(tensors: Sequence[Tensor | None], g: Tensor) -> None:
 
 
 def _launch_rows(z: Tensor, num_classes: int, target: Tensor, index: Tensor | None, scale: Tensor, loss: Tensor,
-                 row0: int, ignore_index: int, smoothing: float, write_grad: bool, per_row: bool,
-                 remainder: Tensor | None = None) -> None:
+                 row0: int, ignore_index: int, smoothing: float, write_grad: bool, per_row: bool) -> None:
     """:data:`rows_kernel` over the chunk ``z`` (``[R, width]``, its first ``num_classes``
-    columns the classes, the rest padding); with ``remainder`` (``[>= R]`` float32) also the
-    rows' target remainders."""
+    columns the classes, the rest padding)."""
     language = _bind_triton_language()
     n_rows, num_cols = z.shape
     block_c = min(next_pow2(num_cols), _TILE)
@@ -518,29 +441,9 @@ def _launch_rows(z: Tensor, num_classes: int, target: Tensor, index: Tensor | No
     dummy = target
     rows_kernel[grid](
         z, z.stride(0), target, index if index is not None else dummy, scale, loss,
-        remainder if remainder is not None else loss,
         row0, n_rows, num_cols, num_classes, ignore_index, float(smoothing),
         HAS_INDEX=index is not None, SCALE_PER_ROW=per_row, WRITE_GRAD=write_grad, SMOOTHING=smoothing != 0.0,
-        WRITE_REMAINDER=remainder is not None and write_grad, BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, ONE_TILE=one_tile, SPLIT=split, num_warps=warps,
-    )
-
-
-def _launch_grad_rows(dz: Tensor, w_gemm: Tensor, remainder: Tensor, target: Tensor, index: Tensor | None,
-                      out: Tensor, row0: int, num_classes: int, ignore_index: int) -> None:
-    """:data:`grad_rows_kernel`: ``out`` (``[R, K]``) = the chunk's ``dh`` from its ``dz``
-    (``[R, width]``, the logits buffer) and target remainders."""
-    language = _bind_triton_language()
-    n_rows, width = dz.shape
-    features = w_gemm.shape[1]
-    block_m, block_n, block_k, warps, stages = GRAD_ROWS_BLOCKS
-    block_n = min(block_n, max(16, next_pow2(features)))
-    grid = ((n_rows + block_m - 1) // block_m, (features + block_n - 1) // block_n)
-    grad_rows_kernel[grid](
-        dz, dz.stride(0), w_gemm, remainder, target, index if index is not None else target, out, out.stride(0),
-        row0, n_rows, width, features, num_classes, ignore_index,
-        HAS_INDEX=index is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        ACC=getattr(language, _TL_NAMES[acc_dtype(dz.dtype)]),
-        UPCAST=interpreter_enabled(), num_warps=warps, num_stages=stages,
+        BLOCK_R=block_r, BLOCK_C=block_c, ACC=acc, ONE_TILE=one_tile, SPLIT=split, num_warps=warps,
     )
 
 
@@ -662,11 +565,6 @@ def fused_linear_cross_entropy(
     chunk_buf = (torch.empty(chunk, width, dtype=h.dtype, device=h.device)
                  if chunk and (not head or want_w or want_b) else None)
     dh_buf = torch.empty(chunk, features, dtype=h.dtype, device=h.device) if gathered_dh else None
-    # half-precision GNN heads on the GEMM path: dh through grad_rows_kernel, with the target
-    # remainders the row kernel leaves (a language-model head's dh keeps cuBLAS: its GEMM is
-    # over 10^5 classes, and its target entries weigh less in dh)
-    remainder_buf = (torch.empty(chunk, dtype=torch.float32, device=h.device)
-                     if not head and want_h and h.dtype in _HALF and num_classes <= SMALL_HEAD_CLASSES else None)
     rows_buf = torch.empty(chunk, features, dtype=h.dtype, device=h.device) if gathered_rows else None
     for r0, r1, lent in schedule:
         idx = index[r0:r1] if index is not None else None
@@ -695,15 +593,12 @@ def fused_linear_cross_entropy(
                 torch.mm(h_rows, w_gemm.t(), out=padded)
             dz = padded[:, :num_classes]
             _launch_rows(padded, num_classes, target, index, scale, loss, r0, ignore_index, smoothing, any(grads),
-                         per_row, remainder_buf)
+                         per_row)
             if want_h:
-                dh = grad_h[r0:r1] if idx is None else dh_buf[: r1 - r0]
-                if remainder_buf is not None:
-                    _launch_grad_rows(padded, w_gemm, remainder_buf, target, index, dh, r0, num_classes, ignore_index)
+                if idx is None:
+                    torch.mm(padded, w_gemm, out=grad_h[r0:r1])
                 else:
-                    torch.mm(padded, w_gemm, out=dh)
-                if idx is not None:
-                    grad_h.index_add_(0, idx, dh)
+                    grad_h.index_add_(0, idx, torch.mm(padded, w_gemm, out=dh_buf[: r1 - r0]))
         if want_w:  # from the real classes' columns: a fresh [C, K] (the padding's rows are never formed)
             grad_w_acc = _accumulate_weight_grad(grad_w_acc, dz, h_rows, acc if exact else h.dtype)
         if want_b:
