@@ -130,6 +130,27 @@ def test_spmm_reductions_equal_loops(spec, reduce, shape):
     assert torch.all(out[g.in_degree == 0] == 0)
 
 
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+@pytest.mark.parametrize("shape", [(20,), (2, 9)])
+def test_spmm_scatter_add_branch_equals_loops(spec, reduce, shape, monkeypatch):
+    """The sum on CUDA's wide rows (``scatter_add_``, the index broadcast over the
+    features), forced on the CPU: the loops' values, and the same gradients as the
+    ``index_add_`` branch."""
+    g = _graph(spec)
+    w = random_weights(g.num_edges, seed=5, positive=False)
+    x = _randn(spec.num_nodes, *shape, seed=4).requires_grad_()
+    grad = _randn(spec.num_nodes, *shape, seed=6)
+    want = spmm(g, x, w, reduce=reduce, aggregation="reference")
+    (want_gx,) = torch.autograd.grad(want, x, grad)
+    assert not reference.scatter_add_is_faster(want)  # the CPU keeps index_add_
+    monkeypatch.setattr(reference, "scatter_add_is_faster", lambda messages: True)
+    out = spmm(g, x, w, reduce=reduce, aggregation="reference")
+    torch.testing.assert_close(out, _spmm_loops(g.edge_index, spec.num_nodes, x, w, reduce))
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(torch.autograd.grad(out, x, grad)[0], want_gx)
+
+
 def test_spmm_bipartite_and_dtypes():
     ei = random_graph(7, 20, seed=3, num_dst_nodes=4)
     g = Graph(ei, (7, 4))
