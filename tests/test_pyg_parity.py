@@ -528,3 +528,22 @@ def test_reset_parameters_draws_what_pyg_draws(name):
     assert sorted(mine) == sorted(want)
     for key, value in want.items():
         torch.testing.assert_close(mine[key], value, rtol=1e-13, atol=1e-15, msg=lambda m: f"{key}: {m}")
+
+
+# ============================================================================ return_attention_weights
+ATTENTION_LAYERS = {
+    "gat": (GATConv, "GATConv"), "gatv2": (GATv2Conv, "GATv2Conv"), "transformer": (TransformerConv, "TransformerConv"),
+}
+
+
+@pytest.mark.parametrize("flag", [None, False, True, 0, 1])
+@pytest.mark.parametrize("name", list(ATTENTION_LAYERS))
+def test_return_attention_weights_flag(name, flag):
+    """What each PyG layer returns for each value of the flag: GAT and GATv2 test its
+    truth, TransformerConv whether it is a bool (``False`` returns the pair too)."""
+    ours_cls, pyg_name = ATTENTION_LAYERS[name]
+    ours, theirs = layer_pair(ours_cls, getattr(pyg_nn, pyg_name), 5, 3, heads=2)
+    ei, x = _square(), randn(N, 5, seed=3)
+    got, want = ours(x, ei, return_attention_weights=flag), theirs(x, ei, return_attention_weights=flag)
+    assert type(got) is type(want)
+    assert_same_as_pyg(ours, theirs, x, ei, return_attention_weights=flag)

@@ -94,7 +94,8 @@ class TransformerConv(nn.Module):
     ``x`` ``[N, in]`` or a pair ``(x_src, x_dst)``; the graph as for
     :class:`~fusegnn.layers.GATConv` (edge weights ignored); ``edge_attr``
     ``[E, edge_dim]`` in the graph's edge order (required with ``edge_dim``). Returns the
-    new features, or with ``return_attention_weights=True`` ``(out, (edge_index, alpha))``,
+    new features, or with ``return_attention_weights`` a bool (``True`` or ``False``: PyG's
+    ``TransformerConv`` tests for a bool, not for truth) ``(out, (edge_index, alpha))``,
     ``alpha`` ``[E, H]`` the coefficients before dropout (as PyG returns them). No
     self-loops are added.
     """
@@ -210,7 +211,7 @@ class TransformerConv(nn.Module):
                 out = gate * skip + (1 - gate) * out
             else:
                 out = out + skip
-        if return_attention_weights:
+        if isinstance(return_attention_weights, bool):  # PyG's test: False returns the pair too
             return out, (edge_index_of(graph), alpha)
         return out
 
