@@ -89,7 +89,12 @@ def _clone_inputs(value, leaves: list):
 
 
 def _flatten(value) -> list[Tensor]:
+    """The tensors of an output; a sparse matrix as its index tensors and its values."""
     if isinstance(value, Tensor):
+        if value.layout == torch.sparse_coo:
+            return [torch.tensor(value.shape), value.indices(), value.values()]
+        if value.layout == torch.sparse_csr:
+            return [torch.tensor(value.shape), value.crow_indices(), value.col_indices(), value.values()]
         return [value]
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in _flatten(v)]
@@ -104,6 +109,7 @@ def _same_structure(a, b) -> None:
             _same_structure(x, y)
     else:
         assert isinstance(a, Tensor) and isinstance(b, Tensor), (type(a), type(b))
+        assert a.layout == b.layout, f"fusegnn returns a {a.layout} tensor, PyG a {b.layout} one"
 
 
 def assert_same_as_pyg(

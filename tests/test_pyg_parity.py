@@ -547,3 +547,22 @@ def test_return_attention_weights_flag(name, flag):
     got, want = ours(x, ei, return_attention_weights=flag), theirs(x, ei, return_attention_weights=flag)
     assert type(got) is type(want)
     assert_same_as_pyg(ours, theirs, x, ei, return_attention_weights=flag)
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("add_self_loops", [True, False], ids=["loops", "no_loops"])
+@pytest.mark.parametrize("name", list(ATTENTION_LAYERS))
+def test_attention_weights_of_a_sparse_adjacency(name, add_self_loops, layout):
+    """On a ``torch.sparse`` ``adj_t``, PyG's GAT / GATv2 return the processed matrix with
+    alpha as its values (and alpha in its row-major order); TransformerConv the input
+    matrix itself. Compared entry by entry (indices exactly), with gradients through both."""
+    ours_cls, pyg_name = ATTENTION_LAYERS[name]
+    opts = dict(heads=2) if name == "transformer" else dict(heads=2, add_self_loops=add_self_loops)
+    ours, theirs = layer_pair(ours_cls, getattr(pyg_nn, pyg_name), 5, 3, **opts)
+    adj = _adj_t(_square(), (N, N), layout)
+    x = randn(N, 5, seed=3)
+    _, (matrix, alpha) = assert_same_as_pyg(ours, theirs, x, adj, return_attention_weights=True)
+    if name != "transformer":
+        torch.testing.assert_close(matrix.values(), alpha, rtol=0, atol=0)
+    else:
+        assert matrix is adj

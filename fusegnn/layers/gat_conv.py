@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from fusegnn.layers._attention_weights import attention_weights
 from fusegnn.layers._utils import (
     bipartite_graph_for,
     check_attention_args,
@@ -16,7 +17,7 @@ from fusegnn.layers._utils import (
     input_linear,
     node_pair,
 )
-from fusegnn.sparse import Graph, edge_index_of, gat_attention, gat_layer
+from fusegnn.sparse import Graph, gat_attention, gat_layer
 from fusegnn.sparse.attention_loops import attention_self_loop_edge_attr, attention_self_loops
 from fusegnn.sparse.dispatch import check_aggregation
 
@@ -99,7 +100,10 @@ class GATConv(nn.Module):
     the order of the graph's edges) returns the new
     features, or with ``return_attention_weights=True`` the pair
     ``(out, (edge_index, alpha))`` where ``edge_index`` includes the self-loops the layer
-    added and ``alpha`` is ``[E, H]``.
+    added and ``alpha`` is ``[E, H]``; for a ``torch.sparse`` input, as PyG,
+    ``(out, (adj, alpha))`` with ``adj`` the processed ``[N_dst, N_src, H]`` sparse matrix
+    (the input's layout) holding ``alpha``, which is in its row-major order
+    (:func:`~fusegnn.layers._attention_weights.attention_weights`).
 
     Under ``torch.compile`` the same code runs on a graph reference: the attention is one
     ``fusegnn::gat_attention`` custom op and the self-loop processing runs inside it (:mod:`fusegnn.sparse.library`); with
@@ -258,7 +262,7 @@ class GATConv(nn.Module):
         if res is not None:
             out = out + res
         if return_attention_weights:
-            return out, (edge_index_of(graph), alpha)
+            return out, attention_weights(edge_index_or_graph, graph, alpha)
         return out
 
     def head_inputs(self, x: Tensor, edge_index_or_graph: Graph | Tensor) -> tuple[Tensor, Tensor, Tensor | None]:

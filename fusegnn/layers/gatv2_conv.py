@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
+from fusegnn.layers._attention_weights import attention_weights
 from fusegnn.layers._utils import (
     bipartite_graph_for,
     channel_pair,
@@ -19,7 +20,7 @@ from fusegnn.layers._utils import (
     input_linear,
     node_pair,
 )
-from fusegnn.sparse import Graph, edge_index_of, gatv2_attention
+from fusegnn.sparse import Graph, gatv2_attention
 from fusegnn.sparse.dispatch import check_aggregation
 from fusegnn.sparse.attention_loops import attention_self_loop_edge_attr, attention_self_loops
 
@@ -87,7 +88,9 @@ class GATv2Conv(nn.Module):
     ignored). ``edge_attr`` ``[E, edge_dim]`` (or ``[E]``) follows the graph's edge order.
     With ``return_attention_weights`` truthy it returns ``(out, (edge_index, alpha))``
     with the self-loops included and ``alpha`` ``[E, H]`` (computed by the reference
-    composition). Under ``torch.compile``, edge features with ``add_self_loops=True`` are
+    composition); for a ``torch.sparse`` input, as PyG, ``(out, (adj, alpha))`` with
+    ``adj`` the processed ``[N_dst, N_src, H]`` sparse matrix holding ``alpha`` in its
+    row-major order (:func:`~fusegnn.layers._attention_weights.attention_weights`). Under ``torch.compile``, edge features with ``add_self_loops=True`` are
     not supported (their count is data-dependent): add the loops beforehand.
     """
 
@@ -207,7 +210,7 @@ class GATv2Conv(nn.Module):
         if self.bias is not None:
             out = out + self.bias
         if return_attention_weights:
-            return out, (edge_index_of(graph), alpha)
+            return out, attention_weights(edge_index_or_graph, graph, alpha)
         return out
 
     def extra_repr(self) -> str:

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fusegnn.layers._attention_weights import attention_weights
 from fusegnn.layers._utils import (
     bipartite_graph_for,
     check_attention_args,
@@ -96,7 +97,9 @@ class TransformerConv(nn.Module):
     ``[E, edge_dim]`` in the graph's edge order (required with ``edge_dim``). Returns the
     new features, or with ``return_attention_weights`` a bool (``True`` or ``False``: PyG's
     ``TransformerConv`` tests for a bool, not for truth) ``(out, (edge_index, alpha))``,
-    ``alpha`` ``[E, H]`` the coefficients before dropout (as PyG returns them). No
+    ``alpha`` ``[E, H]`` the coefficients before dropout (as PyG returns them); for a
+    ``torch.sparse`` input, as PyG, ``(out, (adj_t, alpha))`` with the input matrix
+    itself (``alpha`` in the order of its stored entries). No
     self-loops are added.
     """
 
@@ -212,7 +215,7 @@ class TransformerConv(nn.Module):
             else:
                 out = out + skip
         if isinstance(return_attention_weights, bool):  # PyG's test: False returns the pair too
-            return out, (edge_index_of(graph), alpha)
+            return out, attention_weights(edge_index_or_graph, graph, alpha, alpha_valued=False)
         return out
 
     def extra_repr(self) -> str:
