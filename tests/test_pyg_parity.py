@@ -566,3 +566,90 @@ def test_attention_weights_of_a_sparse_adjacency(name, add_self_loops, layout):
         torch.testing.assert_close(matrix.values(), alpha, rtol=0, atol=0)
     else:
         assert matrix is adj
+
+
+# ============================================================================ more inputs
+def _all_layers():
+    """``name -> (build(module, in_channels), needs_edge_attr, takes_pair)`` for every layer."""
+    return {
+        "gcn": (lambda m, c: m.GCNConv(c, 3), False, False),
+        "gat": (lambda m, c: m.GATConv(c, 3, heads=2, dropout=0.5), False, True),
+        "gat_edges": (lambda m, c: m.GATConv(c, 3, heads=2, edge_dim=2, residual=True), True, True),
+        "gatv2": (lambda m, c: m.GATv2Conv(c, 3, heads=2, dropout=0.5, residual=True), False, True),
+        "gatv2_edges": (lambda m, c: m.GATv2Conv(c, 3, heads=2, edge_dim=2), True, True),
+        "sage": (lambda m, c: m.SAGEConv(c, 3), False, True),
+        "sage_max": (lambda m, c: m.SAGEConv(c, 3, aggr="max"), False, True),
+        "graph_conv": (lambda m, c: m.GraphConv(c, 3, aggr="mean"), False, True),
+        "sgc": (lambda m, c: m.SGConv(c, 3, K=2), False, False),
+        "transformer": (lambda m, c: m.TransformerConv(c, 3, heads=2, beta=True, dropout=0.5), False, True),
+        "transformer_edges": (lambda m, c: m.TransformerConv(c, 3, heads=2, edge_dim=2), True, True),
+    }
+
+
+def _built_pair(name: str, in_channels):
+    import fusegnn.layers as ours_module
+
+    build = _all_layers()[name][0]
+    torch.manual_seed(0)
+    theirs = build(pyg_nn, in_channels).double().eval()  # eval: dropout off
+    ours = build(ours_module, in_channels).double().eval()
+    return ours, theirs
+
+
+def _randomise_and_copy(ours, theirs) -> None:
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.5)
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+
+
+@pytest.mark.parametrize("name", list(_all_layers()))
+def test_eval_mode_and_empty_graph(name):
+    """``eval()`` turns attention dropout off as in PyG; a graph without edges."""
+    ours, theirs = _built_pair(name, 5)
+    _randomise_and_copy(ours, theirs)
+    x = randn(N, 5, seed=3)
+    needs_attr = _all_layers()[name][1]
+    for ei in (_square(), torch.empty(2, 0, dtype=torch.int64)):
+        attr = randn(ei.size(1), 2, seed=7) if needs_attr else None
+        assert_same_as_pyg(ours, theirs, x, ei, *((attr,) if needs_attr else ()))
+
+
+@pytest.mark.parametrize("name", list(_all_layers()))
+def test_lazy_in_channels(name):
+    """``in_channels=-1`` (and ``(-1, -1)`` where the layer takes a pair): the parameters
+    get PyG's shapes at the first forward, and the layers then agree."""
+    takes_pair = _all_layers()[name][2]
+    needs_attr = _all_layers()[name][1]
+    for in_channels in ([-1, (-1, -1)] if takes_pair else [-1]):
+        ours, theirs = _built_pair(name, in_channels)
+        if isinstance(in_channels, tuple):
+            x, ei = (randn(N_SRC, 5, seed=1), randn(N_DST, 4, seed=2)), _bipartite()
+        else:
+            x, ei = randn(N, 5, seed=3), _square()
+        rest = (randn(ei.size(1), 2, seed=7),) if needs_attr else ()
+        ours(x, ei, *rest), theirs(x, ei, *rest)  # materialise
+        _randomise_and_copy(ours, theirs)  # (load_state_dict checks every shape)
+        assert_same_as_pyg(ours, theirs, x, ei, *rest)
+
+
+@pytest.mark.parametrize("fill_value", [torch.tensor([0.5, -1.0], dtype=F64), -2.0], ids=["tensor", "float"])
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_gat_fill_values_and_more_targets_than_sources(name, fill_value):
+    """Loops ``i -> i`` for ``i < min(N_src, N_dst)`` when targets outnumber sources.
+    (A reduction ``fill_value`` such as ``"sum"`` is left out: PyG 2.8 then scatters
+    target indices into ``min(N_src, N_dst)`` rows and fails with an IndexError.)"""
+    import fusegnn.layers as ours_module
+
+    ours, theirs = layer_pair(getattr(ours_module, name), getattr(pyg_nn, name), (5, 4), 3, heads=2, edge_dim=2,
+                              fill_value=fill_value)
+    ei = random_graph(N_DST, E_BIP, seed=4, num_dst_nodes=N_SRC, hub_degree=5)  # 6 sources, 9 targets
+    xs, xd = randn(N_DST, 5, seed=1), randn(N_SRC, 4, seed=2)
+    attr = randn(ei.size(1), 2, seed=7)
+    assert_same_as_pyg(ours, theirs, (xs, xd), ei, attr)
+    assert_same_as_pyg(ours, theirs, (xs, xd), ei, attr, return_attention_weights=True)
+    sq_ours, sq_theirs = layer_pair(getattr(ours_module, name), getattr(pyg_nn, name), 5, 3, heads=2, edge_dim=2,
+                                    fill_value=fill_value)
+    sq = _square()
+    assert_same_as_pyg(sq_ours, sq_theirs, randn(N, 5, seed=3), sq, randn(sq.size(1), 2, seed=7))
