@@ -289,11 +289,11 @@ def test_bad_graph_inputs_name_the_argument_and_the_accepted_types(make):
     name = type(layer).__name__
     x = _x()
     accepted = r"fusegnn\.sparse\.Graph or an edge_index tensor .* torch\.sparse adjacency .* networkx\.Graph"
-    with pytest.raises(TypeError, match=rf"{name}: edge_index_or_graph must be .*{accepted}, got list"):
+    with pytest.raises(TypeError, match=rf"{name}: edge_index must be .*{accepted}, got list"):
         layer(x, [[0, 1], [1, 0]])
-    with pytest.raises(TypeError, match=rf"{name}: edge_index_or_graph must be .*got dict"):
+    with pytest.raises(TypeError, match=rf"{name}: edge_index must be .*got dict"):
         layer(x, {0: [1]})
-    with pytest.raises(TypeError, match=rf"{name}: edge_index_or_graph: a torch\.sparse adjacency must be COO or CSR"):
+    with pytest.raises(TypeError, match=rf"{name}: edge_index: a torch\.sparse adjacency must be COO or CSR"):
         layer(x, torch.eye(N, dtype=F64).to_sparse_csc())
     with pytest.raises(ValueError, match=rf"{name}: the graph has 7 x 7 nodes but x has {N} rows"):
         layer(x, nx.path_graph(7))

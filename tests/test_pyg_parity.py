@@ -653,3 +653,33 @@ def test_gat_fill_values_and_more_targets_than_sources(name, fill_value):
                                     fill_value=fill_value)
     sq = _square()
     assert_same_as_pyg(sq_ours, sq_theirs, randn(N, 5, seed=3), sq, randn(sq.size(1), 2, seed=7))
+
+
+# ============================================================================ signatures
+LAYER_NAMES = ["GCNConv", "GATConv", "GATv2Conv", "SAGEConv", "GINConv", "GINEConv", "SGConv", "APPNP", "GraphConv",
+               "TransformerConv"]
+
+
+@pytest.mark.parametrize("name", LAYER_NAMES)
+def test_signatures_are_pygs(name):
+    """Constructor and forward: PyG's parameter names, order and defaults (fusegnn adds
+    ``aggregation``), so keyword calls such as ``conv(x=x, edge_index=ei)`` work unchanged."""
+    import inspect
+
+    import fusegnn.layers as ours_module
+
+    def params(cls, method):
+        return [(p.name, p.default) for p in inspect.signature(getattr(cls, method)).parameters.values()
+                if p.kind is not p.VAR_KEYWORD and p.name not in ("self", "aggregation")]
+
+    for method in ("__init__", "forward"):
+        assert params(getattr(ours_module, name), method) == params(getattr(pyg_nn, name), method), method
+
+
+@pytest.mark.parametrize("name", ["GCNConv", "GATConv", "SAGEConv", "GraphConv", "TransformerConv"])
+def test_keyword_calls(name):
+    import fusegnn.layers as ours_module
+
+    ours, theirs = layer_pair(getattr(ours_module, name), getattr(pyg_nn, name), 5, 3)
+    x, ei = randn(N, 5, seed=3), _square()
+    assert_same_as_pyg(ours, theirs, x=x, edge_index=ei)

@@ -81,7 +81,7 @@ class GATv2Conv(nn.Module):
         residual: add a learned skip connection ``res(x_dst)``.
         aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``.
 
-    ``forward(x, edge_index_or_graph, edge_attr=None, return_attention_weights=None)``:
+    ``forward(x, edge_index, edge_attr=None, return_attention_weights=None)``:
     ``x`` is ``[N, F]`` or a pair ``(x_src, x_dst)`` (``x_dst`` required); the graph any
     input :func:`~fusegnn.sparse.graph.coerce_graph` takes (``edge_index``, a
     :class:`~fusegnn.sparse.Graph`, a ``torch.sparse`` ``adj_t``; edge weights are
@@ -144,14 +144,14 @@ class GATv2Conv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def _graph(self, x, x_src: Tensor, x_dst: Tensor | None, edge_index_or_graph) -> Graph:
+    def _graph(self, x, x_src: Tensor, x_dst: Tensor | None, edge_index) -> Graph:
         if isinstance(x, Tensor):
-            return graph_for(x, edge_index_or_graph, type(self).__name__)
+            return graph_for(x, edge_index, type(self).__name__)
         if x_dst is None:
             raise ValueError(
                 "GATv2Conv: x_dst (x[1]) must be a tensor: the scores read the targets' own features"
             )
-        return bipartite_graph_for(x_src, x_dst.size(0), edge_index_or_graph, type(self).__name__)
+        return bipartite_graph_for(x_src, x_dst.size(0), edge_index, type(self).__name__)
 
     def _edge_features(self, edge_attr: Tensor, graph: Graph) -> Tensor:
         if self.lin_edge is None:
@@ -175,13 +175,13 @@ class GATv2Conv(nn.Module):
     def forward(
         self,
         x: Tensor | tuple[Tensor, Tensor],
-        edge_index_or_graph: Graph | Tensor,
+        edge_index: Graph | Tensor,
         edge_attr: Tensor | None = None,
         return_attention_weights: bool | None = None,
     ):
         name = type(self).__name__
         x_src, x_dst = node_pair(x, name)
-        graph = self._graph(x, x_src, x_dst, edge_index_or_graph)
+        graph = self._graph(x, x_src, x_dst, edge_index)
         bipartite_x = x_dst is not x_src
         check_linear_input(x_src, self.lin_l, self, "x_src" if bipartite_x else "x")
         if bipartite_x or self.lin_r is not self.lin_l:
@@ -210,7 +210,7 @@ class GATv2Conv(nn.Module):
         if self.bias is not None:
             out = out + self.bias
         if return_attention_weights:
-            return out, attention_weights(edge_index_or_graph, graph, alpha)
+            return out, attention_weights(edge_index, graph, alpha)
         return out
 
     def extra_repr(self) -> str:

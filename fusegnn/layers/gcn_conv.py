@@ -56,10 +56,11 @@ class GCNConv(nn.Module):
 
     Shapes:
         ``x`` ``[N, in_channels]`` (of the layer's dtype, else a ``TypeError``),
-        ``edge_index_or_graph`` (see below), ``edge_weight`` ``[E]`` (optional)
+        ``edge_index`` (see below), ``edge_weight`` ``[E]`` (optional)
         -> ``[N, out_channels]``.
 
-    ``edge_index_or_graph`` is any of (converted by
+    The graph argument ``edge_index`` (PyG's name, so that keyword calls work unchanged)
+    is any of (converted by
     :func:`~fusegnn.sparse.graph.coerce_graph`):
 
     * an ``edge_index`` ``[2, E]`` (row 0 sources, row 1 targets) or a
@@ -129,24 +130,24 @@ class GCNConv(nn.Module):
             nn.init.zeros_(self.bias)
         self._cached_graph = None
 
-    def _processed_graph(self, x: Tensor, edge_index_or_graph, edge_weight: Tensor | None) -> Graph:
+    def _processed_graph(self, x: Tensor, edge_index, edge_weight: Tensor | None) -> Graph:
         return normalized_graph(
-            self, x, edge_index_or_graph, edge_weight, cached=self.cached,
+            self, x, edge_index, edge_weight, cached=self.cached,
             normalize=self.normalize, improved=self.improved, add_self_loops=self.add_self_loops,
         )
 
     def forward(
-        self, x: Tensor, edge_index_or_graph: Graph | Tensor, edge_weight: Tensor | None = None
+        self, x: Tensor, edge_index: Graph | Tensor, edge_weight: Tensor | None = None
     ) -> Tensor:
         check_features(x, self)
-        graph = self._processed_graph(x, edge_index_or_graph, edge_weight)
+        graph = self._processed_graph(x, edge_index, edge_weight)
         if self.in_channels < self.out_channels:
             return F.linear(spmm(graph, x, aggregation=self.aggregation), self.lin.weight, self.bias)
         # the bias is the aggregation's epilogue (one autograd node for the sparse part)
         return spmm(graph, self.lin(x), bias=self.bias, aggregation=self.aggregation)
 
     def head_inputs(
-        self, x: Tensor, edge_index_or_graph: Graph | Tensor, edge_weight: Tensor | None = None
+        self, x: Tensor, edge_index: Graph | Tensor, edge_weight: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         r"""The layer's output as a linear map of aggregated inputs, ``(a, W, b)`` with
         ``forward(x) == a @ W.T + b`` and :math:`a = \hat{A} X` (aggregated at the input
@@ -154,7 +155,7 @@ class GCNConv(nn.Module):
         (:func:`fusegnn.losses.linear_cross_entropy`) takes, so that an output layer's
         logits are never written. Same checks and graph processing as :meth:`forward`."""
         check_features(x, self)
-        graph = self._processed_graph(x, edge_index_or_graph, edge_weight)
+        graph = self._processed_graph(x, edge_index, edge_weight)
         return spmm(graph, x, aggregation=self.aggregation), self.lin.weight, self.bias
 
     def extra_repr(self) -> str:

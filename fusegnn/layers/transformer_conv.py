@@ -91,7 +91,7 @@ class TransformerConv(nn.Module):
             exists either way, as in PyG).
         aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"`` for the sparse ops.
 
-    ``forward(x, edge_index_or_graph, edge_attr=None, return_attention_weights=None)``:
+    ``forward(x, edge_index, edge_attr=None, return_attention_weights=None)``:
     ``x`` ``[N, in]`` or a pair ``(x_src, x_dst)``; the graph as for
     :class:`~fusegnn.layers.GATConv` (edge weights ignored); ``edge_attr``
     ``[E, edge_dim]`` in the graph's edge order (required with ``edge_dim``). Returns the
@@ -155,7 +155,7 @@ class TransformerConv(nn.Module):
             if lin is not None:  # a LazyLinear not materialised yet is initialised when it is
                 lin.reset_parameters()
 
-    def _inputs(self, x, edge_index_or_graph) -> tuple[Tensor, Tensor, Graph]:
+    def _inputs(self, x, edge_index) -> tuple[Tensor, Tensor, Graph]:
         name = type(self).__name__
         x_src, x_dst = node_pair(x, name)
         if x_dst is None:
@@ -166,9 +166,9 @@ class TransformerConv(nn.Module):
                                  (self.lin_query, x_dst, dst_name), (self.lin_skip, x_dst, dst_name)):
             check_linear_input(value, lin, name, what, glorot=False)
         if bipartite:
-            graph = bipartite_graph_for(x_src, x_dst.size(0), edge_index_or_graph, name)
+            graph = bipartite_graph_for(x_src, x_dst.size(0), edge_index, name)
         else:
-            graph = graph_for(x, edge_index_or_graph, name)
+            graph = graph_for(x, edge_index, name)
         return x_src, x_dst, graph
 
     def _edge_values(self, graph: Graph, edge_attr: Tensor | None) -> Tensor | None:
@@ -186,12 +186,12 @@ class TransformerConv(nn.Module):
     def forward(
         self,
         x: Tensor | tuple[Tensor, Tensor],
-        edge_index_or_graph: Graph | Tensor,
+        edge_index: Graph | Tensor,
         edge_attr: Tensor | None = None,
         return_attention_weights: bool | None = None,
     ):
         H, C = self.heads, self.out_channels
-        x_src, x_dst, graph = self._inputs(x, edge_index_or_graph)
+        x_src, x_dst, graph = self._inputs(x, edge_index)
         edge_values = self._edge_values(graph, edge_attr)
         query = self.lin_query(x_dst).view(-1, H, C)
         key = self.lin_key(x_src).view(-1, H, C)
@@ -215,7 +215,7 @@ class TransformerConv(nn.Module):
             else:
                 out = out + skip
         if isinstance(return_attention_weights, bool):  # PyG's test: False returns the pair too
-            return out, attention_weights(edge_index_or_graph, graph, alpha, alpha_valued=False)
+            return out, attention_weights(edge_index, graph, alpha, alpha_valued=False)
         return out
 
     def extra_repr(self) -> str:
