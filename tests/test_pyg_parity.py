@@ -83,6 +83,16 @@ def _ids(cases):
     return [",".join(f"{k}={v}" for k, v in c.items()) or "default" for c in cases]
 
 
+def _assert_weighted_form(ours, theirs, x, ei, w, form: str) -> None:
+    """A GCN-style layer given the graph ``ei`` with edge weights ``w`` in one input form:
+    ``edge_weight`` with an ``edge_index`` / a :class:`Graph`, the values of a sparse ``adj_t``."""
+    if form in ("coo", "csr"):
+        assert_same_as_pyg(ours, theirs, x, _adj_t(ei, (N, N), form, w))
+    else:
+        g, _ = _graph_input(form, ei, (N, N))
+        assert_same_as_pyg(ours, theirs, x, g, w, pyg_args=(x, ei, w))
+
+
 SQUARE_FORMS = ["edge_index", "graph", "coo", "csr"]
 
 
@@ -132,12 +142,7 @@ def test_gcn(opts, channels, weighted):
         forms = SQUARE_FORMS if ei is loopless else ["edge_index", "graph"]
         for form in forms:  # a fresh pair each time: cached=True keeps the first call's graph
             ours, theirs = layer_pair(GCNConv, pyg_nn.GCNConv, *channels, **opts)
-            if form in ("coo", "csr"):
-                adj = _adj_t(ei, (N, N), form, w)
-                assert_same_as_pyg(ours, theirs, x, adj)
-            else:
-                g, _ = _graph_input(form, ei, (N, N))
-                assert_same_as_pyg(ours, theirs, x, g, w, pyg_args=(x, ei, w))
+            _assert_weighted_form(ours, theirs, x, ei, w, form)
             # a second call on another graph (cached: the first one's normalised graph)
             other = _square(seed=6, self_loops=False)
             w_other = random_weights(other.size(1), seed=8).to(F64)
@@ -183,8 +188,8 @@ def test_gcn_normalize_false_rejects_self_loops_as_pyg():
         assert GCNConv(4, 3, **kw).add_self_loops == pyg_nn.GCNConv(4, 3, **kw).add_self_loops, kw
 
 
-# ============================================================================ GATConv
-GAT_CASES = [
+# ============================================================================ GATConv / GATv2Conv
+_ATTENTION_CASES = [
     dict(heads=h, concat=c, add_self_loops=loops)
     for h, c, loops in itertools.product([1, 3], [True, False], [True, False])
 ] + [
@@ -201,6 +206,10 @@ GAT_CASES = [
     dict(heads=2, edge_dim=3, fill_value="mul"),
     dict(heads=2, edge_dim=1),
 ]
+GAT_FAMILY = {"GATConv": (GATConv, _ATTENTION_CASES),
+              "GATv2Conv": (GATv2Conv, _ATTENTION_CASES + [dict(heads=2, share_weights=True)])}
+GAT_FAMILY_CASES = [(name, o) for name, (_, cases) in GAT_FAMILY.items() for o in cases]
+GAT_FAMILY_IDS = [f"{name}-{i}" for name, (_, cases) in GAT_FAMILY.items() for i in _ids(cases)]
 
 
 def _edge_attr(num_edges: int, edge_dim: int | None, seed: int = 7):
@@ -210,25 +219,34 @@ def _edge_attr(num_edges: int, edge_dim: int | None, seed: int = 7):
     return attr.view(-1) if edge_dim == 1 else attr  # PyG's [E] form of edge_dim=1
 
 
-@pytest.mark.parametrize("channels", [(5, 3), (3, 6)], ids=["narrow", "widen"])
-@pytest.mark.parametrize("opts", GAT_CASES, ids=_ids(GAT_CASES))
-def test_gat_square(opts, channels):
-    ours, theirs = layer_pair(GATConv, pyg_nn.GATConv, *channels, **opts)
+def _assert_square_attention(ours, theirs, in_channels: int, edge_dim: int | None):
+    """An attention layer on the square graph: ``edge_index`` (with and without
+    ``return_attention_weights``) and :class:`Graph`. Returns ``(ei, x, edge_attr)``."""
     ei = _square()
-    x = randn(N, channels[0], seed=3)
-    attr = _edge_attr(ei.size(1), opts.get("edge_dim"))
+    x = randn(N, in_channels, seed=3)
+    attr = _edge_attr(ei.size(1), edge_dim)
     assert_same_as_pyg(ours, theirs, x, ei, attr)
     assert_same_as_pyg(ours, theirs, x, ei, attr, return_attention_weights=True)
     assert_same_as_pyg(ours, theirs, x, Graph(ei, N), attr, pyg_args=(x, ei, attr))
+    return ei, x, attr
 
 
-@pytest.mark.parametrize("opts", [o for o in GAT_CASES if "edge_dim" not in o], ids=_ids([o for o in GAT_CASES if "edge_dim" not in o]))
+@pytest.mark.parametrize("channels", [(5, 3), (3, 6)], ids=["narrow", "widen"])
+@pytest.mark.parametrize("name, opts", GAT_FAMILY_CASES, ids=GAT_FAMILY_IDS)
+def test_gat_family_square(name, opts, channels):
+    ours, theirs = layer_pair(GAT_FAMILY[name][0], getattr(pyg_nn, name), *channels, **opts)
+    ei, x, attr = _assert_square_attention(ours, theirs, channels[0], opts.get("edge_dim"))
+
+
 @pytest.mark.parametrize("layout", ["coo", "csr"])
-def test_gat_sparse_adjacency(opts, layout):
-    ours, theirs = layer_pair(GATConv, pyg_nn.GATConv, 5, 3, **opts)
+@pytest.mark.parametrize(
+    "name, opts", [c for c in GAT_FAMILY_CASES if "edge_dim" not in c[1]],
+    ids=[i for c, i in zip(GAT_FAMILY_CASES, GAT_FAMILY_IDS) if "edge_dim" not in c[1]],
+)
+def test_gat_family_sparse_adjacency(name, opts, layout):
+    ours, theirs = layer_pair(GAT_FAMILY[name][0], getattr(pyg_nn, name), 5, 3, **opts)
     adj = _adj_t(_square(), (N, N), layout)
-    x = randn(N, 5, seed=3)
-    assert_same_as_pyg(ours, theirs, x, adj)
+    assert_same_as_pyg(ours, theirs, randn(N, 5, seed=3), adj)
 
 
 GAT_PAIR_CASES = [
@@ -238,14 +256,19 @@ GAT_PAIR_CASES = [
 ]
 
 
+def _bipartite_inputs(in_channels, edge_dim: int | None):
+    """``(ei, x_src, x_dst, edge_attr)`` of the bipartite graph for a layer built with
+    ``in_channels`` (``x_src`` 5 wide, ``x_dst`` of the target width)."""
+    ei = _bipartite()
+    in_dst = in_channels if isinstance(in_channels, int) else in_channels[1]
+    return ei, randn(N_SRC, 5, seed=1), randn(N_DST, in_dst, seed=2), _edge_attr(ei.size(1), edge_dim)
+
+
 @pytest.mark.parametrize("in_channels", [5, (5, 4)], ids=["shared_lin", "lin_src_dst"])
 @pytest.mark.parametrize("opts", GAT_PAIR_CASES, ids=_ids(GAT_PAIR_CASES))
 def test_gat_bipartite(opts, in_channels):
     ours, theirs = layer_pair(GATConv, pyg_nn.GATConv, in_channels, 3, **opts)
-    ei = _bipartite()
-    in_dst = in_channels if isinstance(in_channels, int) else in_channels[1]
-    xs, xd = randn(N_SRC, 5, seed=1), randn(N_DST, in_dst, seed=2)
-    attr = _edge_attr(ei.size(1), opts.get("edge_dim"))
+    ei, xs, xd, attr = _bipartite_inputs(in_channels, opts.get("edge_dim"))
     assert_same_as_pyg(ours, theirs, (xs, xd), ei, attr)
     assert_same_as_pyg(ours, theirs, (xs, xd), ei, attr, size=(N_SRC, N_DST))
     assert_same_as_pyg(ours, theirs, (xs, xd), ei, attr, return_attention_weights=True)
@@ -258,46 +281,7 @@ def test_gat_bipartite(opts, in_channels):
         assert_same_as_pyg(ours2, theirs2, x, sq, _edge_attr(sq.size(1), opts.get("edge_dim")))
 
 
-# ============================================================================ GATv2Conv
-GATV2_CASES = [
-    dict(heads=h, concat=c, add_self_loops=loops)
-    for h, c, loops in itertools.product([1, 3], [True, False], [True, False])
-] + [
-    dict(heads=2, negative_slope=0.5),
-    dict(heads=2, bias=False),
-    dict(heads=2, share_weights=True),
-    dict(heads=2, residual=True),
-    dict(heads=2, concat=False, residual=True),
-    dict(heads=2, edge_dim=3),
-    dict(heads=2, edge_dim=3, add_self_loops=False),
-    dict(heads=2, edge_dim=3, fill_value=0.5),
-    dict(heads=2, edge_dim=3, fill_value="add"),
-    dict(heads=2, edge_dim=3, fill_value="min"),
-    dict(heads=2, edge_dim=3, fill_value="mul"),
-    dict(heads=2, edge_dim=1),
-]
-
-
-@pytest.mark.parametrize("channels", [(5, 3), (3, 6)], ids=["narrow", "widen"])
-@pytest.mark.parametrize("opts", GATV2_CASES, ids=_ids(GATV2_CASES))
-def test_gatv2_square(opts, channels):
-    ours, theirs = layer_pair(GATv2Conv, pyg_nn.GATv2Conv, *channels, **opts)
-    ei = _square()
-    x = randn(N, channels[0], seed=3)
-    attr = _edge_attr(ei.size(1), opts.get("edge_dim"))
-    assert_same_as_pyg(ours, theirs, x, ei, attr)
-    assert_same_as_pyg(ours, theirs, x, ei, attr, return_attention_weights=True)
-    assert_same_as_pyg(ours, theirs, x, Graph(ei, N), attr, pyg_args=(x, ei, attr))
-
-
-@pytest.mark.parametrize("opts", [o for o in GATV2_CASES if "edge_dim" not in o], ids=_ids([o for o in GATV2_CASES if "edge_dim" not in o]))
-@pytest.mark.parametrize("layout", ["coo", "csr"])
-def test_gatv2_sparse_adjacency(opts, layout):
-    ours, theirs = layer_pair(GATv2Conv, pyg_nn.GATv2Conv, 5, 3, **opts)
-    adj = _adj_t(_square(), (N, N), layout)
-    assert_same_as_pyg(ours, theirs, randn(N, 5, seed=3), adj)
-
-
+# ============================================================================ GATv2Conv (bipartite)
 GATV2_PAIR_CASES = [
     dict(heads=2), dict(heads=2, add_self_loops=False), dict(heads=2, share_weights=True),
     dict(heads=2, residual=True), dict(heads=2, edge_dim=3), dict(heads=2, edge_dim=3, fill_value="max"),
@@ -312,10 +296,7 @@ GATV2_PAIR_CASES = [
 )
 def test_gatv2_bipartite(opts, in_channels):  # (share_weights needs one input width)
     ours, theirs = layer_pair(GATv2Conv, pyg_nn.GATv2Conv, in_channels, 3, **opts)
-    ei = _bipartite()
-    in_dst = in_channels if isinstance(in_channels, int) else in_channels[1]
-    xs, xd = randn(N_SRC, 5, seed=1), randn(N_DST, in_dst, seed=2)
-    attr = _edge_attr(ei.size(1), opts.get("edge_dim"))
+    ei, xs, xd, attr = _bipartite_inputs(in_channels, opts.get("edge_dim"))
     assert_same_as_pyg(ours, theirs, (xs, xd), ei, attr)
     assert_same_as_pyg(ours, theirs, (xs, xd), ei, attr, return_attention_weights=True)
     assert_same_as_pyg(ours, theirs, (xs, xd), Graph(ei, (N_SRC, N_DST)), attr, pyg_args=((xs, xd), ei, attr))
@@ -426,12 +407,7 @@ def test_sgc(opts, channels, weighted):
     x = randn(N, channels[0], seed=3)
     for form in SQUARE_FORMS:  # a fresh pair each time: cached=True keeps the first call's
         ours, theirs = layer_pair(SGConv, pyg_nn.SGConv, *channels, **opts)
-        if form in ("coo", "csr"):
-            adj = _adj_t(ei, (N, N), form, w)
-            assert_same_as_pyg(ours, theirs, x, adj)
-        else:
-            g, _ = _graph_input(form, ei, (N, N))
-            assert_same_as_pyg(ours, theirs, x, g, w, pyg_args=(x, ei, w))
+        _assert_weighted_form(ours, theirs, x, ei, w, form)
         # a second call (cached: the first call's propagation, detached)
         other = randn(N, channels[0], seed=9)
         assert_same_as_pyg(ours, theirs, other, _square(seed=5))
@@ -454,12 +430,7 @@ def test_appnp(opts, weighted):
     K, alpha = opts.pop("K"), opts.pop("alpha")
     for form in SQUARE_FORMS:
         ours, theirs = APPNP(K, alpha, aggregation="reference", **opts), pyg_nn.APPNP(K, alpha, **opts)
-        if form in ("coo", "csr"):
-            adj = _adj_t(ei, (N, N), form, w)
-            assert_same_as_pyg(ours, theirs, x, adj)
-        else:
-            g, _ = _graph_input(form, ei, (N, N))
-            assert_same_as_pyg(ours, theirs, x, g, w, pyg_args=(x, ei, w))
+        _assert_weighted_form(ours, theirs, x, ei, w, form)
         assert_same_as_pyg(ours, theirs, randn(N, 5, seed=9), _square(seed=5))
 
 
@@ -477,12 +448,7 @@ TRANSFORMER_CASES = [
 @pytest.mark.parametrize("opts", TRANSFORMER_CASES, ids=_ids(TRANSFORMER_CASES))
 def test_transformer(opts, channels):
     ours, theirs = layer_pair(TransformerConv, pyg_nn.TransformerConv, *channels, **opts)
-    ei = _square()
-    x = randn(N, channels[0], seed=3)
-    attr = _edge_attr(ei.size(1), opts.get("edge_dim"))
-    assert_same_as_pyg(ours, theirs, x, ei, attr)
-    assert_same_as_pyg(ours, theirs, x, ei, attr, return_attention_weights=True)
-    assert_same_as_pyg(ours, theirs, x, Graph(ei, N), attr, pyg_args=(x, ei, attr))
+    ei, x, attr = _assert_square_attention(ours, theirs, channels[0], opts.get("edge_dim"))
     if attr is None:
         for layout in ("coo", "csr"):
             adj = _adj_t(ei, (N, N), layout)
