@@ -288,7 +288,7 @@ def test_layer_bad_edge_index(make, ei):
         layer(x, bad)
     with pytest.raises(ValueError, match=f"{name}: edge_index must have shape"):
         layer(x, ei[:1])
-    with pytest.raises(TypeError, match=f"{name}: edge_index_or_graph must be"):
+    with pytest.raises(TypeError, match=f"{name}: edge_index must be"):
         layer(x, ei.tolist())
     with pytest.raises(ValueError, match=f"{name}: the graph has 9 x 9 nodes but x has {N} rows"):
         layer(x, Graph(ei, N + 1))

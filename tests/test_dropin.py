@@ -147,12 +147,18 @@ def test_gat_sparse_and_networkx_equal_edge_index_and_ignore_weights(layout):
     torch.testing.assert_close(_gat()(x, _adj_t(ei, w, layout)), _gat()(x, stored_ei))
     torch.testing.assert_close(_gat()(x, _nx_graph(ei, w)), _gat()(x, ei))  # parallel edges kept
     torch.testing.assert_close(_gat()(x, Graph(ei, N)), _gat()(x, ei))
-    # return_attention_weights hands back the processed edges of the converted graph
-    out, (edges, alpha) = _gat()(x, _adj_t(ei, w, layout), return_attention_weights=True)
+    # return_attention_weights hands back the processed edges of the converted graph, as
+    # PyG does for a sparse input: that graph as a sparse [N, N, H] adj_t of the input's
+    # layout holding alpha, and alpha in its (row-major) order
+    out, (adj_alpha, alpha) = _gat()(x, _adj_t(ei, w, layout), return_attention_weights=True)
     out_ei, (edges_ei, alpha_ei) = _gat()(x, stored_ei, return_attention_weights=True)
     torch.testing.assert_close(out, out_ei)
-    assert torch.equal(edges, edges_ei)
-    torch.testing.assert_close(alpha, alpha_ei)
+    assert adj_alpha.layout == layout
+    torch.testing.assert_close(adj_alpha.values(), alpha, rtol=0, atol=0)
+    dense = torch.zeros(N, N, alpha_ei.size(1), dtype=F64)
+    dense[edges_ei[1], edges_ei[0]] = alpha_ei  # the processed edges are unique
+    torch.testing.assert_close(adj_alpha.to_dense(), dense)
+    assert sorted(alpha.flatten().tolist()) == sorted(alpha_ei.flatten().tolist())
 
 
 def test_gcn_sparse_adjacency_matches_pyg():
@@ -283,11 +289,11 @@ def test_bad_graph_inputs_name_the_argument_and_the_accepted_types(make):
     name = type(layer).__name__
     x = _x()
     accepted = r"fusegnn\.sparse\.Graph or an edge_index tensor .* torch\.sparse adjacency .* networkx\.Graph"
-    with pytest.raises(TypeError, match=rf"{name}: edge_index_or_graph must be .*{accepted}, got list"):
+    with pytest.raises(TypeError, match=rf"{name}: edge_index must be .*{accepted}, got list"):
         layer(x, [[0, 1], [1, 0]])
-    with pytest.raises(TypeError, match=rf"{name}: edge_index_or_graph must be .*got dict"):
+    with pytest.raises(TypeError, match=rf"{name}: edge_index must be .*got dict"):
         layer(x, {0: [1]})
-    with pytest.raises(TypeError, match=rf"{name}: edge_index_or_graph: a torch\.sparse adjacency must be COO or CSR"):
+    with pytest.raises(TypeError, match=rf"{name}: edge_index: a torch\.sparse adjacency must be COO or CSR"):
         layer(x, torch.eye(N, dtype=F64).to_sparse_csc())
     with pytest.raises(ValueError, match=rf"{name}: the graph has 7 x 7 nodes but x has {N} rows"):
         layer(x, nx.path_graph(7))

@@ -327,15 +327,7 @@ def test_gat_dropout():
 
 
 # ---------------------------------------------------------------------------- PyG
-try:
-    import torch_geometric.nn as pyg_nn
-
-    _PYG_REASON = ""
-except Exception as err:  # pragma: no cover - exercised only without PyG
-    pyg_nn = None
-    _PYG_REASON = f"torch_geometric is not importable ({type(err).__name__}: {err})"
-
-requires_pyg = pytest.mark.skipif(pyg_nn is None, reason=_PYG_REASON or "torch_geometric missing")
+from tests.pyg_compare import pyg_nn, requires_pyg  # noqa: E402  (re-exported to test_layers_library)
 
 
 def _copy_params(src: torch.nn.Module, dst: torch.nn.Module) -> None:

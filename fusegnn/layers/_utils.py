@@ -206,10 +206,10 @@ def graph_for(x: Tensor, edge_index_or_graph: Graph | Tensor, layer: str) -> Gra
     is the worker's :class:`~fusegnn.sparse.halo.HaloGraph` and ``x`` holds the owned
     nodes' rows: the ops fetch the halo rows they aggregate, so the layer runs unchanged."""
     if torch.compiler.is_compiling():  # its errors as they are (see coerce_graph)
-        graph = graph_arg(edge_index_or_graph, x.size(0), name="edge_index_or_graph", device=x.device)
+        graph = graph_arg(edge_index_or_graph, x.size(0), name="edge_index", device=x.device)
     else:
         try:
-            graph = graph_arg(edge_index_or_graph, x.size(0), name="edge_index_or_graph", device=x.device)
+            graph = graph_arg(edge_index_or_graph, x.size(0), name="edge_index", device=x.device)
         except (TypeError, ValueError, IndexError) as err:
             raise type(err)(f"{layer}: {err}") from None
     if isinstance(graph, HaloGraph):  # a worker's share of a distributed graph: x holds its owned nodes
@@ -262,10 +262,10 @@ def bipartite_graph_for(
         num_dst = x_src.size(0)
     num_nodes = (x_src.size(0), num_dst) if num_dst is not None else None
     if torch.compiler.is_compiling():
-        graph = graph_arg(edge_index_or_graph, num_nodes, name="edge_index_or_graph", device=x_src.device)
+        graph = graph_arg(edge_index_or_graph, num_nodes, name="edge_index", device=x_src.device)
     else:
         try:
-            graph = graph_arg(edge_index_or_graph, num_nodes, name="edge_index_or_graph", device=x_src.device)
+            graph = graph_arg(edge_index_or_graph, num_nodes, name="edge_index", device=x_src.device)
         except (TypeError, ValueError, IndexError) as err:
             raise type(err)(f"{layer}: {err}") from None
     if graph.num_src_nodes != x_src.size(0) or (num_dst is not None and graph.num_dst_nodes != num_dst):

@@ -52,7 +52,7 @@ class APPNP(nn.Module):
             (see :mod:`fusegnn.sparse.dispatch`).
 
     Shapes:
-        ``x`` ``[N, F]``; ``edge_index_or_graph`` an ``edge_index``, a
+        ``x`` ``[N, F]``; ``edge_index`` an ``edge_index``, a
         :class:`~fusegnn.sparse.Graph` or a ``torch.sparse`` ``adj_t`` (rows are targets;
         float values are edge weights); ``edge_weight`` ``[E]`` (optional) -> ``[N, F]``.
 
@@ -87,11 +87,11 @@ class APPNP(nn.Module):
         self._cached_graph = None
 
     def forward(
-        self, x: Tensor, edge_index_or_graph: Graph | Tensor, edge_weight: Tensor | None = None
+        self, x: Tensor, edge_index: Graph | Tensor, edge_weight: Tensor | None = None
     ) -> Tensor:
         check_node_features(x, type(self).__name__)
         graph = normalized_graph(
-            self, x, edge_index_or_graph, edge_weight, cached=self.cached,
+            self, x, edge_index, edge_weight, cached=self.cached,
             normalize=self.normalize, add_self_loops=self.add_self_loops,
         )
         if self.dropout > 0.0 and self.training and self.K > 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from fusegnn.layers._attention_weights import attention_weights
 from fusegnn.layers._utils import (
     bipartite_graph_for,
     check_attention_args,
@@ -16,7 +17,7 @@ from fusegnn.layers._utils import (
     input_linear,
     node_pair,
 )
-from fusegnn.sparse import Graph, edge_index_of, gat_attention, gat_layer
+from fusegnn.sparse import Graph, gat_attention, gat_layer
 from fusegnn.sparse.attention_loops import attention_self_loop_edge_attr, attention_self_loops
 from fusegnn.sparse.dispatch import check_aggregation
 
@@ -83,7 +84,7 @@ class GATConv(nn.Module):
             :math:`\mathbf{x}_i` to the output (PyG's ``residual``).
         aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``.
 
-    ``edge_index_or_graph`` is an ``edge_index`` ``[2, E]``, a
+    The graph argument ``edge_index`` (PyG's name) is an ``edge_index`` ``[2, E]``, a
     :class:`~fusegnn.sparse.Graph`, a ``torch.sparse`` COO or CSR matrix in PyG's ``adj_t``
     orientation (rows are targets: ``adj_t[i, j] != 0`` is the edge ``j -> i``) or a
     networkx graph (nodes in ``G.nodes`` order); see
@@ -93,13 +94,16 @@ class GATConv(nn.Module):
     :class:`~fusegnn.sparse.Graph` built from them. ``x`` must have the layer's dtype
     (else a ``TypeError``).
 
-    ``forward(x, edge_index_or_graph, edge_attr=None, size=None, return_attention_weights=None)``
+    ``forward(x, edge_index, edge_attr=None, size=None, return_attention_weights=None)``
     (PyG's signature; ``x`` a tensor or a pair ``(x_src, x_dst)``, ``size`` an optional
     ``(N_src, N_dst)``; ``edge_attr`` ``[E, edge_dim]`` (or ``[E]`` for ``edge_dim=1``) in
     the order of the graph's edges) returns the new
     features, or with ``return_attention_weights=True`` the pair
     ``(out, (edge_index, alpha))`` where ``edge_index`` includes the self-loops the layer
-    added and ``alpha`` is ``[E, H]``.
+    added and ``alpha`` is ``[E, H]``; for a ``torch.sparse`` input, as PyG,
+    ``(out, (adj, alpha))`` with ``adj`` the processed ``[N_dst, N_src, H]`` sparse matrix
+    (the input's layout) holding ``alpha``, which is in its row-major order
+    (:func:`~fusegnn.layers._attention_weights.attention_weights`).
 
     Under ``torch.compile`` the same code runs on a graph reference: the attention is one
     ``fusegnn::gat_attention`` custom op and the self-loop processing runs inside it (:mod:`fusegnn.sparse.library`); with
@@ -193,10 +197,10 @@ class GATConv(nn.Module):
         else:
             self.in_channels = (self.lin_src.in_features, self.lin_dst.in_features)
 
-    def _graph(self, x, x_src: Tensor, x_dst: Tensor | None, edge_index_or_graph, size) -> Graph:
+    def _graph(self, x, x_src: Tensor, x_dst: Tensor | None, edge_index, size) -> Graph:
         name = type(self).__name__
         if isinstance(x, Tensor) and size is None:
-            return graph_for(x, edge_index_or_graph, name)
+            return graph_for(x, edge_index, name)
         num_dst = x_dst.size(0) if x_dst is not None else None
         if size is not None:
             if not isinstance(size, (tuple, list)) or len(size) != 2:
@@ -207,7 +211,7 @@ class GATConv(nn.Module):
                 if num_dst is not None and int(size[1]) != num_dst:
                     raise ValueError(f"{name}: size[1]={size[1]} but x_dst has {num_dst} rows")
                 num_dst = int(size[1])
-        return bipartite_graph_for(x_src, num_dst, edge_index_or_graph, name)
+        return bipartite_graph_for(x_src, num_dst, edge_index, name)
 
     def _score_edge(self, graph: Graph, edge_attr: Tensor | None, dtype: torch.dtype) -> Tensor | None:
         r"""The per-edge, per-head score term ``[E, H]`` in the processed graph's edge
@@ -231,14 +235,14 @@ class GATConv(nn.Module):
     def forward(
         self,
         x: Tensor | tuple[Tensor, Tensor | None],
-        edge_index_or_graph: Graph | Tensor,
+        edge_index: Graph | Tensor,
         edge_attr: Tensor | None = None,
         size: tuple[int, int] | None = None,
         return_attention_weights: bool | None = None,
     ):
         x_src, x_dst = node_pair(x, type(self).__name__)
         self._check_nodes(x, x_src, x_dst)
-        graph = self._graph(x, x_src, x_dst, edge_index_or_graph, size)
+        graph = self._graph(x, x_src, x_dst, edge_index, size)
         # the edge term is checked against the input graph, then follows its processing
         score_edge = self._score_edge(graph, edge_attr, x_src.dtype)
         if self.add_self_loops:
@@ -258,10 +262,10 @@ class GATConv(nn.Module):
         if res is not None:
             out = out + res
         if return_attention_weights:
-            return out, (edge_index_of(graph), alpha)
+            return out, attention_weights(edge_index, graph, alpha)
         return out
 
-    def head_inputs(self, x: Tensor, edge_index_or_graph: Graph | Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    def head_inputs(self, x: Tensor, edge_index: Graph | Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         r"""The layer's output as a linear map of attention-aggregated inputs, ``(a, W', b)``
         with ``forward(x) == a @ W'.T + b``: for an output layer (``concat=False`` or one
         head), :math:`a_i = [\sum_j \alpha^h_{ji} x_j]_h` (heads side by side, scores from
@@ -276,7 +280,7 @@ class GATConv(nn.Module):
         if self.concat and self.heads > 1:
             raise ValueError(f"{name}.head_inputs needs an output layer (concat=False or heads=1)")
         check_features(x, self)
-        graph = self._graph(x, x, x, edge_index_or_graph, None)
+        graph = self._graph(x, x, x, edge_index, None)
         if self.add_self_loops:
             graph = attention_self_loops(graph)
         H, C = self.heads, self.out_channels

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parameter import is_lazy
 
+from fusegnn.layers._attention_weights import attention_weights
 from fusegnn.layers._utils import (
     bipartite_graph_for,
     channel_pair,
@@ -19,7 +20,7 @@ from fusegnn.layers._utils import (
     input_linear,
     node_pair,
 )
-from fusegnn.sparse import Graph, edge_index_of, gatv2_attention
+from fusegnn.sparse import Graph, gatv2_attention
 from fusegnn.sparse.dispatch import check_aggregation
 from fusegnn.sparse.attention_loops import attention_self_loop_edge_attr, attention_self_loops
 
@@ -80,14 +81,16 @@ class GATv2Conv(nn.Module):
         residual: add a learned skip connection ``res(x_dst)``.
         aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``.
 
-    ``forward(x, edge_index_or_graph, edge_attr=None, return_attention_weights=None)``:
+    ``forward(x, edge_index, edge_attr=None, return_attention_weights=None)``:
     ``x`` is ``[N, F]`` or a pair ``(x_src, x_dst)`` (``x_dst`` required); the graph any
     input :func:`~fusegnn.sparse.graph.coerce_graph` takes (``edge_index``, a
     :class:`~fusegnn.sparse.Graph`, a ``torch.sparse`` ``adj_t``; edge weights are
     ignored). ``edge_attr`` ``[E, edge_dim]`` (or ``[E]``) follows the graph's edge order.
     With ``return_attention_weights`` truthy it returns ``(out, (edge_index, alpha))``
     with the self-loops included and ``alpha`` ``[E, H]`` (computed by the reference
-    composition). Under ``torch.compile``, edge features with ``add_self_loops=True`` are
+    composition); for a ``torch.sparse`` input, as PyG, ``(out, (adj, alpha))`` with
+    ``adj`` the processed ``[N_dst, N_src, H]`` sparse matrix holding ``alpha`` in its
+    row-major order (:func:`~fusegnn.layers._attention_weights.attention_weights`). Under ``torch.compile``, edge features with ``add_self_loops=True`` are
     not supported (their count is data-dependent): add the loops beforehand.
     """
 
@@ -141,14 +144,14 @@ class GATv2Conv(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def _graph(self, x, x_src: Tensor, x_dst: Tensor | None, edge_index_or_graph) -> Graph:
+    def _graph(self, x, x_src: Tensor, x_dst: Tensor | None, edge_index) -> Graph:
         if isinstance(x, Tensor):
-            return graph_for(x, edge_index_or_graph, type(self).__name__)
+            return graph_for(x, edge_index, type(self).__name__)
         if x_dst is None:
             raise ValueError(
                 "GATv2Conv: x_dst (x[1]) must be a tensor: the scores read the targets' own features"
             )
-        return bipartite_graph_for(x_src, x_dst.size(0), edge_index_or_graph, type(self).__name__)
+        return bipartite_graph_for(x_src, x_dst.size(0), edge_index, type(self).__name__)
 
     def _edge_features(self, edge_attr: Tensor, graph: Graph) -> Tensor:
         if self.lin_edge is None:
@@ -172,13 +175,13 @@ class GATv2Conv(nn.Module):
     def forward(
         self,
         x: Tensor | tuple[Tensor, Tensor],
-        edge_index_or_graph: Graph | Tensor,
+        edge_index: Graph | Tensor,
         edge_attr: Tensor | None = None,
         return_attention_weights: bool | None = None,
     ):
         name = type(self).__name__
         x_src, x_dst = node_pair(x, name)
-        graph = self._graph(x, x_src, x_dst, edge_index_or_graph)
+        graph = self._graph(x, x_src, x_dst, edge_index)
         bipartite_x = x_dst is not x_src
         check_linear_input(x_src, self.lin_l, self, "x_src" if bipartite_x else "x")
         if bipartite_x or self.lin_r is not self.lin_l:
@@ -207,7 +210,7 @@ class GATv2Conv(nn.Module):
         if self.bias is not None:
             out = out + self.bias
         if return_attention_weights:
-            return out, (edge_index_of(graph), alpha)
+            return out, attention_weights(edge_index, graph, alpha)
         return out
 
     def extra_repr(self) -> str:

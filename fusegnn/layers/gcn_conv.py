@@ -36,11 +36,17 @@ class GCNConv(nn.Module):
             forward (PyG's lazy initialisation: the weight is materialised and
             Glorot-initialised then; create the optimizer after that call).
         out_channels: output feature width.
-        improved: self-loops of weight 2 (:math:`\hat{A} = A + 2I`).
+        improved: self-loops of weight 2 (:math:`\hat{A} = A + 2I`), with or without edge
+            weights. (PyG 2.8's ``gcn_norm`` gives the new loops weight 1 when no edge
+            weights are passed, i.e. :math:`A + I`; it matches this layer once all-ones
+            weights are passed.)
         cached: keep the normalised graph of the first call and reuse it
             (transductive learning on one fixed graph). Without it, graph processing
             runs on every call (inductive).
-        add_self_loops: add the remaining self-loops before normalising.
+        add_self_loops: add the remaining self-loops before normalising; ``None`` (the
+            default, as PyG's) means ``normalize``. The loops are part of the
+            normalisation, so ``add_self_loops=True`` with ``normalize=False`` is a
+            ``ValueError`` (as in PyG: the loops would silently not be added).
         normalize: apply the symmetric normalisation (else aggregate with the given
             edge weights, or 1).
         bias: learn an additive bias.
@@ -50,10 +56,11 @@ class GCNConv(nn.Module):
 
     Shapes:
         ``x`` ``[N, in_channels]`` (of the layer's dtype, else a ``TypeError``),
-        ``edge_index_or_graph`` (see below), ``edge_weight`` ``[E]`` (optional)
+        ``edge_index`` (see below), ``edge_weight`` ``[E]`` (optional)
         -> ``[N, out_channels]``.
 
-    ``edge_index_or_graph`` is any of (converted by
+    The graph argument ``edge_index`` (PyG's name, so that keyword calls work unchanged)
+    is any of (converted by
     :func:`~fusegnn.sparse.graph.coerce_graph`):
 
     * an ``edge_index`` ``[2, E]`` (row 0 sources, row 1 targets) or a
@@ -63,7 +70,9 @@ class GCNConv(nn.Module):
       (``adj_t = A^T`` for an adjacency ``A`` with rows as sources; for an undirected
       graph both are the same). As with PyG's ``GCNConv(x, adj_t)``, float values are the
       edge weights (normalised like ``edge_weight``); a bool or integer matrix is
-      unweighted;
+      unweighted. It is normalised like an ``edge_index``: self-loops are added to the
+      nodes that have none (PyG adds :math:`I` to every node of a sparse matrix, so the
+      two differ on nodes that already have a self-loop);
     * a networkx graph (nodes in ``G.nodes`` order, ``x`` row ``k`` the ``k``-th node);
       the edge attribute ``"weight"``, when any edge has one, gives the edge weights
       (networkx's convention; edges without it weigh 1).
@@ -90,12 +99,19 @@ class GCNConv(nn.Module):
         out_channels: int,
         improved: bool = False,
         cached: bool = False,
-        add_self_loops: bool = True,
+        add_self_loops: bool | None = None,
         normalize: bool = True,
         bias: bool = True,
         aggregation: str = "auto",
     ) -> None:
         super().__init__()
+        if add_self_loops is None:
+            add_self_loops = normalize
+        if add_self_loops and not normalize:
+            raise ValueError(
+                "GCNConv: add_self_loops=True needs normalize=True (the self-loops are added by the "
+                "normalisation); add them to the graph beforehand to aggregate over them unnormalised"
+            )
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.improved = improved
@@ -114,24 +130,24 @@ class GCNConv(nn.Module):
             nn.init.zeros_(self.bias)
         self._cached_graph = None
 
-    def _processed_graph(self, x: Tensor, edge_index_or_graph, edge_weight: Tensor | None) -> Graph:
+    def _processed_graph(self, x: Tensor, edge_index, edge_weight: Tensor | None) -> Graph:
         return normalized_graph(
-            self, x, edge_index_or_graph, edge_weight, cached=self.cached,
+            self, x, edge_index, edge_weight, cached=self.cached,
             normalize=self.normalize, improved=self.improved, add_self_loops=self.add_self_loops,
         )
 
     def forward(
-        self, x: Tensor, edge_index_or_graph: Graph | Tensor, edge_weight: Tensor | None = None
+        self, x: Tensor, edge_index: Graph | Tensor, edge_weight: Tensor | None = None
     ) -> Tensor:
         check_features(x, self)
-        graph = self._processed_graph(x, edge_index_or_graph, edge_weight)
+        graph = self._processed_graph(x, edge_index, edge_weight)
         if self.in_channels < self.out_channels:
             return F.linear(spmm(graph, x, aggregation=self.aggregation), self.lin.weight, self.bias)
         # the bias is the aggregation's epilogue (one autograd node for the sparse part)
         return spmm(graph, self.lin(x), bias=self.bias, aggregation=self.aggregation)
 
     def head_inputs(
-        self, x: Tensor, edge_index_or_graph: Graph | Tensor, edge_weight: Tensor | None = None
+        self, x: Tensor, edge_index: Graph | Tensor, edge_weight: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         r"""The layer's output as a linear map of aggregated inputs, ``(a, W, b)`` with
         ``forward(x) == a @ W.T + b`` and :math:`a = \hat{A} X` (aggregated at the input
@@ -139,7 +155,7 @@ class GCNConv(nn.Module):
         (:func:`fusegnn.losses.linear_cross_entropy`) takes, so that an output layer's
         logits are never written. Same checks and graph processing as :meth:`forward`."""
         check_features(x, self)
-        graph = self._processed_graph(x, edge_index_or_graph, edge_weight)
+        graph = self._processed_graph(x, edge_index, edge_weight)
         return spmm(graph, x, aggregation=self.aggregation), self.lin.weight, self.bias
 
     def extra_repr(self) -> str:

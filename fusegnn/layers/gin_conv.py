@@ -75,7 +75,7 @@ class GINConv(nn.Module):
 
     Shapes:
         ``x`` ``[N, F]`` or ``(x_src [N_src, F], x_dst [N_dst, F] or None)`` of ``eps``'s
-        dtype; ``edge_index_or_graph`` an ``edge_index``, a
+        dtype; ``edge_index`` an ``edge_index``, a
         :class:`~fusegnn.sparse.Graph` or a ``torch.sparse`` ``adj_t`` ``[N_dst, N_src]``;
         ``size`` PyG's optional ``(N_src, N_dst)`` -> ``nn``'s output on ``[N_dst, F]``.
     """
@@ -97,10 +97,10 @@ class GINConv(nn.Module):
             self.eps.fill_(self.initial_eps)
 
     def forward(
-        self, x: Tensor | tuple[Tensor, Tensor | None], edge_index_or_graph: Graph | Tensor,
+        self, x: Tensor | tuple[Tensor, Tensor | None], edge_index: Graph | Tensor,
         size: tuple[int, int] | None = None,
     ) -> Tensor:
-        x_src, x_dst, graph = layer_inputs(self, x, edge_index_or_graph, size, dtype=self.eps.dtype)
+        x_src, x_dst, graph = layer_inputs(self, x, edge_index, size, dtype=self.eps.dtype)
         check_root_width(x_src, x_dst, type(self).__name__)
         first = _leading_linear(self.nn)
         if (first is not None and x_src.size(1) == first.in_features

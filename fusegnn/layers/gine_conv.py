@@ -51,7 +51,7 @@ class GINEConv(nn.Module):
         aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"``.
 
     Shapes:
-        ``x`` ``[N, F]`` or a pair ``(x_src, x_dst or None)``; ``edge_index_or_graph`` as
+        ``x`` ``[N, F]`` or a pair ``(x_src, x_dst or None)``; ``edge_index`` as
         for :class:`~fusegnn.layers.GINConv`; ``edge_attr`` ``[E, edge_dim]`` (or
         ``[E, F]``) in the graph's edge order -> ``nn``'s output on ``[N_dst, F]``.
     """
@@ -81,11 +81,11 @@ class GINEConv(nn.Module):
             self.lin.reset_parameters()
 
     def forward(
-        self, x: Tensor | tuple[Tensor, Tensor | None], edge_index_or_graph: Graph | Tensor,
+        self, x: Tensor | tuple[Tensor, Tensor | None], edge_index: Graph | Tensor,
         edge_attr: Tensor | None = None, size: tuple[int, int] | None = None,
     ) -> Tensor:
         name = type(self).__name__
-        x_src, x_dst, graph = layer_inputs(self, x, edge_index_or_graph, size, dtype=self.eps.dtype)
+        x_src, x_dst, graph = layer_inputs(self, x, edge_index, size, dtype=self.eps.dtype)
         check_root_width(x_src, x_dst, name)
         if edge_attr is None:
             raise ValueError(f"{name}: edge_attr is required (the messages are ReLU(x_j + e_ji))")

@@ -45,7 +45,7 @@ class GraphConv(nn.Module):
 
     Shapes:
         ``x`` ``[N, in_channels]`` or ``(x_src [N_src, in_src], x_dst [N_dst, in_dst] or
-        None)``; ``edge_index_or_graph`` an ``edge_index``, a
+        None)``; ``edge_index`` an ``edge_index``, a
         :class:`~fusegnn.sparse.Graph` or a ``torch.sparse`` ``adj_t`` ``[N_dst, N_src]``
         (rows are targets; float values are edge weights); ``edge_weight`` ``[E]``
         (optional, in the graph's edge order; replaces the graph's weights); ``size`` PyG's
@@ -77,11 +77,11 @@ class GraphConv(nn.Module):
         self.lin_root.reset_parameters()
 
     def forward(
-        self, x: Tensor | tuple[Tensor, Tensor | None], edge_index_or_graph: Graph | Tensor,
+        self, x: Tensor | tuple[Tensor, Tensor | None], edge_index: Graph | Tensor,
         edge_weight: Tensor | None = None, size: tuple[int, int] | None = None,
     ) -> Tensor:
         x_src, x_dst, graph = layer_inputs(
-            self, x, edge_index_or_graph, size, lin_src=self.lin_rel, lin_dst=self.lin_root
+            self, x, edge_index, size, lin_src=self.lin_rel, lin_dst=self.lin_root
         )
         out = aggregate_linear(graph, x_src, self.lin_rel, self.reduce, self.aggregation, edge_weight)
         if x_dst is not None:

@@ -57,7 +57,7 @@ class SAGEConv(nn.Module):
 
     Shapes:
         ``x`` ``[N, in_channels]`` or a pair ``(x_src [N_src, in_src], x_dst [N_dst, in_dst]
-        or None)``; ``edge_index_or_graph`` an ``edge_index`` ``[2, E]``, a
+        or None)``; ``edge_index`` an ``edge_index`` ``[2, E]``, a
         :class:`~fusegnn.sparse.Graph` (``N_src x N_dst`` for a pair) or a ``torch.sparse``
         ``adj_t`` ``[N_dst, N_src]`` (rows are targets); ``size`` PyG's optional
         ``(N_src, N_dst)``, which gives the target count of ``(x_src, None)``
@@ -105,11 +105,11 @@ class SAGEConv(nn.Module):
                 lin.reset_parameters()
 
     def forward(
-        self, x: Tensor | tuple[Tensor, Tensor | None], edge_index_or_graph: Graph | Tensor,
+        self, x: Tensor | tuple[Tensor, Tensor | None], edge_index: Graph | Tensor,
         size: tuple[int, int] | None = None,
     ) -> Tensor:
         x_src, x_dst, graph = layer_inputs(
-            self, x, edge_index_or_graph, size, lin_src=self.lin_l, lin_dst=self.lin_r
+            self, x, edge_index, size, lin_src=self.lin_l, lin_dst=self.lin_r
         )
         if self.lin is not None:
             x_src = F.relu(self.lin(x_src))

@@ -48,7 +48,7 @@ class SGConv(nn.Module):
             (see :mod:`fusegnn.sparse.dispatch`).
 
     Shapes:
-        ``x`` ``[N, in_channels]``; ``edge_index_or_graph`` an ``edge_index``, a
+        ``x`` ``[N, in_channels]``; ``edge_index`` an ``edge_index``, a
         :class:`~fusegnn.sparse.Graph` or a ``torch.sparse`` ``adj_t`` (rows are targets;
         float values are edge weights); ``edge_weight`` ``[E]`` (optional)
         -> ``[N, out_channels]``.
@@ -85,13 +85,13 @@ class SGConv(nn.Module):
         self._cached_x = None
 
     def forward(
-        self, x: Tensor, edge_index_or_graph: Graph | Tensor, edge_weight: Tensor | None = None
+        self, x: Tensor, edge_index: Graph | Tensor, edge_weight: Tensor | None = None
     ) -> Tensor:
         check_linear_input(x, self.lin, self, glorot=False)
         if self._cached_x is not None:
             return self.lin(self._cached_x)
         graph = normalized_graph(
-            self, x, edge_index_or_graph, edge_weight, cached=False, add_self_loops=self.add_self_loops
+            self, x, edge_index, edge_weight, cached=False, add_self_loops=self.add_self_loops
         )
         weight, bias = self.lin.weight, self.lin.bias
         if self.cached and self.K > 0 and not torch.compiler.is_compiling():  # PyG caches after a step

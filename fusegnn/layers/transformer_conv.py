@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fusegnn.layers._attention_weights import attention_weights
 from fusegnn.layers._utils import (
     bipartite_graph_for,
     check_attention_args,
@@ -90,12 +91,15 @@ class TransformerConv(nn.Module):
             exists either way, as in PyG).
         aggregation: ``"auto"``, ``"gas"``, ``"gar"`` or ``"reference"`` for the sparse ops.
 
-    ``forward(x, edge_index_or_graph, edge_attr=None, return_attention_weights=None)``:
+    ``forward(x, edge_index, edge_attr=None, return_attention_weights=None)``:
     ``x`` ``[N, in]`` or a pair ``(x_src, x_dst)``; the graph as for
     :class:`~fusegnn.layers.GATConv` (edge weights ignored); ``edge_attr``
     ``[E, edge_dim]`` in the graph's edge order (required with ``edge_dim``). Returns the
-    new features, or with ``return_attention_weights=True`` ``(out, (edge_index, alpha))``,
-    ``alpha`` ``[E, H]`` the coefficients before dropout (as PyG returns them). No
+    new features, or with ``return_attention_weights`` a bool (``True`` or ``False``: PyG's
+    ``TransformerConv`` tests for a bool, not for truth) ``(out, (edge_index, alpha))``,
+    ``alpha`` ``[E, H]`` the coefficients before dropout (as PyG returns them); for a
+    ``torch.sparse`` input, as PyG, ``(out, (adj_t, alpha))`` with the input matrix
+    itself (``alpha`` in the order of its stored entries). No
     self-loops are added.
     """
 
@@ -151,7 +155,7 @@ class TransformerConv(nn.Module):
             if lin is not None:  # a LazyLinear not materialised yet is initialised when it is
                 lin.reset_parameters()
 
-    def _inputs(self, x, edge_index_or_graph) -> tuple[Tensor, Tensor, Graph]:
+    def _inputs(self, x, edge_index) -> tuple[Tensor, Tensor, Graph]:
         name = type(self).__name__
         x_src, x_dst = node_pair(x, name)
         if x_dst is None:
@@ -162,9 +166,9 @@ class TransformerConv(nn.Module):
                                  (self.lin_query, x_dst, dst_name), (self.lin_skip, x_dst, dst_name)):
             check_linear_input(value, lin, name, what, glorot=False)
         if bipartite:
-            graph = bipartite_graph_for(x_src, x_dst.size(0), edge_index_or_graph, name)
+            graph = bipartite_graph_for(x_src, x_dst.size(0), edge_index, name)
         else:
-            graph = graph_for(x, edge_index_or_graph, name)
+            graph = graph_for(x, edge_index, name)
         return x_src, x_dst, graph
 
     def _edge_values(self, graph: Graph, edge_attr: Tensor | None) -> Tensor | None:
@@ -182,12 +186,12 @@ class TransformerConv(nn.Module):
     def forward(
         self,
         x: Tensor | tuple[Tensor, Tensor],
-        edge_index_or_graph: Graph | Tensor,
+        edge_index: Graph | Tensor,
         edge_attr: Tensor | None = None,
         return_attention_weights: bool | None = None,
     ):
         H, C = self.heads, self.out_channels
-        x_src, x_dst, graph = self._inputs(x, edge_index_or_graph)
+        x_src, x_dst, graph = self._inputs(x, edge_index)
         edge_values = self._edge_values(graph, edge_attr)
         query = self.lin_query(x_dst).view(-1, H, C)
         key = self.lin_key(x_src).view(-1, H, C)
@@ -210,8 +214,8 @@ class TransformerConv(nn.Module):
                 out = gate * skip + (1 - gate) * out
             else:
                 out = out + skip
-        if return_attention_weights:
-            return out, (edge_index_of(graph), alpha)
+        if isinstance(return_attention_weights, bool):  # PyG's test: False returns the pair too
+            return out, attention_weights(edge_index, graph, alpha, alpha_valued=False)
         return out
 
     def extra_repr(self) -> str:
