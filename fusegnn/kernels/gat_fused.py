@@ -161,17 +161,26 @@ def _uniform_of_lane(u0, u1, u2, u3, lane):
 
 
 @kernel_helper
+def _philox_draw(seed, edge_id, group, H, RNG64: tl.constexpr):
+    """The four uniforms (``tl.rand4x``) of the draw that serves heads ``4 group`` to
+    ``4 group + 3`` of the edges ``edge_id`` (broadcast against each other): counter
+    ``edge_id * ceil(H / 4) + group``, in 32 bits unless ``RNG64``. The one place the
+    dropout mask's counter is written: every consumer draws through it."""
+    rng = edge_id * ((H + 3) // 4) + group
+    if not RNG64:
+        rng = rng.to(tl.int32)
+    return tl.rand4x(seed, rng)
+
+
+@kernel_helper
 def _dropout_keep(seed, edge_id, offs_h, H, p_drop, RNG64: tl.constexpr):
     """``[E, H]`` whether each (edge, head) survives dropout. One Philox draw
-    (``tl.rand4x``) gives four uniforms: head ``h`` of the edge with id ``edge_id`` (its
-    id in the input order) takes output ``h % 4`` of the draw at counter
+    (:func:`_philox_draw`) gives four uniforms: head ``h`` of the edge with id ``edge_id``
+    (its id in the input order) takes output ``h % 4`` of the draw at counter
     ``edge_id * ceil(H / 4) + h // 4``, so the forward, both backward passes,
     :meth:`_Config.keep_mask` and :func:`dropout_keep_mask` regenerate the same mask (with
     one head it is ``tl.rand(seed, edge_id)``)."""
-    rng = edge_id[:, None] * ((H + 3) // 4) + offs_h[None, :] // 4
-    if not RNG64:
-        rng = rng.to(tl.int32)
-    u0, u1, u2, u3 = tl.rand4x(seed, rng)
+    u0, u1, u2, u3 = _philox_draw(seed, edge_id[:, None], offs_h[None, :] // 4, H, RNG64)
     return _uniform_of_lane(u0, u1, u2, u3, offs_h[None, :] % 4) >= p_drop
 
 
@@ -600,11 +609,9 @@ def _keep_bits_kernel(perm, bits, seed_ptr, p_drop, E, H, RNG64: tl.constexpr, B
     pos = pid.to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
     me = pos < E
     cid = tl.load(perm + pos, mask=me, other=0).to(tl.int64)
-    first = tl.arange(0, BLOCK_G)[None, :] * 4  # the first head of each draw
-    rng = cid[:, None] * ((H + 3) // 4) + first // 4
-    if not RNG64:
-        rng = rng.to(tl.int32)
-    u0, u1, u2, u3 = tl.rand4x(seed, rng)
+    group = tl.arange(0, BLOCK_G)[None, :]
+    first = group * 4  # the first head of each draw
+    u0, u1, u2, u3 = _philox_draw(seed, cid[:, None], group, H, RNG64)
     b = ((u0 >= p_drop) & (first < H)).to(tl.int32) << first
     b |= ((u1 >= p_drop) & (first + 1 < H)).to(tl.int32) << (first + 1)
     b |= ((u2 >= p_drop) & (first + 2 < H)).to(tl.int32) << (first + 2)
