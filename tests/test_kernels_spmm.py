@@ -113,6 +113,51 @@ def test_odd_wide_features(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    "heads, feat, weight, with_bias",
+    [(None, 41, None, True), (None, 41, "e", False), (3, 20, "eh", True), (2, 9, "e", True)],
+    ids=["F41-bias", "F41-weighted", "H3xF20-perhead", "H2xF9-shared"],
+)
+def test_unaligned_widths_run_padded(path, heads, feat, weight, with_bias, monkeypatch):
+    """A head wider than 16 columns and not a multiple of 16 runs at the next multiple
+    (zero columns appended, then sliced off): the kernels see 16-element aligned rows, and
+    the values, the feature / weight / bias gradients are the reference's -- per head with
+    ``[E, H]`` weights, over the flattened ``H F`` columns with ``[E]`` ones (2 x 9 = 18 ->
+    32)."""
+    seen = []
+    kernel = spmm_gar.gar_reduce if path == "gar" else spmm_gas.gas_scatter
+    name = "gar_reduce" if path == "gar" else "gas_scatter"  # as fusegnn.kernels.spmm calls them
+    def record(*args, **kwargs):
+        rows = args[1] if path == "gar" else args[0]  # gar_reduce(plan, a, ...), gas_scatter(a, ...)
+        seen.append(rows.size(1))
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(fused, name, record)
+    graph = _graph(num_nodes=9, num_edges=50, seed=8, hub=20)
+    x, w = _inputs(graph, heads, feat, weight, seed=9)
+    if not with_bias:
+        _check(graph, x, w, path)
+    else:
+        b = torch.randn(x.shape[1:], dtype=x.dtype, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+        xs, bs = x.clone().requires_grad_(), b.clone().requires_grad_()
+        ws = w.clone().requires_grad_() if w is not None else None
+        out = spmm(graph, xs, ws, bias=bs, aggregation=path)
+        xr, br = x.clone().requires_grad_(), b.clone().requires_grad_()
+        wr = w.clone().requires_grad_() if w is not None else None
+        ref = reference.spmm(graph, xr, wr, bias=br)
+        torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+        grad = torch.randn_like(ref)
+        got = torch.autograd.grad(out, [t for t in (xs, ws, bs) if t is not None], grad)
+        want = torch.autograd.grad(ref, [t for t in (xr, wr, br) if t is not None], grad)
+        for a, e in zip(got, want):
+            assert a.shape == e.shape
+            torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+    per_head = feat if weight == "eh" else feat * (heads or 1)
+    padded = -(-per_head // 16) * 16
+    assert seen and all(width == padded * (heads if weight == "eh" else 1) for width in seen), seen
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_wide_heads_take_the_separate_dot_product(path, monkeypatch):
     """Heads wider than the fused weight gradient allows use the edge-parallel dot."""
     monkeypatch.setattr(fused, "MAX_DOT_BLOCK_F", 4)

@@ -5,7 +5,9 @@ GAR's partition); the Triton helpers every kernel shares are in :mod:`fusegnn.ke
 * :func:`check_not_capturing` -- a clear error for per-graph work built during a CUDA
   graph capture;
 * :func:`chunk_schedule` -- the work list that splits long CSR/CSC rows into chunks so
-  that a hub row does not serialise one program.
+  that a hub row does not serialise one program;
+* :func:`padded_channels`, :func:`pad_heads`, :func:`unpad_heads` -- the aligned width the
+  gathering kernels run a head of features at, and the copies in and out of it.
 
 This module imports only ``torch``; ``triton`` is imported by the kernel modules.
 """
@@ -22,7 +24,52 @@ __all__ = [
     "acc_dtype",
     "check_not_capturing",
     "chunk_schedule",
+    "pad_heads",
+    "padded_channels",
+    "unpad_heads",
 ]
+
+#: rows of a multiple of this many elements are what the gathering kernels load with
+#: vector loads: Triton specialises an integer argument (a row stride) on divisibility
+#: by 16, and only then knows every gathered row starts 16-element aligned
+ALIGN_CHANNELS = 16
+
+
+def padded_channels(channels: int) -> int:
+    """The per-head width the gathering kernels run at: ``channels`` rounded up to a
+    multiple of :data:`ALIGN_CHANNELS` when it is above 16 and not a multiple of it;
+    unchanged otherwise (narrow rows stay as they are: padding 3 columns to 16 would
+    move five times the bytes).
+
+    A row of, say, 41 floats starts at an arbitrary 4-byte offset: no vectorised gathers,
+    and each gathered row touches an extra sector. Reddit-sized graph (115M edges),
+    forward + backward: the fused GAT op took 206 ms at 41 channels and 61 ms at 48 (H200,
+    one head, dropout 0.6); spmm (GAR) 8.02 ms at 41 columns and 5.94 ms padded to 48, 20.5
+    ms at 100 against 15.8 ms at 112 (H100, ``benchmarks/NOTES-spmm.md``, session 17).
+    Padding costs a copy of the gathered rows."""
+    if channels <= ALIGN_CHANNELS or channels % ALIGN_CHANNELS == 0:
+        return channels
+    return -(-channels // ALIGN_CHANNELS) * ALIGN_CHANNELS
+
+
+def pad_heads(t: Tensor, heads: int, channels: int) -> Tensor:
+    """``t`` (``[N, heads * F]``) with each head's ``F`` columns zero-padded to
+    ``channels`` (``[N, heads * channels]``); ``t`` itself when ``channels == F``."""
+    feat = t.size(1) // max(heads, 1)
+    if channels == feat:
+        return t
+    n = t.size(0)
+    return torch.nn.functional.pad(t.view(n, heads, feat), (0, channels - feat)).view(n, heads * channels)
+
+
+def unpad_heads(t: Tensor, heads: int, feat: int) -> Tensor:
+    """The first ``feat`` columns of each head of ``t`` (``[N, heads * channels]``) as a
+    contiguous ``[N, heads * feat]``; ``t`` itself when nothing was padded."""
+    channels = t.size(1) // max(heads, 1)
+    if channels == feat:
+        return t
+    n = t.size(0)
+    return t.view(n, heads, channels)[:, :, :feat].reshape(n, heads * feat)
 
 
 def check_not_capturing(tensor: Tensor, what: str) -> None:

@@ -29,6 +29,12 @@ Weights in grouped (CSR / CSC) order are memoised on the graph while the same we
 tensor comes back unchanged and does not require grad (GCN's cached normalisation), so
 that transductive training permutes them once.
 
+A head wider than 16 columns and not a multiple of 16 runs zero-padded to the next
+multiple (:func:`~fusegnn.kernels._edge_utils.padded_channels`): the gathered rows are then
+16-element aligned and load as vectors (Reddit-sized graph, H100, GAR forward + backward:
+41 columns 8.02 ms, padded 5.94 ms). The padded copies of ``x`` and of the output gradient
+are the price; results and gradients are sliced back.
+
 ``reduce="mean"`` is the sum divided by the in-degree (clamped to 1), through autograd;
 ``reduce="max"`` is the GAR max of :mod:`fusegnn.kernels.edge_aggregate` (the op layer
 routes it there, for GAS too).
@@ -49,6 +55,7 @@ import triton
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from fusegnn.kernels._edge_utils import pad_heads, padded_channels, unpad_heads
 from fusegnn.kernels._reductions import column_sum
 from fusegnn.kernels.partition import plan_for
 from fusegnn.kernels.spmm_gar import MAX_DOT_BLOCK_F, GarConfig, gar_config, gar_reduce
@@ -182,12 +189,18 @@ class GASSpmm(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, graph: Graph) -> Tensor:  # type: ignore[override]
         x2, w2, heads = _flatten(graph, x, weight)
         feat = x2.size(1) // heads
+        run_feat = padded_channels(feat)  # aligned rows (module docstring)
+        x2 = pad_heads(x2, heads, run_feat)
+        initial = _flat_bias(bias, heads * feat)
+        if initial is not None:
+            initial = pad_heads(initial.view(1, -1), heads, run_feat).view(-1)
         src, dst = _indices(graph)
         acc, _ = gas_scatter(
             x2, src, dst, w2, graph.num_dst_nodes, heads,
-            config=_gas_cfg(feat, x2.element_size(), False, _use_runs(graph, "dst", x2.size(1))),
-            initial=_flat_bias(bias, x2.size(1)),
+            config=_gas_cfg(run_feat, x2.element_size(), False, _use_runs(graph, "dst", x2.size(1))),
+            initial=initial,
         )
+        acc = unpad_heads(acc, heads, feat)
         out = acc if acc.dtype == x.dtype else acc.to(x.dtype)
         ctx.graph, ctx.heads = graph, heads
         ctx.w_shape = weight.shape if weight is not None else None
@@ -220,14 +233,19 @@ def gas_backward(
     """
     g = grad_out.flatten(1).contiguous()
     feat = g.size(1) // heads
+    run_feat = padded_channels(feat)  # the forward's aligned rows (module docstring)
+    g = pad_heads(g, heads, run_feat)
     src, dst = _indices(graph)
     acc, gw = gas_scatter(
         g, dst, src, w2, graph.num_src_nodes, heads,
-        dot_with=x2 if need_w else None,
+        dot_with=pad_heads(x2, heads, run_feat) if need_w else None,
         scatter=need_x,
-        config=_gas_cfg(feat, g.element_size(), need_w, need_x and _use_runs(graph, "src", g.size(1))),
+        config=_gas_cfg(run_feat, g.element_size(), need_w, need_x and _use_runs(graph, "src", g.size(1))),
     )
-    grad_x = acc.to(grad_out.dtype).reshape((graph.num_src_nodes,) + tuple(grad_out.shape[1:])) if need_x else None
+    grad_x = None
+    if need_x:
+        acc = unpad_heads(acc, heads, feat)
+        grad_x = acc.to(grad_out.dtype).reshape((graph.num_src_nodes,) + tuple(grad_out.shape[1:]))
     return grad_x, (gw if need_w else None)
 
 
@@ -241,13 +259,16 @@ class GARSpmm(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, graph: Graph) -> Tensor:  # type: ignore[override]
         x2, w2, heads = _flatten(graph, x, weight)
         feat = x2.size(1) // heads
-        cfg = gar_cfg(feat, x2.element_size(), False, graph.avg_degree)
+        run_feat = padded_channels(feat)  # aligned rows (module docstring)
+        x2 = pad_heads(x2, heads, run_feat)
+        cfg = gar_cfg(run_feat, x2.element_size(), False, graph.avg_degree)
         plan = plan_for(graph, "csr", cfg.seg_len)
         key = _weight_key(weight)
         w_csr = _grouped_weight(graph, w2, "csr", key) if w2 is not None else None
         out, _ = gar_reduce(plan, x2, w_csr, graph.num_dst_nodes, heads, x.dtype, config=cfg)
+        out = unpad_heads(out, heads, feat)
         if bias is not None:
-            out.add_(_flat_bias(bias, x2.size(1)))  # the kernel's fresh output: no autograd
+            out.add_(_flat_bias(bias, out.size(1)))  # the kernel's fresh output: no autograd
             ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
         ctx.graph, ctx.heads = graph, heads
         ctx.w_shape = weight.shape if weight is not None else None
@@ -282,12 +303,16 @@ def gar_backward(
     """
     g = grad_out.flatten(1).contiguous()
     feat = g.size(1) // heads
+    run_feat = padded_channels(feat)  # the forward's aligned rows (module docstring)
+    g = pad_heads(g, heads, run_feat)
+    if need_w:
+        x2 = pad_heads(x2, heads, run_feat)
     grad_x = gw = None
     if need_x:
-        fuse_dot = need_w and triton.next_power_of_2(max(feat, 1)) <= MAX_DOT_BLOCK_F
+        fuse_dot = need_w and triton.next_power_of_2(max(run_feat, 1)) <= MAX_DOT_BLOCK_F
         avg = graph.num_edges / max(graph.num_src_nodes, 1)
-        cfg = gar_cfg(feat, g.element_size(), fuse_dot, avg)
-        fuse_dot = fuse_dot and cfg.block_f >= feat  # an override may not span the head
+        cfg = gar_cfg(run_feat, g.element_size(), fuse_dot, avg)
+        fuse_dot = fuse_dot and cfg.block_f >= run_feat  # an override may not span the head
         plan = plan_for(graph, "csc", cfg.seg_len)
         w_csc = _grouped_weight(graph, w2, "csc", weight_key) if w2 is not None else None
         gx, gw = gar_reduce(
@@ -296,13 +321,13 @@ def gar_backward(
             gw_dtype=w2.dtype if w2 is not None else None,
             config=cfg,
         )
-        grad_x = gx.reshape((graph.num_src_nodes,) + tuple(grad_out.shape[1:]))
+        grad_x = unpad_heads(gx, heads, feat).reshape((graph.num_src_nodes,) + tuple(grad_out.shape[1:]))
     if need_w and gw is None:
         src, dst = _indices(graph)
         _, gw = gas_scatter(
             g, dst, src, w2, graph.num_src_nodes, heads,
             dot_with=x2, scatter=False,
-            config=_gas_cfg(feat, g.element_size(), True, False),
+            config=_gas_cfg(run_feat, g.element_size(), True, False),
         )
     return grad_x, (gw if need_w else None)
 
