@@ -44,9 +44,10 @@ def padded_channels(channels: int) -> int:
     A row of, say, 41 floats starts at an arbitrary 4-byte offset: no vectorised gathers,
     and each gathered row touches an extra sector. Reddit-sized graph (115M edges),
     forward + backward: the fused GAT op took 206 ms at 41 channels and 61 ms at 48 (H200,
-    one head, dropout 0.6); spmm (GAR) 8.02 ms at 41 columns and 5.94 ms padded to 48, 20.5
-    ms at 100 against 15.8 ms at 112 (H100, ``benchmarks/NOTES-spmm.md``, session 17).
-    Padding costs a copy of the gathered rows."""
+    one head, dropout 0.6); GAR spmm 8.1 ms at 41 columns and 6.0 ms padded to 48, 20.5 ms
+    at 100 and 16.1 ms padded to 112 (H100, ``benchmarks/NOTES-spmm.md``, session 17).
+    Padding costs a copy of the gathered rows (and GAS spmm, whose atomics bound it, gains
+    nothing: it does not pad)."""
     if channels <= ALIGN_CHANNELS or channels % ALIGN_CHANNELS == 0:
         return channels
     return -(-channels // ALIGN_CHANNELS) * ALIGN_CHANNELS

@@ -29,11 +29,14 @@ Weights in grouped (CSR / CSC) order are memoised on the graph while the same we
 tensor comes back unchanged and does not require grad (GCN's cached normalisation), so
 that transductive training permutes them once.
 
-A head wider than 16 columns and not a multiple of 16 runs zero-padded to the next
-multiple (:func:`~fusegnn.kernels._edge_utils.padded_channels`): the gathered rows are then
-16-element aligned and load as vectors (Reddit-sized graph, H100, GAR forward + backward:
-41 columns 8.02 ms, padded 5.94 ms). The padded copies of ``x`` and of the output gradient
-are the price; results and gradients are sliced back.
+On GAR, a head wider than 16 columns and not a multiple of 16 runs zero-padded to the
+next multiple (:func:`~fusegnn.kernels._edge_utils.padded_channels`): the gathered rows are
+then 16-element aligned and load as vectors. The padded copies of ``x`` and of the output
+gradient are the price, and results and gradients are sliced back. H100, forward +
+backward, the session's previous code in the same run: Reddit-sized graph (GAR), 41
+columns 8.12 -> 5.96 ms, 100 columns 20.5 -> 16.1 ms; GAS gains nothing from aligned rows
+(a degree-5 graph of 200k nodes: 100 columns unpadded 1.11 ms, 112 natively 1.12, 100
+padded 1.35 with the copies), so it runs every width as it comes.
 
 ``reduce="mean"`` is the sum divided by the in-degree (clamped to 1), through autograd;
 ``reduce="max"`` is the GAR max of :mod:`fusegnn.kernels.edge_aggregate` (the op layer
@@ -189,18 +192,12 @@ class GASSpmm(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, graph: Graph) -> Tensor:  # type: ignore[override]
         x2, w2, heads = _flatten(graph, x, weight)
         feat = x2.size(1) // heads
-        run_feat = padded_channels(feat)  # aligned rows (module docstring)
-        x2 = pad_heads(x2, heads, run_feat)
-        initial = _flat_bias(bias, heads * feat)
-        if initial is not None:
-            initial = pad_heads(initial.view(1, -1), heads, run_feat).view(-1)
         src, dst = _indices(graph)
         acc, _ = gas_scatter(
             x2, src, dst, w2, graph.num_dst_nodes, heads,
-            config=_gas_cfg(run_feat, x2.element_size(), False, _use_runs(graph, "dst", x2.size(1))),
-            initial=initial,
+            config=_gas_cfg(feat, x2.element_size(), False, _use_runs(graph, "dst", x2.size(1))),
+            initial=_flat_bias(bias, x2.size(1)),
         )
-        acc = unpad_heads(acc, heads, feat)
         out = acc if acc.dtype == x.dtype else acc.to(x.dtype)
         ctx.graph, ctx.heads = graph, heads
         ctx.w_shape = weight.shape if weight is not None else None
@@ -233,19 +230,14 @@ def gas_backward(
     """
     g = grad_out.flatten(1).contiguous()
     feat = g.size(1) // heads
-    run_feat = padded_channels(feat)  # the forward's aligned rows (module docstring)
-    g = pad_heads(g, heads, run_feat)
     src, dst = _indices(graph)
     acc, gw = gas_scatter(
         g, dst, src, w2, graph.num_src_nodes, heads,
-        dot_with=pad_heads(x2, heads, run_feat) if need_w else None,
+        dot_with=x2 if need_w else None,
         scatter=need_x,
-        config=_gas_cfg(run_feat, g.element_size(), need_w, need_x and _use_runs(graph, "src", g.size(1))),
+        config=_gas_cfg(feat, g.element_size(), need_w, need_x and _use_runs(graph, "src", g.size(1))),
     )
-    grad_x = None
-    if need_x:
-        acc = unpad_heads(acc, heads, feat)
-        grad_x = acc.to(grad_out.dtype).reshape((graph.num_src_nodes,) + tuple(grad_out.shape[1:]))
+    grad_x = acc.to(grad_out.dtype).reshape((graph.num_src_nodes,) + tuple(grad_out.shape[1:])) if need_x else None
     return grad_x, (gw if need_w else None)
 
 
