@@ -86,8 +86,11 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
         return
     parts = []
     if target.numel():
-        counted = torch.where(target == ignore_index, torch.zeros((), dtype=target.dtype, device=target.device), target)
-        parts.append(torch.stack(torch.aminmax(counted)).to(torch.int64))
+        # compared as int64, as the kernels and F.cross_entropy compare: torch casts the
+        # Python int to a narrow target's dtype, wrapping it (uint8 == -100 is == 156)
+        wide = target.to(torch.int64)
+        counted = torch.where(wide == ignore_index, torch.zeros((), dtype=torch.int64, device=target.device), wide)
+        parts.append(torch.stack(torch.aminmax(counted)))
     if index is not None and index.numel():
         parts.append(torch.stack(torch.aminmax(index)).to(torch.int64))
     if not parts:

@@ -51,7 +51,8 @@ def _valid_rows(target: Tensor, index: Tensor | None, ignore_index: int, dtype: 
     if facts is not None and counted in facts:
         return facts[counted]
     picked = target.index_select(0, index.to(torch.int64)) if index is not None else target
-    n_valid = (picked != ignore_index).sum().to(dtype)
+    # as int64: torch would cast ignore_index to a narrow target's dtype (uint8: -100 -> 156)
+    n_valid = (picked.to(torch.int64) != ignore_index).sum().to(dtype)
     result = n_valid, (1.0 / n_valid).reshape(1)
     if facts is not None and not torch.is_inference_mode_enabled():
         facts[counted] = result

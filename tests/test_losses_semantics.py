@@ -1,0 +1,110 @@
+"""``fusegnn.losses.linear_cross_entropy`` against PyTorch's own semantics, case by case.
+
+The contract: ``linear_cross_entropy(h, W, y, b, index=i, ...)`` equals
+``F.cross_entropy(F.linear(h[i], W, b), y[i], ...)`` in value and in every gradient, on
+the fused path (``backend="fused"``: Triton kernels, run by the interpreter on the CPU)
+and on the reference (``"reference"`` / ``"auto"``), for what a demanding user passes:
+narrow target dtypes, ``ignore_index`` inside the class range with label smoothing, rows
+all ignored, repeated / empty / int32 indices, strided and tied parameters, partial
+``requires_grad``, a second backward, half precision, and the GCN / GAT fused head.
+Where fusegnn differs on purpose (more target dtypes than ``F.cross_entropy``; no second
+derivative on the fused path), the docstring says so and the test asserts that.
+
+Everything compares in float64 on tiny shapes (the interpreter is slow), through the
+fused path's two paths where it matters (``head``: logits on chip; ``wide``: GEMM chunks
+and the row kernel, forced through ``HEAD_MAX_CLASSES = 0``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # run the Triton kernels on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+pytest.importorskip("triton")
+
+from fusegnn.kernels import linear_cross_entropy as kernels  # noqa: E402
+from fusegnn.losses import linear_cross_entropy  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+F64 = torch.float64
+
+
+@pytest.fixture(params=("head", "wide"))
+def path(request, monkeypatch):
+    """The fused path's two paths: logits on chip (``head``) or GEMM chunks (``wide``)."""
+    monkeypatch.setattr(kernels, "HEAD_MAX_CLASSES", 512 if request.param == "head" else 0)
+    return request.param
+
+
+def _data(n=8, k=4, c=5, seed=0, bias=True):
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, k, generator=gen, dtype=F64).to(DEVICE)
+    w = (torch.randn(c, k, generator=gen, dtype=F64) * k ** -0.5).to(DEVICE)
+    b = torch.randn(c, generator=gen, dtype=F64).to(DEVICE) if bias else None
+    y = torch.randint(0, c, (n,), generator=gen).to(DEVICE)
+    return h, w, b, y
+
+
+def _torch(h, w, b, y, index=None, **kw):
+    """PyTorch's definition: ``F.cross_entropy(F.linear(h[index], W, b), y[index], ...)``."""
+    if index is not None:
+        h, y = h[index], y[index]
+    return F.cross_entropy(F.linear(h, w, b), y, **kw)
+
+
+def _same(got_fn, want_fn, tensors, *, seed=1, rtol=1e-10, atol=1e-12):
+    """``got_fn(*leaves)`` against ``want_fn(*leaves)`` on fresh leaf copies of ``tensors``
+    (``None`` passes through; a tensor that does not require grad stays so): the values and
+    the gradients under a random incoming gradient (non-uniform for ``reduction="none"``)."""
+    def leaves():
+        return [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+
+    mine, ref = leaves(), leaves()
+    got, want = got_fn(*mine), want_fn(*ref)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)
+    grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(DEVICE, want.dtype)
+    pairs = [(a, e) for a, e in zip(mine, ref) if a is not None and a.requires_grad]
+    if pairs:
+        g_got = torch.autograd.grad(got, [a for a, _ in pairs], grad)
+        g_want = torch.autograd.grad(want, [e for _, e in pairs], grad)
+        for a, e in zip(g_got, g_want):
+            torch.testing.assert_close(a, e, rtol=rtol, atol=atol)
+    return got
+
+
+def _grad(*tensors):
+    return [None if t is None else t.requires_grad_() for t in tensors]
+
+
+# ----------------------------------------------------------------------------- target dtypes
+
+
+def test_narrow_targets_compare_with_ignore_index_as_int64(path):
+    """``ignore_index`` is compared with the class ids as int64 (F.cross_entropy's and the
+    kernels' comparison). A uint8 target of 156 with the default ``ignore_index=-100`` is
+    class 156 (torch would cast -100 to uint8, i.e. 156, if compared in the target's
+    dtype: the fused ``mean`` then divided by one row fewer than it summed)."""
+    h, w, b, _ = _data(n=4, k=3, c=160)
+    y = torch.tensor([156, 1, 2, 3], dtype=torch.uint8, device=DEVICE)  # F.cross_entropy takes uint8
+    for reduction in ("mean", "sum"):
+        _same(lambda h_, w_, b_: linear_cross_entropy(h_, w_, y, b_, reduction=reduction, backend="fused"),
+              lambda h_, w_, b_: _torch(h_, w_, b_, y, reduction=reduction), _grad(h, w, b))
+    # an int8 -100 is no longer taken for ignore_index=156 (which it equals modulo 256):
+    # class id -100 is out of range, as F.cross_entropy says (not a read outside W)
+    h, w, b, _ = _data(n=4, k=3, c=5)
+    y8 = torch.tensor([-100, 1, 2, 3], dtype=torch.int8, device=DEVICE)
+    with pytest.raises(ValueError, match="class id -100"):
+        linear_cross_entropy(h, w, y8, b, ignore_index=156, backend="fused")
+    with pytest.raises(ValueError, match="class id 7"):  # 2**32 + 7 is not 7
+        linear_cross_entropy(h, w, torch.tensor([7, 1, 2, 3], dtype=torch.int32, device=DEVICE), b,
+                             ignore_index=2**32 + 7, backend="fused")
