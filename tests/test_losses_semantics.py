@@ -108,3 +108,34 @@ def test_narrow_targets_compare_with_ignore_index_as_int64(path):
     with pytest.raises(ValueError, match="class id 7"):  # 2**32 + 7 is not 7
         linear_cross_entropy(h, w, torch.tensor([7, 1, 2, 3], dtype=torch.int32, device=DEVICE), b,
                              ignore_index=2**32 + 7, backend="fused")
+
+
+@pytest.mark.parametrize("dtype", (torch.int32, torch.int16, torch.int8, torch.uint8))
+def test_every_integer_target_dtype_on_every_backend(dtype):
+    """The fused path takes int32 / int16 / int8 / uint8 class ids; so do the reference and
+    ``auto`` (documented: ``F.cross_entropy`` itself refuses all but int64 and uint8, and
+    the reference passed them to it, so a loss that ran fused failed on the CPU)."""
+    h, w, b, y = _data()
+    y = y.to(dtype)
+    y[2] = 0 if dtype == torch.uint8 else -100  # an ignored row where the dtype holds -100
+    for backend in ("fused", "reference", "auto"):
+        _same(lambda h_, w_, b_: linear_cross_entropy(h_, w_, y, b_, label_smoothing=0.1, backend=backend),
+              lambda h_, w_, b_: _torch(h_, w_, b_, y.long(), label_smoothing=0.1), _grad(h, w, b))
+    assert "int32, int16, int8 and uint8" in linear_cross_entropy.__doc__
+
+
+def test_model_loss_takes_int32_targets_on_the_logits_path_too():
+    """``model.loss`` without a fused head (hidden width >= classes) takes the class ids the
+    fused head takes (it passed an int32 target to ``F.cross_entropy``, which refused it)."""
+    from fusegnn.models import GCN
+    from tests.graphs import random_graph
+
+    torch.manual_seed(0)
+    x = torch.randn(20, 6, dtype=F64, device=DEVICE)
+    graph = random_graph(20, 60, 0).to(DEVICE)
+    y = torch.randint(0, 4, (20,), device=DEVICE)
+    index = torch.tensor([0, 3, 3, 19], device=DEVICE)
+    model = GCN(6, 8, 4).double().to(DEVICE).eval()
+    assert model.head_inputs(x, graph) is None
+    want = F.cross_entropy(model(x, graph)[index], y[index])
+    torch.testing.assert_close(model.loss(x, graph, y.to(torch.int32), index), want)

@@ -13,10 +13,16 @@ from torch import Tensor
 
 from fusegnn.losses.target_memo import pair_facts
 
-__all__ = ["REDUCTIONS", "check_arguments"]
+__all__ = ["REDUCTIONS", "as_class_ids", "check_arguments"]
 
 REDUCTIONS = ("mean", "sum", "none")
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def as_class_ids(target: Tensor) -> Tensor:
+    """``target`` in a dtype ``F.cross_entropy`` takes: int32 / int16 / int8 class ids
+    widened to int64 (it takes int64 and uint8 only); any other tensor as it is."""
+    return target.to(torch.int64) if target.dtype in _INT_DTYPES and target.dtype != torch.uint8 else target
 
 
 def _check_tensor(name: str, value, dims: int) -> Tensor:

@@ -26,7 +26,7 @@ from torch import Tensor
 from fusegnn.kernels._edge_utils import acc_dtype
 from fusegnn.kernels import linear_cross_entropy as linear_cross_entropy_kernels
 from fusegnn.kernels._triton import FLOAT_DTYPES, fused_can_run
-from fusegnn.losses.checks import check_arguments
+from fusegnn.losses.checks import as_class_ids, check_arguments
 from fusegnn.losses.target_memo import pair_facts
 from fusegnn.sparse.dispatch import capture_mode
 
@@ -182,7 +182,9 @@ def linear_cross_entropy(
         h: ``[N, K]`` floating rows (fp16 / bf16 / fp32; fp64 for checks).
         weight: ``[C, K]`` classifier (``F.linear``'s layout), same dtype as ``h``.
         target: ``[N]`` integer class ids, one per row of ``h``; ``ignore_index`` marks a
-            row that counts for nothing.
+            row that counts for nothing. Any of int64, int32, int16, int8 and uint8, on
+            every backend (``F.cross_entropy`` itself takes int64 and uint8 only), compared
+            with ``ignore_index`` as int64.
         bias: ``[C]`` or ``None``.
         index: ``[M]`` integer rows of ``h`` (and ``target``) that count, e.g. a GNN's
             training nodes; repeats count each time. ``None``: all rows.
@@ -206,7 +208,7 @@ def linear_cross_entropy(
         raise ValueError(f"linear_cross_entropy: chunk_rows must be a positive int, got {chunk_rows!r}")
     if pick_backend(backend, h, weight, bias, index) == "reference":
         return _kernels().linear_cross_entropy_reference(
-            h, weight, target, bias, index=index, ignore_index=ignore_index, reduction=reduction,
+            h, weight, as_class_ids(target), bias, index=index, ignore_index=ignore_index, reduction=reduction,
             label_smoothing=float(label_smoothing),
         )
     return FusedLinearCrossEntropy.apply(
