@@ -139,3 +139,49 @@ def test_model_loss_takes_int32_targets_on_the_logits_path_too():
     assert model.head_inputs(x, graph) is None
     want = F.cross_entropy(model(x, graph)[index], y[index])
     torch.testing.assert_close(model.loss(x, graph, y.to(torch.int32), index), want)
+
+
+# ----------------------------------------------------------------------------- autograd
+
+
+def test_second_derivative_raises_on_the_fused_path_and_matches_on_the_reference():
+    """A gradient penalty ``loss + |dL/dh|^2`` through ``create_graph=True``: the reference
+    gives PyTorch's gradients; the fused path (documented: differentiable once) raises
+    rather than dropping the penalty's gradient (its gradients had no graph, so the
+    penalty was silently a constant: W's gradient was the loss's alone)."""
+    h, w, b, y = _data()
+
+    def penalised(backend):
+        def fn(h_, w_, b_):
+            loss = linear_cross_entropy(h_, w_, y, b_, backend=backend) if backend else _torch(h_, w_, b_, y)
+            (g,) = torch.autograd.grad(loss, h_, create_graph=True)
+            return loss + g.pow(2).sum()
+        return fn
+
+    _same(penalised("reference"), penalised(None), _grad(h, w, b))
+    leaves = [t.clone().requires_grad_() for t in (h, w, b)]
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        penalised("fused")(*leaves).backward()
+    assert "differentiable once" in linear_cross_entropy.__doc__
+
+
+@pytest.mark.parametrize("reduction", ("mean", "none"))
+def test_retain_graph_second_backward(path, reduction):
+    """``backward(retain_graph=True)`` twice accumulates the same gradients twice (the
+    second backward of ``mean`` recomputes what the first one handed over)."""
+    h, w, b, y = _data()
+    y[1] = -100
+    grads = []
+    for backend in ("fused", None):
+        leaves = [t.clone().requires_grad_() for t in (h, w, b)]
+        loss = (linear_cross_entropy(*leaves[:2], y, leaves[2], reduction=reduction, backend=backend) if backend
+                else _torch(*leaves[:2], leaves[2], y, reduction=reduction))
+        g = torch.linspace(0.5, 2.0, loss.numel(), dtype=F64, device=DEVICE).reshape(loss.shape)
+        loss.backward(g, retain_graph=True)
+        once = [t.grad.clone() for t in leaves]
+        loss.backward(g)
+        for t, o in zip(leaves, once):
+            torch.testing.assert_close(t.grad, 2 * o, rtol=1e-12, atol=1e-14)
+        grads.append(once)
+    for a, e in zip(*grads):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)

@@ -92,11 +92,20 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        with torch.no_grad():
+            grads = FusedLinearCrossEntropy._gradients(ctx, grad)
+        if torch.is_grad_enabled():  # create_graph=True: their derivative must raise, not be taken as 0
+            grads = _NoSecondDerivative.wrap(grads)
+        return (*grads, None, None, None, None, None, None)
+
+    @staticmethod
+    def _gradients(ctx, grad):
+        """``(dh, dW, db)`` (``None`` where not asked for) for the incoming gradient ``grad``."""
         if ctx.grads is not None:  # computed by the forward: hand them over, scaled by grad
             grads, ctx.grads = ctx.grads, None
             # one launch for the three, on the device, skipped there when grad is 1: no read-back
             _kernels().scale_all_unless_one(grads, grad.reshape(1))
-            return (*grads, None, None, None, None, None, None)
+            return grads
         h, weight, bias, target, index, n_valid = ctx.saved_tensors
         ignore_index, smoothing, chunk_rows = ctx.config
         scale = grad.to(n_valid.dtype).reshape(-1)
@@ -106,7 +115,32 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
             h, weight, target, bias, index, ignore_index, smoothing, scale.contiguous(),
             grads=tuple(ctx.needs_input_grad[:3]), chunk_rows=chunk_rows,
         )
-        return out.grad_h, out.grad_weight, out.grad_bias, None, None, None, None, None, None
+        return out.grad_h, out.grad_weight, out.grad_bias
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """The identity on the fused path's gradients when a backward builds a graph
+    (``create_graph=True``), whose own backward raises: the kernels' gradients are not
+    differentiable, and without this node a gradient penalty on them would be a constant
+    (its gradient silently dropped)."""
+
+    @staticmethod
+    def wrap(grads):
+        present = [g for g in grads if g is not None]
+        # leaves that require grad, so that the outputs get this node (as once_differentiable does)
+        marked = iter(_NoSecondDerivative.apply(*(g.detach().requires_grad_() for g in present)) if present else ())
+        return tuple(None if g is None else next(marked) for g in grads)
+
+    @staticmethod
+    def forward(ctx, *grads):
+        return tuple(g.view_as(g) for g in grads)
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(
+            "linear_cross_entropy: the fused path is differentiable once; cannot differentiate twice "
+            "(its gradients through create_graph=True): use backend='reference' for a second derivative"
+        )
 
 
 #: ``backend="auto"`` takes the fused path on CUDA from this many ``rows x (classes +
@@ -202,6 +236,11 @@ def linear_cross_entropy(
 
     Returns the loss in ``h``'s dtype (computed in float32, float64 for float64 inputs).
     Inputs are never modified.
+
+    The fused path is differentiable once: differentiating its gradients again (a
+    gradient penalty through ``create_graph=True``) raises a ``RuntimeError`` instead of
+    treating them as constants; the reference path
+    (``F.cross_entropy``) has second derivatives.
     """
     check_arguments(h, weight, target, bias, index, ignore_index, reduction, label_smoothing)
     if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
