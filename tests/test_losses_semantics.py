@@ -185,3 +185,151 @@ def test_retain_graph_second_backward(path, reduction):
         grads.append(once)
     for a, e in zip(*grads):
         torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- ignore_index, smoothing, rows
+
+
+@pytest.mark.parametrize("reduction", ("mean", "sum", "none"))
+@pytest.mark.parametrize("ignore_index", (-100, 0, 3))
+def test_ignore_index_with_label_smoothing(path, reduction, ignore_index):
+    """Ignored rows leave the smoothing term too (F.cross_entropy); ``ignore_index`` may be
+    a class id inside the range (0, 3), whose rows then count for nothing."""
+    h, w, b, y = _data(seed=ignore_index % 7)
+    y[[1, 5]] = ignore_index
+    y[6] = 3 if ignore_index != 3 else 2
+    index = torch.tensor([1, 6, 6, 0, 5, 7], dtype=torch.int32, device=DEVICE)
+    for idx in (None, index):
+        _same(lambda h_, w_, b_: linear_cross_entropy(h_, w_, y, b_, index=idx, ignore_index=ignore_index,
+                                                      reduction=reduction, label_smoothing=0.2, backend="fused"),
+              lambda h_, w_, b_: _torch(h_, w_, b_, y, None if idx is None else idx.long(), ignore_index=ignore_index,
+                                        reduction=reduction, label_smoothing=0.2), _grad(h, w, b))
+
+
+@pytest.mark.parametrize("backend", ("fused", "reference"))
+def test_no_counted_row_is_nan_for_mean_as_documented(backend):
+    """Every row ignored, an empty ``index`` and a 0-row ``h``: ``mean`` is NaN (0 / 0) as in
+    F.cross_entropy, with zero gradients; ``sum`` is 0 and ``none`` is zeros / empty."""
+    h, w, b, y = _data(n=5)
+    cases = [(h, y.new_full((5,), -100), None),
+             (h, y, torch.empty(0, dtype=torch.int64, device=DEVICE)),
+             (h[:0], y[:0], None)]
+    for rows, labels, index in cases:
+        for reduction in ("mean", "sum", "none"):
+            got = _same(lambda h_, w_, b_: linear_cross_entropy(h_, w_, labels, b_, index=index, reduction=reduction,
+                                                                label_smoothing=0.1, backend=backend),
+                        lambda h_, w_, b_: _torch(h_, w_, b_, labels, index, reduction=reduction, label_smoothing=0.1),
+                        _grad(rows, w, b))
+            if reduction == "mean":
+                assert torch.isnan(got)
+            else:
+                assert bool((got == 0).all())
+    assert "every row ignored, ``mean`` is NaN" in linear_cross_entropy.__doc__
+
+
+def test_index_with_repeats_and_int32_and_reduction_none(path):
+    """``index`` rows count once per occurrence, int32 as int64, and ``none`` returns them
+    in ``index``'s order, under a non-uniform incoming gradient."""
+    h, w, b, y = _data(n=7)
+    index = torch.tensor([6, 2, 2, 0, 6, 6], dtype=torch.int32, device=DEVICE)
+    for reduction in ("mean", "none"):
+        _same(lambda h_, w_, b_: linear_cross_entropy(h_, w_, y, b_, index=index, reduction=reduction,
+                                                      backend="fused"),
+              lambda h_, w_, b_: _torch(h_, w_, b_, y, index.long(), reduction=reduction), _grad(h, w, b))
+
+
+# ----------------------------------------------------------------------------- layouts and requires_grad
+
+
+@pytest.mark.parametrize("reduction", ("mean", "none"))
+def test_strided_views_and_no_bias(path, reduction):
+    """Transposed and sliced views of ``h`` and ``W`` (and no bias) give the same values and
+    gradients as their contiguous copies in PyTorch."""
+    gen = torch.Generator().manual_seed(4)
+    base = torch.randn(10, 9, generator=gen, dtype=F64).to(DEVICE)
+    y = torch.randint(0, 5, (8,), generator=gen).to(DEVICE)
+
+    def views(x):
+        return x[1:9, ::2], x[:5, 4:].t(), x[9, :5]
+
+    # h: rows 1..8, even columns (5); W: a transposed 5 x 5 block; b: a row slice -- one leaf behind all three
+    _same(lambda x: linear_cross_entropy(*views(x)[:2], y, views(x)[2], reduction=reduction, backend="fused"),
+          lambda x: _torch(*views(x), y, reduction=reduction), _grad(base))
+    _same(lambda ht, wt: linear_cross_entropy(ht.t(), wt.t(), y, reduction=reduction, backend="fused"),
+          lambda ht, wt: _torch(ht.t(), wt.t(), None, y, reduction=reduction),
+          _grad(base[:5, :8].clone(), base[:5, 1:6].clone()))
+
+
+def test_weight_tied_to_an_embedding(path):
+    """``h = E[ids]`` and ``W = E`` (a tied output embedding): one leaf, both gradients summed."""
+    gen = torch.Generator().manual_seed(2)
+    emb = torch.randn(5, 4, generator=gen, dtype=F64).to(DEVICE)
+    ids = torch.tensor([0, 3, 2, 2, 1, 4, 0, 1], device=DEVICE)
+    y = torch.tensor([1, 1, 0, 4, 2, 3, 0, 2], device=DEVICE)
+    index = torch.tensor([1, 1, 7, 0], device=DEVICE)
+    _same(lambda e: linear_cross_entropy(e[ids], e, y, index=index, backend="fused"),
+          lambda e: _torch(e[ids], e, None, y, index), _grad(emb))
+
+
+def test_only_some_inputs_require_grad(path):
+    """``h`` without grad (a frozen encoder), ``W`` / ``b`` without grad (a frozen head), and
+    the bias alone: the gradients asked for, as PyTorch's."""
+    h, w, b, y = _data()
+    for needs in ((False, True, True), (True, False, False), (False, False, True), (False, False, False)):
+        tensors = [t.clone().requires_grad_(n) for t, n in zip((h, w, b), needs)]
+        _same(lambda h_, w_, b_: linear_cross_entropy(h_, w_, y, b_, label_smoothing=0.1, backend="fused"),
+              lambda h_, w_, b_: _torch(h_, w_, b_, y, label_smoothing=0.1), tensors)
+
+
+def test_inputs_are_never_modified(path):
+    """After forward and two backwards (retain_graph), every input is bitwise unchanged,
+    narrow targets and int32 indices included."""
+    h, w, b, y = _data()
+    y = y.to(torch.int32)
+    y[0] = -100
+    index = torch.tensor([0, 4, 4, 2], dtype=torch.int32, device=DEVICE)
+    leaves = [t.clone().requires_grad_() for t in (h, w, b)]
+    before = [t.detach().clone() for t in leaves] + [y.clone(), index.clone()]
+    for reduction in ("mean", "none"):
+        loss = linear_cross_entropy(*leaves[:2], y, leaves[2], index=index, reduction=reduction,
+                                    label_smoothing=0.1, backend="fused")
+        loss.sum().backward(retain_graph=True)
+        loss.sum().backward()
+    for a, e in zip([t.detach() for t in leaves] + [y, index], before):
+        assert torch.equal(a, e)
+
+
+# ----------------------------------------------------------------------------- grad modes, shapes, precision
+
+
+@pytest.mark.parametrize("backend", ("fused", "reference"))
+def test_no_grad_and_inference_mode(backend):
+    h, w, b, y = _data()
+    want = _torch(h, w, b, y, label_smoothing=0.1)
+    leaves = [t.clone().requires_grad_() for t in (h, w, b)]
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            got = linear_cross_entropy(*leaves[:2], y, leaves[2], label_smoothing=0.1, backend=backend)
+        assert not got.requires_grad
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+def test_half_precision_as_close_as_pytorchs_own(path, dtype):
+    """Half-precision inputs (float32 accumulation): the loss and gradients are no further
+    from the float64 ones than PyTorch's own half-precision loss is (plus one rounding)."""
+    h, w, b, y = _data(n=16, k=8, c=11, seed=3)
+    y[4] = -100
+    exact = [t.to(dtype).double().requires_grad_() for t in (h, w, b)]
+    mine = [t.to(dtype).requires_grad_() for t in (h, w, b)]
+    theirs = [t.to(dtype).requires_grad_() for t in (h, w, b)]
+    want = _torch(*exact[:2], exact[2], y, label_smoothing=0.1)
+    got = linear_cross_entropy(*mine[:2], y, mine[2], label_smoothing=0.1, backend="fused")
+    eager = _torch(*theirs[:2], theirs[2], y, label_smoothing=0.1)
+    assert got.dtype == eager.dtype == dtype
+    ulp = torch.finfo(dtype).eps
+    for a, e, ref in zip([got] + list(torch.autograd.grad(got, mine)), [eager] + list(torch.autograd.grad(eager, theirs)),
+                         [want] + list(torch.autograd.grad(want, exact))):
+        scale = ref.abs().max().item()
+        assert (a.double() - ref).abs().max().item() <= (e.double() - ref).abs().max().item() + 2 * ulp * scale
+
