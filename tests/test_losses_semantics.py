@@ -314,6 +314,14 @@ def test_no_grad_and_inference_mode(backend):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+def test_three_dimensional_h_is_refused_clearly():
+    """``F.cross_entropy(F.linear(h[B, T, K]), y[B, T])`` reads dim 1 as the classes (an
+    error or a wrong loss); fusegnn takes ``[N, K]`` rows only and says how to flatten."""
+    h, w, b, y = _data(n=6)
+    with pytest.raises(ValueError, match=r"h must be 2-D.*flatten"):
+        linear_cross_entropy(h.reshape(2, 3, 4), w, y.reshape(2, 3), b)
+
+
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
 def test_half_precision_as_close_as_pytorchs_own(path, dtype):
     """Half-precision inputs (float32 accumulation): the loss and gradients are no further
@@ -333,3 +341,16 @@ def test_half_precision_as_close_as_pytorchs_own(path, dtype):
         scale = ref.abs().max().item()
         assert (a.double() - ref).abs().max().item() <= (e.double() - ref).abs().max().item() + 2 * ulp * scale
 
+
+def test_index_forms_that_h_index_takes_but_the_loss_refuses_clearly():
+    """``h[index]`` also takes a boolean mask and negative rows; the loss refuses both with
+    an error that says what to pass (documented)."""
+    h, w, b, y = _data(n=6)
+    mask = torch.tensor([True, False, True, False, True, True], device=DEVICE)
+    with pytest.raises(TypeError, match=r"boolean mask.*nonzero"):
+        linear_cross_entropy(h, w, y, b, index=mask)
+    with pytest.raises(IndexError, match="negative row is not counted from the end"):
+        linear_cross_entropy(h, w, y, b, index=torch.tensor([0, -1], device=DEVICE))
+    torch.testing.assert_close(linear_cross_entropy(h, w, y, b, index=mask.nonzero().squeeze(1)),
+                               _torch(h, w, b, y, mask))
+    assert "a boolean mask is refused" in linear_cross_entropy.__doc__

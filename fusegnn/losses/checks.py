@@ -34,6 +34,11 @@ def _check_tensor(name: str, value, dims: int) -> Tensor:
 
 
 def _check_shapes_and_dtypes(h, weight, target, bias, index) -> None:
+    if isinstance(h, Tensor) and h.dim() > 2:  # F.cross_entropy would read dim 1 as the classes
+        raise ValueError(
+            f"linear_cross_entropy: h must be 2-D (rows of features), got shape {tuple(h.shape)}: "
+            "flatten the leading dims (h.flatten(0, -2), target.flatten())"
+        )
     _check_tensor("h", h, 2)
     _check_tensor("weight", weight, 2)
     _check_tensor("target", target, 1)
@@ -67,6 +72,9 @@ def _check_shapes_and_dtypes(h, weight, target, bias, index) -> None:
             )
     if index is not None:
         _check_tensor("index", index, 1)
+        if index.dtype == torch.bool:
+            raise TypeError("linear_cross_entropy: index must be an integer tensor of rows, got a boolean mask "
+                            "(pass mask.nonzero().squeeze(1))")
         if index.dtype not in _INT_DTYPES:
             raise TypeError(f"linear_cross_entropy: index must be an integer tensor of rows, got {index.dtype}")
 
@@ -109,7 +117,8 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
             f"and not ignore_index ({ignore_index})"
         )
     if index is not None and index.numel() and not (0 <= bounds[-2] and bounds[-1] < num_rows):
-        raise IndexError(f"linear_cross_entropy: index holds rows outside [0, {num_rows}) (h has {num_rows} rows)")
+        raise IndexError(f"linear_cross_entropy: index holds rows outside [0, {num_rows}) (h has {num_rows} rows; "
+                         "a negative row is not counted from the end)")
     if facts is not None:
         facts[checked] = True
 

@@ -221,7 +221,10 @@ def linear_cross_entropy(
             with ``ignore_index`` as int64.
         bias: ``[C]`` or ``None``.
         index: ``[M]`` integer rows of ``h`` (and ``target``) that count, e.g. a GNN's
-            training nodes; repeats count each time. ``None``: all rows.
+            training nodes; repeats count each time. ``None``: all rows. Unlike
+            ``h[index]``, rows must be in ``[0, N)`` (a negative row is an error, not
+            counted from the end) and a boolean mask is refused (pass
+            ``mask.nonzero().squeeze(1)``).
         ignore_index, label_smoothing: as ``F.cross_entropy`` (smoothing in ``[0, 1)``).
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[M]`` per-row losses, 0 on
             ignored rows).
