@@ -354,3 +354,32 @@ def test_index_forms_that_h_index_takes_but_the_loss_refuses_clearly():
     torch.testing.assert_close(linear_cross_entropy(h, w, y, b, index=mask.nonzero().squeeze(1)),
                                _torch(h, w, b, y, mask))
     assert "a boolean mask is refused" in linear_cross_entropy.__doc__
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def test_numpy_scalar_options_as_f_cross_entropy_takes_them():
+    """``F.cross_entropy`` takes NumPy integers for ``ignore_index`` and NumPy floats for
+    ``label_smoothing`` (a config read with NumPy); so do the function and the module (they
+    raised TypeError). An ``ignore_index`` beyond int64 is a clear ValueError."""
+    np = pytest.importorskip("numpy")
+    h, w, b, y = _data()
+    y[3] = 2
+    want = _torch(h, w, b, y, ignore_index=2, label_smoothing=0.25)
+    for backend in ("fused", "reference"):
+        got = linear_cross_entropy(h, w, y, b, ignore_index=np.int64(2), label_smoothing=np.float32(0.25),
+                                   backend=backend)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    from fusegnn.losses import LinearCrossEntropy
+
+    head = LinearCrossEntropy(4, 5, ignore_index=np.int32(2), label_smoothing=np.float64(0.25)).double().to(DEVICE)
+    with torch.no_grad():
+        head.weight.copy_(w)
+        head.bias.copy_(b)
+    torch.testing.assert_close(head(h, y), want, rtol=1e-10, atol=1e-12)
+    assert type(head.ignore_index) is int
+    with pytest.raises(ValueError, match="ignore_index must fit int64"):
+        linear_cross_entropy(h, w, y, b, ignore_index=2**70)
+    with pytest.raises(TypeError, match="LinearCrossEntropy: ignore_index must be an int"):
+        LinearCrossEntropy(4, 5, ignore_index=1.5)

@@ -8,12 +8,14 @@ CUDA context.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor
 
 from fusegnn.losses.target_memo import pair_facts
 
-__all__ = ["REDUCTIONS", "as_class_ids", "check_arguments"]
+__all__ = ["REDUCTIONS", "as_class_ids", "check_arguments", "check_options"]
 
 REDUCTIONS = ("mean", "sum", "none")
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -127,12 +129,22 @@ def check_arguments(h, weight, target, bias, index, ignore_index, reduction, lab
     """Raise a clear ``TypeError`` / ``ValueError`` / ``IndexError`` for bad arguments."""
     _check_shapes_and_dtypes(h, weight, target, bias, index)
     _check_devices(h=h, weight=weight, target=target, bias=bias, index=index)
+    check_options("linear_cross_entropy", ignore_index, reduction, label_smoothing)
+    _check_values(target, index, h.shape[0], weight.shape[0], int(ignore_index))
+
+
+def check_options(owner: str, ignore_index, reduction, label_smoothing) -> None:
+    """The loss's options (``owner`` names the caller in the errors): ``ignore_index`` an
+    integer that fits int64, ``reduction`` one of :data:`REDUCTIONS`, ``label_smoothing`` a
+    real number in ``[0, 1)``. Python's and NumPy's scalars alike, as ``F.cross_entropy``
+    takes them (``numbers.Integral`` / ``numbers.Real``)."""
     if reduction not in REDUCTIONS:
-        raise ValueError(f"linear_cross_entropy: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
-        raise TypeError(f"linear_cross_entropy: label_smoothing must be a float, got {type(label_smoothing).__name__}")
+        raise ValueError(f"{owner}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
+        raise TypeError(f"{owner}: label_smoothing must be a float, got {type(label_smoothing).__name__}")
     if not 0.0 <= float(label_smoothing) < 1.0:
-        raise ValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1), got {label_smoothing}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"linear_cross_entropy: ignore_index must be an int, got {type(ignore_index).__name__}")
-    _check_values(target, index, h.shape[0], weight.shape[0], ignore_index)
+        raise ValueError(f"{owner}: label_smoothing must be in [0, 1), got {label_smoothing}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"{owner}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    if not -2**63 <= int(ignore_index) < 2**63:
+        raise ValueError(f"{owner}: ignore_index must fit int64, got {ignore_index}")

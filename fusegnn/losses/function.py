@@ -246,13 +246,14 @@ def linear_cross_entropy(
     (``F.cross_entropy``) has second derivatives.
     """
     check_arguments(h, weight, target, bias, index, ignore_index, reduction, label_smoothing)
+    ignore_index, label_smoothing = int(ignore_index), float(label_smoothing)  # NumPy scalars too
     if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
         raise ValueError(f"linear_cross_entropy: chunk_rows must be a positive int, got {chunk_rows!r}")
     if pick_backend(backend, h, weight, bias, index) == "reference":
         return _kernels().linear_cross_entropy_reference(
             h, weight, as_class_ids(target), bias, index=index, ignore_index=ignore_index, reduction=reduction,
-            label_smoothing=float(label_smoothing),
+            label_smoothing=label_smoothing,
         )
     return FusedLinearCrossEntropy.apply(
-        h, weight, bias, target, index, int(ignore_index), reduction, float(label_smoothing), chunk_rows
+        h, weight, bias, target, index, ignore_index, reduction, label_smoothing, chunk_rows
     )
