@@ -383,3 +383,21 @@ def test_numpy_scalar_options_as_f_cross_entropy_takes_them():
         linear_cross_entropy(h, w, y, b, ignore_index=2**70)
     with pytest.raises(TypeError, match="LinearCrossEntropy: ignore_index must be an int"):
         LinearCrossEntropy(4, 5, ignore_index=1.5)
+
+
+def test_module_state_dict_is_nn_linears_and_repr_names_every_option():
+    """``LinearCrossEntropy`` loads an ``nn.Linear``'s state dict (same keys, same layout) and
+    then equals ``F.cross_entropy`` of that layer's logits; its repr names every option,
+    ``ignore_index`` included (it was missing)."""
+    from fusegnn.losses import LinearCrossEntropy
+
+    h, _, _, y = _data()
+    y[2] = 3
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4, 5).double().to(DEVICE)
+    head = LinearCrossEntropy(4, 5, ignore_index=3, reduction="sum", label_smoothing=0.1).double().to(DEVICE)
+    assert list(head.state_dict()) == list(linear.state_dict())
+    head.load_state_dict(linear.state_dict())
+    torch.testing.assert_close(head(h, y), F.cross_entropy(linear(h), y, ignore_index=3, reduction="sum",
+                                                           label_smoothing=0.1), rtol=1e-10, atol=1e-12)
+    assert "ignore_index=3, reduction='sum', label_smoothing=0.1" in repr(head)

@@ -69,4 +69,4 @@ class LinearCrossEntropy(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, num_classes={self.num_classes}, bias={self.bias is not None}, "
-                f"reduction={self.reduction!r}, label_smoothing={self.label_smoothing}")
+                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}")
