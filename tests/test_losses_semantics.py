@@ -401,3 +401,42 @@ def test_module_state_dict_is_nn_linears_and_repr_names_every_option():
     torch.testing.assert_close(head(h, y), F.cross_entropy(linear(h), y, ignore_index=3, reduction="sum",
                                                            label_smoothing=0.1), rtol=1e-10, atol=1e-12)
     assert "ignore_index=3, reduction='sum', label_smoothing=0.1" in repr(head)
+
+
+# ----------------------------------------------------------------------------- the GNN models' fused head
+
+
+@pytest.mark.parametrize("model_name", ("gcn", "gat"))
+def test_model_loss_fused_head_matches_logits_and_cross_entropy(path, model_name, monkeypatch):
+    """``model.loss(x, graph, y, train_index)`` through the fused kernels (``auto`` forced to
+    ``fused``: on the CPU it takes the reference) equals ``F.cross_entropy`` of the model's
+    logits at ``train_index`` -- int32, with repeats, ignored rows, ``ignore_index`` inside
+    the class range and label smoothing -- in value and in every parameter's gradient."""
+    from fusegnn.losses import function
+    from fusegnn.models import GAT, GCN
+    from tests.graphs import random_graph
+
+    picked = []
+    real_pick = function.pick_backend
+
+    def fused_pick(backend, *args, **kwargs):
+        picked.append(real_pick("fused" if backend == "auto" else backend, *args, **kwargs))
+        return picked[-1]
+
+    monkeypatch.setattr(function, "pick_backend", fused_pick)
+    torch.manual_seed(0)
+    x = torch.randn(24, 6, dtype=F64, device=DEVICE)
+    graph = random_graph(24, 80, 1, hub_degree=8).to(DEVICE)
+    y = torch.randint(0, 12, (24,), device=DEVICE)
+    y[[3, 9]] = 4
+    index = torch.tensor([0, 3, 3, 5, 23, 5, 5, 9], dtype=torch.int32, device=DEVICE)
+    model = (GCN(6, 4, 12) if model_name == "gcn" else GAT(6, 2, 12, heads=2, out_heads=2)).double().to(DEVICE).eval()
+    params = list(model.parameters())
+    for ignore_index, smoothing in ((-100, 0.0), (4, 0.2)):
+        loss = model.loss(x, graph, y, index, ignore_index=ignore_index, label_smoothing=smoothing)
+        assert picked[-1] == "fused"
+        want = F.cross_entropy(model(x, graph)[index.long()], y[index.long()], ignore_index=ignore_index,
+                               label_smoothing=smoothing)
+        torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-12)
+        for a, e in zip(torch.autograd.grad(loss, params), torch.autograd.grad(want, params)):
+            torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
