@@ -440,3 +440,31 @@ def test_model_loss_fused_head_matches_logits_and_cross_entropy(path, model_name
         torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-12)
         for a, e in zip(torch.autograd.grad(loss, params), torch.autograd.grad(want, params)):
             torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ("fused", "reference"))
+def test_autocast_mixed_precision_as_f_linear_and_cross_entropy(path, backend):
+    """Under ``torch.autocast`` a half-precision ``h`` (an autocast layer's output) meets a
+    float32 ``weight`` and ``bias``: PyTorch casts them for ``F.linear`` and returns the
+    loss in float32; so does the loss (it raised "weight's dtype differs" on every
+    backend). Outside autocast mixed dtypes stay an error."""
+    device_type = DEVICE.type
+    half = torch.bfloat16 if device_type == "cpu" else torch.float16
+    h, w, b, y = _data(n=12, k=8, c=6, seed=5)
+    y[3] = -100
+    h = h.to(half)
+    for reduction in ("mean", "none"):
+        mine = [t.float().requires_grad_() for t in (w, b)]
+        theirs = [t.float().requires_grad_() for t in (w, b)]
+        with torch.autocast(device_type, dtype=half):
+            got = linear_cross_entropy(h, mine[0], y, mine[1], reduction=reduction, label_smoothing=0.1,
+                                       backend=backend)
+            want = _torch(h, theirs[0], theirs[1], y, reduction=reduction, label_smoothing=0.1)
+        assert got.dtype == want.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+        g = torch.linspace(0.5, 1.5, got.numel(), device=DEVICE).reshape(got.shape)
+        for a, e in zip(torch.autograd.grad(got, mine, g), torch.autograd.grad(want, theirs, g)):
+            assert a.dtype == e.dtype == torch.float32
+            torch.testing.assert_close(a, e, rtol=2e-2, atol=2e-2)
+    with pytest.raises(TypeError, match="weight's dtype"):
+        linear_cross_entropy(h, w.float(), y, b.float(), backend=backend)

@@ -63,7 +63,7 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     """``loss = fused(h, weight, bias, target, index)``; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, target, index, ignore_index, reduction, smoothing, chunk_rows):
+    def forward(ctx, h, weight, bias, target, index, ignore_index, reduction, smoothing, chunk_rows, out_dtype=None):
         kernels = _kernels()
         want = tuple(ctx.needs_input_grad[:3])
         h, weight = h.contiguous(), weight.contiguous()
@@ -84,11 +84,12 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         if any(want):  # for reduction="none", and for a second backward (retain_graph)
             ctx.save_for_backward(h, weight, bias, target, index, n_valid)
             ctx.config = (ignore_index, smoothing, chunk_rows)
+        out_dtype = out_dtype or h.dtype  # float32 under autocast: the loss is computed in it
         if reduction == "mean":
-            return (out.loss.sum() / n_valid).to(h.dtype)
+            return (out.loss.sum() / n_valid).to(out_dtype)
         if reduction == "sum":
-            return out.loss.sum().to(h.dtype)
-        return out.loss.to(h.dtype)
+            return out.loss.sum().to(out_dtype)
+        return out.loss.to(out_dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -96,7 +97,7 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
             grads = FusedLinearCrossEntropy._gradients(ctx, grad)
         if torch.is_grad_enabled():  # create_graph=True: their derivative must raise, not be taken as 0
             grads = _NoSecondDerivative.wrap(grads)
-        return (*grads, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None)
 
     @staticmethod
     def _gradients(ctx, grad):
@@ -240,20 +241,51 @@ def linear_cross_entropy(
     Returns the loss in ``h``'s dtype (computed in float32, float64 for float64 inputs).
     Inputs are never modified.
 
+    Under ``torch.autocast`` it follows ``F.linear`` + ``F.cross_entropy``'s autocast
+    rules: ``h``, ``weight`` and ``bias`` (but float64 ones) are cast to the autocast
+    dtype -- so a half-precision ``h`` may meet a float32 ``weight`` -- and a
+    half-precision loss is returned as float32.
+
     The fused path is differentiable once: differentiating its gradients again (a
     gradient penalty through ``create_graph=True``) raises a ``RuntimeError`` instead of
     treating them as constants; the reference path
     (``F.cross_entropy``) has second derivatives.
     """
+    autocast = _autocast_dtype(h)
+    if autocast is not None:
+        h, weight, bias = (_autocast_cast(t, autocast) for t in (h, weight, bias))
     check_arguments(h, weight, target, bias, index, ignore_index, reduction, label_smoothing)
     ignore_index, label_smoothing = int(ignore_index), float(label_smoothing)  # NumPy scalars too
     if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
         raise ValueError(f"linear_cross_entropy: chunk_rows must be a positive int, got {chunk_rows!r}")
-    if pick_backend(backend, h, weight, bias, index) == "reference":
+    if pick_backend(backend, h, weight, bias, index) == "reference":  # autocast applies to it as to any caller
         return _kernels().linear_cross_entropy_reference(
             h, weight, as_class_ids(target), bias, index=index, ignore_index=ignore_index, reduction=reduction,
             label_smoothing=label_smoothing,
         )
-    return FusedLinearCrossEntropy.apply(
-        h, weight, bias, target, index, ignore_index, reduction, label_smoothing, chunk_rows
-    )
+    if autocast is None:
+        return FusedLinearCrossEntropy.apply(
+            h, weight, bias, target, index, ignore_index, reduction, label_smoothing, chunk_rows
+        )
+    # the kernels' GEMMs keep their dtypes; a half-precision loss comes back in float32, as
+    # cross_entropy's under autocast (the kernels compute it in float32: no rounding to half)
+    with torch.autocast(h.device.type, enabled=False):
+        return FusedLinearCrossEntropy.apply(
+            h, weight, bias, target, index, ignore_index, reduction, label_smoothing, chunk_rows,
+            torch.float32 if h.dtype in (torch.float16, torch.bfloat16) else None,
+        )
+
+
+def _autocast_dtype(h) -> torch.dtype | None:
+    """The dtype ``torch.autocast`` gives ``F.linear``'s inputs on ``h``'s device, or
+    ``None`` outside autocast."""
+    if not isinstance(h, Tensor) or h.device.type not in ("cuda", "cpu") or not torch.is_autocast_enabled(h.device.type):
+        return None
+    return torch.get_autocast_dtype(h.device.type)
+
+
+def _autocast_cast(t, dtype: torch.dtype):
+    """``t`` as autocast casts ``F.linear``'s inputs: floating tensors but float64 to ``dtype``."""
+    if isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64:
+        return t.to(dtype)
+    return t
