@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fusegnn.losses import linear_cross_entropy
+from fusegnn.losses.checks import as_class_ids
 
 from fusegnn.layers import APPNP, GATConv, GATv2Conv, GCNConv, GINConv, SAGEConv, SGConv
 from fusegnn.sparse import Graph
@@ -21,7 +22,9 @@ __all__ = ["NodeClassifier", "TwoLayerGNN", "GCN", "GAT", "GATv2", "GraphSAGE", 
 class NodeClassifier(nn.Module):
     r"""A node classifier: :meth:`forward` returns the logits; :meth:`loss` the training
     loss over the rows ``index`` (a GNN's training nodes), the same value as
-    ``F.cross_entropy(forward(x, graph)[index], target[index])``.
+    ``F.cross_entropy(forward(x, graph)[index], target[index])``, for class ids in any of
+    the integer dtypes :func:`fusegnn.losses.linear_cross_entropy` takes (int32 ones too,
+    on either path).
 
     Where the output layer's logits are a linear map of inputs it aggregates narrower
     than the classes (:meth:`head_inputs`: GCN and GAT output layers whose input width is
@@ -43,6 +46,7 @@ class NodeClassifier(nn.Module):
             return linear_cross_entropy(a, weight, target, bias, index=index, ignore_index=ignore_index,
                                         label_smoothing=label_smoothing)
         logits = self(x, graph)
+        target = as_class_ids(target)  # the dtypes the fused head takes
         if index is not None:
             logits, target = logits.index_select(0, index), target.index_select(0, index)
         return F.cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing)

@@ -8,15 +8,23 @@ CUDA context.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor
 
 from fusegnn.losses.target_memo import pair_facts
 
-__all__ = ["REDUCTIONS", "check_arguments"]
+__all__ = ["REDUCTIONS", "as_class_ids", "check_arguments", "check_options"]
 
 REDUCTIONS = ("mean", "sum", "none")
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def as_class_ids(target: Tensor) -> Tensor:
+    """``target`` in a dtype ``F.cross_entropy`` takes: int32 / int16 / int8 class ids
+    widened to int64 (it takes int64 and uint8 only); any other tensor as it is."""
+    return target.to(torch.int64) if target.dtype in _INT_DTYPES and target.dtype != torch.uint8 else target
 
 
 def _check_tensor(name: str, value, dims: int) -> Tensor:
@@ -28,6 +36,11 @@ def _check_tensor(name: str, value, dims: int) -> Tensor:
 
 
 def _check_shapes_and_dtypes(h, weight, target, bias, index) -> None:
+    if isinstance(h, Tensor) and h.dim() > 2:  # F.cross_entropy would read dim 1 as the classes
+        raise ValueError(
+            f"linear_cross_entropy: h must be 2-D (rows of features), got shape {tuple(h.shape)}: "
+            "flatten the leading dims (h.flatten(0, -2), target.flatten())"
+        )
     _check_tensor("h", h, 2)
     _check_tensor("weight", weight, 2)
     _check_tensor("target", target, 1)
@@ -61,6 +74,9 @@ def _check_shapes_and_dtypes(h, weight, target, bias, index) -> None:
             )
     if index is not None:
         _check_tensor("index", index, 1)
+        if index.dtype == torch.bool:
+            raise TypeError("linear_cross_entropy: index must be an integer tensor of rows, got a boolean mask "
+                            "(pass mask.nonzero().squeeze(1))")
         if index.dtype not in _INT_DTYPES:
             raise TypeError(f"linear_cross_entropy: index must be an integer tensor of rows, got {index.dtype}")
 
@@ -86,8 +102,11 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
         return
     parts = []
     if target.numel():
-        counted = torch.where(target == ignore_index, torch.zeros((), dtype=target.dtype, device=target.device), target)
-        parts.append(torch.stack(torch.aminmax(counted)).to(torch.int64))
+        # compared as int64, as the kernels and F.cross_entropy compare: torch casts the
+        # Python int to a narrow target's dtype, wrapping it (uint8 == -100 is == 156)
+        wide = target.to(torch.int64)
+        counted = torch.where(wide == ignore_index, torch.zeros((), dtype=torch.int64, device=target.device), wide)
+        parts.append(torch.stack(torch.aminmax(counted)))
     if index is not None and index.numel():
         parts.append(torch.stack(torch.aminmax(index)).to(torch.int64))
     if not parts:
@@ -100,7 +119,8 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
             f"and not ignore_index ({ignore_index})"
         )
     if index is not None and index.numel() and not (0 <= bounds[-2] and bounds[-1] < num_rows):
-        raise IndexError(f"linear_cross_entropy: index holds rows outside [0, {num_rows}) (h has {num_rows} rows)")
+        raise IndexError(f"linear_cross_entropy: index holds rows outside [0, {num_rows}) (h has {num_rows} rows; "
+                         "a negative row is not counted from the end)")
     if facts is not None:
         facts[checked] = True
 
@@ -109,12 +129,22 @@ def check_arguments(h, weight, target, bias, index, ignore_index, reduction, lab
     """Raise a clear ``TypeError`` / ``ValueError`` / ``IndexError`` for bad arguments."""
     _check_shapes_and_dtypes(h, weight, target, bias, index)
     _check_devices(h=h, weight=weight, target=target, bias=bias, index=index)
+    check_options("linear_cross_entropy", ignore_index, reduction, label_smoothing)
+    _check_values(target, index, h.shape[0], weight.shape[0], int(ignore_index))
+
+
+def check_options(owner: str, ignore_index, reduction, label_smoothing) -> None:
+    """The loss's options (``owner`` names the caller in the errors): ``ignore_index`` an
+    integer that fits int64, ``reduction`` one of :data:`REDUCTIONS`, ``label_smoothing`` a
+    real number in ``[0, 1)``. Python's and NumPy's scalars alike, as ``F.cross_entropy``
+    takes them (``numbers.Integral`` / ``numbers.Real``)."""
     if reduction not in REDUCTIONS:
-        raise ValueError(f"linear_cross_entropy: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
-        raise TypeError(f"linear_cross_entropy: label_smoothing must be a float, got {type(label_smoothing).__name__}")
+        raise ValueError(f"{owner}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, numbers.Real):
+        raise TypeError(f"{owner}: label_smoothing must be a float, got {type(label_smoothing).__name__}")
     if not 0.0 <= float(label_smoothing) < 1.0:
-        raise ValueError(f"linear_cross_entropy: label_smoothing must be in [0, 1), got {label_smoothing}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"linear_cross_entropy: ignore_index must be an int, got {type(ignore_index).__name__}")
-    _check_values(target, index, h.shape[0], weight.shape[0], ignore_index)
+        raise ValueError(f"{owner}: label_smoothing must be in [0, 1), got {label_smoothing}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"{owner}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    if not -2**63 <= int(ignore_index) < 2**63:
+        raise ValueError(f"{owner}: ignore_index must fit int64, got {ignore_index}")

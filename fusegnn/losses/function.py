@@ -26,7 +26,7 @@ from torch import Tensor
 from fusegnn.kernels._edge_utils import acc_dtype
 from fusegnn.kernels import linear_cross_entropy as linear_cross_entropy_kernels
 from fusegnn.kernels._triton import FLOAT_DTYPES, fused_can_run
-from fusegnn.losses.checks import check_arguments
+from fusegnn.losses.checks import as_class_ids, check_arguments
 from fusegnn.losses.target_memo import pair_facts
 from fusegnn.sparse.dispatch import capture_mode
 
@@ -51,7 +51,8 @@ def _valid_rows(target: Tensor, index: Tensor | None, ignore_index: int, dtype: 
     if facts is not None and counted in facts:
         return facts[counted]
     picked = target.index_select(0, index.to(torch.int64)) if index is not None else target
-    n_valid = (picked != ignore_index).sum().to(dtype)
+    # as int64: torch would cast ignore_index to a narrow target's dtype (uint8: -100 -> 156)
+    n_valid = (picked.to(torch.int64) != ignore_index).sum().to(dtype)
     result = n_valid, (1.0 / n_valid).reshape(1)
     if facts is not None and not torch.is_inference_mode_enabled():
         facts[counted] = result
@@ -62,7 +63,7 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     """``loss = fused(h, weight, bias, target, index)``; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, target, index, ignore_index, reduction, smoothing, chunk_rows):
+    def forward(ctx, h, weight, bias, target, index, ignore_index, reduction, smoothing, chunk_rows, out_dtype=None):
         kernels = _kernels()
         want = tuple(ctx.needs_input_grad[:3])
         h, weight = h.contiguous(), weight.contiguous()
@@ -83,19 +84,29 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         if any(want):  # for reduction="none", and for a second backward (retain_graph)
             ctx.save_for_backward(h, weight, bias, target, index, n_valid)
             ctx.config = (ignore_index, smoothing, chunk_rows)
+        out_dtype = out_dtype or h.dtype  # float32 under autocast: the loss is computed in it
         if reduction == "mean":
-            return (out.loss.sum() / n_valid).to(h.dtype)
+            return (out.loss.sum() / n_valid).to(out_dtype)
         if reduction == "sum":
-            return out.loss.sum().to(h.dtype)
-        return out.loss.to(h.dtype)
+            return out.loss.sum().to(out_dtype)
+        return out.loss.to(out_dtype)
 
     @staticmethod
     def backward(ctx, grad):
+        with torch.no_grad():
+            grads = FusedLinearCrossEntropy._gradients(ctx, grad)
+        if torch.is_grad_enabled():  # create_graph=True: their derivative must raise, not be taken as 0
+            grads = _NoSecondDerivative.wrap(grads)
+        return (*grads, None, None, None, None, None, None, None)
+
+    @staticmethod
+    def _gradients(ctx, grad):
+        """``(dh, dW, db)`` (``None`` where not asked for) for the incoming gradient ``grad``."""
         if ctx.grads is not None:  # computed by the forward: hand them over, scaled by grad
             grads, ctx.grads = ctx.grads, None
             # one launch for the three, on the device, skipped there when grad is 1: no read-back
             _kernels().scale_all_unless_one(grads, grad.reshape(1))
-            return (*grads, None, None, None, None, None, None)
+            return grads
         h, weight, bias, target, index, n_valid = ctx.saved_tensors
         ignore_index, smoothing, chunk_rows = ctx.config
         scale = grad.to(n_valid.dtype).reshape(-1)
@@ -105,7 +116,32 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
             h, weight, target, bias, index, ignore_index, smoothing, scale.contiguous(),
             grads=tuple(ctx.needs_input_grad[:3]), chunk_rows=chunk_rows,
         )
-        return out.grad_h, out.grad_weight, out.grad_bias, None, None, None, None, None, None
+        return out.grad_h, out.grad_weight, out.grad_bias
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """The identity on the fused path's gradients when a backward builds a graph
+    (``create_graph=True``), whose own backward raises: the kernels' gradients are not
+    differentiable, and without this node a gradient penalty on them would be a constant
+    (its gradient silently dropped)."""
+
+    @staticmethod
+    def wrap(grads):
+        present = [g for g in grads if g is not None]
+        # leaves that require grad, so that the outputs get this node (as once_differentiable does)
+        marked = iter(_NoSecondDerivative.apply(*(g.detach().requires_grad_() for g in present)) if present else ())
+        return tuple(None if g is None else next(marked) for g in grads)
+
+    @staticmethod
+    def forward(ctx, *grads):
+        return tuple(g.view_as(g) for g in grads)
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(
+            "linear_cross_entropy: the fused path is differentiable once; cannot differentiate twice "
+            "(its gradients through create_graph=True): use backend='reference' for a second derivative"
+        )
 
 
 #: ``backend="auto"`` takes the fused path on CUDA from this many ``rows x (classes +
@@ -181,10 +217,15 @@ def linear_cross_entropy(
         h: ``[N, K]`` floating rows (fp16 / bf16 / fp32; fp64 for checks).
         weight: ``[C, K]`` classifier (``F.linear``'s layout), same dtype as ``h``.
         target: ``[N]`` integer class ids, one per row of ``h``; ``ignore_index`` marks a
-            row that counts for nothing.
+            row that counts for nothing. Any of int64, int32, int16, int8 and uint8, on
+            every backend (``F.cross_entropy`` itself takes int64 and uint8 only), compared
+            with ``ignore_index`` as int64.
         bias: ``[C]`` or ``None``.
         index: ``[M]`` integer rows of ``h`` (and ``target``) that count, e.g. a GNN's
-            training nodes; repeats count each time. ``None``: all rows.
+            training nodes; repeats count each time. ``None``: all rows. Unlike
+            ``h[index]``, rows must be in ``[0, N)`` (a negative row is an error, not
+            counted from the end) and a boolean mask is refused (pass
+            ``mask.nonzero().squeeze(1)``).
         ignore_index, label_smoothing: as ``F.cross_entropy`` (smoothing in ``[0, 1)``).
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[M]`` per-row losses, 0 on
             ignored rows).
@@ -199,15 +240,52 @@ def linear_cross_entropy(
 
     Returns the loss in ``h``'s dtype (computed in float32, float64 for float64 inputs).
     Inputs are never modified.
+
+    Under ``torch.autocast`` it follows ``F.linear`` + ``F.cross_entropy``'s autocast
+    rules: ``h``, ``weight`` and ``bias`` (but float64 ones) are cast to the autocast
+    dtype -- so a half-precision ``h`` may meet a float32 ``weight`` -- and a
+    half-precision loss is returned as float32.
+
+    The fused path is differentiable once: differentiating its gradients again (a
+    gradient penalty through ``create_graph=True``) raises a ``RuntimeError`` instead of
+    treating them as constants; the reference path
+    (``F.cross_entropy``) has second derivatives.
     """
+    autocast = _autocast_dtype(h)
+    if autocast is not None:
+        h, weight, bias = (_autocast_cast(t, autocast) for t in (h, weight, bias))
     check_arguments(h, weight, target, bias, index, ignore_index, reduction, label_smoothing)
+    ignore_index, label_smoothing = int(ignore_index), float(label_smoothing)  # NumPy scalars too
     if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows < 1):
         raise ValueError(f"linear_cross_entropy: chunk_rows must be a positive int, got {chunk_rows!r}")
-    if pick_backend(backend, h, weight, bias, index) == "reference":
+    if pick_backend(backend, h, weight, bias, index) == "reference":  # autocast applies to it as to any caller
         return _kernels().linear_cross_entropy_reference(
-            h, weight, target, bias, index=index, ignore_index=ignore_index, reduction=reduction,
-            label_smoothing=float(label_smoothing),
+            h, weight, as_class_ids(target), bias, index=index, ignore_index=ignore_index, reduction=reduction,
+            label_smoothing=label_smoothing,
         )
-    return FusedLinearCrossEntropy.apply(
-        h, weight, bias, target, index, int(ignore_index), reduction, float(label_smoothing), chunk_rows
-    )
+    if autocast is None:
+        return FusedLinearCrossEntropy.apply(
+            h, weight, bias, target, index, ignore_index, reduction, label_smoothing, chunk_rows
+        )
+    # the kernels' GEMMs keep their dtypes; a half-precision loss comes back in float32, as
+    # cross_entropy's under autocast (the kernels compute it in float32: no rounding to half)
+    with torch.autocast(h.device.type, enabled=False):
+        return FusedLinearCrossEntropy.apply(
+            h, weight, bias, target, index, ignore_index, reduction, label_smoothing, chunk_rows,
+            torch.float32 if h.dtype in (torch.float16, torch.bfloat16) else None,
+        )
+
+
+def _autocast_dtype(h) -> torch.dtype | None:
+    """The dtype ``torch.autocast`` gives ``F.linear``'s inputs on ``h``'s device, or
+    ``None`` outside autocast."""
+    if not isinstance(h, Tensor) or h.device.type not in ("cuda", "cpu") or not torch.is_autocast_enabled(h.device.type):
+        return None
+    return torch.get_autocast_dtype(h.device.type)
+
+
+def _autocast_cast(t, dtype: torch.dtype):
+    """``t`` as autocast casts ``F.linear``'s inputs: floating tensors but float64 to ``dtype``."""
+    if isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64:
+        return t.to(dtype)
+    return t

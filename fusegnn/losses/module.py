@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fusegnn.losses.checks import REDUCTIONS
+from fusegnn.losses.checks import check_options
 from fusegnn.losses.function import linear_cross_entropy
 
 __all__ = ["LinearCrossEntropy"]
@@ -41,12 +41,9 @@ class LinearCrossEntropy(nn.Module):
             raise ValueError(
                 f"LinearCrossEntropy: in_features and num_classes must be >= 1, got {in_features}, {num_classes}"
             )
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"LinearCrossEntropy: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-        if not 0.0 <= float(label_smoothing) < 1.0:
-            raise ValueError(f"LinearCrossEntropy: label_smoothing must be in [0, 1), got {label_smoothing}")
+        check_options("LinearCrossEntropy", ignore_index, reduction, label_smoothing)
         self.in_features, self.num_classes = in_features, num_classes
-        self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, float(label_smoothing)
+        self.ignore_index, self.reduction, self.label_smoothing = int(ignore_index), reduction, float(label_smoothing)
         kw = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(num_classes, in_features, **kw))
         self.bias = nn.Parameter(torch.empty(num_classes, **kw)) if bias else None
@@ -72,4 +69,4 @@ class LinearCrossEntropy(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, num_classes={self.num_classes}, bias={self.bias is not None}, "
-                f"reduction={self.reduction!r}, label_smoothing={self.label_smoothing}")
+                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}")
