@@ -253,3 +253,22 @@ def test_spmm_of_inference_mode_weights(aggregation):
         torch.testing.assert_close(first, reference.spmm(graph, x, w))
         w.mul_(2.0)  # an in-place change the memo could not see
         torch.testing.assert_close(spmm(graph, x, w, aggregation=aggregation), reference.spmm(graph, x, w))
+
+
+@pytest.mark.parametrize("aggregation", SPMM_PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spmm_bias_of_a_single_target_is_not_overwritten(aggregation, dtype):
+    """A graph with one target node (a readout into one node, a one-query attention row):
+    the bias is added, not accumulated into. Before, GAS's accumulator started as the bias
+    expanded to one row, which for one row is the bias itself: the call overwrote the bias
+    (a layer's parameter) with its output and returned a tensor aliasing it."""
+    graph = Graph(torch.tensor([[0, 1, 2, 1], [0, 0, 0, 0]], device=DEVICE), (3, 1))
+    x = torch.randn(3, 4, dtype=dtype, device=DEVICE)
+    bias = torch.randn(4, dtype=dtype, device=DEVICE, requires_grad=True)
+    before = bias.detach().clone()
+    out = spmm(graph, x, bias=bias, aggregation=aggregation)
+    assert torch.equal(bias.detach(), before)
+    assert out.data_ptr() != bias.data_ptr()
+    torch.testing.assert_close(out, reference.spmm(graph, x, None, "sum", before))
+    out.sum().backward()
+    torch.testing.assert_close(bias.grad, torch.ones_like(before))

@@ -72,6 +72,11 @@ def _spmm(aggregation: str):
             return out if bias is None else out + bias.reshape(x.shape[1:])
         from fusegnn.kernels.spmm import gar_spmm, gas_spmm
 
+        if aggregation == "gas" and bias is not None and graph.num_dst_nodes == 1:
+            # GAS accumulates into the bias expanded to one row per target (made contiguous):
+            # with one target that row is the bias itself, which the atomics would overwrite
+            # and the output alias. A copy costs one bias-sized tensor.
+            bias = bias.clone()
         return (gas_spmm if aggregation == "gas" else gar_spmm)(graph, x, edge_weight, reduce, bias)
 
     return spmm
