@@ -272,3 +272,31 @@ def test_spmm_bias_of_a_single_target_is_not_overwritten(aggregation, dtype):
     torch.testing.assert_close(out, reference.spmm(graph, x, None, "sum", before))
     out.sum().backward()
     torch.testing.assert_close(bias.grad, torch.ones_like(before))
+
+
+@pytest.mark.parametrize("aggregation", EDGE_PATHS)
+@pytest.mark.parametrize("num_nodes", [0, 4])
+@pytest.mark.parametrize("shape", [(0,), (0, 2)])
+def test_edge_softmax_of_an_edgeless_graph(aggregation, num_nodes, shape):
+    """No edge, nothing to normalise: an empty result and an empty gradient. Before, the
+    fused paths failed on per-head scores with "IndexError: index 0 is out of bounds for
+    dimension 0 with size 0" (the launcher read the first score row)."""
+    graph = Graph(torch.empty(2, 0, dtype=torch.int64, device=DEVICE), num_nodes)
+    scores = torch.randn(shape, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    alpha = edge_softmax(graph, scores, aggregation=aggregation)
+    assert alpha.shape == scores.shape
+    alpha.sum().backward()
+    assert scores.grad.shape == scores.shape
+
+
+@pytest.mark.parametrize("aggregation", SPMM_PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spmm_of_a_graph_without_nodes(aggregation, dtype):
+    """A graph of no nodes gives ``[0, F]`` and an empty gradient. Before, the row windows
+    failed on float64 with "cannot reshape tensor of 0 elements into shape [0, -1]"."""
+    graph = Graph(torch.empty(2, 0, dtype=torch.int64, device=DEVICE), 0)
+    x = torch.randn(0, 3, dtype=dtype, device=DEVICE, requires_grad=True)
+    out = spmm(graph, x, aggregation=aggregation)
+    assert out.shape == (0, 3)
+    out.sum().backward()
+    assert x.grad.shape == (0, 3)
