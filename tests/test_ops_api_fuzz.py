@@ -37,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SPMM_PATHS = tuple(a for a in ("reference", "gas", "gar", "window") if a in available_backends())
 EDGE_PATHS = tuple(a for a in SPMM_PATHS if a != "window")
-FUZZ = settings(max_examples=8)
+FUZZ = settings(max_examples=25)
 
 
 # ----------------------------------------------------------------------------- inputs
