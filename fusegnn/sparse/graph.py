@@ -339,7 +339,7 @@ class Graph:
     # ------------------------------------------------------------------ derived, cached
     def _cached(self, key: str, compute):
         if key not in self._cache:
-            self._cache[key] = outside_graph_pools(compute, self.device)
+            self._cache[key] = cache_value(compute, self.device)
         return self._cache[key]
 
     @property
@@ -371,7 +371,7 @@ class Graph:
         (``bincount`` is slow on sorted ids, where every atomic hits one counter)."""
         compressed = _compress(group, other, self._cache.get(degree_key), num_groups)
         if degree_key not in self._cache:
-            self._cache[degree_key] = outside_graph_pools(lambda: compressed.ptr[1:] - compressed.ptr[:-1], self.device)
+            self._cache[degree_key] = cache_value(lambda: compressed.ptr[1:] - compressed.ptr[:-1], self.device)
         return compressed
 
     def cached(self, key: str, compute, *, structural: bool = False):
@@ -571,6 +571,22 @@ def outside_graph_pools(compute: Callable[[], _T], device: torch.device) -> _T:
     if threading.current_thread().name.startswith("fusegnn-cache"):
         return compute()  # a cache built while building another: already on the helper thread
     return builder.submit(on_stream).result()
+
+
+def cache_value(compute: Callable[[], _T], device: torch.device) -> _T:
+    """``compute()`` made to be kept across calls: its memory outside CUDA-graph pools
+    (:func:`outside_graph_pools`) and its tensors normal ones even when the first call runs
+    under ``torch.inference_mode()``. A graph outlives the inference block that first
+    processed it, and an inference tensor in its cache would break every later use that
+    autograd records (it cannot be saved for a backward) or that reads its version counter
+    (the kernels' weight memos)."""
+    if torch.is_inference_mode_enabled():
+        def normal() -> _T:
+            with torch.inference_mode(False):
+                return compute()
+
+        return outside_graph_pools(normal, device)
+    return outside_graph_pools(compute, device)
 
 
 def square_node_count(num_src: int, num_dst: int) -> int:

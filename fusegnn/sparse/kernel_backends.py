@@ -72,6 +72,11 @@ def _spmm(aggregation: str):
             return out if bias is None else out + bias.reshape(x.shape[1:])
         from fusegnn.kernels.spmm import gar_spmm, gas_spmm
 
+        if aggregation == "gas" and bias is not None and graph.num_dst_nodes == 1:
+            # GAS accumulates into the bias expanded to one row per target (made contiguous):
+            # with one target that row is the bias itself, which the atomics would overwrite
+            # and the output alias. A copy costs one bias-sized tensor.
+            bias = bias.clone()
         return (gas_spmm if aggregation == "gas" else gar_spmm)(graph, x, edge_weight, reduce, bias)
 
     return spmm
@@ -142,19 +147,25 @@ def _sddmm_backward(aggregation: str):
 
 
 def _edge_softmax(graph: Graph, scores: Tensor) -> Tensor:
+    if graph.num_edges == 0:  # nothing to normalise; the kernel's launcher reads a first row
+        return reference.edge_softmax(graph, scores)
     from fusegnn.kernels.edge_softmax import edge_softmax
 
     return edge_softmax(graph, scores)
 
 
 def _edge_softmax_backward(graph: Graph, alpha: Tensor, grad: Tensor) -> Tensor:
+    if graph.num_edges == 0:
+        return reference_grads.edge_softmax_backward(graph, alpha, grad)
     from fusegnn.kernels.edge_softmax import edge_softmax_backward
 
     return edge_softmax_backward(graph, alpha.contiguous(), grad)
 
 
-def _window_hand_over(reduce: str, weight: Tensor | None) -> str | None:
+def _window_hand_over(graph: Graph, reduce: str, weight: Tensor | None) -> str | None:
     """Why the window backend hands this spmm to GAR, or ``None`` when it runs it."""
+    if graph.num_src_nodes == 0 or graph.num_dst_nodes == 0:
+        return "a graph without source or target nodes has no row windows (an empty product)"
     if reduce == "max":
         return "reduce='max' runs GAR's fused max (row windows hold sums)"
     if weight is not None and weight.dim() == 2:
@@ -169,7 +180,7 @@ def _mean_scale(graph: Graph, t: Tensor) -> Tensor:
 
 def _window_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, reduce: str = "sum",
                  bias: Tensor | None = None) -> Tensor:
-    if (why := _window_hand_over(reduce, edge_weight)) is not None:
+    if (why := _window_hand_over(graph, reduce, edge_weight)) is not None:
         note_path("gar", why)
         return _spmm("gar")(graph, x, edge_weight, reduce, bias)
     from fusegnn.sparse.window_aggregation import window_aggregate
@@ -182,7 +193,7 @@ def _window_spmm(graph: Graph, x: Tensor, edge_weight: Tensor | None = None, red
 
 def _window_spmm_backward(graph: Graph, grad: Tensor, x: Tensor | None, weight: Tensor | None, reduce: str,
                           need_x: bool, need_w: bool) -> tuple[Tensor | None, Tensor | None]:
-    if _window_hand_over(reduce, weight) is not None:
+    if _window_hand_over(graph, reduce, weight) is not None:
         return _spmm_backward("gar")(graph, grad, x, weight, reduce, need_x, need_w)
     from fusegnn.sparse.window_aggregation import window_aggregate_backward
 

@@ -47,7 +47,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from fusegnn.sparse import reference
-from fusegnn.sparse.graph import Graph, outside_graph_pools, type_name
+from fusegnn.sparse.graph import Graph, cache_value, type_name
 from fusegnn.sparse.tile_density import WINDOW_ROWS
 from fusegnn.sparse.vector_library import use_kernel
 from fusegnn.sparse.vector_ops import vspmm
@@ -138,8 +138,11 @@ def window_values(graph: Graph, weight: Tensor | None, dtype: torch.dtype, W: in
     graph (one entry per dtype and side) while the same weight tensor comes back unchanged
     (its storage, shape, strides and version). An in-place change through ``weight.data``
     does not bump ``weight``'s version and is not seen: change weights in place on the
-    tensor itself (``weight.mul_``, an optimizer step) or pass a new tensor."""
+    tensor itself (``weight.mul_``, an optimizer step) or pass a new tensor. A weight made
+    under ``torch.inference_mode()`` has no version counter: its tiles are scattered afresh."""
     windows = graph_windows(graph, W, transposed=transposed)
+    if weight is not None and weight.is_inference():
+        return _scatter(windows, weight.detach(), dtype, graph.device)
     if weight is None:
         key: tuple = ("ones",)
     else:
@@ -149,7 +152,7 @@ def window_values(graph: Graph, weight: Tensor | None, dtype: torch.dtype, W: in
     if hit is not None and hit[0] == key:
         return hit[2]
     weight = weight.detach() if weight is not None else None
-    tiles = outside_graph_pools(lambda: _scatter(windows, weight, dtype, graph.device), graph.device)
+    tiles = cache_value(lambda: _scatter(windows, weight, dtype, graph.device), graph.device)
     memo[(dtype, transposed)] = (key, weight, tiles)  # the detached weight keeps its storage (and data_ptr) alive
     return tiles
 
