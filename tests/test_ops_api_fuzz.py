@@ -240,7 +240,7 @@ def test_graph_first_processed_under_inference_mode_trains_afterwards(aggregatio
     torch.testing.assert_close(leaf.grad, want.grad)
 
 
-@pytest.mark.parametrize("aggregation", [a for a in SPMM_PATHS if a != "gar"])
+@pytest.mark.parametrize("aggregation", SPMM_PATHS)
 def test_spmm_of_inference_mode_weights(aggregation):
     """Weights made under ``torch.inference_mode()`` (no version counter) aggregate as
     others do; the row windows scatter their tiles afresh instead of memoising them

@@ -132,7 +132,7 @@ class EdgeSoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores: Tensor, graph: Graph):
-        heads = scores[0].numel() if scores.dim() > 1 else 1
+        heads = scores.shape[1:].numel() if scores.dim() > 1 else 1  # no row 0 to read without edges
         alpha = torch.zeros_like(scores) if graph.num_edges == 0 else torch.empty_like(scores)
         _launch(edge_softmax_fwd_kernel, graph, heads, scores.dtype, scores, alpha)
         ctx.graph, ctx.heads = graph, heads

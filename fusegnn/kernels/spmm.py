@@ -142,7 +142,7 @@ def _flatten(graph: Graph, x: Tensor, weight: Tensor | None) -> tuple[Tensor, Te
 
 def _weight_key(weight: Tensor | None) -> tuple | None:
     """Identity of a weight tensor for the grouped-order memo (``None``: do not memoise)."""
-    if weight is None or weight.requires_grad:
+    if weight is None or weight.requires_grad or weight.is_inference():  # no version counter
         return None
     return (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype, weight._version)
 

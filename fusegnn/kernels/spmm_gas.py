@@ -184,7 +184,9 @@ def gas_scatter(
     elif initial is None:
         acc = torch.zeros(num_out_rows, cols, dtype=acc_dtype, device=a.device)
     else:
-        acc = initial.to(acc_dtype).expand(num_out_rows, cols).contiguous()
+        # a copy always: with one target row, expand(...).contiguous() would be the caller's
+        # bias itself, which the atomics would then overwrite
+        acc = initial.to(acc_dtype).expand(num_out_rows, cols).clone(memory_format=torch.contiguous_format)
     gw = None
     if dot_with is not None:
         gw_dtype = weight.dtype if weight is not None else a.dtype

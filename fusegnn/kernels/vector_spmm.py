@@ -321,7 +321,7 @@ def vspmm_reference(values: Tensor, col_idx: Tensor, row_ptr: Tensor, b: Tensor,
     contrib = values.unsqueeze(2) * b[col_idx.long()].unsqueeze(1)  # [nnz_v, V, N]
     out = torch.zeros(G, V, b.size(1), dtype=torch.promote_types(values.dtype, b.dtype), device=b.device)
     out = out.index_add_(0, grp, contrib)
-    return out.reshape(G * V, -1)[:num_rows]
+    return out.reshape(G * V, b.size(1))[:num_rows]  # explicit width: no -1 to infer from 0 elements
 
 
 def vspmm_t_reference(values: Tensor, col_idx: Tensor, row_ptr: Tensor, b: Tensor, num_cols: int) -> Tensor:

@@ -72,11 +72,6 @@ def _spmm(aggregation: str):
             return out if bias is None else out + bias.reshape(x.shape[1:])
         from fusegnn.kernels.spmm import gar_spmm, gas_spmm
 
-        if aggregation == "gas" and bias is not None and graph.num_dst_nodes == 1:
-            # GAS accumulates into the bias expanded to one row per target (made contiguous):
-            # with one target that row is the bias itself, which the atomics would overwrite
-            # and the output alias. A copy costs one bias-sized tensor.
-            bias = bias.clone()
         return (gas_spmm if aggregation == "gas" else gar_spmm)(graph, x, edge_weight, reduce, bias)
 
     return spmm
@@ -147,16 +142,12 @@ def _sddmm_backward(aggregation: str):
 
 
 def _edge_softmax(graph: Graph, scores: Tensor) -> Tensor:
-    if graph.num_edges == 0:  # nothing to normalise; the kernel's launcher reads a first row
-        return reference.edge_softmax(graph, scores)
     from fusegnn.kernels.edge_softmax import edge_softmax
 
     return edge_softmax(graph, scores)
 
 
 def _edge_softmax_backward(graph: Graph, alpha: Tensor, grad: Tensor) -> Tensor:
-    if graph.num_edges == 0:
-        return reference_grads.edge_softmax_backward(graph, alpha, grad)
     from fusegnn.kernels.edge_softmax import edge_softmax_backward
 
     return edge_softmax_backward(graph, alpha.contiguous(), grad)
