@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+from fusegnn.kernels._autograd import differentiable_once
 
 from fusegnn.kernels._triton import LazyKernel, kernel_helper
 from fusegnn.kernels.partition import SegmentPlan, plan_for
@@ -409,7 +409,7 @@ class EdgeAggregate(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_out):  # type: ignore[override]
         x, edge_attr, weight, argmax = ctx.saved_tensors
         need_x, need_e, need_w = ctx.needs_input_grad[:3]

@@ -20,7 +20,7 @@ Backward (``g`` the gradient of :math:`\alpha`):
 the same two-pass row kernel on the saved output. A target's edges are one program: a
 hub with tens of thousands of edges is a long serial loop (the fused GAT kernels of
 :mod:`fusegnn.kernels.gat_fused` split such rows instead). The backward is not itself
-differentiable (``once_differentiable``: double backward raises).
+differentiable (:func:`~fusegnn.kernels._autograd.differentiable_once`: double backward raises).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+from fusegnn.kernels._autograd import differentiable_once
 
 from fusegnn.kernels._edge_utils import acc_dtype
 from fusegnn.kernels._triton import LazyKernel, next_pow2
@@ -140,7 +140,7 @@ class EdgeSoftmaxFunction(torch.autograd.Function):
         return alpha
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_alpha: Tensor):
         (alpha,) = ctx.saved_tensors
         return edge_softmax_backward(ctx.graph, alpha, grad_alpha), None

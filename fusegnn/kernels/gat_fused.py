@@ -75,7 +75,7 @@ as float32: for float64 inputs that rounded ``0.2`` to ``0.2000000030`` and cost
 relative accuracy on the GPU, while the CPU interpreter kept full precision), so
 float64 inputs give float64-accurate results. The dropout threshold ``p`` stays float32:
 it is compared with ``tl.rand4x``'s float32 uniforms, which is the mask's definition.
-The backward is not itself differentiable (``once_differentiable``: double backward
+The backward is not itself differentiable (:func:`~fusegnn.kernels._autograd.differentiable_once`: double backward
 raises); use the reference composition for higher-order gradients.
 """
 
@@ -90,7 +90,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+from fusegnn.kernels._autograd import differentiable_once
 
 from fusegnn.kernels._edge_utils import ChunkSchedule, acc_dtype, chunk_schedule, padded_channels
 from fusegnn.kernels._reductions import column_sum
@@ -1053,7 +1053,7 @@ class GATAttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_out, grad_second):
         h, s_src, s_dst, s_edge, out, lse, alpha = ctx.saved_tensors
         grad_alpha = grad_second if alpha is not None else None
@@ -1255,7 +1255,7 @@ class GATLayerFunction(torch.autograd.Function):
         return res
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_res):  # type: ignore[override]
         h, hp, att_src, att_dst, s_src, s_dst, score_edge, out, lse = ctx.saved_tensors
         cfg: _Config = ctx.cfg

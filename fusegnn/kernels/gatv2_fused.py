@@ -63,7 +63,7 @@ overrides apply.
 
 Accumulation is in float32 (float64 for float64 inputs); the LeakyReLU slope and the
 dropout scale are float64 kernel arguments (see :mod:`fusegnn.kernels.gat_fused`). The
-backward is not itself differentiable (``once_differentiable``).
+backward is not itself differentiable (:func:`~fusegnn.kernels._autograd.differentiable_once`).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+from fusegnn.kernels._autograd import differentiable_once
 
 from fusegnn.kernels import gat_fused
 from fusegnn.kernels._reductions import column_sum
@@ -409,7 +409,7 @@ class GATv2AttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_out):  # type: ignore[override]
         x_l, x_r, att, edge, out, lse = ctx.saved_tensors
         gl, gr, ga, ge = gatv2_backward(ctx.cfg, x_l, x_r, att, edge, out, lse, grad_out)

@@ -24,7 +24,7 @@ Backward, with :math:`g` the gradient of the ``[E, ...]`` output:
   atomics, deterministic). A node's edges are one program: a hub of tens of thousands of
   edges is a long serial loop there (the fused GAT kernels split such rows instead).
 
-The backward is not itself differentiable (``once_differentiable``: double backward
+The backward is not itself differentiable (:func:`~fusegnn.kernels._autograd.differentiable_once`: double backward
 raises); use ``aggregation="reference"`` for higher-order gradients.
 """
 
@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+from fusegnn.kernels._autograd import differentiable_once
 
 from fusegnn.kernels._edge_utils import acc_dtype
 from fusegnn.kernels._triton import LazyKernel, next_pow2
@@ -200,7 +200,7 @@ class SddmmFunction(torch.autograd.Function):
         return _launch_sddmm(graph, a, b, op)
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
         grad_a, grad_b = sddmm_backward(

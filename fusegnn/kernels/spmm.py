@@ -42,7 +42,7 @@ padded 1.35 with the copies), so it runs every width as it comes.
 ``reduce="max"`` is the GAR max of :mod:`fusegnn.kernels.edge_aggregate` (the op layer
 routes it there, for GAS too).
 
-The backward passes are themselves not differentiable (``once_differentiable``): double
+The backward passes are themselves not differentiable (:func:`~fusegnn.kernels._autograd.differentiable_once`): double
 backward through a fused SpMM raises ``RuntimeError``; use ``aggregation="reference"``
 for higher-order gradients.
 """
@@ -56,7 +56,7 @@ from typing import Callable, Iterator
 import torch
 import triton
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+from fusegnn.kernels._autograd import differentiable_once
 
 from fusegnn.kernels._edge_utils import pad_heads, padded_channels, unpad_heads
 from fusegnn.kernels._reductions import column_sum
@@ -207,7 +207,7 @@ class GASSpmm(torch.autograd.Function):
         return out.view((graph.num_dst_nodes,) + tuple(x.shape[1:]))
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         x2, w2 = ctx.saved_tensors
         grad_x, grad_w = gas_backward(
@@ -269,7 +269,7 @@ class GARSpmm(torch.autograd.Function):
         return out.view((graph.num_dst_nodes,) + tuple(x.shape[1:]))
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         x2, w2 = ctx.saved_tensors
         grad_x, grad_w = gar_backward(

@@ -60,7 +60,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+from fusegnn.kernels._autograd import differentiable_once
 
 from fusegnn.kernels._triton import LazyKernel, interpreter_enabled, next_pow2
 from fusegnn.kernels.vector_layout import densify_vectors, vector_groups
@@ -361,7 +361,7 @@ class VectorSpmm(torch.autograd.Function):
         return vspmm(values, col_idx, row_ptr, b, index[5], allow_dense=allow_dense)
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad: Tensor):
         values, b = ctx.saved_tensors
         row_ptr, col_idx, t_ptr, t_vec, t_group, num_rows, max_vectors = ctx.index
@@ -384,7 +384,7 @@ class VectorSpmmT(torch.autograd.Function):
         return vspmm_t(values, index[2], index[3], index[4], b, index[5], allow_dense=allow_dense)
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad: Tensor):
         values, b = ctx.saved_tensors
         row_ptr, col_idx, _, _, _, num_rows, max_vectors = ctx.index
@@ -407,7 +407,7 @@ class VectorSddmm(torch.autograd.Function):
         return vsddmm(x, y, index[1], index[0], V, index[6], allow_dense=allow_dense)
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad: Tensor):
         x, y = ctx.saved_tensors
         row_ptr, col_idx, t_ptr, t_vec, t_group, num_rows, _ = ctx.index

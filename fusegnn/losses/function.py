@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fusegnn.kernels._autograd import differentiable_once
 from fusegnn.kernels._edge_utils import acc_dtype
 from fusegnn.kernels import linear_cross_entropy as linear_cross_entropy_kernels
 from fusegnn.kernels._triton import FLOAT_DTYPES, fused_can_run
@@ -92,11 +93,9 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         return out.loss.to(out_dtype)
 
     @staticmethod
+    @differentiable_once  # under create_graph=True the gradients raise when differentiated again
     def backward(ctx, grad):
-        with torch.no_grad():
-            grads = FusedLinearCrossEntropy._gradients(ctx, grad)
-        if torch.is_grad_enabled():  # create_graph=True: their derivative must raise, not be taken as 0
-            grads = _NoSecondDerivative.wrap(grads)
+        grads = FusedLinearCrossEntropy._gradients(ctx, grad)
         return (*grads, None, None, None, None, None, None, None)
 
     @staticmethod
@@ -117,31 +116,6 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
             grads=tuple(ctx.needs_input_grad[:3]), chunk_rows=chunk_rows,
         )
         return out.grad_h, out.grad_weight, out.grad_bias
-
-
-class _NoSecondDerivative(torch.autograd.Function):
-    """The identity on the fused path's gradients when a backward builds a graph
-    (``create_graph=True``), whose own backward raises: the kernels' gradients are not
-    differentiable, and without this node a gradient penalty on them would be a constant
-    (its gradient silently dropped)."""
-
-    @staticmethod
-    def wrap(grads):
-        present = [g for g in grads if g is not None]
-        # leaves that require grad, so that the outputs get this node (as once_differentiable does)
-        marked = iter(_NoSecondDerivative.apply(*(g.detach().requires_grad_() for g in present)) if present else ())
-        return tuple(None if g is None else next(marked) for g in grads)
-
-    @staticmethod
-    def forward(ctx, *grads):
-        return tuple(g.view_as(g) for g in grads)
-
-    @staticmethod
-    def backward(ctx, *_):
-        raise RuntimeError(
-            "linear_cross_entropy: the fused path is differentiable once; cannot differentiate twice "
-            "(its gradients through create_graph=True): use backend='reference' for a second derivative"
-        )
 
 
 #: ``backend="auto"`` takes the fused path on CUDA from this many ``rows x (classes +

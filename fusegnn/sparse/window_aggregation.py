@@ -44,7 +44,7 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+from fusegnn.kernels._autograd import differentiable_once
 
 from fusegnn.sparse import reference
 from fusegnn.sparse.graph import Graph, cache_value, type_name
@@ -216,7 +216,7 @@ class _WindowAggregate(torch.autograd.Function):
         return _product(graph, weight, x, W, False, memoise)
 
     @staticmethod
-    @once_differentiable
+    @differentiable_once
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         x, weight = ctx.saved_tensors
         grad_x, grad_w = window_aggregate_backward(ctx.graph, grad.contiguous(), x, weight, *ctx.needs_input_grad[:2],
