@@ -58,16 +58,18 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/_cli.py, imported below
 try:
     import fusegnn  # noqa: F401
 except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _cli import USER_ERRORS, fail  # noqa: E402
 
 from fusegnn.capture import graphed_step
 from fusegnn.datasets import DATASETS, NodeDataset, load_dataset
@@ -185,8 +187,6 @@ CPU_NOTE = (
     "on the CPU the pure-PyTorch reference path runs: the fused GAS / GAR kernels need CUDA, "
     "or Triton's interpreter (TRITON_INTERPRET=1 with --aggregation gas or gar; slow, for testing)"
 )
-# what a user can fix: missing data, a bad --root, malformed files, a path that cannot run here
-USER_ERRORS = (OSError, ValueError, ImportError, NotImplementedError, RuntimeError)
 
 
 @torch.no_grad()
@@ -240,14 +240,6 @@ def path_report(args: argparse.Namespace, data: NodeDataset, device: torch.devic
     elif device.type == "cpu":
         lines.append("the fused kernels run through Triton's CPU interpreter (TRITON_INTERPRET=1): slow, for testing")
     return lines, {name: ds[0].name if ds else None for name, ds in train.items()}
-
-
-def fail(err: BaseException, args: argparse.Namespace) -> NoReturn:
-    """One message and exit status 2 (``--debug``: the exception with its traceback)."""
-    if args.debug:
-        raise err
-    print(f"train.py: error: {err}\n(--debug shows the traceback)", file=sys.stderr)
-    raise SystemExit(2) from None
 
 
 @torch.no_grad()
@@ -366,7 +358,7 @@ def main(argv: list[str] | None = None) -> dict:
         data = load_dataset(args.dataset, args.root, **kwargs).to(device)
         report, paths = path_report(args, data, device)
     except USER_ERRORS as err:
-        fail(err, args)
+        fail(err, "train.py", debug=args.debug)
     if not args.quiet:
         steps = "training steps replayed as a CUDA graph" if args.cuda_graph else "eager training steps"
         print(f"{data}  on {device}  aggregation={args.aggregation}  ({steps})", file=sys.stderr)

@@ -41,13 +41,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/train.py, imported below
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/train.py and _cli.py, imported below
 try:
     import fusegnn  # noqa: F401
 except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import train as single  # noqa: E402  (examples/train.py: flags, recipes, model builder)
+from _cli import USER_ERRORS, fail  # noqa: E402
 
 from fusegnn.datasets import load_dataset  # noqa: E402
 from fusegnn.distributed import METHODS, DistGraph, allreduce_gradients, global_count, partition_graph  # noqa: E402
@@ -181,8 +182,8 @@ def _main(args, rank: int, world_size: int, device: torch.device) -> dict | None
         kwargs["normalize_features"] = not args.no_normalize_features
     try:
         data = load_dataset(args.dataset, args.root, **kwargs)
-    except single.USER_ERRORS as err:
-        single.fail(err, args)
+    except USER_ERRORS as err:
+        fail(err, "train_distributed.py", debug=args.debug)
     part = partition_graph(data.graph, world_size, args.partition)
     dg = DistGraph.build(data.graph, part, rank if world_size > 1 else 0, device=device)
     tensors = {"x": dg.owned_rows(data.x), "y": dg.owned_rows(data.y),

@@ -18,6 +18,10 @@ time), the model selected on validation accuracy.
 it. ``--pin-features`` keeps the features in CPU memory (rows of each batch copied from
 pinned memory), for graphs whose features do not fit on the GPU. With ``--json`` the last
 line printed is a JSON summary.
+
+Data is looked for in ``--root``, then ``$FUSEGNN_DATA``, then ``~/.cache/fusegnn``, then
+downloaded. A missing data set or a ``--root`` that does not exist is one message and exit
+status 2 (``--debug`` shows the traceback), as in ``examples/train.py``.
 """
 
 from __future__ import annotations
@@ -34,10 +38,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/_cli.py, imported below
 try:
     import fusegnn  # noqa: F401
 except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _cli import USER_ERRORS, fail  # noqa: E402
 
 from fusegnn.datasets import NodeDataset, generate_ogbn_like, generate_reddit_like, load_dataset
 from fusegnn.loader import NeighborLoader
@@ -124,15 +131,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-    return p.parse_args(argv)
+    p.add_argument("--debug", action="store_true", help="show the traceback of a data or configuration error")
+    args = p.parse_args(argv)
+    try:
+        args.num_neighbors = [int(part) for part in args.num_neighbors.split(",") if part.strip()]
+    except ValueError:
+        p.error(f"--num-neighbors must be comma-separated integers, got {args.num_neighbors!r}")
+    if not args.num_neighbors:
+        p.error("--num-neighbors needs at least one hop")
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
-    fanouts = [int(part) for part in args.num_neighbors.split(",") if part.strip()]
-    data = load(args, device)
+    fanouts = args.num_neighbors
+    try:
+        data = load(args, device)
+    except USER_ERRORS as err:
+        fail(err, "train_sampled.py", debug=args.debug)
     graph = data.graph.to(device)
     loader = NeighborLoader(
         graph, fanouts, args.batch_size, data.train_mask, x=data.x, y=data.y, shuffle=True,

@@ -246,3 +246,38 @@ def test_sampled_refuses_cuda_graph_and_bad_fanouts(capsys):
     for argv in (["--sampled", "--cuda-graph"], ["--sampled", "--num-neighbors", "25,x"]):
         with pytest.raises(SystemExit):
             train.parse_args(argv)
+
+
+def _load_example(name: str):
+    spec = importlib.util.spec_from_file_location(f"fusegnn_example_{name}", REPO / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["train_sampled", "train_distributed"])
+def test_other_examples_report_data_errors_under_their_own_name(name, capsys, tmp_path):
+    """train_sampled.py (which printed a traceback) and train_distributed.py (which said
+    'train.py: error:') end a data error as train.py does: one message naming the script,
+    exit status 2, the traceback only with --debug."""
+    example = _load_example(name)
+    missing = tmp_path / "nonexistent"
+    with pytest.raises(SystemExit) as info:
+        example.main(["--root", str(missing), "--device", "cpu", "--quiet"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{name}.py: error: data root '{missing}' (root= / --root) does not exist")
+    assert "(--debug shows the traceback)" in err and "Traceback" not in err
+    assert not missing.exists()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        example.main(["--root", str(missing), "--device", "cpu", "--quiet", "--debug"])
+
+
+def test_sampled_example_refuses_bad_fanouts(capsys):
+    example = _load_example("train_sampled")
+    for bad in ("25,x", ","):
+        with pytest.raises(SystemExit) as info:
+            example.parse_args(["--num-neighbors", bad])
+        assert info.value.code == 2
+    assert "--num-neighbors must be comma-separated integers, got '25,x'" in capsys.readouterr().err
+    assert example.parse_args(["--num-neighbors", "15,10,5"]).num_neighbors == [15, 10, 5]
