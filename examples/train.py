@@ -45,8 +45,9 @@ fused kernels need CUDA, or Triton's interpreter (``TRITON_INTERPRET=1`` with
 
 Data is looked for in ``--root``, then ``$FUSEGNN_DATA``, then ``~/.cache/fusegnn``, then
 downloaded. A missing data set, a ``--root`` that does not exist or a path that cannot run
-here is one message and exit status 2 (``--debug`` shows the traceback). Progress bars
-are off with ``--quiet`` and whenever stderr is not a terminal (logs, CI). With ``--json``
+here is one message and exit status 2 (``--debug`` shows the traceback). The progress
+bar (on stderr) is drawn only when stdout and stderr are both terminals, and never with
+``--quiet``: a log, a pipe or CI gets none. With ``--json``
 the last line printed is one JSON object with the summary.
 """
 
@@ -69,7 +70,7 @@ try:
 except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _cli import USER_ERRORS, fail  # noqa: E402
+from _cli import USER_ERRORS, fail, show_progress  # noqa: E402
 
 from fusegnn.capture import graphed_step
 from fusegnn.datasets import DATASETS, NodeDataset, load_dataset
@@ -126,7 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-normalize-features", action="store_true", help="keep raw Planetoid features")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--quiet", action="store_true",
-                   help="no progress bars or path lines (bars are off anyway when stderr is not a terminal)")
+                   help="no progress bar or path lines (the bar is off anyway unless stdout and stderr are terminals)")
     p.add_argument("--debug", action="store_true", help="show the traceback of a data or configuration error")
     args = p.parse_args(argv)
     for key, value in RECIPES[args.model].items():
@@ -366,8 +367,7 @@ def main(argv: list[str] | None = None) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     results = []
-    # disable=None: tqdm turns the bar off when its stream (stderr) is not a terminal
-    bar = tqdm(total=args.runs * args.epochs, disable=True if args.quiet else None, desc=f"{args.model} {data.name}")
+    bar = tqdm(total=args.runs * args.epochs, disable=not show_progress(args.quiet), desc=f"{args.model} {data.name}")
     with bar:
         for run in range(args.runs):
             results.append(train_run(args, data, run, bar))

@@ -48,7 +48,7 @@ except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import train as single  # noqa: E402  (examples/train.py: flags, recipes, model builder)
-from _cli import USER_ERRORS, fail  # noqa: E402
+from _cli import USER_ERRORS, fail, show_progress  # noqa: E402
 
 from fusegnn.datasets import load_dataset  # noqa: E402
 from fusegnn.distributed import METHODS, DistGraph, allreduce_gradients, global_count, partition_graph  # noqa: E402
@@ -198,7 +198,7 @@ def _main(args, rank: int, world_size: int, device: torch.device) -> dict | None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     results = []
-    bar = tqdm(total=args.runs * args.epochs, disable=True if (args.quiet or not lead) else None,
+    bar = tqdm(total=args.runs * args.epochs, disable=not (lead and show_progress(args.quiet)),
                desc=f"{args.model} {data.name} x{world_size}")
     with bar:
         for run in range(args.runs):

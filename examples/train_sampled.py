@@ -44,7 +44,7 @@ try:
 except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _cli import USER_ERRORS, fail  # noqa: E402
+from _cli import USER_ERRORS, fail, show_progress  # noqa: E402
 
 from fusegnn.datasets import NodeDataset, generate_ogbn_like, generate_reddit_like, load_dataset
 from fusegnn.loader import NeighborLoader
@@ -129,7 +129,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pin-features", action="store_true", help="keep features in pinned CPU memory")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar (it is off anyway unless stdout and stderr are terminals)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--debug", action="store_true", help="show the traceback of a data or configuration error")
     args = p.parse_args(argv)
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     epoch_s, losses, best = [], [], {"val": -1.0}
-    progress = not args.quiet and sys.stderr.isatty()
+    progress = show_progress(args.quiet)
     for epoch in range(1, args.epochs + 1):
         if device.type == "cuda":
             torch.cuda.synchronize(device)

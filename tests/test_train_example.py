@@ -281,3 +281,67 @@ def test_sampled_example_refuses_bad_fanouts(capsys):
         assert info.value.code == 2
     assert "--num-neighbors must be comma-separated integers, got '25,x'" in capsys.readouterr().err
     assert example.parse_args(["--num-neighbors", "15,10,5"]).num_neighbors == [15, 10, 5]
+
+
+def _run_on_terminal(argv: list[str], *, stdout_is_terminal: bool) -> str:
+    """What ``examples/train.py argv`` writes to a pseudo-terminal as its stderr (and as its
+    stdout too when ``stdout_is_terminal``, else stdout is a pipe)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    # a new pseudo-terminal is 0 x 0, where tqdm draws an empty bar: give it a real size
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    env = dict(os.environ, FUSEGNN_DATA=str(DATA))
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "examples" / "train.py"), *argv],
+        stdout=slave if stdout_is_terminal else subprocess.PIPE, stderr=slave, env=env, cwd=REPO,
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: every writer has closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    if proc.stdout is not None:
+        proc.stdout.read()
+    assert proc.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")[-2000:]
+    os.close(master)
+    return b"".join(chunks).decode(errors="replace")
+
+
+@needs_data
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses a Linux pseudo-terminal")
+def test_progress_bar_on_a_terminal_only():
+    """The brief: a bar on a terminal, none when stdout is not one (stderr still a
+    terminal: `train.py > log`, `--json | jq`), and none with --quiet."""
+    argv = ["--device", "cpu", "--runs", "1", "--epochs", "3"]
+    assert "3/3" in _run_on_terminal(argv, stdout_is_terminal=True)
+    assert "3/3" not in _run_on_terminal(argv, stdout_is_terminal=False)
+    assert "3/3" not in _run_on_terminal(argv + ["--quiet"], stdout_is_terminal=True)
+
+
+def test_show_progress_needs_both_streams_on_a_terminal(monkeypatch):
+    _load_train_module()  # puts examples/ on sys.path
+    import _cli
+
+    class Stream:
+        def __init__(self, tty):
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    for out, err, quiet, expected in [(True, True, False, True), (False, True, False, False),
+                                      (True, False, False, False), (True, True, True, False)]:
+        monkeypatch.setattr(sys, "stdout", Stream(out))
+        monkeypatch.setattr(sys, "stderr", Stream(err))
+        assert _cli.show_progress(quiet) is expected
+    monkeypatch.setattr(sys, "stdout", None)  # pythonw, a detached process
+    assert _cli.show_progress() is False
