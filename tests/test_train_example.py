@@ -360,3 +360,64 @@ def test_distributed_example_refuses_what_it_cannot_run(capsys, monkeypatch):
             example.parse_args(["--model", model])
     for model in example.DISTRIBUTED_MODELS:
         assert example.parse_args(["--model", model]).model == model
+
+
+def _readme_example_spans() -> list[tuple[str, str]]:
+    """``(script, text after it)`` for every README code span or code-block line that
+    runs ``examples/<script>.py``."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
+    prose = re.sub(r"```[a-z]*\n.*?```", "", text, flags=re.S)
+    pieces = [line for block in blocks for line in block.splitlines()] + re.findall(r"`([^`]+)`", prose)
+    found = []
+    for piece in pieces:
+        for match in re.finditer(r"examples/(\w+)\.py", piece):
+            found.append((match.group(1), " ".join(piece[match.end():].split())))
+    return found
+
+
+def _help_text(capsys, monkeypatch, name: str) -> str:
+    """``examples/<name>.py --help``, on lines wide enough that no option is split."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    example = _load_example(name)
+    with pytest.raises(SystemExit):
+        example.parse_args(["--help"])
+    return capsys.readouterr().out
+
+
+FLAG = r"(?<![\w-])--[A-Za-z][\w-]*"
+
+
+def test_every_flag_the_readme_gives_an_example_exists(capsys, monkeypatch):
+    """Each `examples/<script>.py --flag ...` of the README names a script that exists and
+    flags its --help lists (the README once listed `--model gcn|gat` of seven models)."""
+    import re
+
+    spans = _readme_example_spans()
+    assert {name for name, _ in spans} >= {"train", "train_sampled", "train_distributed", "sparse_transformer"}
+    helps = {}
+    for name, rest in spans:
+        assert (REPO / "examples" / f"{name}.py").is_file(), name
+        if name not in helps:
+            helps[name] = _help_text(capsys, monkeypatch, name)
+        for flag in re.findall(FLAG, rest):
+            assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[name]), f"examples/{name}.py {flag}"
+
+
+def test_readme_lists_every_option_of_train_py(capsys, monkeypatch):
+    """The README's list of `examples/train.py --help`'s options is complete, choices
+    included."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    start = text.index("`examples/train.py --help` lists the options")
+    listed = text[start:text.index("\n\n", start)]
+    options = set(re.findall(FLAG, _help_text(capsys, monkeypatch, "train"))) - {"--help"}
+    missing = sorted(o for o in options if not re.search(rf"`{re.escape(o)}[` ]", listed))
+    assert not missing, f"README's list of train.py's options lacks {missing}"
+    train = _load_train_module()
+    for flag, choices in (("--model", train.RECIPES), ("--aggregation", train.SPMM_AGGREGATIONS)):
+        spelled = re.search(rf"`{flag} ([\w|-]+)`", listed).group(1).split("|")
+        assert sorted(spelled) == sorted(choices), (flag, spelled)
