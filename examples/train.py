@@ -213,13 +213,19 @@ def layer_paths(model: torch.nn.Module, data: NodeDataset, *, capture: bool) -> 
     return taken
 
 
-def describe(decisions: list[Decision]) -> str:
+def describe(decisions: list[Decision], layer: torch.nn.Module | None = None) -> str:
     """``label: reason`` of each distinct path in ``decisions`` (a layer's reference
-    composition runs its inner ops on the reference too: said once)."""
+    composition runs its inner ops on the reference too: said once). A ``layer`` that
+    ran no sparse op because it reuses a cached propagation (SGC's ``cached=True``) is
+    said to."""
     distinct: dict[str, Decision] = {}
     for decision in decisions:
         distinct.setdefault(decision.name, decision)
-    return "; then ".join(f"{PATH_LABELS.get(d.name, d.name)}: {d.reason}" for d in distinct.values()) or "no sparse op"
+    if distinct:
+        return "; then ".join(f"{PATH_LABELS.get(d.name, d.name)}: {d.reason}" for d in distinct.values())
+    if getattr(layer, "cached", False):
+        return "no sparse op (cached=True: the layer reuses the propagation of its first call)"
+    return "no sparse op"
 
 
 def path_report(args: argparse.Namespace, data: NodeDataset, device: torch.device) -> tuple[list[str], dict]:
@@ -234,7 +240,7 @@ def path_report(args: argparse.Namespace, data: NodeDataset, device: torch.devic
         if name in train:
             line = f"  {name} {type(layer).__name__} -> {describe(train[name])}"
             if describe(evaluation[name]) != describe(train[name]):
-                line += f" (training step); evaluation, eager -> {describe(evaluation[name])}"
+                line += f" (training step); evaluation, eager -> {describe(evaluation[name], layer)}"
             lines.append(line)
     if device.type == "cpu" and all(d.name == "reference" for ds in train.values() for d in ds):
         lines.append(CPU_NOTE)

@@ -421,3 +421,13 @@ def test_readme_lists_every_option_of_train_py(capsys, monkeypatch):
     for flag, choices in (("--model", train.RECIPES), ("--aggregation", train.SPMM_AGGREGATIONS)):
         spelled = re.search(rf"`{flag} ([\w|-]+)`", listed).group(1).split("|")
         assert sorted(spelled) == sorted(choices), (flag, spelled)
+
+
+@needs_data
+def test_cached_sgc_says_why_evaluation_runs_no_sparse_op(capsys):
+    """SGC (cached=True) propagates once and reuses the result: its evaluation line said
+    a bare 'no sparse op', as if the layer did not aggregate."""
+    train = _load_train_module()
+    train.main(["--root", str(DATA), "--device", "cpu", "--model", "sgc", "--runs", "1", "--epochs", "1"])
+    err = capsys.readouterr().err
+    assert "evaluation, eager -> no sparse op (cached=True: the layer reuses the propagation of its first call)" in err
