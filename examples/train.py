@@ -73,7 +73,7 @@ except ImportError:  # running from a source checkout without installing
 from _cli import USER_ERRORS, fail, show_progress  # noqa: E402
 
 from fusegnn.capture import graphed_step
-from fusegnn.datasets import DATASETS, NodeDataset, load_dataset
+from fusegnn.datasets import DATASETS, NodeDataset, cache_dir, load_dataset
 from fusegnn.loader import NeighborLoader
 from fusegnn.models import GAT, GCN, GIN, SGC, APPNPNet, GATv2, GraphSAGE
 from fusegnn.sparse import SPMM_AGGREGATIONS
@@ -111,7 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float)
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--root", help="data root (else $FUSEGNN_DATA, else the cache dir)")
+    p.add_argument("--root", help=f"data root, <root>/<Name>/raw (else $FUSEGNN_DATA, else the cache {cache_dir()}, "
+                                  "else a download into the cache)")
     p.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     p.add_argument("--aggregation", choices=SPMM_AGGREGATIONS, default="auto",
                    help="sparse-op path; 'window' (row windows, spmm only) for the models "

@@ -46,7 +46,7 @@ except ImportError:  # running from a source checkout without installing
 
 from _cli import USER_ERRORS, fail, show_progress  # noqa: E402
 
-from fusegnn.datasets import NodeDataset, generate_ogbn_like, generate_reddit_like, load_dataset
+from fusegnn.datasets import NodeDataset, cache_dir, generate_ogbn_like, generate_reddit_like, load_dataset
 from fusegnn.loader import NeighborLoader
 from fusegnn.layers import SAGEConv
 from fusegnn.sparse import Graph
@@ -115,7 +115,8 @@ def load(args: argparse.Namespace, device: torch.device) -> NodeDataset:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="Reddit", help="Reddit, ogbn-products, ogbn-arxiv, Cora, ...")
-    p.add_argument("--root", help="data directory (default: $FUSEGNN_DATA, the cache, a download)")
+    p.add_argument("--root", help=f"data root, <root>/<Name>/raw (else $FUSEGNN_DATA, else the cache {cache_dir()}, "
+                                  "else a download into the cache)")
     p.add_argument("--synthetic", action="store_true", help="generate a data set of the same shape (Reddit / ogbn-*)")
     p.add_argument("--scale", type=float, default=1.0, help="--synthetic: fraction of the real node count")
     p.add_argument("--avg-degree", type=float, help="--synthetic: edges per node (default: the real one's)")

@@ -431,3 +431,11 @@ def test_cached_sgc_says_why_evaluation_runs_no_sparse_op(capsys):
     train.main(["--root", str(DATA), "--device", "cpu", "--model", "sgc", "--runs", "1", "--epochs", "1"])
     err = capsys.readouterr().err
     assert "evaluation, eager -> no sparse op (cached=True: the layer reuses the propagation of its first call)" in err
+
+
+@pytest.mark.parametrize("name", ["train", "train_sampled"])
+def test_root_help_names_the_cache_directory(name, capsys, monkeypatch, tmp_path):
+    """Without --root the cache is searched (and downloaded into): --help says where it is."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert f"else the cache {tmp_path / 'fusegnn'}, else a download into the cache" in _help_text(capsys, monkeypatch, name)
+    assert not (tmp_path / "fusegnn").exists()
