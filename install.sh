@@ -2,7 +2,7 @@
 # Install fusegnn from this checkout (editable), with the PyTorch build that fits the machine.
 #
 #   ./install.sh                 # the package
-#   ./install.sh test            # with extras: test, ogb, scatter, bench (comma-separated)
+#   ./install.sh test            # with extras: test, ogb, scatter, bench, metis (comma-separated)
 #   ./install.sh test --dry-run  # print the pip commands instead of running them
 #
 # PyTorch is chosen only when `import torch` fails; an importable torch is always kept.

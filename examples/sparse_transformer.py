@@ -110,10 +110,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/_cli.py, imported below
 try:
     import fusegnn  # noqa: F401
 except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _cli import show_progress  # noqa: E402
 
 from fusegnn.losses import linear_cross_entropy
 from fusegnn.layers import SparseTransformerEncoderLayer, VectorSparseLinear
@@ -368,8 +371,7 @@ def run_steps(
     ``first`` numbers the logged steps (a phase that continues another)."""
     curves = {name: [] for name in models}
     times = {name: [] for name in models}
-    # disable=None: tqdm turns the bar off when its stream (stderr) is not a terminal
-    bar = tqdm(range(steps), desc=desc, disable=True if args.quiet else None, dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(range(steps), desc=desc, disable=not show_progress(args.quiet), dynamic_ncols=True, file=sys.stderr)
     for step in bar:
         tokens, labels = make_batch(args, gen, device)
         for name, model in models.items():

@@ -45,8 +45,9 @@ fused kernels need CUDA, or Triton's interpreter (``TRITON_INTERPRET=1`` with
 
 Data is looked for in ``--root``, then ``$FUSEGNN_DATA``, then ``~/.cache/fusegnn``, then
 downloaded. A missing data set, a ``--root`` that does not exist or a path that cannot run
-here is one message and exit status 2 (``--debug`` shows the traceback). Progress bars
-are off with ``--quiet`` and whenever stderr is not a terminal (logs, CI). With ``--json``
+here is one message and exit status 2 (``--debug`` shows the traceback). The progress
+bar (on stderr) is drawn only when stdout and stderr are both terminals, and never with
+``--quiet``: a log, a pipe or CI gets none. With ``--json``
 the last line printed is one JSON object with the summary.
 """
 
@@ -58,19 +59,21 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/_cli.py, imported below
 try:
     import fusegnn  # noqa: F401
 except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cli import USER_ERRORS, fail, show_progress  # noqa: E402
+
 from fusegnn.capture import graphed_step
-from fusegnn.datasets import DATASETS, NodeDataset, load_dataset
+from fusegnn.datasets import DATASETS, NodeDataset, cache_dir, load_dataset
 from fusegnn.loader import NeighborLoader
 from fusegnn.models import GAT, GCN, GIN, SGC, APPNPNet, GATv2, GraphSAGE
 from fusegnn.sparse import SPMM_AGGREGATIONS
@@ -108,7 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float)
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--root", help="data root (else $FUSEGNN_DATA, else the cache dir)")
+    p.add_argument("--root", help=f"data root, <root>/<Name>/raw (else $FUSEGNN_DATA, else the cache {cache_dir()}, "
+                                  "else a download into the cache)")
     p.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     p.add_argument("--aggregation", choices=SPMM_AGGREGATIONS, default="auto",
                    help="sparse-op path; 'window' (row windows, spmm only) for the models "
@@ -124,7 +128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-normalize-features", action="store_true", help="keep raw Planetoid features")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--quiet", action="store_true",
-                   help="no progress bars or path lines (bars are off anyway when stderr is not a terminal)")
+                   help="no progress bar or path lines (the bar is off anyway unless stdout and stderr are terminals)")
     p.add_argument("--debug", action="store_true", help="show the traceback of a data or configuration error")
     args = p.parse_args(argv)
     for key, value in RECIPES[args.model].items():
@@ -185,8 +189,6 @@ CPU_NOTE = (
     "on the CPU the pure-PyTorch reference path runs: the fused GAS / GAR kernels need CUDA, "
     "or Triton's interpreter (TRITON_INTERPRET=1 with --aggregation gas or gar; slow, for testing)"
 )
-# what a user can fix: missing data, a bad --root, malformed files, a path that cannot run here
-USER_ERRORS = (OSError, ValueError, ImportError, NotImplementedError, RuntimeError)
 
 
 @torch.no_grad()
@@ -212,13 +214,19 @@ def layer_paths(model: torch.nn.Module, data: NodeDataset, *, capture: bool) -> 
     return taken
 
 
-def describe(decisions: list[Decision]) -> str:
+def describe(decisions: list[Decision], layer: torch.nn.Module | None = None) -> str:
     """``label: reason`` of each distinct path in ``decisions`` (a layer's reference
-    composition runs its inner ops on the reference too: said once)."""
+    composition runs its inner ops on the reference too: said once). A ``layer`` that
+    ran no sparse op because it reuses a cached propagation (SGC's ``cached=True``) is
+    said to."""
     distinct: dict[str, Decision] = {}
     for decision in decisions:
         distinct.setdefault(decision.name, decision)
-    return "; then ".join(f"{PATH_LABELS.get(d.name, d.name)}: {d.reason}" for d in distinct.values()) or "no sparse op"
+    if distinct:
+        return "; then ".join(f"{PATH_LABELS.get(d.name, d.name)}: {d.reason}" for d in distinct.values())
+    if getattr(layer, "cached", False):
+        return "no sparse op (cached=True: the layer reuses the propagation of its first call)"
+    return "no sparse op"
 
 
 def path_report(args: argparse.Namespace, data: NodeDataset, device: torch.device) -> tuple[list[str], dict]:
@@ -233,21 +241,13 @@ def path_report(args: argparse.Namespace, data: NodeDataset, device: torch.devic
         if name in train:
             line = f"  {name} {type(layer).__name__} -> {describe(train[name])}"
             if describe(evaluation[name]) != describe(train[name]):
-                line += f" (training step); evaluation, eager -> {describe(evaluation[name])}"
+                line += f" (training step); evaluation, eager -> {describe(evaluation[name], layer)}"
             lines.append(line)
     if device.type == "cpu" and all(d.name == "reference" for ds in train.values() for d in ds):
         lines.append(CPU_NOTE)
     elif device.type == "cpu":
         lines.append("the fused kernels run through Triton's CPU interpreter (TRITON_INTERPRET=1): slow, for testing")
     return lines, {name: ds[0].name if ds else None for name, ds in train.items()}
-
-
-def fail(err: BaseException, args: argparse.Namespace) -> NoReturn:
-    """One message and exit status 2 (``--debug``: the exception with its traceback)."""
-    if args.debug:
-        raise err
-    print(f"train.py: error: {err}\n(--debug shows the traceback)", file=sys.stderr)
-    raise SystemExit(2) from None
 
 
 @torch.no_grad()
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict:
         data = load_dataset(args.dataset, args.root, **kwargs).to(device)
         report, paths = path_report(args, data, device)
     except USER_ERRORS as err:
-        fail(err, args)
+        fail(err, "train.py", debug=args.debug)
     if not args.quiet:
         steps = "training steps replayed as a CUDA graph" if args.cuda_graph else "eager training steps"
         print(f"{data}  on {device}  aggregation={args.aggregation}  ({steps})", file=sys.stderr)
@@ -374,8 +374,7 @@ def main(argv: list[str] | None = None) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     results = []
-    # disable=None: tqdm turns the bar off when its stream (stderr) is not a terminal
-    bar = tqdm(total=args.runs * args.epochs, disable=True if args.quiet else None, desc=f"{args.model} {data.name}")
+    bar = tqdm(total=args.runs * args.epochs, disable=not show_progress(args.quiet), desc=f"{args.model} {data.name}")
     with bar:
         for run in range(args.runs):
             results.append(train_run(args, data, run, bar))

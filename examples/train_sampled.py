@@ -18,6 +18,10 @@ time), the model selected on validation accuracy.
 it. ``--pin-features`` keeps the features in CPU memory (rows of each batch copied from
 pinned memory), for graphs whose features do not fit on the GPU. With ``--json`` the last
 line printed is a JSON summary.
+
+Data is looked for in ``--root``, then ``$FUSEGNN_DATA``, then ``~/.cache/fusegnn``, then
+downloaded. A missing data set or a ``--root`` that does not exist is one message and exit
+status 2 (``--debug`` shows the traceback), as in ``examples/train.py``.
 """
 
 from __future__ import annotations
@@ -34,12 +38,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # examples/_cli.py, imported below
 try:
     import fusegnn  # noqa: F401
 except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fusegnn.datasets import NodeDataset, generate_ogbn_like, generate_reddit_like, load_dataset
+from _cli import USER_ERRORS, fail, show_progress  # noqa: E402
+
+from fusegnn.datasets import NodeDataset, cache_dir, generate_ogbn_like, generate_reddit_like, load_dataset
 from fusegnn.loader import NeighborLoader
 from fusegnn.layers import SAGEConv
 from fusegnn.sparse import Graph
@@ -108,7 +115,8 @@ def load(args: argparse.Namespace, device: torch.device) -> NodeDataset:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="Reddit", help="Reddit, ogbn-products, ogbn-arxiv, Cora, ...")
-    p.add_argument("--root", help="data directory (default: $FUSEGNN_DATA, the cache, a download)")
+    p.add_argument("--root", help=f"data root, <root>/<Name>/raw (else $FUSEGNN_DATA, else the cache {cache_dir()}, "
+                                  "else a download into the cache)")
     p.add_argument("--synthetic", action="store_true", help="generate a data set of the same shape (Reddit / ogbn-*)")
     p.add_argument("--scale", type=float, default=1.0, help="--synthetic: fraction of the real node count")
     p.add_argument("--avg-degree", type=float, help="--synthetic: edges per node (default: the real one's)")
@@ -122,17 +130,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pin-features", action="store_true", help="keep features in pinned CPU memory")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar (it is off anyway unless stdout and stderr are terminals)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-    return p.parse_args(argv)
+    p.add_argument("--debug", action="store_true", help="show the traceback of a data or configuration error")
+    args = p.parse_args(argv)
+    try:
+        args.num_neighbors = [int(part) for part in args.num_neighbors.split(",") if part.strip()]
+    except ValueError:
+        p.error(f"--num-neighbors must be comma-separated integers, got {args.num_neighbors!r}")
+    if not args.num_neighbors:
+        p.error("--num-neighbors needs at least one hop")
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
-    fanouts = [int(part) for part in args.num_neighbors.split(",") if part.strip()]
-    data = load(args, device)
+    fanouts = args.num_neighbors
+    try:
+        data = load(args, device)
+    except USER_ERRORS as err:
+        fail(err, "train_sampled.py", debug=args.debug)
     graph = data.graph.to(device)
     loader = NeighborLoader(
         graph, fanouts, args.batch_size, data.train_mask, x=data.x, y=data.y, shuffle=True,
@@ -147,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     epoch_s, losses, best = [], [], {"val": -1.0}
-    progress = not args.quiet and sys.stderr.isatty()
+    progress = show_progress(args.quiet)
     for epoch in range(1, args.epochs + 1):
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -266,3 +266,21 @@ def test_ogb_missing_package_names_the_install_script(monkeypatch):
     message = str(info.value)
     assert "./install.sh ogb" in message and "pip install -e '.[ogb]'" in message
     assert "fusegnn[ogb]" not in message  # the package is not published: never suggested
+
+
+def test_fusegnn_data_that_does_not_exist_is_named_in_the_message(tmp_path, monkeypatch):
+    """A mistyped $FUSEGNN_DATA is searched like any folder (not an error of its own, as a
+    missing root= is), so the missing-data message says that the variable's folder does
+    not exist, naming the variable and its value."""
+    typo = tmp_path / "planetiod"
+    monkeypatch.setenv("FUSEGNN_DATA", str(typo))
+    with pytest.raises(FileNotFoundError) as info:
+        Planetoid(None, "Cora", download=False)
+    message = str(info.value)
+    assert f"{typo / 'Cora' / 'raw'}: does not exist [$FUSEGNN_DATA]" in message
+    assert f"FUSEGNN_DATA={typo} itself does not exist: is it mistyped?" in message
+    assert not typo.exists() and not (tmp_path / "xdg").exists()
+    typo.mkdir()  # an existing folder without the data set: no such line
+    with pytest.raises(FileNotFoundError) as info:
+        Planetoid(None, "Cora", download=False)
+    assert "itself does not exist" not in str(info.value)

@@ -246,3 +246,196 @@ def test_sampled_refuses_cuda_graph_and_bad_fanouts(capsys):
     for argv in (["--sampled", "--cuda-graph"], ["--sampled", "--num-neighbors", "25,x"]):
         with pytest.raises(SystemExit):
             train.parse_args(argv)
+
+
+def _load_example(name: str):
+    spec = importlib.util.spec_from_file_location(f"fusegnn_example_{name}", REPO / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["train_sampled", "train_distributed"])
+def test_other_examples_report_data_errors_under_their_own_name(name, capsys, tmp_path):
+    """train_sampled.py (which printed a traceback) and train_distributed.py (which said
+    'train.py: error:') end a data error as train.py does: one message naming the script,
+    exit status 2, the traceback only with --debug."""
+    example = _load_example(name)
+    missing = tmp_path / "nonexistent"
+    with pytest.raises(SystemExit) as info:
+        example.main(["--root", str(missing), "--device", "cpu", "--quiet"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{name}.py: error: data root '{missing}' (root= / --root) does not exist")
+    assert "(--debug shows the traceback)" in err and "Traceback" not in err
+    assert not missing.exists()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        example.main(["--root", str(missing), "--device", "cpu", "--quiet", "--debug"])
+
+
+def test_sampled_example_refuses_bad_fanouts(capsys):
+    example = _load_example("train_sampled")
+    for bad in ("25,x", ","):
+        with pytest.raises(SystemExit) as info:
+            example.parse_args(["--num-neighbors", bad])
+        assert info.value.code == 2
+    assert "--num-neighbors must be comma-separated integers, got '25,x'" in capsys.readouterr().err
+    assert example.parse_args(["--num-neighbors", "15,10,5"]).num_neighbors == [15, 10, 5]
+
+
+def _run_on_terminal(argv: list[str], *, stdout_is_terminal: bool) -> str:
+    """What ``examples/train.py argv`` writes to a pseudo-terminal as its stderr (and as its
+    stdout too when ``stdout_is_terminal``, else stdout is a pipe)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    # a new pseudo-terminal is 0 x 0, where tqdm draws an empty bar: give it a real size
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    env = dict(os.environ, FUSEGNN_DATA=str(DATA))
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "examples" / "train.py"), *argv],
+        stdout=slave if stdout_is_terminal else subprocess.PIPE, stderr=slave, env=env, cwd=REPO,
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: every writer has closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    if proc.stdout is not None:
+        proc.stdout.read()
+    assert proc.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")[-2000:]
+    os.close(master)
+    return b"".join(chunks).decode(errors="replace")
+
+
+@needs_data
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses a Linux pseudo-terminal")
+def test_progress_bar_on_a_terminal_only():
+    """The brief: a bar on a terminal, none when stdout is not one (stderr still a
+    terminal: `train.py > log`, `--json | jq`), and none with --quiet."""
+    argv = ["--device", "cpu", "--runs", "1", "--epochs", "3"]
+    assert "3/3" in _run_on_terminal(argv, stdout_is_terminal=True)
+    assert "3/3" not in _run_on_terminal(argv, stdout_is_terminal=False)
+    assert "3/3" not in _run_on_terminal(argv + ["--quiet"], stdout_is_terminal=True)
+
+
+def test_show_progress_needs_both_streams_on_a_terminal(monkeypatch):
+    _load_train_module()  # puts examples/ on sys.path
+    import _cli
+
+    class Stream:
+        def __init__(self, tty):
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    for out, err, quiet, expected in [(True, True, False, True), (False, True, False, False),
+                                      (True, False, False, False), (True, True, True, False)]:
+        monkeypatch.setattr(sys, "stdout", Stream(out))
+        monkeypatch.setattr(sys, "stderr", Stream(err))
+        assert _cli.show_progress(quiet) is expected
+    monkeypatch.setattr(sys, "stdout", None)  # pythonw, a detached process
+    assert _cli.show_progress() is False
+
+
+def test_distributed_example_refuses_what_it_cannot_run(capsys, monkeypatch):
+    """train_distributed.py ignored --sampled (it trains full-graph) and let SGC / APPNP /
+    GATv2 fail in a layer on a partition: both are refused by name at parse time."""
+    example = _load_example("train_distributed")
+    with pytest.raises(SystemExit, match="--sampled is not supported"):
+        example.parse_args(["--sampled"])
+    assert example.parse_args(["--model", "sgc"]).model == "sgc"  # one process: every model
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for model in ("sgc", "appnp", "gatv2"):
+        with pytest.raises(SystemExit, match=f"--model {model} does not run on a partitioned graph"):
+            example.parse_args(["--model", model])
+    for model in example.DISTRIBUTED_MODELS:
+        assert example.parse_args(["--model", model]).model == model
+
+
+def _readme_example_spans() -> list[tuple[str, str]]:
+    """``(script, text after it)`` for every README code span or code-block line that
+    runs ``examples/<script>.py``."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
+    prose = re.sub(r"```[a-z]*\n.*?```", "", text, flags=re.S)
+    pieces = [line for block in blocks for line in block.splitlines()] + re.findall(r"`([^`]+)`", prose)
+    found = []
+    for piece in pieces:
+        for match in re.finditer(r"examples/(\w+)\.py", piece):
+            found.append((match.group(1), " ".join(piece[match.end():].split())))
+    return found
+
+
+def _help_text(capsys, monkeypatch, name: str) -> str:
+    """``examples/<name>.py --help``, on lines wide enough that no option is split."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    example = _load_example(name)
+    with pytest.raises(SystemExit):
+        example.parse_args(["--help"])
+    return capsys.readouterr().out
+
+
+FLAG = r"(?<![\w-])--[A-Za-z][\w-]*"
+
+
+def test_every_flag_the_readme_gives_an_example_exists(capsys, monkeypatch):
+    """Each `examples/<script>.py --flag ...` of the README names a script that exists and
+    flags its --help lists (the README once listed `--model gcn|gat` of seven models)."""
+    import re
+
+    spans = _readme_example_spans()
+    assert {name for name, _ in spans} >= {"train", "train_sampled", "train_distributed", "sparse_transformer"}
+    helps = {}
+    for name, rest in spans:
+        assert (REPO / "examples" / f"{name}.py").is_file(), name
+        if name not in helps:
+            helps[name] = _help_text(capsys, monkeypatch, name)
+        for flag in re.findall(FLAG, rest):
+            assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[name]), f"examples/{name}.py {flag}"
+
+
+def test_readme_lists_every_option_of_train_py(capsys, monkeypatch):
+    """The README's list of `examples/train.py --help`'s options is complete, choices
+    included."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    start = text.index("`examples/train.py --help` lists the options")
+    listed = text[start:text.index("\n\n", start)]
+    options = set(re.findall(FLAG, _help_text(capsys, monkeypatch, "train"))) - {"--help"}
+    missing = sorted(o for o in options if not re.search(rf"`{re.escape(o)}[` ]", listed))
+    assert not missing, f"README's list of train.py's options lacks {missing}"
+    train = _load_train_module()
+    for flag, choices in (("--model", train.RECIPES), ("--aggregation", train.SPMM_AGGREGATIONS)):
+        spelled = re.search(rf"`{flag} ([\w|-]+)`", listed).group(1).split("|")
+        assert sorted(spelled) == sorted(choices), (flag, spelled)
+
+
+@needs_data
+def test_cached_sgc_says_why_evaluation_runs_no_sparse_op(capsys):
+    """SGC (cached=True) propagates once and reuses the result: its evaluation line said
+    a bare 'no sparse op', as if the layer did not aggregate."""
+    train = _load_train_module()
+    train.main(["--root", str(DATA), "--device", "cpu", "--model", "sgc", "--runs", "1", "--epochs", "1"])
+    err = capsys.readouterr().err
+    assert "evaluation, eager -> no sparse op (cached=True: the layer reuses the propagation of its first call)" in err
+
+
+@pytest.mark.parametrize("name", ["train", "train_sampled"])
+def test_root_help_names_the_cache_directory(name, capsys, monkeypatch, tmp_path):
+    """Without --root the cache is searched (and downloaded into): --help says where it is."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert f"else the cache {tmp_path / 'fusegnn'}, else a download into the cache" in _help_text(capsys, monkeypatch, name)
+    assert not (tmp_path / "fusegnn").exists()

@@ -310,6 +310,10 @@ def _missing_message(
             lines.append(f"  - {folder.directory}: holds none of the files {where}")
         else:
             lines.append(f"  - {folder.directory}: does not exist {where}")
+            env = os.environ.get(ENV_VAR)
+            if folder.origin == f"${ENV_VAR}" and env and not Path(env).expanduser().exists():
+                # unlike root=, a mistyped variable is not an error of its own: say it here
+                lines.append(f"    {ENV_VAR}={env} itself does not exist: is it mistyped?")
         base = folder.directory.parent.parent if subdir else folder.directory.parent
         if folder.directory == (base / name / subdir if subdir else base / name) and base.is_dir():
             for child in base.iterdir():  # a differently-cased folder, e.g. <root>/cora
