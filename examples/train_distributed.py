@@ -8,8 +8,8 @@ The graph is partitioned into one part per process (``--partition``: METIS when
 ``pymetis`` is installed, else a contiguous split of a reverse Cuthill-McKee order);
 each process keeps its nodes, their incoming edges and the halo nodes those edges read
 (:class:`fusegnn.distributed.DistGraph`), and trains the same ``fusegnn.models`` model
-as ``examples/train.py`` on it (``--model gcn``, ``gat``, ``sage`` or ``gin``; on one
-process every model of ``train.py`` runs): every layer fetches the halo rows it
+as ``examples/train.py`` on it (every ``--model``; ``tests/test_distributed.py`` checks
+each layer on 2 processes against one): every layer fetches the halo rows it
 aggregates from their owners (``all_to_all_single``; the gradient goes back in the
 backward). Each process computes the loss of its own training nodes over the global
 count, and the gradients are summed over the processes
@@ -58,13 +58,6 @@ from fusegnn.distributed import METHODS, DistGraph, allreduce_gradients, global_
 from fusegnn.distributed.training import global_sum  # noqa: E402
 
 
-# the models whose layers run on a worker's share (a DistGraph) of more than one process:
-# GCN / GAT checked against one process in tests/test_distributed.py, SAGE / GIN reach one
-# process's accuracies (Cora, 2 gloo workers, dropout 0). SGC / APPNP (propagate wants a
-# square graph) and GATv2 (its x_l lacks the halo rows) stop with a ValueError on a share.
-DISTRIBUTED_MODELS = ("gat", "gcn", "gin", "sage")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--partition", choices=METHODS, default="auto",
@@ -81,9 +74,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise SystemExit("train_distributed.py: --sampled is not supported (every process trains on its "
                          "whole partition; examples/train.py --sampled trains on mini-batches)")
     args = single.parse_args(rest + ["--no-cuda-graph"])
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.model not in DISTRIBUTED_MODELS:
-        raise SystemExit(f"train_distributed.py: --model {args.model} does not run on a partitioned graph yet "
-                         f"(on more than one process: --model {', '.join(DISTRIBUTED_MODELS)})")
     args.partition, args.backend = extra.partition, extra.backend
     return args
 

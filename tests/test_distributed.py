@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fusegnn.distributed import DistGraph, allreduce_gradients, global_count, partition_graph
-from fusegnn.layers import GATConv, GCNConv
+from fusegnn.layers import APPNP, GATConv, GATv2Conv, GCNConv, GINConv, SAGEConv, SGConv
 from fusegnn.sparse import Graph, HaloGraph, spmm
 from tests.graphs import random_graph
 
@@ -54,7 +54,19 @@ def _models(aggregation: str) -> dict:
         # first layer: in < heads' width, so GAT aggregates x first (the gat_attention path)
         "gat": TwoLayers(GATConv(FEATURES, 8, heads=2, aggregation=aggregation),
                          GATConv(16, CLASSES, heads=2, concat=False, aggregation=aggregation)),
+        "gatv2": TwoLayers(GATv2Conv(FEATURES, 8, heads=2, aggregation=aggregation),
+                           GATv2Conv(16, CLASSES, heads=2, concat=False, aggregation=aggregation)),
+        "sage": TwoLayers(SAGEConv(FEATURES, 8, aggregation=aggregation), SAGEConv(8, CLASSES, aggregation=aggregation)),
+        "gin": TwoLayers(GINConv(nn.Sequential(nn.Linear(FEATURES, 8), nn.ReLU(), nn.Linear(8, 8)),
+                                 aggregation=aggregation),
+                         GINConv(nn.Linear(8, CLASSES), aggregation=aggregation)),
+        # SGC and APPNP: K steps of propagate, each fetching the halo of the step before
+        "sgc": TwoLayers(SGConv(FEATURES, 8, K=2, aggregation=aggregation), SGConv(8, CLASSES, K=1, aggregation=aggregation)),
+        "appnp": TwoLayers(SGConv(FEATURES, CLASSES, K=1, aggregation=aggregation),
+                           APPNP(K=3, alpha=0.1, aggregation=aggregation)),
     }
+
+MODELS = ("gcn", "gat", "gatv2", "sage", "gin", "sgc", "appnp")
 
 
 def _loss_and_grads(model, out, y, train, count):
@@ -109,16 +121,16 @@ def _free_port() -> int:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs fused kernels on CPU tensors through Triton's interpreter, which conftest enables only without a "
                     "CUDA device")
 def test_two_workers_match_single_process(tmp_path):
-    """GCN and GAT, forward + backward, on 2 gloo workers: the same outputs and summed
-    gradients as one process, on the reference path and on the fused kernels (Triton's
-    interpreter on the CPU)."""
+    """Every layer that aggregates (GCN, GAT, GATv2, GraphSAGE, GIN, SGC, APPNP), forward +
+    backward, on 2 gloo workers: the same outputs and summed gradients as one process, on
+    the reference path and on the fused kernels (Triton's interpreter on the CPU)."""
     mp = pytest.importorskip("torch.multiprocessing")
     aggregations = ["reference", "gar"]
     init = f"tcp://127.0.0.1:{_free_port()}"
     mp.spawn(_worker, args=(2, init, str(tmp_path), aggregations), nprocs=2, join=True)
     for rank in range(2):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert sorted(report) == sorted(f"{m}-{a}" for m in ("gcn", "gat") for a in aggregations)
+        assert sorted(report) == sorted(f"{m}-{a}" for m in MODELS for a in aggregations)
         for case, r in report.items():
             assert r["out"] <= 1e-6, (rank, case, r)
             assert r["grad"] <= 1e-6, (rank, case, r)

@@ -40,6 +40,7 @@ from fusegnn.sparse import library, reference
 from fusegnn.sparse.dispatch import note_path, resolve_aggregation
 from fusegnn.sparse.graph import Graph
 from fusegnn.sparse.graph_ref import GraphRef
+from fusegnn.sparse.halo import with_halo_rows
 from fusegnn.sparse.ops import check_node_tensor, graph_arg
 from fusegnn.sparse.gat import attention_options
 
@@ -77,7 +78,9 @@ def gatv2_attention(
 
     Args:
         graph: a :class:`~fusegnn.sparse.Graph` (or an ``edge_index``); edges ``j -> i``;
-            bipartite graphs are fine.
+            bipartite graphs are fine. On a worker's share of a distributed graph (a
+            :class:`~fusegnn.sparse.halo.HaloGraph`) ``x_l`` and ``x_r`` hold the owned
+            nodes' rows, and the halo rows of ``x_l`` are fetched first.
         x_l: ``[N_src, H, C]`` source features :math:`\Theta_s x_j` (also the messages).
         x_r: ``[N_dst, H, C]`` target features :math:`\Theta_t x_i`.
         att: ``[1, H, C]`` (or ``[H, C]``) attention vector :math:`a`.
@@ -96,6 +99,8 @@ def gatv2_attention(
     """
     if not isinstance(x_l, Tensor):
         raise TypeError(f"x_l must be a torch.Tensor, got {type(x_l).__name__}")
+    # a worker's share of a distributed graph: x_l holds the owned sources, their halo fetched
+    graph, x_l = with_halo_rows(graph, x_l)
     graph = graph_arg(graph, x_l.size(0) if x_l.dim() > 0 else None)
     check_node_tensor(x_l, graph, graph.num_src_nodes, "x_l", (3,))
     H, C = x_l.size(1), x_l.size(2)

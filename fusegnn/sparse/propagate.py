@@ -35,6 +35,7 @@ from torch import Tensor
 from fusegnn.sparse.dispatch import check_aggregation
 from fusegnn.sparse.graph import Graph, as_graph
 from fusegnn.sparse.graph_ref import GraphRef, graph_ref
+from fusegnn.sparse.halo import HaloGraph, held_graph
 from fusegnn.sparse.ops import check_node_tensor, spmm
 
 __all__ = ["propagate", "check_propagation"]
@@ -62,7 +63,10 @@ def propagate(
 
     Args:
         graph: a square :class:`~fusegnn.sparse.Graph` or an ``edge_index`` (its own
-            ``edge_weight``, if any, weighs the edges; e.g. a GCN-normalised graph).
+            ``edge_weight``, if any, weighs the edges; e.g. a GCN-normalised graph), or a
+            worker's share of a distributed graph (a
+            :class:`~fusegnn.sparse.halo.HaloGraph`, ``x`` its owned rows): then K
+            :func:`~fusegnn.sparse.spmm` steps, each fetching the halo rows it aggregates.
         x: ``[N, F]`` or ``[N, H, F]`` node features.
         K: number of steps (``0`` returns ``x`` itself).
         alpha: teleport (restart) probability in ``[0, 1]``; ``0`` gives :math:`A^K x`.
@@ -76,6 +80,11 @@ def propagate(
     check_aggregation(aggregation, "spmm")
     if not isinstance(x, Tensor):
         raise TypeError(f"propagate: x must be a torch.Tensor, got {type(x).__name__}")
+    held = held_graph(graph)
+    if isinstance(held, HaloGraph) and not torch.compiler.is_compiling():
+        # a worker's share of a distributed graph: square in its owned nodes, and every
+        # step's spmm fetches the halo rows of the step before (so no fused K-step backward)
+        return x if K == 0 else _steps(held, x, K, alpha, aggregation)
     if torch.compiler.is_compiling():
         graph = graph_ref(graph, x.size(0))
     else:
@@ -99,7 +108,7 @@ def _step(graph, x_k: Tensor, x_0: Tensor, alpha: float, aggregation: str) -> Te
     out = spmm(graph, x_k, aggregation=aggregation)
     if alpha == 0.0:
         return out
-    return out * (1.0 - alpha) + alpha * x_0
+    return out.mul(1.0 - alpha).add(x_0, alpha=alpha)  # _Propagate's arithmetic: the same bits
 
 
 def _steps(graph, x: Tensor, K: int, alpha: float, aggregation: str) -> Tensor:
