@@ -311,3 +311,26 @@ def test_seeds_of_any_64_bit_integer_type_are_taken():
         loader = NeighborLoader(graph, [2], batch_size=2, seed=seed)
         assert loader.seed == int(seed)
     assert epoch_signature(NeighborLoader(graph, [2], batch_size=2, seed=np.int64(5))) is not None
+
+
+def test_a_large_fanout_costs_the_edges_it_returns(monkeypatch):
+    """Floyd's O(k^2) draw runs only for targets with more than k edges: a fanout of
+    5000 on a graph of degree <= 9 returns every edge without building any [T, k, k]
+    comparison (it used to, for every target: seconds per batch)."""
+    from fusegnn.loader import draws
+
+    shapes = []
+    floyd = draws.floyd_positions
+
+    def recording(deg, k, u):
+        shapes.append((deg.numel(), k))
+        return floyd(deg, k, u)
+
+    monkeypatch.setattr(draws, "floyd_positions", recording)
+    src = torch.arange(1, 10)
+    graph = Graph(torch.cat([torch.stack([src, torch.zeros_like(src)]), torch.tensor([[0, 2], [1, 1]])], 1), 10)
+    sub = NeighborSampler(graph, [5000]).sample(torch.arange(10), torch.Generator().manual_seed(0))
+    assert shapes == [] and sorted(sub.e_id.tolist()) == list(range(graph.num_edges))
+    sub = NeighborSampler(graph, [3]).sample(torch.arange(10), torch.Generator().manual_seed(0))
+    assert shapes == [(1, 3)]  # node 0 (9 in-edges) only; node 1 (2) takes both
+    assert torch.bincount(sub.edge_index[1], minlength=10).tolist() == [3, 2] + [0] * 8

@@ -14,8 +14,9 @@ the same edges.
   edges (all of them when ``deg <= k``), by **Floyd's algorithm** on the positions
   ``0 .. deg - 1``: for ``i = 0 .. k - 1`` with ``j_i = deg - k + i``, draw
   :math:`r_i \sim U\{0, \dots, j_i\}` and take ``r_i``, or ``j_i`` if ``r_i`` was taken
-  before. Work ``O(k^2)`` per target, independent of the degree (a hub of 17,000
-  edges costs what a node of 26 does). The sequential "taken before" test is resolved
+  before. Work ``O(k^2)`` per target with ``deg > k``, independent of the degree (a hub
+  of 17,000 edges costs what a node of 26 does); a target with ``deg <= k`` takes its
+  ``deg`` edges without drawing. The sequential "taken before" test is resolved
   without a loop over ``i`` (see :func:`floyd_positions`).
   With ``replace=True``: ``k`` independent uniform draws per target with ``deg > 0``
   (PyG's ``replace=True``: exactly ``k`` edges, repeats possible).
@@ -100,16 +101,27 @@ def uniform(
 ) -> tuple[Tensor, Tensor]:
     """Up to ``k`` distinct edges per target, uniformly (all of them when ``deg <= k``);
     with ``replace``, exactly ``k`` independent uniform draws per target with ``deg > 0``."""
-    u = _uniforms(deg, k, generator)
-    if u is None:
-        return _empty(deg.device)
-    high = deg.unsqueeze(1)
     if replace:
+        u = _uniforms(deg, k, generator)
+        if u is None:
+            return _empty(deg.device)
+        high = deg.unsqueeze(1)
         offset = torch.minimum((u * high).to(torch.int64), (high - 1).clamp(min=0))
         return _flatten(start, offset, (high > 0).expand_as(offset))
-    slots = torch.arange(k, device=deg.device)
-    offset = torch.where(high <= k, slots, floyd_positions(deg, k, u))
-    return _flatten(start, offset, slots < high)
+    if k == 0 or deg.numel() == 0:
+        return _empty(deg.device)
+    # every edge of the targets with deg <= k; Floyd (O(k^2) each) only for the others, so
+    # a fanout above most degrees costs the edges it returns, not T k^2
+    row, slot = all_edges(torch.zeros_like(start), deg.clamp(max=k))
+    over = torch.nonzero(deg > k).squeeze(1)
+    if over.numel():
+        u = torch.rand(over.numel(), k, generator=generator, device=deg.device, dtype=torch.float64)
+        picks = floyd_positions(deg[over], k, u)  # [H, k]
+        which = torch.full_like(deg, -1, dtype=torch.int64)
+        which[over] = torch.arange(over.numel(), device=deg.device)
+        hub = which[row]
+        slot = torch.where(hub >= 0, picks[hub.clamp(min=0), slot], slot)
+    return row, start[row] + slot
 
 
 def weighted_without_replacement(
