@@ -334,3 +334,42 @@ def test_a_large_fanout_costs_the_edges_it_returns(monkeypatch):
     sub = NeighborSampler(graph, [3]).sample(torch.arange(10), torch.Generator().manual_seed(0))
     assert shapes == [(1, 3)]  # node 0 (9 in-edges) only; node 1 (2) takes both
     assert torch.bincount(sub.edge_index[1], minlength=10).tolist() == [3, 2] + [0] * 8
+
+
+def test_weighted_draws_with_replacement_do_not_depend_on_other_targets_weights():
+    """Node 2's edges (weights 1e-8 and 3e-8) follow node 0's edge of weight 1e9 in the
+    grouped order. A running sum over all edges (float64 steps by 1.2e-7 at 1e9) saw
+    node 2's total as 0: it got no edge at all instead of exactly k, drawn 1 : 3."""
+    graph = Graph(torch.tensor([[1, 3, 4], [0, 2, 2]]), 5, torch.tensor([1e9, 1e-8, 3e-8], dtype=torch.float64))
+    sampler = NeighborSampler(graph, [400], weighted=True, replace=True)
+    sub = sampler.sample(torch.tensor([2, 0]), torch.Generator().manual_seed(0))
+    sources = sub.n_id[sub.edge_index[0, sub.edge_index[1] == 0]]  # node 2 is local 0
+    assert sources.numel() == 400
+    share = float((sources == 4).float().mean())
+    assert abs(share - 0.75) < 0.07
+
+
+def test_weighted_draws_with_replacement_never_take_a_zero_weight_edge(monkeypatch):
+    """With the largest uniform below 1, a draw must be the last edge of positive weight,
+    not the weight-0 edge after it (a running sum over all edges put node 1's level at
+    ``1e6 + u * 3``, which rounds up to ``1e6 + 3``, and took the weight-0 edge)."""
+    from fusegnn.loader import draws
+
+    def top_uniforms(deg, k, generator):
+        return torch.full((deg.numel(), k), 1.0 - 2.0**-53, dtype=torch.float64)
+
+    monkeypatch.setattr(draws, "_uniforms", top_uniforms)
+    graph = Graph(torch.tensor([[4, 1, 2, 3], [0, 1, 1, 1]]), 5, torch.tensor([1e6, 1.0, 2.0, 0.0]))
+    sub = NeighborSampler(graph, [2], weighted=True, replace=True).sample(torch.tensor([1]))
+    assert sub.e_id.tolist() == [2, 2]
+
+
+@given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=8), data=st.data())
+def test_segment_cumsum_restarts_at_every_segment(sizes, data):
+    from fusegnn.loader.draws import segment_cumsum
+
+    values = torch.tensor(data.draw(st.lists(st.floats(0, 100), min_size=sum(sizes), max_size=sum(sizes))),
+                          dtype=torch.float32)
+    ptr = torch.tensor([0, *itertools.accumulate(sizes)])
+    expected = torch.cat([torch.cumsum(part.double(), 0) for part in values.split(sizes)])
+    assert torch.allclose(segment_cumsum(values, ptr), expected, rtol=1e-12, atol=0)

@@ -26,7 +26,8 @@ the same edges.
   probability :math:`w_e / \sum w`). Costs a sort of all edges of the targets; edges of
   weight 0 are never drawn.
 * :func:`weighted_with_replacement`: ``k`` draws per target with probability
-  :math:`w_e / \sum w` each, by inverse transform on a cumulative sum of the weights.
+  :math:`w_e / \sum w` each, by inverse transform on each target's own running sum of
+  its weights (:func:`segment_cumsum`, once per graph) and a binary search.
 * :func:`all_edges`: every edge of each target (a fanout of ``-1``).
 """
 
@@ -40,6 +41,7 @@ from torch import Tensor
 __all__ = [
     "all_edges",
     "floyd_positions",
+    "segment_cumsum",
     "uniform",
     "weighted_with_replacement",
     "weighted_without_replacement",
@@ -149,23 +151,54 @@ def weighted_without_replacement(
 
 
 def weighted_with_replacement(
-    start: Tensor, deg: Tensor, k: int, cumulative: Tensor, generator: torch.Generator | None
+    start: Tensor, deg: Tensor, k: int, cumulative: Tensor, generator: torch.Generator | None, max_degree: int
 ) -> tuple[Tensor, Tensor]:
     """Exactly ``k`` draws per target of positive total weight, edge ``e`` with
-    probability ``w_e / sum(w)``. ``cumulative`` is ``[E + 1]`` float64: ``0`` then the
-    running sum of the weights in the grouped edge order."""
+    probability ``w_e / sum(w)``. ``cumulative`` is ``[E]`` float64, each target's running
+    sum of its own weights in the grouped edge order (:func:`segment_cumsum`);
+    ``max_degree`` bounds ``deg`` (the binary search's rounds).
+
+    A draw is the first edge ``e`` of its target with ``cumulative[e] > u * total``: a
+    binary search within the target's edges, ``O(k log deg)`` per target. The sums are the
+    target's own, so a target's draws do not depend on the weights of other targets (a
+    running sum over all edges loses the light edges of a target that follows heavy
+    ones: at 1e12, float64 steps by 1e-4)."""
     u = _uniforms(deg, k, generator)
-    if u is None:
+    if u is None or cumulative.numel() == 0:
         return _empty(deg.device)
-    low = cumulative[start]
-    total = cumulative[start + deg] - low
-    level = low.unsqueeze(1) + u * total.unsqueeze(1)
-    # the edge e with cumulative[e] <= level < cumulative[e + 1]
-    pos = torch.searchsorted(cumulative, level, right=True) - 1
-    last = (start + deg - 1).unsqueeze(1)
-    pos = torch.minimum(torch.maximum(pos, start.unsqueeze(1)), last)
-    valid = (total > 0).unsqueeze(1).expand_as(pos)
-    return _flatten(torch.zeros_like(start), pos, valid)
+    end = start + deg
+    total = torch.where(deg > 0, cumulative[(end - 1).clamp(min=0)], 0.0)
+    level = u * total.unsqueeze(1)
+    # u < 1, but u * total can round up to total: stay below it (the last positive edge)
+    level = torch.minimum(level, torch.nextafter(total, torch.zeros_like(total)).unsqueeze(1))
+    low, high = start.unsqueeze(1).expand_as(level), end.unsqueeze(1).expand_as(level)
+    last = cumulative.numel() - 1
+    for _ in range(max(int(max_degree), 0).bit_length()):
+        mid = (low + high) // 2
+        searching = low < high
+        right = cumulative[mid.clamp(max=last)] <= level
+        low = torch.where(searching & right, mid + 1, low)
+        high = torch.where(searching & ~right, mid, high)
+    valid = (total > 0).unsqueeze(1).expand_as(low)
+    return _flatten(torch.zeros_like(start), low, valid)
+
+
+def segment_cumsum(values: Tensor, ptr: Tensor) -> Tensor:
+    """Running sums of ``values`` (``[E]``) restarting at each segment ``ptr[t] : ptr[t + 1]``,
+    in float64: a segmented Hillis-Steele scan, ``ceil(log2(max segment))`` rounds over
+    ``E``; each sum adds values of its own segment only."""
+    out = values.to(torch.float64, copy=True)
+    if out.numel() == 0:
+        return out
+    sizes = ptr[1:] - ptr[:-1]
+    segment = torch.repeat_interleave(torch.arange(sizes.numel(), device=ptr.device), sizes, output_size=out.numel())
+    longest = int(sizes.max())
+    step = 1
+    while step < longest:
+        same = segment[step:] == segment[:-step]
+        out = torch.cat([out[:step], out[step:] + torch.where(same, out[:-step], 0.0)])
+        step *= 2
+    return out
 
 
 def _uniforms(deg: Tensor, k: int, generator: torch.Generator | None) -> Tensor | None:

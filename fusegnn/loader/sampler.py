@@ -134,9 +134,9 @@ class NeighborSampler:
         if self.weighted:
             self._weight = _grouped_weight(graph, csr.perm)
             if self.replace:
-                self._cumulative = torch.cat(
-                    [self._weight.new_zeros(1, dtype=torch.float64), torch.cumsum(self._weight, 0, dtype=torch.float64)]
-                )
+                self._cumulative = draws.segment_cumsum(self._weight, self._ptr)
+                degree = self._ptr[1:] - self._ptr[:-1]
+                self._max_degree = int(degree.max()) if degree.numel() else 0
 
     def __repr__(self) -> str:
         return (
@@ -207,7 +207,7 @@ class NeighborSampler:
         if self._weight is None:
             return draws.uniform(start, deg, fanout, generator, replace=self.replace)
         if self.replace:
-            return draws.weighted_with_replacement(start, deg, fanout, self._cumulative, generator)
+            return draws.weighted_with_replacement(start, deg, fanout, self._cumulative, generator, self._max_degree)
         return draws.weighted_without_replacement(start, deg, fanout, self._weight, generator)
 
 
