@@ -373,3 +373,12 @@ def test_segment_cumsum_restarts_at_every_segment(sizes, data):
     ptr = torch.tensor([0, *itertools.accumulate(sizes)])
     expected = torch.cat([torch.cumsum(part.double(), 0) for part in values.split(sizes)])
     assert torch.allclose(segment_cumsum(values, ptr), expected, rtol=1e-12, atol=0)
+
+
+def test_num_neighbors_of_numpy_ints_are_taken_as_ints():
+    """``list(np.array([2, 1]))`` holds np.int64: it was refused as 'not ints'."""
+    import numpy as np
+
+    loader = NeighborLoader(small_graph(), list(np.array([2, 1])), batch_size=2, seed=0)
+    assert loader.num_neighbors == [2, 1] and all(type(k) is int for k in loader.num_neighbors)
+    assert len(next(iter(loader)).blocks) == 2

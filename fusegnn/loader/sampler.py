@@ -27,6 +27,7 @@ targets), never to the whole graph; a hop needs a few host syncs (output sizes).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -81,11 +82,12 @@ def check_num_neighbors(num_neighbors: Sequence[int]) -> list[int]:
     if not fanouts:
         raise ValueError("num_neighbors must name at least one hop, got an empty list")
     for fanout in fanouts:
-        if isinstance(fanout, bool) or not isinstance(fanout, int) or fanout < -1:
+        # numpy / other integral scalars count (list(np.array([25, 10])) holds np.int64)
+        if isinstance(fanout, bool) or not isinstance(fanout, numbers.Integral) or fanout < -1:
             raise ValueError(
                 f"num_neighbors must hold ints >= 0 (or -1 for every neighbour), got {num_neighbors!r}"
             )
-    return fanouts
+    return [int(fanout) for fanout in fanouts]
 
 
 class NeighborSampler:
