@@ -382,3 +382,26 @@ def test_num_neighbors_of_numpy_ints_are_taken_as_ints():
     loader = NeighborLoader(small_graph(), list(np.array([2, 1])), batch_size=2, seed=0)
     assert loader.num_neighbors == [2, 1] and all(type(k) is int for k in loader.num_neighbors)
     assert len(next(iter(loader)).blocks) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the lead's GPU check)")
+@pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cuda_sampling_keeps_every_promise(replace, weighted):
+    """The same invariants with sampling on the GPU (Floyd on hub rows only, the
+    segmented running sums and binary search of weighted draws with replacement)."""
+    gen = torch.Generator().manual_seed(0)
+    src = torch.cat([torch.randint(0, 300, (3000,), generator=gen), torch.arange(1, 300)])
+    dst = torch.cat([torch.randint(0, 300, (3000,), generator=gen), torch.zeros(299, dtype=torch.int64)])
+    weight = torch.rand(src.numel(), generator=gen).double() * 10.0 ** torch.randint(-9, 9, (src.numel(),), generator=gen)
+    graph = Graph(torch.stack([src, dst]), 300, weight if weighted else None)
+    sampler = NeighborSampler(graph, [40, 5, -1], replace=replace, weighted=weighted, device="cuda")
+    seeds = torch.randperm(300, generator=gen)[:64]
+    cuda_gen = torch.Generator(device="cuda").manual_seed(1)
+    first = sampler.sample(seeds, cuda_gen)
+    assert first.n_id.is_cuda and first.edge_index.is_cuda
+    cpu = type(first)(first.n_id.cpu(), first.edge_index.cpu(), first.e_id.cpu(), first.num_sampled_nodes,
+                      first.num_sampled_edges)
+    check_subgraph(graph, cpu, seeds, [40, 5, -1], replace)
+    again = sampler.sample(seeds, torch.Generator(device="cuda").manual_seed(1))
+    assert torch.equal(first.e_id, again.e_id) and torch.equal(first.n_id, again.n_id)
