@@ -64,13 +64,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      help="how the graph is split: METIS (pymetis), contiguous (RCM order), auto")
     own.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
                      help="torch.distributed backend (auto: nccl on CUDA, gloo on the CPU)")
+    # train.py's flags this script refuses, parsed here so that their abbreviations
+    # (--sampl, --cuda-gr), which train.py's parser would take, are caught too
+    own.add_argument("--cuda-graph", action="store_true", help=argparse.SUPPRESS)
+    own.add_argument("--sampled", action="store_true", help=argparse.SUPPRESS)
     extra, rest = own.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
         print(__doc__)
         own.print_help()
-    if "--cuda-graph" in rest:
+    if extra.cuda_graph:
         raise SystemExit("train_distributed.py: --cuda-graph is not supported (the steps run eagerly)")
-    if "--sampled" in rest:
+    if extra.sampled:
         raise SystemExit("train_distributed.py: --sampled is not supported (every process trains on its "
                          "whole partition; examples/train.py --sampled trains on mini-batches)")
     args = single.parse_args(rest + ["--no-cuda-graph"])

@@ -99,6 +99,12 @@ def test_narrow_targets_compare_with_ignore_index_as_int64(path):
     for reduction in ("mean", "sum"):
         _same(lambda h_, w_, b_: linear_cross_entropy(h_, w_, y, b_, reduction=reduction, backend="fused"),
               lambda h_, w_, b_: _torch(h_, w_, b_, y, reduction=reduction), _grad(h, w, b))
+    # with label smoothing F.cross_entropy itself compares a uint8 target in uint8 (-100 reads
+    # as 156): every backend widens the ids first, so reference, auto and fused agree
+    want = _torch(h.double(), w.double(), b.double(), y.long(), label_smoothing=0.1)
+    for backend in ("reference", "auto", "fused"):
+        got = linear_cross_entropy(h, w, y, b, label_smoothing=0.1, backend=backend)
+        torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6, msg=backend)
     # an int8 -100 is no longer taken for ignore_index=156 (which it equals modulo 256):
     # class id -100 is out of range, as F.cross_entropy says (not a read outside W)
     h, w, b, _ = _data(n=4, k=3, c=5)

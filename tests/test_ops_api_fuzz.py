@@ -339,6 +339,7 @@ def test_a_gradient_penalty_through_a_fused_op_raises(op, aggregation):
     with pytest.raises(RuntimeError, match="differentiable once"):
         ((gx ** 2).sum() + out.sum()).backward()
     out, gx, x, w = penalised(aggregation)
+    gx.mul_(2.0)  # the gradients stay tensors the caller may change in place (no view)
     out.sum().backward()  # the gradients built with create_graph, not differentiated again
     x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
     _penalty_ops(graph, aggregation)[op](x, w).sum().backward()  # a plain backward

@@ -352,8 +352,13 @@ def test_distributed_example_refuses_what_it_cannot_run(capsys, monkeypatch):
     parse time. Every model parses on several processes (each layer runs on a partition:
     tests/test_distributed.py)."""
     example = _load_example("train_distributed")
-    with pytest.raises(SystemExit, match="--sampled is not supported"):
-        example.parse_args(["--sampled"])
+    for flag in ("--sampled", "--sampl"):  # an abbreviation the parser accepts is caught too
+        with pytest.raises(SystemExit, match="--sampled is not supported"):
+            example.parse_args([flag])
+    for flag in ("--cuda-graph", "--cuda-gr"):
+        with pytest.raises(SystemExit, match="--cuda-graph is not supported"):
+            example.parse_args([flag])
+    assert example.parse_args([]).cuda_graph is False
     monkeypatch.setenv("WORLD_SIZE", "2")
     for model in ("gcn", "gat", "gatv2", "sage", "gin", "sgc", "appnp"):
         assert example.parse_args(["--model", model]).model == model

@@ -37,7 +37,7 @@ class _NoSecondDerivative(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *grads):
-        return tuple(g.view_as(g) for g in grads)
+        return tuple(g.detach() for g in grads)  # not views: the gradients stay modifiable in place
 
     @staticmethod
     def backward(ctx, *_):

@@ -252,12 +252,13 @@ class GARSpmm(torch.autograd.Function):
         x2, w2, heads = _flatten(graph, x, weight)
         feat = x2.size(1) // heads
         run_feat = padded_channels(feat)  # aligned rows (module docstring)
-        x2 = pad_heads(x2, heads, run_feat)
         cfg = gar_cfg(run_feat, x2.element_size(), False, graph.avg_degree)
         plan = plan_for(graph, "csr", cfg.seg_len)
         key = _weight_key(weight)
         w_csr = _grouped_weight(graph, w2, "csr", key) if w2 is not None else None
-        out, _ = gar_reduce(plan, x2, w_csr, graph.num_dst_nodes, heads, x.dtype, config=cfg)
+        # the padded copy lives for the kernel only: the backward pads what it saves itself
+        out, _ = gar_reduce(plan, pad_heads(x2, heads, run_feat), w_csr, graph.num_dst_nodes, heads, x.dtype,
+                            config=cfg)
         out = unpad_heads(out, heads, feat)
         if bias is not None:
             out.add_(_flat_bias(bias, out.size(1)))  # the kernel's fresh output: no autograd

@@ -22,9 +22,11 @@ _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 def as_class_ids(target: Tensor) -> Tensor:
-    """``target`` in a dtype ``F.cross_entropy`` takes: int32 / int16 / int8 class ids
-    widened to int64 (it takes int64 and uint8 only); any other tensor as it is."""
-    return target.to(torch.int64) if target.dtype in _INT_DTYPES and target.dtype != torch.uint8 else target
+    """``target`` as int64 class ids when it holds a narrower integer dtype (int32, int16,
+    int8, uint8); any other tensor as it is. ``F.cross_entropy`` takes int64 and uint8, but
+    with label smoothing it compares a uint8 target with ``ignore_index`` in uint8 (-100
+    reads as 156), where the fused path compares in int64: widened, both agree."""
+    return target.to(torch.int64) if target.dtype in _INT_DTYPES and target.dtype != torch.int64 else target
 
 
 def _check_tensor(name: str, value, dims: int) -> Tensor:
