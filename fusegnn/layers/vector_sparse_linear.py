@@ -91,6 +91,15 @@ class VectorSparseLinear(nn.Module):
             self._pattern = (key, structure)
         return self._pattern[1].with_values(self.values)
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        # ``load_state_dict`` copies ``row_ptr`` / ``col_idx`` into the buffers in place (same
+        # addresses), so the cached structure and its transpose index would describe the old
+        # pattern: drop them.
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        self._pattern = None
+
     def dense_weight(self) -> Tensor:
         """The weight as a dense ``[out_features, in_features]`` matrix (differentiable)."""
         return self.pattern().to_dense()
