@@ -186,8 +186,10 @@ class VectorSparse:
     @classmethod
     def prune(cls, weight: Tensor, sparsity: float, V: int) -> "VectorSparse":
         r"""Magnitude pruning: of the :math:`G K` vectors of ``weight`` (``[M, K]``), keep
-        the :math:`\mathrm{round}((1 - s) G K)` of largest L2 norm (ties by position); the
-        values are a copy of ``weight``'s (detached)."""
+        the :math:`\mathrm{round}((1 - s) G K)` of largest L2 norm (ties: the first in
+        row-group-major order, group :math:`g` column :math:`k` at :math:`g K + k`; the
+        norms in float32, float64 for a float64 ``weight``); the values are a copy of
+        ``weight``'s (detached)."""
         V = cls._check_size(V)
         weight = _check_matrix(weight, "weight").detach()
         if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0.0 <= sparsity < 1.0:
@@ -195,9 +197,13 @@ class VectorSparse:
         M, K = weight.shape
         G = -(-M // V)
         padded = torch.cat([weight, weight.new_zeros(G * V - M, K)]).view(G, V, K)
-        norms = torch.linalg.vector_norm(padded.float(), dim=1).flatten()  # [G * K]
+        # float32 at least (half-precision squares overflow), float64 kept: a float32 norm
+        # would tie (and drop by position) float64 vectors whose norms differ
+        norm_dtype = torch.promote_types(weight.dtype, torch.float32)
+        norms = torch.linalg.vector_norm(padded.to(norm_dtype), dim=1).flatten()  # [G * K]
         keep = int(round((1.0 - float(sparsity)) * G * K))
-        idx = torch.topk(norms, keep, sorted=False).indices.sort().values if keep else norms.new_zeros(0, dtype=torch.long)
+        # a stable descending sort keeps the first of equal norms (topk's choice among ties is unspecified)
+        idx = torch.sort(norms, descending=True, stable=True).indices[:keep].sort().values
         groups, cols = idx // K, idx % K
         values = padded[groups, :, cols].clone()  # [keep, V]
         row_ptr = _ptr(torch.bincount(groups, minlength=G))
