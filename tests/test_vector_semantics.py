@@ -114,3 +114,136 @@ def test_prune_ties_keep_the_first_positions():
     assert A.vector_groups().tolist() == [0] * 6 and A.col_idx.tolist() == list(range(6))
     A = VectorSparse.prune(torch.zeros(4, 6), 0.75, 2)
     assert A.vector_groups().tolist() == [0, 0, 0] and A.col_idx.tolist() == [0, 1, 2]
+
+
+# ---------------------------------------------------------------------- VectorSparseLinear as a masked nn.Linear
+
+
+def _masked_linear_check(layer: VectorSparseLinear, x: torch.Tensor) -> None:
+    """``layer`` against ``F.linear`` with its dense (masked) weight in float64: output,
+    dx, d(bias) and d(values) = the dense weight gradient at the kept entries."""
+    mask = layer.pattern().mask()
+    x = x.clone().requires_grad_()
+    y = layer(x)
+    assert y.shape == (*x.shape[:-1], layer.out_features) and y.dtype == x.dtype
+    go = torch.randn(y.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64).to(y)
+    layer.zero_grad()
+    y.backward(go)
+    W = layer.dense_weight().detach().double().requires_grad_()
+    b = None if layer.bias is None else layer.bias.detach().double().requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    y64 = torch.nn.functional.linear(x64, W, b)
+    y64.backward(go.double())
+    tol = {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(y.double(), y64, **tol)
+    torch.testing.assert_close(x.grad.double(), x64.grad, **tol)
+    if b is not None:
+        torch.testing.assert_close(layer.bias.grad.double(), b.grad, **tol)
+    grad_w = layer.pattern().with_values(layer.values.grad).to_dense().double()
+    torch.testing.assert_close(grad_w, W.grad * mask, **tol)
+
+
+@settings(max_examples=12)
+@given(
+    in_f=st.integers(1, 9), out_f=st.integers(1, 9), V=st.sampled_from([2, 4, 8, 16]),
+    sparsity=st.sampled_from([0.0, 0.5, 0.8]), bias=st.booleans(), lead=st.sampled_from([(), (3,), (2, 2), (0,)]),
+    backend=st.sampled_from(["reference", "triton"]), seed=st.integers(0, 2**16),
+)
+def test_layer_is_a_masked_linear(in_f, out_f, V, sparsity, bias, lead, backend, seed):
+    torch.manual_seed(seed)
+    layer = VectorSparseLinear(in_f, out_f, sparsity, V=V, bias=bias, backend=backend).to(DEVICE)
+    x = torch.randn(*lead, in_f, device=DEVICE)
+    _masked_linear_check(layer, x)
+
+
+@pytest.mark.parametrize("convert", ["double", "to"])
+def test_layer_in_float64(convert):
+    torch.manual_seed(1)
+    layer = VectorSparseLinear(7, 5, 0.5, V=2).to(DEVICE)
+    layer = layer.double() if convert == "double" else layer.to(torch.float64)
+    assert layer.values.dtype == torch.float64 and layer.bias.dtype == torch.float64
+    assert layer.row_ptr.dtype == torch.int32 and layer.col_idx.dtype == torch.int32
+    _masked_linear_check(layer, torch.randn(4, 7, dtype=torch.float64, device=DEVICE))
+
+
+def test_layer_state_dict_round_trip_through_a_file(tmp_path):
+    torch.manual_seed(2)
+    a = VectorSparseLinear(10, 6, 0.6, V=4).to(DEVICE)
+    torch.save(a.state_dict(), tmp_path / "a.pt")
+    b = VectorSparseLinear(10, 6, 0.6, V=4).to(DEVICE)
+    b(torch.randn(1, 10, device=DEVICE))  # a cached structure of b's own pattern
+    b.load_state_dict(torch.load(tmp_path / "a.pt"))
+    assert set(b.state_dict()) == {"values", "bias", "row_ptr", "col_idx"}
+    for k, v in a.state_dict().items():
+        assert torch.equal(b.state_dict()[k], v)
+    x = torch.randn(3, 10, device=DEVICE)
+    torch.testing.assert_close(b(x), a(x))
+    _masked_linear_check(b, x)
+    # another sparsity has another vector count: a clear size mismatch
+    with pytest.raises(RuntimeError, match="size mismatch for values"):
+        VectorSparseLinear(10, 6, 0.2, V=4).load_state_dict(a.state_dict())
+
+
+def test_layer_pattern_stays_fixed_through_optimizer_steps():
+    torch.manual_seed(3)
+    layer = VectorSparseLinear(12, 8, 0.75, V=4).to(DEVICE)
+    mask = layer.pattern().mask().clone()
+    structure = (layer.row_ptr.clone(), layer.col_idx.clone())
+    assert [name for name, _ in layer.named_parameters()] == ["values", "bias"]
+    opt = torch.optim.AdamW(layer.parameters(), lr=0.1, weight_decay=0.1)
+    x = torch.randn(5, 12, device=DEVICE)
+    for _ in range(3):
+        opt.zero_grad()
+        layer(x).pow(2).sum().backward()
+        opt.step()
+    assert torch.equal(layer.row_ptr, structure[0]) and torch.equal(layer.col_idx, structure[1])
+    W = layer.dense_weight()
+    assert not bool(W[~mask].any())  # nothing outside the pattern
+    _masked_linear_check(layer, x)
+
+
+@pytest.mark.parametrize("out_f, V", [(8, 4), (5, 4), (3, 16)])
+def test_layer_reset_parameters(out_f, V):
+    """``reset_parameters`` (nn.Linear's, which generic re-initialisation such as
+    ``fusegnn.layers._utils.reset`` calls) draws new values at the same pattern, within
+    nn.Linear's bound; padding rows stay 0."""
+    torch.manual_seed(4)
+    layer = VectorSparseLinear(16, out_f, 0.5, V=V).to(DEVICE)
+    x = torch.randn(2, 16, device=DEVICE)
+    layer(x)
+    mask = layer.pattern().mask().clone()
+    before = layer.values.detach().clone()
+    bias_before = layer.bias.detach().clone()
+    layer.reset_parameters()
+    assert torch.equal(layer.pattern().mask(), mask)
+    assert not torch.equal(layer.values, before) and not torch.equal(layer.bias, bias_before)
+    bound = 1 / math.sqrt(16)
+    assert float(layer.values.detach().abs().max()) <= bound and float(layer.bias.detach().abs().max()) <= bound
+    rows = layer.pattern().vector_groups()[:, None] * V + torch.arange(V, device=DEVICE)
+    assert not bool(layer.values[rows >= out_f].any())
+    assert layer.values.requires_grad and layer.values.grad is None
+    _masked_linear_check(layer, x)
+
+
+def test_layer_bad_input():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        VectorSparseLinear(8, 8, 0.5, V=4, backend="nope")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        VectorSparseLinear.from_linear(torch.nn.Linear(8, 8), 0.5, 4, backend="cuda")
+    with pytest.raises(ValueError, match="sparsity"):
+        VectorSparseLinear(8, 8, 1.5, V=4)
+    with pytest.raises(ValueError, match="V must be one of"):
+        VectorSparseLinear(8, 8, 0.5, V=3)
+    with pytest.raises(ValueError, match="in_features"):
+        VectorSparseLinear(0, 8, 0.5)
+    layer = VectorSparseLinear(8, 8, 0.5, V=4)
+    with pytest.raises(TypeError, match="x has dtype torch.float64 but the layer's weight is torch.float32"):
+        layer(torch.zeros(2, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="x must have 8 features"):
+        layer(torch.zeros(2, 7))
+    with pytest.raises(ValueError, match="x must have 8 features"):
+        layer(torch.tensor(1.0))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        layer([[0.0] * 8])
+    r = repr(layer)
+    assert "in_features=8, out_features=8, V=4, sparsity=0.5" in r and "bias=True" in r
