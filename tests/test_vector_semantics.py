@@ -247,3 +247,144 @@ def test_layer_bad_input():
         layer([[0.0] * 8])
     r = repr(layer)
     assert "in_features=8, out_features=8, V=4, sparsity=0.5" in r and "bias=True" in r
+
+
+# ---------------------------------------------------------------------- builders
+
+
+@settings(max_examples=25)
+@given(M=st.integers(0, 13), K=st.integers(0, 9), V=st.sampled_from([2, 4, 8, 16]),
+       density=st.sampled_from([0.0, 0.2, 0.6, 1.0]), seed=st.integers(0, 2**16))
+def test_from_dense_round_trip(M, K, V, density, seed):
+    d = _dense(M, K, density, seed)
+    before = d.clone()
+    A = VectorSparse.from_dense(d, V)
+    assert A.shape == (M, K) and A.num_groups == -(-M // V) and A.V == V
+    assert torch.equal(A.to_dense(), d) and torch.equal(d, before)
+    # exactly the vectors holding a non-zero, sorted by column within a group
+    G = -(-M // V)
+    padded = torch.cat([d, d.new_zeros(G * V - M, K)]).view(G, V, K)
+    expected = padded.ne(0).any(1)  # [G, K]
+    kept = torch.zeros(G, K, dtype=torch.bool)
+    kept[A.vector_groups(), A.col_idx.long()] = True
+    assert torch.equal(kept, expected) and A.num_vectors == int(expected.sum())
+    for g in range(G):
+        cols = A.col_idx[int(A.row_ptr[g]):int(A.row_ptr[g + 1])]
+        assert bool((cols[1:] > cols[:-1]).all())
+    torch.testing.assert_close(A.transpose().to_dense(), d.t())
+    assert torch.equal(A.mask(), expected.repeat_interleave(V, 0)[:M])
+
+
+@settings(max_examples=15)
+@given(n=st.integers(1, 12), m=st.integers(1, 12), E=st.integers(0, 40), V=st.sampled_from([2, 4, 8, 16]),
+       weighted=st.booleans(), seed=st.integers(0, 2**16))
+def test_from_graph_is_the_aggregation_matrix(n, m, E, V, weighted, seed):
+    """Bipartite, duplicate edges (added), isolated nodes, weights or ones."""
+    g = torch.Generator().manual_seed(seed)
+    edge_index = torch.stack([torch.randint(0, n, (E,), generator=g), torch.randint(0, m, (E,), generator=g)])
+    weight = torch.rand(E, generator=g, dtype=torch.float64) if weighted else None
+    graph = Graph(edge_index, (n, m), edge_weight=weight)
+    A = VectorSparse.from_graph(graph, V, dtype=torch.float64)
+    assert A.shape == (m, n)
+    torch.testing.assert_close(A.to_dense(), graph.to_dense(torch.float64))
+
+
+def test_from_mask_per_head():
+    from fusegnn.attention import masks
+
+    mask = masks.causal(9)
+    A = VectorSparse.from_mask(mask, 4)
+    assert torch.equal(A.to_dense().bool(), mask.dense()) and A.dtype == torch.float32
+
+
+def test_builders_bad_input():
+    with pytest.raises(ValueError, match="shape must be a pair of ints"):
+        VectorSparse(torch.tensor([0, 1]), torch.tensor([0]), torch.ones(1, 2), (2, 2, 2))
+    with pytest.raises(ValueError, match="shape must be a pair of ints"):
+        VectorSparse(torch.tensor([0, 1]), torch.tensor([0]), torch.ones(1, 2), None)
+    with pytest.raises(ValueError, match="shape must be a pair of ints"):
+        VectorSparse(torch.tensor([0, 1]), torch.tensor([0]), torch.ones(1, 2), (2.5, 2))
+    import numpy as np
+
+    A = VectorSparse(torch.tensor([0, 1]), torch.tensor([0]), torch.ones(1, 2), (np.int64(2), 2))
+    assert A.shape == (2, 2) and all(type(s) is int for s in A.shape)
+    graph = Graph(torch.tensor([[0], [1]]), 2)
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        VectorSparse.from_graph(graph, 2, dtype="float32")
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        VectorSparse.from_graph(graph, 2, dtype=torch.int64)
+    with pytest.raises(TypeError, match="graph must be a fusegnn.sparse.Graph"):
+        VectorSparse.from_graph(torch.zeros(2, 2), 2)
+    with pytest.raises(TypeError, match="mask must be a fusegnn.attention.Mask"):
+        VectorSparse.from_mask(torch.zeros(2, 2), 2)
+    with pytest.raises(TypeError, match="matrix must be floating point"):
+        VectorSparse.from_dense(torch.eye(4, dtype=torch.long), 2)
+    for bad in (True, 2.0, "2", 32):
+        with pytest.raises(ValueError, match="V must be one of"):
+            VectorSparse.from_dense(torch.eye(4), bad)
+    for bad in (-0.1, 1.0, float("nan"), True, "0.5", None):
+        with pytest.raises(ValueError, match="sparsity must be a number"):
+            VectorSparse.prune(torch.eye(4), bad, 2)
+
+
+# ---------------------------------------------------------------------- ops against dense float64
+
+
+@settings(max_examples=15)
+@given(M=st.integers(1, 11), K=st.integers(1, 9), N=st.integers(1, 5), V=st.sampled_from([2, 4, 8, 16]),
+       density=st.sampled_from([0.0, 0.3, 1.0]), backend=st.sampled_from(["reference", "triton"]),
+       seed=st.integers(0, 2**16))
+def test_vspmm_matches_dense_forward_and_backward(M, K, N, V, density, backend, seed):
+    dtype = torch.float64 if backend == "reference" else torch.float32
+    A = VectorSparse.from_dense(_dense(M, K, density, seed, dtype).to(DEVICE), V)
+    g = torch.Generator().manual_seed(seed + 1)
+    # garbage in the padding rows of a partial last group must not leak into the products
+    values = torch.randn(A.values.shape, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
+    b = torch.randn(K, N, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
+    bt = torch.randn(M, N, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
+    v0, b0, bt0 = values.detach().clone(), b.detach().clone(), bt.detach().clone()
+    out = vspmm(A.with_values(values), b, backend=backend)
+    out_t = vspmm(A.with_values(values).T, bt, backend=backend)
+    go = torch.randn(out.shape, generator=g, dtype=dtype).to(DEVICE)
+    go_t = torch.randn(out_t.shape, generator=g, dtype=dtype).to(DEVICE)
+    (out * go).sum().add((out_t * go_t).sum()).backward()
+    v64 = values.detach().double().requires_grad_()
+    b64, bt64 = b.detach().double().requires_grad_(), bt.detach().double().requires_grad_()
+    D = A.with_values(v64).to_dense()
+    ref, ref_t = D @ b64, D.t() @ bt64
+    (ref * go.double()).sum().add((ref_t * go_t.double()).sum()).backward()
+    tol = {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(out.double(), ref, **tol)
+    torch.testing.assert_close(out_t.double(), ref_t, **tol)
+    torch.testing.assert_close(b.grad.double(), b64.grad, **tol)
+    torch.testing.assert_close(bt.grad.double(), bt64.grad, **tol)
+    torch.testing.assert_close(values.grad.double(), v64.grad, **tol)
+    assert torch.equal(values.detach(), v0) and torch.equal(b.detach(), b0) and torch.equal(bt.detach(), bt0)
+
+
+@settings(max_examples=15)
+@given(M=st.integers(1, 11), K=st.integers(1, 9), F=st.integers(1, 6), V=st.sampled_from([2, 4, 8, 16]),
+       density=st.sampled_from([0.0, 0.3, 1.0]), backend=st.sampled_from(["reference", "triton"]),
+       seed=st.integers(0, 2**16))
+def test_vsddmm_matches_dense_forward_and_backward(M, K, F, V, density, backend, seed):
+    dtype = torch.float64 if backend == "reference" else torch.float32
+    A = VectorSparse.from_dense(_dense(M, K, density, seed, dtype).to(DEVICE), V)
+    g = torch.Generator().manual_seed(seed + 2)
+    x = torch.randn(M, F, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
+    y = torch.randn(K, F, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
+    s = vsddmm(x, y, A, backend=backend)
+    assert s.shape == A.values.shape and s.dtype == dtype
+    gs = torch.randn(s.shape, generator=g, dtype=dtype).to(DEVICE)
+    s.backward(gs)
+    x64, y64 = x.detach().double().requires_grad_(), y.detach().double().requires_grad_()
+    mask = A.mask().double()
+    S = (x64 @ y64.t()) * mask
+    Gd = A.with_values(gs.double()).to_dense()  # padding rows of gs are dropped
+    (S * Gd).sum().backward()
+    tol = {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(A.with_values(s.detach()).to_dense().double(), S.detach(), **tol)
+    # padding rows of a partial last group are 0
+    rows = A.vector_groups()[:, None] * V + torch.arange(V, device=DEVICE)
+    assert not bool(s.detach()[rows >= M].any())
+    torch.testing.assert_close(x.grad.double(), x64.grad, **tol)
+    torch.testing.assert_close(y.grad.double(), y64.grad, **tol)

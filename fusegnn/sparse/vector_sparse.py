@@ -20,6 +20,7 @@ tile -- the same layout with ``V = W``, where ``tl.dot`` needs no padding rows.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, NamedTuple
 
 import torch
@@ -52,6 +53,15 @@ def _check_matrix(matrix: Any, name: str) -> Tensor:
     if not matrix.is_floating_point():
         raise TypeError(f"{name} must be floating point, got dtype {matrix.dtype}")
     return matrix
+
+
+def _shape_pair(shape: Any) -> tuple[int, int]:
+    """``(M, K)`` from a pair of integers (Python, NumPy, 0-d integer tensors, SymInts)."""
+    try:
+        M, K = (int(s) if isinstance(s, torch.SymInt) else operator.index(s) for s in shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"shape must be a pair of ints (M, K), got {shape!r}") from None
+    return M, K
 
 
 def _ptr(counts: Tensor) -> Tensor:
@@ -110,7 +120,7 @@ class VectorSparse:
             raise TypeError("values must be a 2-D floating tensor [nnz_vectors, V]")
         V = values.size(1)
         self._check_size(V)
-        M, K = (int(s) for s in shape)
+        M, K = _shape_pair(shape)
         if M < 0 or K < 0:
             raise ValueError(f"shape must be non-negative, got {shape}")
         G = -(-M // V)
@@ -165,6 +175,8 @@ class VectorSparse:
         V = cls._check_size(V)
         if not isinstance(graph, Graph):
             raise TypeError(f"graph must be a fusegnn.sparse.Graph, got {type_name(graph)}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         weight = graph.edge_weight
         if weight is not None and weight.dim() != 1:
             raise ValueError("from_graph needs a 1-D edge_weight (one weight per edge)")
