@@ -388,3 +388,99 @@ def test_vsddmm_matches_dense_forward_and_backward(M, K, F, V, density, backend,
     assert not bool(s.detach()[rows >= M].any())
     torch.testing.assert_close(x.grad.double(), x64.grad, **tol)
     torch.testing.assert_close(y.grad.double(), y64.grad, **tol)
+
+
+# ---------------------------------------------------------------------- Graph.reorder
+
+
+def _fake_pymetis(calls):
+    """A stand-in for pymetis (not installed here): records its input and assigns node
+    ``i`` to part ``(7 * i) % nparts`` (parts interleaved, so the order changes)."""
+    import types
+
+    def part_graph(nparts, xadj, adjncy):
+        calls.append((nparts, list(xadj), list(adjncy)))
+        n = len(xadj) - 1
+        return 0, [(7 * i) % nparts for i in range(n)]
+
+    return types.SimpleNamespace(part_graph=part_graph)
+
+
+def _layers(F_in):
+    from fusegnn.layers import GATConv, GCNConv, SAGEConv
+
+    torch.manual_seed(0)
+    return [GCNConv(F_in, 3), SAGEConv(F_in, 3), GATConv(F_in, 2, heads=2)]
+
+
+@settings(max_examples=12)
+@given(n=st.integers(1, 14), E=st.integers(0, 40), method=st.sampled_from(["rcm", "degree", "metis"]),
+       weighted=st.booleans(), int32=st.booleans(), seed=st.integers(0, 2**16))
+def test_reorder_relabels_every_layer(n, E, method, weighted, int32, seed, monkeypatch_module):
+    """A layer on the reordered graph with x[perm], un-permuted, is the layer on the
+    original graph (isolated nodes, one node, duplicate edges, self-loops, weights)."""
+    calls = []
+    monkeypatch_module.setitem(__import__("sys").modules, "pymetis", _fake_pymetis(calls))
+    g = torch.Generator().manual_seed(seed)
+    edge_index = torch.randint(0, n, (2, E), generator=g)
+    if int32:
+        edge_index = edge_index.int()
+    weight = torch.rand(E, generator=g) + 0.5 if weighted else None
+    graph = Graph(edge_index, n, edge_weight=weight)
+    ei_before = graph.edge_index.clone()
+    new, perm = graph.reorder(method, **({"parts": 3} if method == "metis" else {}))
+    assert isinstance(new, Graph) and perm.dtype == torch.int64 and perm.device == graph.device
+    assert torch.equal(torch.sort(perm).values, torch.arange(n))
+    assert new.num_nodes == n and new.num_edges == E and new.edge_index.dtype == graph.edge_index.dtype
+    assert torch.equal(graph.edge_index, ei_before)  # the input graph is left alone
+    if weighted:
+        assert torch.equal(new.edge_weight, weight)  # same edge order, same weights
+    if method == "metis":
+        nparts, xadj, adjncy = calls[-1]
+        assert nparts == min(3, n) and len(xadj) == n + 1
+        for i in range(n):  # symmetric, no self-loops
+            for j in adjncy[xadj[i]:xadj[i + 1]]:
+                assert j != i and i in adjncy[xadj[j]:xadj[j + 1]]
+        membership = torch.tensor([(7 * i) % nparts for i in range(n)])
+        assert bool((membership[perm][1:] >= membership[perm][:-1]).all())  # ordered by part
+    x = torch.randn(n, 4, generator=g)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(n)
+    for layer in _layers(4):
+        out = layer(x, graph)
+        out_new = layer(x[perm], new)
+        torch.testing.assert_close(out_new[inverse], out, rtol=1e-5, atol=1e-5)
+    A, B = VectorSparse.from_graph(graph, 4), VectorSparse.from_graph(new, 4)
+    torch.testing.assert_close(B.to_dense(), A.to_dense()[perm][:, perm])
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.mark.parametrize("method", ["rcm", "degree", "metis"])
+def test_reorder_empty_graph(method, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "pymetis", _fake_pymetis([]))
+    graph = Graph(torch.zeros(2, 0, dtype=torch.long), 0)
+    new, perm = graph.reorder(method)
+    assert new.num_nodes == 0 and new.num_edges == 0 and perm.shape == (0,) and perm.dtype == torch.int64
+
+
+def test_reorder_bad_input(monkeypatch):
+    graph = Graph(torch.tensor([[0, 1], [1, 2]]), 3)
+    monkeypatch.setitem(__import__("sys").modules, "pymetis", None)  # not installed
+    with pytest.raises(ImportError, match="method='metis' needs pymetis"):
+        graph.reorder("metis")
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="parts must be a positive int"):
+            graph.reorder("metis", parts=bad)
+        with pytest.raises(ValueError, match="parts must be a positive int"):
+            graph.reorder("rcm", parts=bad)
+    for bad in (None, "RCM", ["rcm"]):
+        with pytest.raises(ValueError, match="method must be one of"):
+            graph.reorder(bad)
+    with pytest.raises(TypeError, match="part"):
+        graph.reorder("rcm", part=3)
