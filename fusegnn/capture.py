@@ -57,7 +57,7 @@ it is harmless).
 ``capturable``: Adam's default keeps its step counter on the host and reads it in every
 step, a value a replay could not advance. :func:`graphed_step` switches ``capturable`` on
 for every group that has the option (Adam, AdamW, NAdam, RAdam, Adamax, ...) and moves
-existing step counters to the device: the same update, computed on the device
+existing step counters (and NAdam's ``mu_product``) to the device: the same update, computed on the device
 (identical up to rounding). Hyper-parameters given as Python numbers (``lr``, ``betas``,
 ``weight_decay``) are baked into the recording; changing one after the capture raises
 an error at the next call rather than being silently ignored. For a schedule, give a
@@ -619,8 +619,9 @@ def _as_optimizers(optimizer) -> tuple[torch.optim.Optimizer, ...]:
 
 
 def _make_capturable(optimizer: torch.optim.Optimizer) -> None:
-    """Switch ``capturable`` on where the optimizer has it, with its step counters on the
-    parameters' device (where a capturable step keeps them)."""
+    """Switch ``capturable`` on where the optimizer has it, with its state on the
+    parameters' device (where a capturable step keeps all of it): the step counters and
+    every other scalar a non-capturable step keeps on the host (NAdam's ``mu_product``)."""
     if "capturable" in optimizer.defaults:
         optimizer.defaults["capturable"] = True
     for group in optimizer.param_groups:
@@ -629,10 +630,13 @@ def _make_capturable(optimizer: torch.optim.Optimizer) -> None:
         group["capturable"] = True
         for param in group["params"]:
             state = optimizer.state.get(param)
-            step = state.get("step") if state else None
-            if isinstance(step, Tensor) and step.device != param.device:
-                state["step"] = step.to(param.device)
-            elif step is not None and not isinstance(step, Tensor):
+            if not state:
+                continue
+            for key, value in list(state.items()):
+                if isinstance(value, Tensor) and value.device != param.device:
+                    state[key] = value.to(param.device)
+            step = state.get("step")
+            if step is not None and not isinstance(step, Tensor):
                 state["step"] = torch.tensor(float(step), dtype=torch.float32, device=param.device)
 
 
