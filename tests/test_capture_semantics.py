@@ -69,3 +69,55 @@ def test_nadam_that_stepped_eagerly_trains_through_replays():
     torch.testing.assert_close(loss_t, loss_e, rtol=1e-4, atol=1e-6)
     for p_e, p_t in zip(eager.parameters(), twin.parameters()):
         torch.testing.assert_close(p_t, p_e, rtol=1e-4, atol=1e-5)
+
+
+def _checked_step(optimizer):
+    """A GraphedStep's optimizer checks alone, on the CPU (no capture)."""
+    step = GraphedStep.__new__(GraphedStep)
+    step.optimizers, step._name = (optimizer,), "train_step"
+    step._snapshot_optimizers()
+    return step
+
+
+def test_replays_refuse_a_rebound_device_tensor_hyperparameter():
+    """A device-tensor learning rate is read at its address by every replay: changed in
+    place it takes effect (no error), replaced by another object (``g["lr"] = g["lr"] *
+    0.5``, a number) the replays would silently keep the old one, so the next call
+    refuses it. Meta tensors stand in for CUDA ones."""
+    params = [torch.zeros(3, requires_grad=True)]
+    opt = torch.optim.Adam(params, lr=0.01)
+    lr = torch.tensor(0.01, device="meta")
+    opt.param_groups[0]["lr"] = lr
+    step = _checked_step(opt)
+    step._check_optimizers()
+    lr.fill_(0.005)  # in place, as torch's schedulers do
+    step._check_optimizers()
+    opt.param_groups[0]["lr"] = lr * 0.5
+    with pytest.raises(RuntimeError, match=r"'lr', a meta tensor, was replaced by .* after the step was captured"):
+        step._check_optimizers()
+    opt.param_groups[0]["lr"] = 0.005
+    with pytest.raises(RuntimeError, match=r"'lr', a meta tensor, was replaced by 0.005"):
+        step._check_optimizers()
+    opt.param_groups[0]["lr"] = lr
+    step._check_optimizers()
+
+
+@requires_cuda
+def test_rebinding_a_cuda_learning_rate_after_the_capture_is_refused():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4).cuda()
+    x, y = torch.randn(16, 8, device="cuda"), torch.randn(16, 4, device="cuda")
+    opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01, device="cuda"), capturable=True)
+    graphed = graphed_step(_nadam_steps(model, opt, x, y), opt, warmup=1)
+    for _ in range(3):
+        graphed()
+    assert graphed.captured
+    opt.param_groups[0]["lr"].fill_(0.005)  # in place: fine
+    graphed()
+    opt.param_groups[0]["lr"] = opt.param_groups[0]["lr"] * 0.5
+    with pytest.raises(RuntimeError, match=r"'lr', a cuda tensor, was replaced"):
+        graphed()
+    graphed.reset()
+    for _ in range(3):
+        graphed()
+    assert graphed.captured
