@@ -330,14 +330,27 @@ def test_builders_bad_input():
 # ---------------------------------------------------------------------- ops against dense float64
 
 
-@settings(max_examples=15)
-@given(M=st.integers(1, 11), K=st.integers(1, 9), N=st.integers(1, 5), V=st.sampled_from([2, 4, 8, 16]),
-       density=st.sampled_from([0.0, 0.3, 1.0]), backend=st.sampled_from(["reference", "triton"]),
-       seed=st.integers(0, 2**16))
-def test_vspmm_matches_dense_forward_and_backward(M, K, N, V, density, backend, seed):
+def _op_case(test):
+    """The cases of the op tests: ``[M, K]`` patterns (every V, ragged last groups, empty
+    and full), a width ``F``, both backends (float64 on the reference)."""
+    return settings(max_examples=15)(given(
+        M=st.integers(1, 11), K=st.integers(1, 9), F=st.integers(1, 6), V=st.sampled_from([2, 4, 8, 16]),
+        density=st.sampled_from([0.0, 0.3, 1.0]), backend=st.sampled_from(["reference", "triton"]),
+        seed=st.integers(0, 2**16),
+    )(test))
+
+
+def _pattern(M, K, V, density, backend, seed):
+    """``(dtype, A, generator)`` of an op case."""
     dtype = torch.float64 if backend == "reference" else torch.float32
     A = VectorSparse.from_dense(_dense(M, K, density, seed, dtype).to(DEVICE), V)
-    g = torch.Generator().manual_seed(seed + 1)
+    return dtype, A, torch.Generator().manual_seed(seed + 1)
+
+
+@_op_case
+def test_vspmm_matches_dense_forward_and_backward(M, K, F, V, density, backend, seed):
+    dtype, A, g = _pattern(M, K, V, density, backend, seed)
+    N = F
     # garbage in the padding rows of a partial last group must not leak into the products
     values = torch.randn(A.values.shape, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
     b = torch.randn(K, N, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
@@ -362,14 +375,9 @@ def test_vspmm_matches_dense_forward_and_backward(M, K, N, V, density, backend, 
     assert torch.equal(values.detach(), v0) and torch.equal(b.detach(), b0) and torch.equal(bt.detach(), bt0)
 
 
-@settings(max_examples=15)
-@given(M=st.integers(1, 11), K=st.integers(1, 9), F=st.integers(1, 6), V=st.sampled_from([2, 4, 8, 16]),
-       density=st.sampled_from([0.0, 0.3, 1.0]), backend=st.sampled_from(["reference", "triton"]),
-       seed=st.integers(0, 2**16))
+@_op_case
 def test_vsddmm_matches_dense_forward_and_backward(M, K, F, V, density, backend, seed):
-    dtype = torch.float64 if backend == "reference" else torch.float32
-    A = VectorSparse.from_dense(_dense(M, K, density, seed, dtype).to(DEVICE), V)
-    g = torch.Generator().manual_seed(seed + 2)
+    dtype, A, g = _pattern(M, K, V, density, backend, seed)
     x = torch.randn(M, F, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
     y = torch.randn(K, F, generator=g, dtype=dtype).to(DEVICE).requires_grad_()
     s = vsddmm(x, y, A, backend=backend)
