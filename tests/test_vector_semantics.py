@@ -492,3 +492,14 @@ def test_reorder_bad_input(monkeypatch):
             graph.reorder(bad)
     with pytest.raises(TypeError, match="part"):
         graph.reorder("rcm", part=3)
+
+
+def test_to_takes_a_dtype_like_tensor_to():
+    A = VectorSparse.from_dense(_dense(5, 4, 0.5, 0, torch.float32), 2)
+    for B in (A.to(torch.float64), A.to(dtype=torch.float64), A.to("cpu", torch.float64)):
+        assert B.dtype == torch.float64 and B.device == A.device and torch.equal(B.to_dense(), A.to_dense().double())
+    assert A.dtype == torch.float32  # a copy
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        A.to("cpu", torch.int32)
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        A.to(dtype="float64")

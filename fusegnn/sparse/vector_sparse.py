@@ -299,8 +299,14 @@ class VectorSparse:
         other.values = values
         return other
 
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "VectorSparse":
-        """A copy on ``device`` / with values in ``dtype`` (the index is recomputed there)."""
+    def to(self, device: torch.device | str | torch.dtype | None = None,
+           dtype: torch.dtype | None = None) -> "VectorSparse":
+        """A copy on ``device`` / with values in ``dtype`` (the index is recomputed there);
+        like ``Tensor.to``, ``A.to(torch.float64)`` takes a lone dtype as ``dtype``."""
+        if isinstance(device, torch.dtype) and dtype is None:
+            device, dtype = None, device
+        if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         device = torch.device(device) if device is not None else self.device
         return type(self)(self.row_ptr.to(device), self.col_idx.to(device),
                           self.values.to(device=device, dtype=dtype or self.dtype), self.shape, validate=False)
