@@ -57,7 +57,7 @@ it is harmless).
 ``capturable``: Adam's default keeps its step counter on the host and reads it in every
 step, a value a replay could not advance. :func:`graphed_step` switches ``capturable`` on
 for every group that has the option (Adam, AdamW, NAdam, RAdam, Adamax, ...) and moves
-existing step counters to the device: the same update, computed on the device
+existing step counters (and NAdam's ``mu_product``) to the device: the same update, computed on the device
 (identical up to rounding). Hyper-parameters given as Python numbers (``lr``, ``betas``,
 ``weight_decay``) are baked into the recording; changing one after the capture raises
 an error at the next call rather than being silently ignored. For a schedule, give a
@@ -259,6 +259,7 @@ class GraphedStep:
         self._num_groups: list[int] = []
         self._captured_state: list[tuple[list, dict]] = []
         self._host_hyper: list[tuple[dict, str, Tensor, Tensor]] = []
+        self._device_hyper: list[tuple[dict, str, Tensor]] = []
 
     # ------------------------------------------------------------------ public
     @property
@@ -285,6 +286,7 @@ class GraphedStep:
         self._num_groups = []
         self._captured_state = []
         self._host_hyper = []
+        self._device_hyper = []
         self._eager_calls = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -377,9 +379,10 @@ class GraphedStep:
 
     def _snapshot_optimizers(self) -> None:
         """Remember what the recording baked in: the hyper-parameters given as numbers, the
-        values of those given as CPU tensors (read on the host when captured), and the
-        optimizer's ``param_groups`` and ``state`` objects (whose tensors the replays update)."""
-        self._hyper, self._host_hyper = [], []
+        values of those given as CPU tensors (read on the host when captured), the device
+        tensors themselves (read at their addresses), and the optimizer's ``param_groups``
+        and ``state`` objects (whose tensors the replays update)."""
+        self._hyper, self._host_hyper, self._device_hyper = [], [], []
         for opt in self.optimizers:
             for group in opt.param_groups:
                 for key, value in group.items():
@@ -389,6 +392,8 @@ class GraphedStep:
                         self._hyper.append((group, key, value))
                     elif value.device.type == "cpu":
                         self._host_hyper.append((group, key, value, value.detach().clone()))
+                    else:
+                        self._device_hyper.append((group, key, value))
         self._num_groups = [len(opt.param_groups) for opt in self.optimizers]
         self._captured_state = [(opt.param_groups, opt.state) for opt in self.optimizers]
 
@@ -417,6 +422,15 @@ class GraphedStep:
                     f"{captured.tolist()!r} after the step was captured; the recording read its value on the "
                     f"host and keeps it. Put it on the GPU ({key}=torch.tensor(..., device='cuda')) to change "
                     "it between replays, or call .reset() to capture again"
+                )
+        for group, key, value in self._device_hyper:
+            now = group.get(key)
+            if now is not value:
+                raise RuntimeError(
+                    f"graphed_step({self._name}): the optimizer's {key!r}, a {value.device.type} tensor, was "
+                    f"replaced by {_short(now)} after the step was captured; the replays keep reading the "
+                    f"captured tensor. Change it in place ({key}.fill_(...), as torch's LR schedulers do) or "
+                    "call .reset() to capture again"
                 )
         for opt, count in zip(self.optimizers, self._num_groups):
             if len(opt.param_groups) != count:
@@ -619,8 +633,9 @@ def _as_optimizers(optimizer) -> tuple[torch.optim.Optimizer, ...]:
 
 
 def _make_capturable(optimizer: torch.optim.Optimizer) -> None:
-    """Switch ``capturable`` on where the optimizer has it, with its step counters on the
-    parameters' device (where a capturable step keeps them)."""
+    """Switch ``capturable`` on where the optimizer has it, with its state on the
+    parameters' device (where a capturable step keeps all of it): the step counters and
+    every other scalar a non-capturable step keeps on the host (NAdam's ``mu_product``)."""
     if "capturable" in optimizer.defaults:
         optimizer.defaults["capturable"] = True
     for group in optimizer.param_groups:
@@ -629,10 +644,13 @@ def _make_capturable(optimizer: torch.optim.Optimizer) -> None:
         group["capturable"] = True
         for param in group["params"]:
             state = optimizer.state.get(param)
-            step = state.get("step") if state else None
-            if isinstance(step, Tensor) and step.device != param.device:
-                state["step"] = step.to(param.device)
-            elif step is not None and not isinstance(step, Tensor):
+            if not state:
+                continue
+            for key, value in list(state.items()):
+                if isinstance(value, Tensor) and value.device != param.device:
+                    state[key] = value.to(param.device)
+            step = state.get("step")
+            if step is not None and not isinstance(step, Tensor):
                 state["step"] = torch.tensor(float(step), dtype=torch.float32, device=param.device)
 
 

@@ -2,13 +2,16 @@ r"""A linear layer whose weight is vector-sparse (VecSparse, thesis ch.3), train
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fusegnn.layers.semi_structured_linear import SemiStructuredLinear
-import torch.nn.functional as F
-
 from fusegnn.sparse import VectorSparse, prefers_dense, vspmm
+from fusegnn.sparse.graph import type_name
+from fusegnn.sparse.vector_library import BACKENDS
 
 __all__ = ["VectorSparseLinear"]
 
@@ -67,6 +70,7 @@ class VectorSparseLinear(nn.Module):
         for name, value in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        _check_backend(backend)
         self.in_features, self.out_features = in_features, out_features
         self.sparsity, self.backend = sparsity, backend
         dense = nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
@@ -91,6 +95,29 @@ class VectorSparseLinear(nn.Module):
             self._pattern = (key, structure)
         return self._pattern[1].with_values(self.values)
 
+    def reset_parameters(self) -> None:
+        r"""Draw the kept weights and the bias afresh as ``nn.Linear.reset_parameters``
+        draws a dense layer's (each uniform in :math:`\pm 1 / \sqrt{\text{in\_features}}`),
+        keeping the pattern; the padding rows of a partial last row group stay 0."""
+        bound = 1.0 / math.sqrt(self.in_features)
+        with torch.no_grad():
+            self.values.uniform_(-bound, bound)
+            if self.out_features % self.V:
+                rows = self.pattern().vector_groups().unsqueeze(1) * self.V + torch.arange(
+                    self.V, device=self.values.device)
+                self.values.masked_fill_(rows >= self.out_features, 0.0)
+            if self.bias is not None:
+                self.bias.uniform_(-bound, bound)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        # ``load_state_dict`` copies ``row_ptr`` / ``col_idx`` into the buffers in place (same
+        # addresses), so the cached structure and its transpose index would describe the old
+        # pattern: drop them.
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        self._pattern = None
+
     def dense_weight(self) -> Tensor:
         """The weight as a dense ``[out_features, in_features]`` matrix (differentiable)."""
         return self.pattern().to_dense()
@@ -103,8 +130,15 @@ class VectorSparseLinear(nn.Module):
         return SemiStructuredLinear(self.pattern(), self.bias, dtype=dtype, window=window)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.size(-1) != self.in_features:
-            raise ValueError(f"x must have {self.in_features} features in its last axis, got {x.size(-1)}")
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type_name(x)}")
+        if x.dim() == 0 or x.size(-1) != self.in_features:
+            raise ValueError(f"x must have {self.in_features} features in its last axis, got shape {tuple(x.shape)}")
+        if x.dtype != self.values.dtype:
+            raise TypeError(f"x has dtype {x.dtype} but the layer's weight is {self.values.dtype} "
+                            f"(convert one: x.to({self.values.dtype}) or layer.to({x.dtype}))")
+        if x.device != self.values.device:
+            raise ValueError(f"x is on {x.device} but the layer is on {self.values.device}")
         pattern = self.pattern()
         if prefers_dense(pattern, backend=self.backend):
             return F.linear(x, pattern.to_dense(), self.bias)
@@ -132,6 +166,7 @@ class VectorSparseLinear(nn.Module):
         vectors' mask; ``linear`` itself is left unchanged (the parameters are copies)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear, got {type(linear).__name__}")
+        _check_backend(backend)
         pattern = VectorSparse.prune(linear.weight, sparsity, V)
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
@@ -143,3 +178,8 @@ class VectorSparseLinear(nn.Module):
         layer.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
         layer._pattern = None
         return layer
+
+
+def _check_backend(backend: object) -> None:
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

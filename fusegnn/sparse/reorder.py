@@ -61,10 +61,14 @@ def locality_order(src: Tensor, dst: Tensor, num_nodes: int, method: str = "rcm"
     """The ``int64`` permutation (on ``src``'s device) of ``method`` for the graph with
     edges ``src -> dst`` over ``num_nodes`` nodes; ``parts`` is METIS's part count.
     Computed on the host (SciPy / pymetis)."""
-    if method not in REORDER_METHODS:
+    if not isinstance(method, str) or method not in REORDER_METHODS:
         raise ValueError(f"method must be one of {REORDER_METHODS}, got {method!r}")
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"parts must be a positive int, got {parts!r}")
     n = int(num_nodes)
-    if method == "rcm":
+    if n == 0:  # SciPy's RCM fails on an empty matrix; every method orders nothing
+        perm = torch.zeros(0, dtype=torch.long)
+    elif method == "rcm":
         from scipy.sparse.csgraph import reverse_cuthill_mckee
 
         order = reverse_cuthill_mckee(_symmetric_csr(src, dst, n), symmetric_mode=True)
@@ -73,7 +77,5 @@ def locality_order(src: Tensor, dst: Tensor, num_nodes: int, method: str = "rcm"
         degree = torch.bincount(src.long(), minlength=n) + torch.bincount(dst.long(), minlength=n)
         perm = torch.sort(-degree.cpu(), stable=True).indices
     else:
-        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-            raise ValueError(f"parts must be a positive int, got {parts!r}")
-        perm = _metis_order(src, dst, n, min(parts, max(n, 1)))
+        perm = _metis_order(src, dst, n, min(parts, n))
     return perm.to(src.device)

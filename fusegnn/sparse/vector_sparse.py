@@ -20,6 +20,7 @@ tile -- the same layout with ``V = W``, where ``tl.dot`` needs no padding rows.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, NamedTuple
 
 import torch
@@ -52,6 +53,15 @@ def _check_matrix(matrix: Any, name: str) -> Tensor:
     if not matrix.is_floating_point():
         raise TypeError(f"{name} must be floating point, got dtype {matrix.dtype}")
     return matrix
+
+
+def _shape_pair(shape: Any) -> tuple[int, int]:
+    """``(M, K)`` from a pair of integers (Python, NumPy, 0-d integer tensors, SymInts)."""
+    try:
+        M, K = (int(s) if isinstance(s, torch.SymInt) else operator.index(s) for s in shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"shape must be a pair of ints (M, K), got {shape!r}") from None
+    return M, K
 
 
 def _ptr(counts: Tensor) -> Tensor:
@@ -110,7 +120,7 @@ class VectorSparse:
             raise TypeError("values must be a 2-D floating tensor [nnz_vectors, V]")
         V = values.size(1)
         self._check_size(V)
-        M, K = (int(s) for s in shape)
+        M, K = _shape_pair(shape)
         if M < 0 or K < 0:
             raise ValueError(f"shape must be non-negative, got {shape}")
         G = -(-M // V)
@@ -165,6 +175,8 @@ class VectorSparse:
         V = cls._check_size(V)
         if not isinstance(graph, Graph):
             raise TypeError(f"graph must be a fusegnn.sparse.Graph, got {type_name(graph)}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         weight = graph.edge_weight
         if weight is not None and weight.dim() != 1:
             raise ValueError("from_graph needs a 1-D edge_weight (one weight per edge)")
@@ -186,8 +198,10 @@ class VectorSparse:
     @classmethod
     def prune(cls, weight: Tensor, sparsity: float, V: int) -> "VectorSparse":
         r"""Magnitude pruning: of the :math:`G K` vectors of ``weight`` (``[M, K]``), keep
-        the :math:`\mathrm{round}((1 - s) G K)` of largest L2 norm (ties by position); the
-        values are a copy of ``weight``'s (detached)."""
+        the :math:`\mathrm{round}((1 - s) G K)` of largest L2 norm (ties: the first in
+        row-group-major order, group :math:`g` column :math:`k` at :math:`g K + k`; the
+        norms in float32, float64 for a float64 ``weight``); the values are a copy of
+        ``weight``'s (detached)."""
         V = cls._check_size(V)
         weight = _check_matrix(weight, "weight").detach()
         if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0.0 <= sparsity < 1.0:
@@ -195,9 +209,13 @@ class VectorSparse:
         M, K = weight.shape
         G = -(-M // V)
         padded = torch.cat([weight, weight.new_zeros(G * V - M, K)]).view(G, V, K)
-        norms = torch.linalg.vector_norm(padded.float(), dim=1).flatten()  # [G * K]
+        # float32 at least (half-precision squares overflow), float64 kept: a float32 norm
+        # would tie (and drop by position) float64 vectors whose norms differ
+        norm_dtype = torch.promote_types(weight.dtype, torch.float32)
+        norms = torch.linalg.vector_norm(padded.to(norm_dtype), dim=1).flatten()  # [G * K]
         keep = int(round((1.0 - float(sparsity)) * G * K))
-        idx = torch.topk(norms, keep, sorted=False).indices.sort().values if keep else norms.new_zeros(0, dtype=torch.long)
+        # a stable descending sort keeps the first of equal norms (topk's choice among ties is unspecified)
+        idx = torch.sort(norms, descending=True, stable=True).indices[:keep].sort().values
         groups, cols = idx // K, idx % K
         values = padded[groups, :, cols].clone()  # [keep, V]
         row_ptr = _ptr(torch.bincount(groups, minlength=G))
@@ -281,8 +299,14 @@ class VectorSparse:
         other.values = values
         return other
 
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "VectorSparse":
-        """A copy on ``device`` / with values in ``dtype`` (the index is recomputed there)."""
+    def to(self, device: torch.device | str | torch.dtype | None = None,
+           dtype: torch.dtype | None = None) -> "VectorSparse":
+        """A copy on ``device`` / with values in ``dtype`` (the index is recomputed there);
+        like ``Tensor.to``, ``A.to(torch.float64)`` takes a lone dtype as ``dtype``."""
+        if isinstance(device, torch.dtype) and dtype is None:
+            device, dtype = None, device
+        if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         device = torch.device(device) if device is not None else self.device
         return type(self)(self.row_ptr.to(device), self.col_idx.to(device),
                           self.values.to(device=device, dtype=dtype or self.dtype), self.shape, validate=False)
