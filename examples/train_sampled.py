@@ -63,6 +63,9 @@ class SAGE(nn.Module):
 
     def forward(self, x: Tensor, blocks: list[Graph]) -> Tensor:
         """Outputs of the last block's targets (a sampled batch's seeds)."""
+        if len(blocks) != len(self.convs):  # zip would drop layers or blocks without a word
+            raise ValueError(f"{len(self.convs)} layers need one block each, got {len(blocks)} blocks "
+                             "(num_neighbors must have one fanout per layer)")
         for k, (conv, block) in enumerate(zip(self.convs, blocks)):
             x = conv((x, x[: block.num_dst_nodes]), block)
             if k < len(self.convs) - 1:

@@ -283,6 +283,18 @@ def test_sampled_example_refuses_bad_fanouts(capsys):
     assert example.parse_args(["--num-neighbors", "15,10,5"]).num_neighbors == [15, 10, 5]
 
 
+def test_sampled_example_model_wants_one_block_per_layer():
+    """train_sampled.py's SAGE zipped its layers with the blocks: too few blocks skipped the
+    last layers, too many were dropped without a word. Now an error."""
+    example = _load_example("train_sampled")
+    from fusegnn import Graph
+
+    model = example.SAGE(4, 8, 3, num_layers=2)
+    block = Graph(torch.tensor([[0, 1], [0, 0]]), num_nodes=(2, 1))
+    with pytest.raises(ValueError, match="2 layers need one block each, got 1 blocks"):
+        model(torch.randn(2, 4), [block])
+
+
 def _run_on_terminal(argv: list[str], *, stdout_is_terminal: bool) -> str:
     """What ``examples/train.py argv`` writes to a pseudo-terminal as its stderr (and as its
     stdout too when ``stdout_is_terminal``, else stdout is a pipe)."""

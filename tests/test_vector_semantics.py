@@ -503,3 +503,15 @@ def test_to_takes_a_dtype_like_tensor_to():
         A.to("cpu", torch.int32)
     with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
         A.to(dtype="float64")
+
+
+def test_metis_graph_keeps_an_edge_duplicated_256_times():
+    """The symmetric graph handed to METIS counts duplicates in int32: 256 copies of an edge
+    are one edge of weight 256 (an int8 count wrapped to 0 and dropped it)."""
+    from fusegnn.sparse.reorder import _symmetric_csr
+
+    src = torch.tensor([0] * 256 + [1])
+    dst = torch.tensor([1] * 256 + [2])
+    adj = _symmetric_csr(src, dst, 3)
+    adj.eliminate_zeros()
+    assert adj[0, 1] == 256 and adj[1, 0] == 256 and adj[1, 2] == 1

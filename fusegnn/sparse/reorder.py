@@ -41,7 +41,9 @@ def _symmetric_csr(src: Tensor, dst: Tensor, n: int):
 
     src = src.long().cpu().numpy()
     dst = dst.long().cpu().numpy()
-    adj = sp.coo_matrix((np.ones(src.size, dtype=np.int8), (dst, src)), shape=(n, n)).tocsr()
+    # int32 counts: duplicates are summed when the matrix is built, and int8 would wrap to 0
+    # at 256 copies of an edge (dropping it from the graph METIS partitions)
+    adj = sp.coo_matrix((np.ones(src.size, dtype=np.int32), (dst, src)), shape=(n, n)).tocsr()
     return (adj + adj.T).tocsr()
 
 
