@@ -1,0 +1,100 @@
+"""What :func:`fusegnn.attention.sparse_attention` and
+:class:`fusegnn.layers.SparseMultiheadAttention` promise, checked from the outside: every
+path against a float64 masked softmax written here (independent of the library's own
+reference), against ``F.scaled_dot_product_attention`` / ``nn.MultiheadAttention`` where
+the API mirrors them, and the argument checks. Tiny shapes: the Triton kernels run in the
+interpreter on the CPU (see ``conftest.py``)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusegnn.attention import masks as M
+from fusegnn.attention import sparse_attention
+from fusegnn.attention import cost_model
+
+SA = sys.modules["fusegnn.attention.sparse_attention"]  # the module (the package exports the function)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
+
+
+def dense_attention64(q, k, v, allowed, scale, keep=None):
+    """Softmax over the allowed keys in float64; a row with no allowed key gives zeros.
+    ``keep(scores, allowed) -> allowed`` narrows the keys further (N:M)."""
+    q, k, v = (t.double() for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) * scale
+    if keep is not None:
+        allowed = keep(scores.detach(), allowed)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(scores, dim=-1).nan_to_num(nan=0.0)  # empty rows: softmax of all -inf
+    return p @ v
+
+
+def qkv(B=1, H=2, L_q=9, L_k=9, D=5, D_v=None, seed=0, dtype=torch.float32, grad=True):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(B, H, L_q, D), (B, H, L_k, D), (B, H, L_k, D_v or D)]
+    return [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype).requires_grad_(grad) for s in shapes]
+
+
+def check_against_dense(out, q, k, v, allowed, scale, dtype, keep=None, seed=1):
+    """Output and the gradients of ``q``, ``k``, ``v`` (an upstream gradient drawn with
+    ``seed``) against :func:`dense_attention64`."""
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    expected = dense_attention64(*leaves, allowed, scale, keep)
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    got = torch.autograd.grad(out, (q, k, v), grad_out.to(out.dtype))
+    want = torch.autograd.grad(expected, leaves, grad_out)
+    for name, g, w in zip("qkv", got, want):
+        torch.testing.assert_close(g.double(), w, rtol=tol, atol=tol, msg=lambda m: f"d{name}: {m}")
+
+
+# ----------------------------------------------------------------------------- auto and D_v != D
+def _auto_as_on_cuda(monkeypatch):
+    """Make ``"auto"`` weigh the fused kernels on the CPU (they run in the interpreter) and
+    leave dense SDPA with a boolean mask out, so that a dense window mask goes to the block
+    kernel as it does on CUDA."""
+    monkeypatch.setattr(SA, "_auto_runs_kernels", lambda device: True)
+    monkeypatch.setattr(cost_model, "DENSE_MASK_MAX_ELEMENTS", 0)
+
+
+@pytest.mark.parametrize("D_v", [3, 5, 8])
+def test_auto_never_hands_the_block_kernel_a_value_dim_it_cannot_take(monkeypatch, D_v):
+    # The block kernel needs D_v == D; "auto" ran it with D_v != D through its unchecked
+    # entry point: [B, H, L_q, D] out (D_v columns expected), v read out of bounds for D_v < D.
+    _auto_as_on_cuda(monkeypatch)
+    mask = M.sliding_window(24, 6)
+    q, k, v = qkv(1, 2, 24, 24, D=5, D_v=D_v)
+    decision = SA.explain_attention(q, mask, value_dim=D_v)
+    assert decision.name == ("block" if D_v == 5 else "element"), decision
+    out = sparse_attention(q, k, v, mask)
+    assert out.shape == (1, 2, 24, D_v)
+    check_against_dense(out, q, k, v, mask.dense(), 5 ** -0.5, torch.float32)
+
+
+def test_auto_n_m_with_another_value_dim_runs_the_reference(monkeypatch):
+    _auto_as_on_cuda(monkeypatch)
+    mask = M.sliding_window(24, 6)
+    q, k, v = qkv(1, 2, 24, 24, D=5, D_v=7)
+    assert SA.explain_attention(q, mask, nm=(2, 4)).name == "block"  # D_v == D
+    assert SA.explain_attention(q, mask, nm=(2, 4), value_dim=7).name == "reference"
+    out = sparse_attention(q, k, v, mask, nm=(2, 4))
+    assert out.shape == (1, 2, 24, 7)
+    expected = SA.masked_attention_reference(q.double(), k.double(), v.double(), mask.dense(), 5 ** -0.5, (2, 4))
+    torch.testing.assert_close(out.double(), expected, rtol=2e-5, atol=2e-5)
+
+
+def test_auto_rule_without_the_block_kernel():
+    mask = M.sliding_window(256, 32)
+    kw = dict(batch=2, heads=4, head_dim=64, backward=True)
+    assert SA.auto_attention_rule(mask, **kw).name in ("block", "dense")
+    assert SA.auto_attention_rule(mask, block_allowed=False, **kw).name in ("element", "dense")
+    with pytest.raises(ValueError, match="block_allowed"):
+        SA.auto_attention_rule(mask, block_allowed=False, element_allowed=False, **kw)
