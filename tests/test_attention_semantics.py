@@ -98,3 +98,20 @@ def test_auto_rule_without_the_block_kernel():
     assert SA.auto_attention_rule(mask, block_allowed=False, **kw).name in ("element", "dense")
     with pytest.raises(ValueError, match="block_allowed"):
         SA.auto_attention_rule(mask, block_allowed=False, element_allowed=False, **kw)
+
+
+# ----------------------------------------------------------------------------- argument checks
+@pytest.mark.parametrize("good,bad,match", [
+    (dict(scale=1), dict(scale=True), "scale"),
+    (dict(nm=(2, 4)), dict(nm=(2.0, 4.0)), "nm"),
+    (dict(aggregation="element", block_size=16), dict(aggregation="element", block_size=16.0), "BM"),
+    (dict(aggregation="element", block_size=(16, 16)), dict(aggregation="element", block_size=(16.0, True)), "BM"),
+])
+def test_a_prepared_call_does_not_admit_equal_options_of_another_type(good, bad, match):
+    # The prepared-call cache keyed the options by value: after a call with scale=1, a
+    # call with scale=True (True == 1) skipped the checks and ran with scale 1.0.
+    mask = M.causal(9)
+    q, k, v = qkv(grad=False)
+    sparse_attention(q, k, v, mask, **good)
+    with pytest.raises(TypeError, match=match):
+        sparse_attention(q, k, v, mask, **bad)

@@ -792,16 +792,25 @@ def _call_signature(q: Tensor, k: Tensor, v: Tensor, scale, aggregation, block_s
     cannot hash: such a call is checked, and fails or runs, every time)."""
     if type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor:
         return None
+    # the options with their types: equal values of other types hash alike (True == 1,
+    # 16.0 == 16) but are not what the checks accepted
     signature = (
         q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
         torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
-        scale, aggregation, block_size, element_aggregation, nm,
+        *map(_typed, (scale, aggregation, block_size, element_aggregation, nm)),
     )
     try:
         hash(signature)
     except TypeError:
         return None
     return signature
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with the type of each of its parts (tuples walked), for a cache key."""
+    if type(value) is tuple:
+        return tuple, tuple(_typed(part) for part in value)
+    return type(value), value
 
 
 def _prepare_call(
