@@ -115,3 +115,28 @@ def test_a_prepared_call_does_not_admit_equal_options_of_another_type(good, bad,
     sparse_attention(q, k, v, mask, **good)
     with pytest.raises(TypeError, match=match):
         sparse_attention(q, k, v, mask, **bad)
+
+
+# ----------------------------------------------------------------------------- grad modes
+PATHS = ["reference", "element", "dense", "block", "vector"]
+
+
+@pytest.mark.parametrize("aggregation", PATHS + ["element-gar"])
+@pytest.mark.parametrize("first", ["inference_mode", "no_grad"])
+def test_a_mask_first_used_without_autograd_then_trains(aggregation, first):
+    # A mask's caches (the element path's graph, block maps, layouts) were built as
+    # inference tensors by a first call under torch.inference_mode(); a later training
+    # call on the element path then failed: "Inference tensors cannot be saved for backward".
+    aggregation, _, inner = aggregation.partition("-")
+    options = dict(aggregation=aggregation, element_aggregation=inner or "auto")
+    L = 13
+    dense = torch.rand(L, L, generator=torch.Generator().manual_seed(0)) < 0.3
+    for mask in (M.sliding_window(L, 2) | M.global_tokens(L, 1), M.from_dense(dense)):
+        with torch.inference_mode() if first == "inference_mode" else torch.no_grad():
+            q, k, v = qkv(1, 2, L, L, 6, grad=False)
+            out = sparse_attention(q, k, v, mask, **options)
+            torch.testing.assert_close(out.double(), dense_attention64(q, k, v, mask.dense(), 6 ** -0.5),
+                                       rtol=2e-5, atol=2e-5)
+        q, k, v = qkv(1, 2, L, L, 6, seed=3)
+        out = sparse_attention(q, k, v, mask, **options)
+        check_against_dense(out, q, k, v, mask.dense(), 6 ** -0.5, torch.float32)
