@@ -140,3 +140,17 @@ def test_a_mask_first_used_without_autograd_then_trains(aggregation, first):
         q, k, v = qkv(1, 2, L, L, 6, seed=3)
         out = sparse_attention(q, k, v, mask, **options)
         check_against_dense(out, q, k, v, mask.dense(), 6 ** -0.5, torch.float32)
+
+
+# ----------------------------------------------------------------------------- scale
+@pytest.mark.parametrize("aggregation", PATHS)
+@pytest.mark.parametrize("scale", [0.0, -0.7, 2.5])
+@pytest.mark.parametrize("mask", ["causal", "full", "window"])
+def test_scale_overrides_of_any_sign(aggregation, scale, mask):
+    # The dense path runs an exactly causal mask as SDPA's is_causal=True; PyTorch's CPU
+    # kernel scales after the causal -inf, so scale=0 or < 0 gave NaN rows (0 * -inf).
+    L = 11
+    mask = {"causal": M.causal(L), "full": M.sliding_window(L, L), "window": M.sliding_window(L, 2)}[mask]
+    q, k, v = qkv(1, 2, L, L, 6)
+    out = sparse_attention(q, k, v, mask, aggregation=aggregation, scale=scale)
+    check_against_dense(out, q, k, v, mask.dense(), scale, torch.float32)

@@ -373,11 +373,21 @@ def _sdpa_bool_mask(mask: Mask, device: torch.device) -> tuple[Tensor, Tensor | 
     return build()
 
 
+def _sdpa_causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """SDPA with ``is_causal=True``. A scale that is not positive goes into ``q`` (SDPA
+    then scales by 1): PyTorch's CPU kernel applies the scale after the causal mask's
+    ``-inf``, so ``scale=0`` gave ``0 * -inf`` and a negative scale ``+inf`` -- NaN rows
+    (torch 2.13)."""
+    if scale > 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    return F.scaled_dot_product_attention(q * scale, k, v, is_causal=True, scale=1.0)
+
+
 def _dense_path(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, scale: float, variant: str) -> Tensor:
     if variant == "no mask":
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
     if variant == "causal":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return _sdpa_causal(q, k, v, scale)
     attn_mask, has_key = _sdpa_bool_mask(_mask_of(mask), q.device)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
     if has_key is not None:  # rows with no allowed key: zeros (and no gradient)
@@ -847,7 +857,7 @@ def _prepare_call(
         if variant == "no mask":
             return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=scale)
         if variant == "causal":
-            return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            return lambda q, k, v: _sdpa_causal(q, k, v, scale)
         return lambda q, k, v: _dense_path(q, k, v, mask, scale, variant)
     if aggregation == "auto":  # the rule checked the dtype; q, k, v, mask and layout are checked above
         prechecked = _block_prechecked()
