@@ -154,3 +154,139 @@ def test_scale_overrides_of_any_sign(aggregation, scale, mask):
     q, k, v = qkv(1, 2, L, L, 6)
     out = sparse_attention(q, k, v, mask, aggregation=aggregation, scale=scale)
     check_against_dense(out, q, k, v, mask.dense(), scale, torch.float32)
+
+
+# ----------------------------------------------------------------------------- every path, every mask
+def mask_catalogue(L_q, L_k=None):
+    """Masks of every kind over ``L_q x L_k`` (the structured ones are square)."""
+    L_k = L_k or L_q
+    gen = torch.Generator().manual_seed(L_q * 100 + L_k)
+    scattered = torch.rand(L_q, L_k, generator=gen) < 0.3
+    scattered[::4] = False  # empty rows
+    edges = torch.randint(0, min(L_q, L_k), (2, 2 * L_q), generator=gen)
+    edges = edges[:, edges[1] % 3 != 0]  # queries 0, 3, 6, ... have no key
+    cases = {"dense_empty_rows": M.from_dense(scattered), "graph_isolated": M.from_graph(edges, L_q, L_k),
+             "dense_per_head": M.from_dense(torch.rand(3, L_q, L_k, generator=gen) < 0.4)}
+    if L_q != L_k:
+        return cases
+    L = L_q
+    cases.update({
+        "causal": M.causal(L),
+        "window": M.sliding_window(L, 2),
+        "dilated": M.dilated(L, 2, 3),
+        "global": M.global_tokens(L, 2),
+        "random": M.random_blocks(L, 4, 0.3, 1),
+        "longformer": M.longformer(L, 1, 2),
+        "bigbird": M.bigbird(L, 1, 1, 4, 0.2, 0),
+        "full": M.sliding_window(L, L),
+        "causal_window": M.causal(L) & M.sliding_window(L, 3),
+        "dilated_causal": M.dilated(L, 1, 2) & M.causal(L),
+        "nothing": M.causal(L) & M.from_dense(torch.zeros(L, L, dtype=torch.bool)),
+        "per_head": M.stack_heads([M.causal(L), M.sliding_window(L, 1), M.from_dense(scattered)]),
+        "per_head_causal": M.stack_heads([M.causal(L)] * 3),
+    })
+    return cases
+
+
+SQUARE = mask_catalogue(13)
+RECTANGULAR = mask_catalogue(7, 19)
+
+
+def _value_dim(aggregation, D):
+    return D if aggregation == "block" else D + 3  # the block kernel needs D_v == D
+
+
+@pytest.mark.parametrize("aggregation", PATHS)
+@pytest.mark.parametrize("name", sorted(SQUARE))
+def test_every_path_and_mask_is_the_masked_softmax(aggregation, name):
+    mask = SQUARE[name]
+    q, k, v = qkv(2, 3, 13, 13, D=7, D_v=_value_dim(aggregation, 7), seed=2)
+    out = sparse_attention(q, k, v, mask, aggregation=aggregation)
+    assert out.shape == (2, 3, 13, v.size(-1)) and out.dtype == q.dtype
+    check_against_dense(out, q, k, v, mask.dense(), 7 ** -0.5, torch.float32)
+
+
+@pytest.mark.parametrize("aggregation", PATHS)
+@pytest.mark.parametrize("name", sorted(RECTANGULAR))
+def test_rectangular_masks(aggregation, name):
+    mask = RECTANGULAR[name]
+    q, k, v = qkv(2, 3, 7, 19, D=5, D_v=_value_dim(aggregation, 5), seed=3)
+    out = sparse_attention(q, k, v, mask, aggregation=aggregation, scale=0.3)
+    check_against_dense(out, q, k, v, mask.dense(), 0.3, torch.float32)
+
+
+LOW_PRECISION_TOL = {torch.float16: 2e-2, torch.bfloat16: 6e-2}
+
+
+@pytest.mark.parametrize("aggregation", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("name", ["causal", "bigbird", "dense_empty_rows", "per_head"])
+def test_precisions(aggregation, dtype, name):
+    if dtype == torch.float64 and aggregation in ("block", "vector"):
+        with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
+            sparse_attention(*qkv(1, 3, 13, 13, 8, dtype=dtype), SQUARE[name], aggregation=aggregation)
+        return
+    mask = SQUARE[name]
+    q, k, v = qkv(1, 3, 13, 13, D=24, D_v=_value_dim(aggregation, 24), seed=4, dtype=dtype)
+    out = sparse_attention(q, k, v, mask, aggregation=aggregation)
+    assert out.dtype == dtype
+    if dtype == torch.float64:
+        check_against_dense(out, q, k, v, mask.dense(), 24 ** -0.5, dtype)
+        return
+    tol = LOW_PRECISION_TOL[dtype]
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    expected = dense_attention64(*leaves, mask.dense(), 24 ** -0.5)
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    got = torch.autograd.grad(out, (q, k, v), grad_out.to(dtype))
+    want = torch.autograd.grad(expected, leaves, grad_out)
+    for g, w in zip(got, want):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.double(), w, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("aggregation", PATHS)
+def test_strided_expanded_and_sequence_first_inputs_are_read_as_given_and_left_alone(aggregation):
+    B, H, L, D = 2, 2, 11, 6
+    gen = torch.Generator().manual_seed(6)
+    q_base = torch.randn(B, H, D, L, generator=gen).requires_grad_()  # q: last dim strided
+    k_base = torch.randn(B, 1, L, D, generator=gen).requires_grad_()  # k: one head expanded (stride 0)
+    v_base = torch.randn(L, B, H, D, generator=gen).requires_grad_()  # v: sequence first
+    views = lambda qb, kb, vb: (qb.transpose(-1, -2), kb.expand(B, H, L, D), vb.permute(1, 2, 0, 3))  # noqa: E731
+    before = [t.detach().clone() for t in (q_base, k_base, v_base)]
+    mask = M.sliding_window(L, 3) | M.global_tokens(L, 1)
+    out = sparse_attention(*views(q_base, k_base, v_base), mask, aggregation=aggregation)
+    grad_out = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad(out, (q_base, k_base, v_base), grad_out)
+    for t, b in zip((q_base, k_base, v_base), before):
+        assert torch.equal(t, b)
+    leaves = [t.detach().double().requires_grad_() for t in (q_base, k_base, v_base)]
+    expected = dense_attention64(*views(*leaves), mask.dense(), D ** -0.5)
+    torch.testing.assert_close(out.double(), expected, rtol=2e-5, atol=2e-5)
+    for g, w in zip(grads, torch.autograd.grad(expected, leaves, grad_out.double())):
+        torch.testing.assert_close(g.double(), w, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("aggregation", PATHS)
+@pytest.mark.parametrize("B,H,L", [(0, 2, 11), (2, 0, 11), (1, 1, 1)])
+def test_empty_batches_heads_and_one_token(aggregation, B, H, L):
+    mask = M.causal(L)
+    q, k, v = qkv(B, H, L, L, 6)
+    out = sparse_attention(q, k, v, mask, aggregation=aggregation)
+    assert out.shape == (B, H, L, 6)
+    check_against_dense(out, q, k, v, mask.dense(), 6 ** -0.5, torch.float32)
+
+
+@pytest.mark.parametrize("aggregation", PATHS)
+def test_only_some_inputs_need_a_gradient(aggregation):
+    mask = SQUARE["bigbird"]
+    for needs in ("q", "k", "v", "kv"):
+        q, k, v = qkv(1, 2, 13, 13, 6, grad=False)
+        leaves = [t.requires_grad_() for name, t in zip("qkv", (q, k, v)) if name in needs]
+        out = sparse_attention(q, k, v, mask, aggregation=aggregation)
+        grads = torch.autograd.grad(out.square().sum(), leaves)
+        x = [t.detach().double().requires_grad_(name in needs) for name, t in zip("qkv", (q, k, v))]
+        expected = dense_attention64(*x, mask.dense(), 6 ** -0.5)
+        want = torch.autograd.grad(expected.square().sum(), [t for t in x if t.requires_grad])
+        for g, w in zip(grads, want):
+            torch.testing.assert_close(g.double(), w, rtol=2e-5, atol=2e-5)
