@@ -290,3 +290,174 @@ def test_only_some_inputs_need_a_gradient(aggregation):
         want = torch.autograd.grad(expected.square().sum(), [t for t in x if t.requires_grad])
         for g, w in zip(grads, want):
             torch.testing.assert_close(g.double(), w, rtol=2e-5, atol=2e-5)
+
+
+# ----------------------------------------------------------------------------- N:M
+def nm_by_hand(n, m):
+    """``keep(scores, allowed)``: in every group of ``m`` consecutive keys (aligned to
+    multiples of ``m``), the ``n`` allowed keys of largest score, ties to the lower index
+    -- one row and one group at a time (the rule as the docs state it)."""
+
+    def keep(scores, allowed):
+        allowed = allowed.expand(scores.shape)
+        out = torch.zeros(scores.shape, dtype=torch.bool)
+        rows_s, rows_a, rows_o = scores.reshape(-1, scores.size(-1)), allowed.reshape(-1, scores.size(-1)), out.view(
+            -1, scores.size(-1))
+        for s, a, o in zip(rows_s.tolist(), rows_a.tolist(), rows_o):
+            for start in range(0, len(s), m):
+                group = [j for j in range(start, min(start + m, len(s))) if a[j]]
+                for j in sorted(group, key=lambda j: (-s[j], j))[:n]:
+                    o[j] = True
+        return out
+
+    return keep
+
+
+NM_MASKS = {
+    "window": M.sliding_window(10, 4),
+    "causal": M.causal(10),
+    "dilated": M.dilated(10, 2, 2),
+    "per_head": M.stack_heads([M.causal(10), M.global_tokens(10, 2)]),
+    "rect": M.from_dense(torch.rand(6, 10, generator=torch.Generator().manual_seed(7)) < 0.7),
+}
+
+
+@pytest.mark.parametrize("nm", [(1, 2), (2, 4), (4, 8)])
+@pytest.mark.parametrize("aggregation", ["reference", "block"])
+@pytest.mark.parametrize("name", sorted(NM_MASKS))
+@pytest.mark.parametrize("ties", [False, True])
+def test_n_m_attention_keeps_the_documented_keys(nm, aggregation, name, ties):
+    mask = NM_MASKS[name]
+    L_q, L_k = mask.shape  # L_k = 10: a partial last group for M = 4 and 8
+    q, k, v = qkv(1, 2, L_q, L_k, 5, seed=8, grad=False)
+    if ties:  # small integers, equal key pairs: exact equal scores in every dtype
+        q, k = q.mul(2).round(), k.mul(2).round()
+        k[..., 1::2, :] = k[..., 0::2, :]
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = sparse_attention(q, k, v, mask, aggregation=aggregation, nm=nm, scale=0.5)
+    check_against_dense(out, q, k, v, mask.dense(), 0.5, torch.float32, keep=nm_by_hand(*nm))
+
+
+@pytest.mark.parametrize("aggregation", ["reference", "block"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_n_m_attention_in_half_precision_selects_on_exact_scores(aggregation, dtype):
+    mask = NM_MASKS["window"]
+    q, k, v = qkv(1, 2, 10, 10, 5, seed=9, grad=False)
+    q, k = q.mul(2).round(), k.mul(2).round()  # exact scores: the same selection in any dtype
+    q, k, v = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    out = sparse_attention(q, k, v, mask, aggregation=aggregation, nm=(2, 4), scale=0.5)
+    tol = LOW_PRECISION_TOL[dtype]
+    expected = dense_attention64(q, k, v, mask.dense(), 0.5, keep=nm_by_hand(2, 4))
+    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
+
+
+# ----------------------------------------------------------------------------- SparseMultiheadAttention
+from torch import nn  # noqa: E402
+
+from fusegnn.layers.attention import SparseMultiheadAttention  # noqa: E402
+
+
+def _pair(E, H, batch_first, bias, aggregation, dtype=torch.float32):
+    torch.manual_seed(10)
+    ours = SparseMultiheadAttention(E, H, bias=bias, batch_first=batch_first, aggregation=aggregation, dtype=dtype)
+    if bias:  # nonzero biases, so that a bias mix-up shows
+        nn.init.normal_(ours.in_proj_bias)
+        nn.init.normal_(ours.out_proj.bias)
+    ref = nn.MultiheadAttention(E, H, bias=bias, batch_first=batch_first, dtype=dtype)
+    ref.load_state_dict(ours.state_dict(), strict=True)
+    return ours, ref
+
+
+def _blocked(mask, B):
+    """nn.MultiheadAttention's boolean attn_mask (True = blocked) for ``mask``."""
+    dense = mask.dense()
+    return ~(dense.repeat(B, 1, 1) if dense.dim() == 3 else dense)
+
+
+@pytest.mark.parametrize("aggregation", PATHS)
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_mha_is_torch_multihead_attention(aggregation, batch_first, bias):
+    E, H, B, L_q, L_k = 12, 3, 2, 7, 11
+    ours, ref = _pair(E, H, batch_first, bias, aggregation)
+    dense = torch.rand(L_q, L_k, generator=torch.Generator().manual_seed(11)) < 0.5
+    dense[:, 0] = True  # nn.MultiheadAttention gives NaN for a query with no key
+    mask = M.from_dense(dense)
+    gen = torch.Generator().manual_seed(12)
+    shape = (lambda L: (B, L, E)) if batch_first else (lambda L: (L, B, E))
+    wide = torch.randn(*shape(L_q)[:-1], 2 * E, generator=gen)
+    query = wide[..., ::2].requires_grad_()  # a strided view
+    key, value = (torch.randn(shape(L_k), generator=gen).requires_grad_() for _ in range(2))
+    out, weights = ours(query, key, value, mask=mask)
+    assert weights is None and out.shape == query.shape
+    expected, _ = ref(query, key, value, attn_mask=~dense, need_weights=False)
+    torch.testing.assert_close(out, expected, rtol=2e-5, atol=2e-5)
+    grad_out = torch.randn(out.shape, generator=gen)
+    params = list(ours.parameters())
+    got = torch.autograd.grad(out, [query, key, value] + params, grad_out)
+    want = torch.autograd.grad(expected, [query, key, value] + list(ref.parameters()), grad_out)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("aggregation", PATHS)
+def test_mha_key_padding_combined_with_a_structural_mask(aggregation):
+    # No key_padding_mask argument: padding shared by the batch is the mask intersected
+    # with the allowed keys, which must equal nn.MultiheadAttention's key_padding_mask.
+    E, H, B, L = 8, 2, 2, 13
+    ours, ref = _pair(E, H, True, True, aggregation)
+    padded = torch.zeros(L, dtype=torch.bool)
+    padded[10:] = True
+    structure = M.sliding_window(L, 2) | M.global_tokens(L, 1)
+    mask = structure & M.from_dense((~padded).expand(L, L).clone())
+    x = torch.randn(B, L, E, generator=torch.Generator().manual_seed(13))
+    out, _ = ours(x, x, x, mask=mask)
+    expected, _ = ref(x, x, x, attn_mask=~structure.dense(), key_padding_mask=padded.expand(B, L),
+                      need_weights=False)
+    torch.testing.assert_close(out, expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("aggregation", ["reference", "block"])
+def test_mha_n_m_without_a_mask_is_n_m_over_every_key(aggregation):
+    E, H, B, L_q, L_k = 8, 2, 1, 6, 10
+    ours = SparseMultiheadAttention(E, H, aggregation=aggregation, nm=(2, 4))
+    gen = torch.Generator().manual_seed(14)
+    query, key = torch.randn(B, L_q, E, generator=gen), torch.randn(B, L_k, E, generator=gen)
+    out, _ = ours(query, key, key)
+    q, k, v = ours._project(query, 0), ours._project(key, 1), ours._project(key, 2)
+    every = torch.ones(L_q, L_k, dtype=torch.bool)
+    attn = dense_attention64(q, k, v, every, (E // H) ** -0.5, keep=nm_by_hand(2, 4)).float()
+    expected = ours.out_proj(attn.transpose(1, 2).reshape(B, L_q, E))
+    torch.testing.assert_close(out, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_mha_under_no_grad_and_inference_mode_and_empty_batch():
+    ours, ref = _pair(8, 2, True, True, "element")
+    mask = M.causal(5)
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(15))
+    expected, _ = ref(x, x, x, attn_mask=_blocked(mask, 2), need_weights=False)
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            torch.testing.assert_close(ours(x, x, x, mask=mask)[0], expected, rtol=2e-5, atol=2e-5)
+    out, _ = ours(x, x, x, mask=mask)  # trains after the inference-mode call
+    out.sum().backward()
+    empty = torch.randn(0, 5, 8)
+    assert ours(empty, empty, empty, mask=mask)[0].shape == (0, 5, 8)
+
+
+def test_mha_argument_checks_name_the_argument():
+    for bad in (True, 0, 2.0):
+        with pytest.raises(ValueError, match="embed_dim"):
+            SparseMultiheadAttention(bad, 1)
+        with pytest.raises(ValueError, match="num_heads"):
+            SparseMultiheadAttention(8, bad)
+    mha = SparseMultiheadAttention(8, 2)
+    x = torch.randn(1, 5, 8)
+    with pytest.raises(ValueError, match="need_weights"):
+        mha(x, x, x, mask=M.causal(5), need_weights=True)
+    with pytest.raises(ValueError, match="mask is 6 x 6"):
+        mha(x, x, x, mask=M.causal(6))
+    with pytest.raises(ValueError, match="3 heads"):
+        mha(x, x, x, mask=M.stack_heads([M.causal(5)] * 3))
+    with pytest.raises(ValueError, match="batch size"):
+        mha(x, torch.randn(2, 5, 8), torch.randn(2, 5, 8))
