@@ -91,6 +91,39 @@ def test_auto_n_m_with_another_value_dim_runs_the_reference(monkeypatch):
     torch.testing.assert_close(out.double(), expected, rtol=2e-5, atol=2e-5)
 
 
+def test_compiled_auto_decides_with_the_value_dim(monkeypatch):
+    _auto_as_on_cuda(monkeypatch)
+    mask = M.sliding_window(24, 6)
+    decide = lambda D_v: SA.compiled_decision(mask.handle, (1, 2, 24, 5), torch.float32, "cpu", "auto", 0, 0,  # noqa: E731
+                                              True, 0, 0, D_v)[0]
+    assert (decide(0), decide(5), decide(7)) == ("block", "block", "element")
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_block_path_refuses_what_its_kernel_cannot_take(compiled):
+    # Compiled, aggregation="block" ran the block op (which skips the kernel's own input
+    # checks) on D_v != D -- a [B, H, L_q, D] result, v read out of bounds -- and on float64.
+    mask = M.sliding_window(20, 3)
+
+    def attend(q, k, v):
+        return sparse_attention(q, k, v, mask, aggregation="block")
+
+    bad_value, bad_type = ValueError, TypeError
+    if compiled:  # fullgraph: Dynamo reports the error it met in the traced checks
+        torch._dynamo.reset()
+        attend = torch.compile(attend, backend="aot_eager", fullgraph=True)
+        bad_value = bad_type = torch._dynamo.exc.Unsupported
+    q, k, v = qkv(1, 2, 20, 20, D=8, D_v=5, grad=False)
+    with pytest.raises(bad_value, match="D_v = 5"):
+        attend(q, k, v)
+    with pytest.raises(bad_type, match="float64"):
+        attend(*qkv(1, 2, 20, 20, D=8, dtype=torch.float64, grad=False))
+    with pytest.raises(ValueError, match="D_v = 5"):
+        sparse_attention(q, k, v, mask, aggregation="block", nm=(2, 4))
+    q, k, v = qkv(1, 2, 20, 20, D=8)
+    check_against_dense(attend(q, k, v), q, k, v, mask.dense(), 8 ** -0.5, torch.float32)
+
+
 def test_auto_rule_without_the_block_kernel():
     mask = M.sliding_window(256, 32)
     kw = dict(batch=2, heads=4, head_dim=64, backward=True)

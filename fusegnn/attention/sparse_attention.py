@@ -573,9 +573,8 @@ def explain_attention(
     bs = _as_block_size(block_size)
     if backward is None:
         backward = _needs_backward(q)
-    same_value_dim = value_dim is None or value_dim == q.size(-1)
     if nm is not None:
-        return _nm_decision(q, mask, aggregation, bs, nm, same_value_dim)
+        return _nm_decision(q, mask, aggregation, bs, nm, value_dim)
     if aggregation != "auto":
         reason = f"aggregation={aggregation!r} was asked for"
         if aggregation == "block":
@@ -586,6 +585,7 @@ def explain_attention(
                     "fusegnn.kernels.block_attention.block_sparse_attention, which is not "
                     f"available in this build ({why}); use 'element', 'dense' or 'reference'"
                 )
+            _check_block_inputs(q, value_dim)
             split = mask.dilation_split() if isinstance(mask, Mask) else None
             dilation, inner = split if split is not None else (1, mask)
             BM, BN = (mask.BM, mask.BN) if isinstance(mask, BlockLayout) else (bs or default_block_size(inner.L_q, inner.L_k))
@@ -604,13 +604,25 @@ def explain_attention(
     B, H, _, D = q.shape
     return auto_attention_rule(
         mask, batch=B, heads=H, head_dim=D, backward=backward, block_size=bs, device=q.device,
-        vector_allowed=_vector_kernel()[0], block_allowed=same_value_dim,
+        vector_allowed=_vector_kernel()[0], block_allowed=value_dim in (None, D),
     )
 
 
 def _auto_runs_kernels(device: torch.device) -> bool:
     """Whether ``"auto"`` weighs the fused kernels for tensors on ``device`` (CUDA only)."""
     return device.type == "cuda"
+
+
+def _check_block_inputs(q: Tensor, value_dim: int | None) -> None:
+    """What the block kernel takes, checked where ``aggregation="block"`` is decided (so also
+    for ``torch.compile``, whose block op runs the kernel without its own checks)."""
+    if q.dtype not in BLOCK_ATTENTION_DTYPES:
+        raise TypeError(f"q: aggregation='block' takes float16, bfloat16 or float32, got dtype {q.dtype}")
+    if value_dim is not None and value_dim != q.size(-1):
+        raise ValueError(
+            f"v: aggregation='block' needs v's head dim D_v equal to q's D = {q.size(-1)}, got D_v = {value_dim}; "
+            "use 'auto', 'element', 'vector', 'dense' or 'reference'"
+        )
 
 
 def _vector_decision(q: Tensor, nm: tuple[int, int] | None, block_size: Any) -> AttentionDecision:
@@ -633,7 +645,7 @@ def _vector_decision(q: Tensor, nm: tuple[int, int] | None, block_size: Any) -> 
 
 
 def _nm_decision(q: Tensor, mask: Mask | BlockLayout, aggregation: str, bs: tuple[int, int] | None,
-                 nm: tuple[int, int], same_value_dim: bool = True) -> AttentionDecision:
+                 nm: tuple[int, int], value_dim: int | None = None) -> AttentionDecision:
     """The path of N:M attention: ``"block"`` (never split into sub-sequences) or
     ``"reference"``; ``"auto"`` takes the block kernel where it runs (and ``D_v == D``)."""
     label = f"{nm[0]}:{nm[1]}"
@@ -647,11 +659,13 @@ def _nm_decision(q: Tensor, mask: Mask | BlockLayout, aggregation: str, bs: tupl
     if aggregation == "block":
         if _block_kernel()[0] is None:
             raise NotImplementedError(f"aggregation='block' needs the fused kernel ({_block_kernel()[1]})")
+        _check_block_inputs(q, value_dim)
         return replace(block, reason=f"aggregation='block' was asked for, nm={label}")
     if aggregation == "reference":
         return AttentionDecision("reference", f"aggregation='reference' was asked for, nm={label}")
     if not _auto_runs_kernels(q.device):
         return AttentionDecision("reference", f"q is on {q.device.type}: auto runs fused kernels on CUDA only")
+    same_value_dim = value_dim is None or value_dim == q.size(-1)
     kernel, why = _block_kernel()
     if kernel is None or q.dtype not in BLOCK_ATTENTION_DTYPES or not same_value_dim:
         why = why or (f"the block kernel does not take {q.dtype}" if same_value_dim
@@ -732,6 +746,8 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
         raise ValueError(f"element_aggregation must be one of {_ELEMENT_AGGREGATIONS}, got {element_aggregation!r}")
     bs = _size_key(aggregation, block_size)
     nm = check_nm(nm)
+    if aggregation == "block":  # here too, so that the error is not one inside compiled_decision
+        _check_block_inputs(q, v.size(-1))
     nm_n, nm_m = nm if nm is not None else (0, 0)
     name, variant, layout, dilation, precision, window, block_n = compiled_decision(
         mask.handle, tuple(q.shape), q.dtype, str(q.device), aggregation, bs[0] if bs else 0, bs[1] if bs else 0,
