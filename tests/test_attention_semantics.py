@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from fusegnn.attention import masks as M
 from fusegnn.attention import sparse_attention
 from fusegnn.attention import cost_model
+from tests.attention_cases import mask_cases
 
 SA = sys.modules["fusegnn.attention.sparse_attention"]  # the module (the package exports the function)
 
@@ -190,39 +191,25 @@ def test_scale_overrides_of_any_sign(aggregation, scale, mask):
 
 
 # ----------------------------------------------------------------------------- every path, every mask
-def mask_catalogue(L_q, L_k=None):
-    """Masks of every kind over ``L_q x L_k`` (the structured ones are square)."""
-    L_k = L_k or L_q
+def rectangular_masks(L_q, L_k):
+    """Element masks over ``L_q x L_k``: empty rows, isolated queries, one per head."""
     gen = torch.Generator().manual_seed(L_q * 100 + L_k)
     scattered = torch.rand(L_q, L_k, generator=gen) < 0.3
     scattered[::4] = False  # empty rows
     edges = torch.randint(0, min(L_q, L_k), (2, 2 * L_q), generator=gen)
     edges = edges[:, edges[1] % 3 != 0]  # queries 0, 3, 6, ... have no key
-    cases = {"dense_empty_rows": M.from_dense(scattered), "graph_isolated": M.from_graph(edges, L_q, L_k),
-             "dense_per_head": M.from_dense(torch.rand(3, L_q, L_k, generator=gen) < 0.4)}
-    if L_q != L_k:
-        return cases
-    L = L_q
-    cases.update({
-        "causal": M.causal(L),
-        "window": M.sliding_window(L, 2),
-        "dilated": M.dilated(L, 2, 3),
-        "global": M.global_tokens(L, 2),
-        "random": M.random_blocks(L, 4, 0.3, 1),
-        "longformer": M.longformer(L, 1, 2),
-        "bigbird": M.bigbird(L, 1, 1, 4, 0.2, 0),
-        "full": M.sliding_window(L, L),
-        "causal_window": M.causal(L) & M.sliding_window(L, 3),
-        "dilated_causal": M.dilated(L, 1, 2) & M.causal(L),
-        "nothing": M.causal(L) & M.from_dense(torch.zeros(L, L, dtype=torch.bool)),
-        "per_head": M.stack_heads([M.causal(L), M.sliding_window(L, 1), M.from_dense(scattered)]),
-        "per_head_causal": M.stack_heads([M.causal(L)] * 3),
-    })
-    return cases
+    return {"dense_empty_rows": M.from_dense(scattered), "graph_isolated": M.from_graph(edges, L_q, L_k),
+            "dense_per_head": M.from_dense(torch.rand(3, L_q, L_k, generator=gen) < 0.4)}
 
 
-SQUARE = mask_catalogue(13)
-RECTANGULAR = mask_catalogue(7, 19)
+def square_masks(L):
+    """Every mask kind over ``L x L`` (:func:`tests.attention_cases.mask_cases`, plus a
+    dilated causal mask, which runs as sub-sequences on the block path)."""
+    return {**mask_cases(L), "dilated_causal": M.dilated(L, 1, 2) & M.causal(L)}
+
+
+SQUARE = square_masks(13)
+RECTANGULAR = rectangular_masks(7, 19)
 
 
 def _value_dim(aggregation, D):
