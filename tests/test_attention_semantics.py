@@ -22,6 +22,9 @@ SA = sys.modules["fusegnn.attention.sparse_attention"]  # the module (the packag
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+# CUDA where there is one (the fused kernels need it), else the CPU (Triton's interpreter)
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
 
 
@@ -29,6 +32,7 @@ def dense_attention64(q, k, v, allowed, scale, keep=None):
     """Softmax over the allowed keys in float64; a row with no allowed key gives zeros.
     ``keep(scores, allowed) -> allowed`` narrows the keys further (N:M)."""
     q, k, v = (t.double() for t in (q, k, v))
+    allowed = allowed.to(q.device)
     scores = q @ k.transpose(-1, -2) * scale
     if keep is not None:
         allowed = keep(scores.detach(), allowed)
@@ -40,7 +44,7 @@ def dense_attention64(q, k, v, allowed, scale, keep=None):
 def qkv(B=1, H=2, L_q=9, L_k=9, D=5, D_v=None, seed=0, dtype=torch.float32, grad=True):
     gen = torch.Generator().manual_seed(seed)
     shapes = [(B, H, L_q, D), (B, H, L_k, D), (B, H, L_k, D_v or D)]
-    return [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype).requires_grad_(grad) for s in shapes]
+    return [torch.randn(s, generator=gen, dtype=torch.float64).to(DEVICE, dtype).requires_grad_(grad) for s in shapes]
 
 
 def check_against_dense(out, q, k, v, allowed, scale, dtype, keep=None, seed=1):
@@ -50,7 +54,7 @@ def check_against_dense(out, q, k, v, allowed, scale, dtype, keep=None, seed=1):
     expected = dense_attention64(*leaves, allowed, scale, keep)
     tol = TOL[dtype]
     torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
-    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(DEVICE)
     got = torch.autograd.grad(out, (q, k, v), grad_out.to(out.dtype))
     want = torch.autograd.grad(expected, leaves, grad_out)
     for name, g, w in zip("qkv", got, want):
@@ -88,7 +92,7 @@ def test_auto_n_m_with_another_value_dim_runs_the_reference(monkeypatch):
     assert SA.explain_attention(q, mask, nm=(2, 4), value_dim=7).name == "reference"
     out = sparse_attention(q, k, v, mask, nm=(2, 4))
     assert out.shape == (1, 2, 24, 7)
-    expected = SA.masked_attention_reference(q.double(), k.double(), v.double(), mask.dense(), 5 ** -0.5, (2, 4))
+    expected = SA.masked_attention_reference(q.double(), k.double(), v.double(), mask.dense(DEVICE), 5 ** -0.5, (2, 4))
     torch.testing.assert_close(out.double(), expected, rtol=2e-5, atol=2e-5)
 
 
@@ -257,7 +261,7 @@ def test_precisions(aggregation, dtype, name):
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     expected = dense_attention64(*leaves, mask.dense(), 24 ** -0.5)
     torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol)
-    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64).to(DEVICE)
     got = torch.autograd.grad(out, (q, k, v), grad_out.to(dtype))
     want = torch.autograd.grad(expected, leaves, grad_out)
     for g, w in zip(got, want):
@@ -269,14 +273,14 @@ def test_precisions(aggregation, dtype, name):
 def test_strided_expanded_and_sequence_first_inputs_are_read_as_given_and_left_alone(aggregation):
     B, H, L, D = 2, 2, 11, 6
     gen = torch.Generator().manual_seed(6)
-    q_base = torch.randn(B, H, D, L, generator=gen).requires_grad_()  # q: last dim strided
-    k_base = torch.randn(B, 1, L, D, generator=gen).requires_grad_()  # k: one head expanded (stride 0)
-    v_base = torch.randn(L, B, H, D, generator=gen).requires_grad_()  # v: sequence first
+    q_base = torch.randn(B, H, D, L, generator=gen).to(DEVICE).requires_grad_()  # q: last dim strided
+    k_base = torch.randn(B, 1, L, D, generator=gen).to(DEVICE).requires_grad_()  # k: one head expanded (stride 0)
+    v_base = torch.randn(L, B, H, D, generator=gen).to(DEVICE).requires_grad_()  # v: sequence first
     views = lambda qb, kb, vb: (qb.transpose(-1, -2), kb.expand(B, H, L, D), vb.permute(1, 2, 0, 3))  # noqa: E731
     before = [t.detach().clone() for t in (q_base, k_base, v_base)]
     mask = M.sliding_window(L, 3) | M.global_tokens(L, 1)
     out = sparse_attention(*views(q_base, k_base, v_base), mask, aggregation=aggregation)
-    grad_out = torch.randn(out.shape, generator=gen)
+    grad_out = torch.randn(out.shape, generator=gen).to(DEVICE)
     grads = torch.autograd.grad(out, (q_base, k_base, v_base), grad_out)
     for t, b in zip((q_base, k_base, v_base), before):
         assert torch.equal(t, b)
@@ -319,7 +323,8 @@ def nm_by_hand(n, m):
     -- one row and one group at a time (the rule as the docs state it)."""
 
     def keep(scores, allowed):
-        allowed = allowed.expand(scores.shape)
+        device, scores = scores.device, scores.cpu()
+        allowed = allowed.cpu().expand(scores.shape)
         out = torch.zeros(scores.shape, dtype=torch.bool)
         rows_s, rows_a, rows_o = scores.reshape(-1, scores.size(-1)), allowed.reshape(-1, scores.size(-1)), out.view(
             -1, scores.size(-1))
@@ -328,7 +333,7 @@ def nm_by_hand(n, m):
                 group = [j for j in range(start, min(start + m, len(s))) if a[j]]
                 for j in sorted(group, key=lambda j: (-s[j], j))[:n]:
                     o[j] = True
-        return out
+        return out.to(device)
 
     return keep
 
@@ -379,11 +384,12 @@ from fusegnn.layers.attention import SparseMultiheadAttention  # noqa: E402
 
 def _pair(E, H, batch_first, bias, aggregation, dtype=torch.float32):
     torch.manual_seed(10)
-    ours = SparseMultiheadAttention(E, H, bias=bias, batch_first=batch_first, aggregation=aggregation, dtype=dtype)
+    ours = SparseMultiheadAttention(E, H, bias=bias, batch_first=batch_first, aggregation=aggregation, dtype=dtype,
+                                    device=DEVICE)
     if bias:  # nonzero biases, so that a bias mix-up shows
         nn.init.normal_(ours.in_proj_bias)
         nn.init.normal_(ours.out_proj.bias)
-    ref = nn.MultiheadAttention(E, H, bias=bias, batch_first=batch_first, dtype=dtype)
+    ref = nn.MultiheadAttention(E, H, bias=bias, batch_first=batch_first, dtype=dtype, device=DEVICE)
     ref.load_state_dict(ours.state_dict(), strict=True)
     return ours, ref
 
@@ -391,7 +397,7 @@ def _pair(E, H, batch_first, bias, aggregation, dtype=torch.float32):
 def _blocked(mask, B):
     """nn.MultiheadAttention's boolean attn_mask (True = blocked) for ``mask``."""
     dense = mask.dense()
-    return ~(dense.repeat(B, 1, 1) if dense.dim() == 3 else dense)
+    return ~(dense.repeat(B, 1, 1) if dense.dim() == 3 else dense).to(DEVICE)
 
 
 @pytest.mark.parametrize("aggregation", PATHS)
@@ -405,14 +411,14 @@ def test_mha_is_torch_multihead_attention(aggregation, batch_first, bias):
     mask = M.from_dense(dense)
     gen = torch.Generator().manual_seed(12)
     shape = (lambda L: (B, L, E)) if batch_first else (lambda L: (L, B, E))
-    wide = torch.randn(*shape(L_q)[:-1], 2 * E, generator=gen)
+    wide = torch.randn(*shape(L_q)[:-1], 2 * E, generator=gen).to(DEVICE)
     query = wide[..., ::2].requires_grad_()  # a strided view
-    key, value = (torch.randn(shape(L_k), generator=gen).requires_grad_() for _ in range(2))
+    key, value = (torch.randn(shape(L_k), generator=gen).to(DEVICE).requires_grad_() for _ in range(2))
     out, weights = ours(query, key, value, mask=mask)
     assert weights is None and out.shape == query.shape
-    expected, _ = ref(query, key, value, attn_mask=~dense, need_weights=False)
+    expected, _ = ref(query, key, value, attn_mask=_blocked(mask, B), need_weights=False)
     torch.testing.assert_close(out, expected, rtol=2e-5, atol=2e-5)
-    grad_out = torch.randn(out.shape, generator=gen)
+    grad_out = torch.randn(out.shape, generator=gen).to(DEVICE)
     params = list(ours.parameters())
     got = torch.autograd.grad(out, [query, key, value] + params, grad_out)
     want = torch.autograd.grad(expected, [query, key, value] + list(ref.parameters()), grad_out)
@@ -430,9 +436,9 @@ def test_mha_key_padding_combined_with_a_structural_mask(aggregation):
     padded[10:] = True
     structure = M.sliding_window(L, 2) | M.global_tokens(L, 1)
     mask = structure & M.from_dense((~padded).expand(L, L).clone())
-    x = torch.randn(B, L, E, generator=torch.Generator().manual_seed(13))
+    x = torch.randn(B, L, E, generator=torch.Generator().manual_seed(13)).to(DEVICE)
     out, _ = ours(x, x, x, mask=mask)
-    expected, _ = ref(x, x, x, attn_mask=~structure.dense(), key_padding_mask=padded.expand(B, L),
+    expected, _ = ref(x, x, x, attn_mask=_blocked(structure, B), key_padding_mask=padded.expand(B, L).to(DEVICE),
                       need_weights=False)
     torch.testing.assert_close(out, expected, rtol=2e-5, atol=2e-5)
 
@@ -440,9 +446,9 @@ def test_mha_key_padding_combined_with_a_structural_mask(aggregation):
 @pytest.mark.parametrize("aggregation", ["reference", "block"])
 def test_mha_n_m_without_a_mask_is_n_m_over_every_key(aggregation):
     E, H, B, L_q, L_k = 8, 2, 1, 6, 10
-    ours = SparseMultiheadAttention(E, H, aggregation=aggregation, nm=(2, 4))
+    ours = SparseMultiheadAttention(E, H, aggregation=aggregation, nm=(2, 4), device=DEVICE)
     gen = torch.Generator().manual_seed(14)
-    query, key = torch.randn(B, L_q, E, generator=gen), torch.randn(B, L_k, E, generator=gen)
+    query, key = (torch.randn(B, L, E, generator=gen).to(DEVICE) for L in (L_q, L_k))
     out, _ = ours(query, key, key)
     q, k, v = ours._project(query, 0), ours._project(key, 1), ours._project(key, 2)
     every = torch.ones(L_q, L_k, dtype=torch.bool)
@@ -454,14 +460,14 @@ def test_mha_n_m_without_a_mask_is_n_m_over_every_key(aggregation):
 def test_mha_under_no_grad_and_inference_mode_and_empty_batch():
     ours, ref = _pair(8, 2, True, True, "element")
     mask = M.causal(5)
-    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(15))
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(15)).to(DEVICE)
     expected, _ = ref(x, x, x, attn_mask=_blocked(mask, 2), need_weights=False)
     for mode in (torch.no_grad, torch.inference_mode):
         with mode():
             torch.testing.assert_close(ours(x, x, x, mask=mask)[0], expected, rtol=2e-5, atol=2e-5)
     out, _ = ours(x, x, x, mask=mask)  # trains after the inference-mode call
     out.sum().backward()
-    empty = torch.randn(0, 5, 8)
+    empty = torch.randn(0, 5, 8, device=DEVICE)
     assert ours(empty, empty, empty, mask=mask)[0].shape == (0, 5, 8)
 
 
