@@ -274,11 +274,12 @@ def _block_prechecked() -> Callable[..., Tensor]:
 
 def _decide(
     q: Tensor, mask: Mask | BlockLayout, aggregation: str, block_size: Any, backward: bool,
-    nm: tuple[int, int] | None = None,
+    nm: tuple[int, int] | None = None, value_dim: int | None = None,
 ) -> tuple[AttentionDecision, BlockLayout | None, int]:
     """The path decision and, for the block path, its layout (built and cached on the
     mask on ``q``'s device) and dilation (see :func:`_block_layout`)."""
-    decision = explain_attention(q, mask, aggregation=aggregation, block_size=block_size, backward=backward, nm=nm)
+    decision = explain_attention(q, mask, aggregation=aggregation, block_size=block_size, backward=backward, nm=nm,
+                                 value_dim=value_dim)
     if decision.name != "block":
         return decision, None, 1
     layout, dilation = _block_layout(mask, _as_block_size(block_size), q.device, split=nm is None)
@@ -372,11 +373,21 @@ def _sdpa_bool_mask(mask: Mask, device: torch.device) -> tuple[Tensor, Tensor | 
     return build()
 
 
+def _sdpa_causal(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
+    """SDPA with ``is_causal=True``. A scale that is not positive goes into ``q`` (SDPA
+    then scales by 1): PyTorch's CPU kernel applies the scale after the causal mask's
+    ``-inf``, so ``scale=0`` gave ``0 * -inf`` and a negative scale ``+inf`` -- NaN rows
+    (torch 2.13)."""
+    if scale > 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    return F.scaled_dot_product_attention(q * scale, k, v, is_causal=True, scale=1.0)
+
+
 def _dense_path(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, scale: float, variant: str) -> Tensor:
     if variant == "no mask":
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
     if variant == "causal":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return _sdpa_causal(q, k, v, scale)
     attn_mask, has_key = _sdpa_bool_mask(_mask_of(mask), q.device)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=scale)
     if has_key is not None:  # rows with no allowed key: zeros (and no gradient)
@@ -396,6 +407,7 @@ def auto_attention_rule(
     device: torch.device | str = "cpu",
     element_allowed: bool = True,
     vector_allowed: bool = True,
+    block_allowed: bool = True,
 ) -> AttentionDecision:
     r"""The ``"auto"`` rule of :func:`sparse_attention` on CUDA (where block kernel and
     dtype are supported), for ``batch`` x ``heads`` (batch, head) pairs of head dim
@@ -404,7 +416,8 @@ def auto_attention_rule(
 
     1. The sparse path: ``"element"`` when the allowed elements fill less than
        :data:`~.cost_model.ELEMENT_MAX_FILL` of the non-empty blocks' ``BM x BN`` elements (and
-       ``element_allowed``), else ``"block"``; then, for a :class:`Mask` whose allowed
+       ``element_allowed``) or when not ``block_allowed`` (inputs the block kernel does
+       not take: ``D_v != D``), else ``"block"``; then, for a :class:`Mask` whose allowed
        elements fill less than :data:`~.cost_model.VECTOR_MAX_FILL` (and
        ``vector_allowed``) and whose busiest query or key window holds at most
        :data:`~.cost_model.VECTOR_MAX_WINDOW_SKEW` times the mean entries, ``"vector"``
@@ -433,7 +446,13 @@ def auto_attention_rule(
     mode = "fwd+bwd" if backward else "fwd"
     predict = lambda path, work, **kw: predict_attention_ms(path, work, head_dim=head_dim, backward=backward, **kw)  # noqa: E731
 
-    if element_allowed and fill < cost_model.ELEMENT_MAX_FILL:
+    if not (block_allowed or element_allowed):
+        raise ValueError("block_allowed and element_allowed are both False: no sparse path to weigh")
+    if not block_allowed:
+        sparse = AttentionDecision("element", "", block_size=None)
+        sparse_ms = predict("element", allowed)
+        why_sparse = "the block kernel is left out (it needs v's head dim D_v == D)"
+    elif element_allowed and fill < cost_model.ELEMENT_MAX_FILL:
         sparse = AttentionDecision("element", "", block_size=None)
         sparse_ms = predict("element", allowed)
         why_sparse = f"allowed elements fill {fill:.3f} < {cost_model.ELEMENT_MAX_FILL} of the non-empty blocks"
@@ -533,6 +552,7 @@ def explain_attention(
     block_size: int | tuple[int, int] | None = None,
     backward: bool | None = None,
     nm: tuple[int, int] | str | None = None,
+    value_dim: int | None = None,
 ) -> AttentionDecision:
     """The path (``"reference"``, ``"element"``, ``"block"``, ``"dense"`` or ``"vector"``) and the reason
     :func:`sparse_attention` takes for ``q`` and ``mask`` (builds and caches the block
@@ -542,7 +562,9 @@ def explain_attention(
     ``decision.label`` names the path as the benchmarks print it (``"dense sdpa
     (causal)"``, ``"block 64x64"``), ``decision.predicted_ms`` the cost model's times.
     ``nm``: N:M attention (module docstring), which only ``"block"`` and
-    ``"reference"`` compute."""
+    ``"reference"`` compute. ``value_dim``: ``D_v``, the head dim of ``v`` (``None``:
+    ``q``'s ``D``); the block kernel needs ``D_v == D``, so ``"auto"`` leaves it out
+    otherwise."""
     if aggregation not in ATTENTION_AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {ATTENTION_AGGREGATIONS}, got {aggregation!r}")
     nm = check_nm(nm)
@@ -552,7 +574,7 @@ def explain_attention(
     if backward is None:
         backward = _needs_backward(q)
     if nm is not None:
-        return _nm_decision(q, mask, aggregation, bs, nm)
+        return _nm_decision(q, mask, aggregation, bs, nm, value_dim)
     if aggregation != "auto":
         reason = f"aggregation={aggregation!r} was asked for"
         if aggregation == "block":
@@ -563,6 +585,7 @@ def explain_attention(
                     "fusegnn.kernels.block_attention.block_sparse_attention, which is not "
                     f"available in this build ({why}); use 'element', 'dense' or 'reference'"
                 )
+            _check_block_inputs(q, value_dim)
             split = mask.dilation_split() if isinstance(mask, Mask) else None
             dilation, inner = split if split is not None else (1, mask)
             BM, BN = (mask.BM, mask.BN) if isinstance(mask, BlockLayout) else (bs or default_block_size(inner.L_q, inner.L_k))
@@ -571,7 +594,7 @@ def explain_attention(
             variant = _dense_variant(mask, bs, q.device)
             return AttentionDecision("dense", f"{reason}; mask structure: {variant}", dense_variant=variant)
         return AttentionDecision(aggregation, reason)
-    if q.device.type != "cuda":
+    if not _auto_runs_kernels(q.device):
         return AttentionDecision("reference", f"q is on {q.device.type}: auto runs fused kernels on CUDA only")
     kernel, why = _block_kernel()
     if kernel is None:
@@ -581,8 +604,25 @@ def explain_attention(
     B, H, _, D = q.shape
     return auto_attention_rule(
         mask, batch=B, heads=H, head_dim=D, backward=backward, block_size=bs, device=q.device,
-        vector_allowed=_vector_kernel()[0],
+        vector_allowed=_vector_kernel()[0], block_allowed=value_dim in (None, D),
     )
+
+
+def _auto_runs_kernels(device: torch.device) -> bool:
+    """Whether ``"auto"`` weighs the fused kernels for tensors on ``device`` (CUDA only)."""
+    return device.type == "cuda"
+
+
+def _check_block_inputs(q: Tensor, value_dim: int | None) -> None:
+    """What the block kernel takes, checked where ``aggregation="block"`` is decided (so also
+    for ``torch.compile``, whose block op runs the kernel without its own checks)."""
+    if q.dtype not in BLOCK_ATTENTION_DTYPES:
+        raise TypeError(f"q: aggregation='block' takes float16, bfloat16 or float32, got dtype {q.dtype}")
+    if value_dim is not None and value_dim != q.size(-1):
+        raise ValueError(
+            f"v: aggregation='block' needs v's head dim D_v equal to q's D = {q.size(-1)}, got D_v = {value_dim}; "
+            "use 'auto', 'element', 'vector', 'dense' or 'reference'"
+        )
 
 
 def _vector_decision(q: Tensor, nm: tuple[int, int] | None, block_size: Any) -> AttentionDecision:
@@ -605,9 +645,9 @@ def _vector_decision(q: Tensor, nm: tuple[int, int] | None, block_size: Any) -> 
 
 
 def _nm_decision(q: Tensor, mask: Mask | BlockLayout, aggregation: str, bs: tuple[int, int] | None,
-                 nm: tuple[int, int]) -> AttentionDecision:
+                 nm: tuple[int, int], value_dim: int | None = None) -> AttentionDecision:
     """The path of N:M attention: ``"block"`` (never split into sub-sequences) or
-    ``"reference"``; ``"auto"`` takes the block kernel where it runs."""
+    ``"reference"``; ``"auto"`` takes the block kernel where it runs (and ``D_v == D``)."""
     label = f"{nm[0]}:{nm[1]}"
     if aggregation in ("element", "dense", "vector"):
         raise ValueError(
@@ -619,14 +659,17 @@ def _nm_decision(q: Tensor, mask: Mask | BlockLayout, aggregation: str, bs: tupl
     if aggregation == "block":
         if _block_kernel()[0] is None:
             raise NotImplementedError(f"aggregation='block' needs the fused kernel ({_block_kernel()[1]})")
+        _check_block_inputs(q, value_dim)
         return replace(block, reason=f"aggregation='block' was asked for, nm={label}")
     if aggregation == "reference":
         return AttentionDecision("reference", f"aggregation='reference' was asked for, nm={label}")
-    if q.device.type != "cuda":
+    if not _auto_runs_kernels(q.device):
         return AttentionDecision("reference", f"q is on {q.device.type}: auto runs fused kernels on CUDA only")
+    same_value_dim = value_dim is None or value_dim == q.size(-1)
     kernel, why = _block_kernel()
-    if kernel is None or q.dtype not in BLOCK_ATTENTION_DTYPES:
-        why = why or f"the block kernel does not take {q.dtype}"
+    if kernel is None or q.dtype not in BLOCK_ATTENTION_DTYPES or not same_value_dim:
+        why = why or (f"the block kernel does not take {q.dtype}" if same_value_dim
+                      else "the block kernel needs v's head dim D_v == D")
         return AttentionDecision("reference", f"nm={label} needs the block kernel, not available ({why})")
     return replace(block, reason=f"nm={label}: only the block kernel computes N:M attention on CUDA")
 
@@ -703,10 +746,12 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
         raise ValueError(f"element_aggregation must be one of {_ELEMENT_AGGREGATIONS}, got {element_aggregation!r}")
     bs = _size_key(aggregation, block_size)
     nm = check_nm(nm)
+    if aggregation == "block":  # here too, so that the error is not one inside compiled_decision
+        _check_block_inputs(q, v.size(-1))
     nm_n, nm_m = nm if nm is not None else (0, 0)
     name, variant, layout, dilation, precision, window, block_n = compiled_decision(
         mask.handle, tuple(q.shape), q.dtype, str(q.device), aggregation, bs[0] if bs else 0, bs[1] if bs else 0,
-        _needs_backward(q, k, v), nm_n, nm_m,
+        _needs_backward(q, k, v), nm_n, nm_m, v.size(-1),
     )
     if name == "reference":
         return _reference_path(q, k, v, _mask_of(mask), scale, nm)
@@ -723,23 +768,25 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
 
 @torch.compiler.assume_constant_result
 def compiled_decision(mask: int, shape: tuple, dtype: torch.dtype, device: str, aggregation: str, block_m: int,
-           block_n: int, backward: bool, nm_n: int = 0, nm_m: int = 0) -> tuple:
+           block_n: int, backward: bool, nm_n: int = 0, nm_m: int = 0, value_dim: int = 0) -> tuple:
     """The path of a compiled call, as constants: ``(name, dense variant, layout handle,
     dilation, precision, W, BLOCK_N)`` (the last two the vector path's sizes, 0 on the other
     paths); whatever the path reads is built and cached on the mask here
     (Dynamo calls this function instead of tracing it: see
-    :mod:`fusegnn.attention.library`). ``nm_m = 0``: no N:M."""
+    :mod:`fusegnn.attention.library`). ``nm_m = 0``: no N:M; ``value_dim``: ``v``'s head
+    dim (0: ``q``'s)."""
     target = handles.lookup(mask)
     dev = torch.device(device)
     q = torch.empty((), dtype=dtype, device=dev).expand(shape)  # shape, dtype and device, no memory
     block_size = (block_m, block_n) if block_m > 0 else None
     nm = (nm_n, nm_m) if nm_m > 0 else None
+    value_dim = value_dim or shape[-1]
     if isinstance(target, Mask):
-        key = ("decision", aggregation, block_size, tuple(shape), dtype, dev, backward, nm)
+        key = ("decision", aggregation, block_size, tuple(shape), value_dim, dtype, dev, backward, nm)
         decision, layout, dilation = target.cached(
-            key, lambda: _decide(q, target, aggregation, block_size, backward, nm))
+            key, lambda: _decide(q, target, aggregation, block_size, backward, nm, value_dim))
     else:
-        decision, layout, dilation = _decide(q, target, aggregation, block_size, backward, nm)
+        decision, layout, dilation = _decide(q, target, aggregation, block_size, backward, nm, value_dim)
     plain = target.to_mask() if not isinstance(target, Mask) else target
     if decision.name == "dense" and decision.dense_variant not in ("no mask", "causal"):
         _sdpa_bool_mask(plain, dev)
@@ -771,16 +818,25 @@ def _call_signature(q: Tensor, k: Tensor, v: Tensor, scale, aggregation, block_s
     cannot hash: such a call is checked, and fails or runs, every time)."""
     if type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor:
         return None
+    # the options with their types: equal values of other types hash alike (True == 1,
+    # 16.0 == 16) but are not what the checks accepted
     signature = (
         q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
         torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
-        scale, aggregation, block_size, element_aggregation, nm,
+        *map(_typed, (scale, aggregation, block_size, element_aggregation, nm)),
     )
     try:
         hash(signature)
     except TypeError:
         return None
     return signature
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with the type of each of its parts (tuples walked), for a cache key."""
+    if type(value) is tuple:
+        return tuple, tuple(_typed(part) for part in value)
+    return type(value), value
 
 
 def _prepare_call(
@@ -797,11 +853,12 @@ def _prepare_call(
     nm = check_nm(nm)
     backward = _needs_backward(q, k, v)
     if isinstance(mask, Mask):  # the rule is a pure function of these: decide once per mask
-        key = ("decision", aggregation, _size_key(aggregation, block_size), tuple(q.shape), q.dtype, q.device,
-               backward, nm)
-        decision, layout, dilation = mask.cached(key, lambda: _decide(q, mask, aggregation, block_size, backward, nm))
+        key = ("decision", aggregation, _size_key(aggregation, block_size), tuple(q.shape), v.size(-1), q.dtype,
+               q.device, backward, nm)
+        decision, layout, dilation = mask.cached(
+            key, lambda: _decide(q, mask, aggregation, block_size, backward, nm, v.size(-1)))
     else:
-        decision, layout, dilation = _decide(q, mask, aggregation, block_size, backward, nm)
+        decision, layout, dilation = _decide(q, mask, aggregation, block_size, backward, nm, v.size(-1))
     if decision.name == "reference":
         plain = _mask_of(mask)
         return lambda q, k, v: _reference_path(q, k, v, plain, scale, nm)
@@ -816,7 +873,7 @@ def _prepare_call(
         if variant == "no mask":
             return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=scale)
         if variant == "causal":
-            return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            return lambda q, k, v: _sdpa_causal(q, k, v, scale)
         return lambda q, k, v: _dense_path(q, k, v, mask, scale, variant)
     if aggregation == "auto":  # the rule checked the dtype; q, k, v, mask and layout are checked above
         prechecked = _block_prechecked()

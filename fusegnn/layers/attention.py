@@ -100,10 +100,9 @@ class SparseMultiheadAttention(nn.Module):
         super().__init__()
         self.nm = check_nm(nm)
         self._full_masks: dict[tuple[int, int], Mask] = {}
-        if not isinstance(embed_dim, int) or embed_dim <= 0:
-            raise ValueError(f"embed_dim must be a positive int, got {embed_dim!r}")
-        if not isinstance(num_heads, int) or num_heads <= 0:
-            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
         if dropout != 0.0:
