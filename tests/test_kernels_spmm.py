@@ -138,8 +138,9 @@ def test_unaligned_widths_run_padded(path, heads, feat, weight, with_bias, monke
     if not with_bias:
         _check(graph, x, w, path)
         if w is not None:  # the backward keeps x as it came (it pads a copy itself), not a padded copy
-            ws = w.clone().requires_grad_()
-            saved = [t for t in spmm(graph, x, ws, aggregation=path).grad_fn.saved_tensors if t is not None]
+            function = fused.GARSpmm if path == "gar" else fused.GASSpmm  # its own node: saved_tensors
+            saved = [t for t in function.apply(x, w.clone().requires_grad_(), None, graph).grad_fn.saved_tensors
+                     if t is not None]
             assert any(t.data_ptr() == x.data_ptr() for t in saved), [tuple(t.shape) for t in saved]
     else:
         b = torch.randn(x.shape[1:], dtype=x.dtype, generator=torch.Generator().manual_seed(3)).to(DEVICE)
@@ -159,6 +160,19 @@ def test_unaligned_widths_run_padded(path, heads, feat, weight, with_bias, monke
     per_head = feat if weight == "eh" else feat * (heads or 1)
     run = -(-per_head // 16) * 16 if path == "gar" else per_head
     assert seen and all(width == run * (heads if weight == "eh" else 1) for width in seen), seen
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_zero_heads(path):
+    """``[N, 0, F]`` features with ``[E, 0]`` weights (an attention with no heads): empty
+    outputs and gradients of the right shapes (the head width divided by zero heads)."""
+    graph = _graph(num_nodes=5, num_edges=12, seed=2)
+    x = torch.randn(5, 0, 4, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    w = torch.randn(graph.num_edges, 0, dtype=torch.float64, device=DEVICE, requires_grad=True)
+    out = spmm(graph, x, w, aggregation=path)
+    assert out.shape == (5, 0, 4)
+    gx, gw = torch.autograd.grad(out.sum(), (x, w))
+    assert gx.shape == x.shape and gw.shape == w.shape
 
 
 @pytest.mark.parametrize("path", PATHS)

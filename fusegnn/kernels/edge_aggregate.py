@@ -283,7 +283,7 @@ def edge_aggregate_forward(
     x2, e2 = _flat(x), _flat(edge_attr)
     w2, heads = _flat_weight(weight)
     cols = math.prod(like.shape[1:])
-    feat = cols // heads
+    feat = cols // max(heads, 1)  # zero heads: zero columns
     num_dst = graph.num_dst_nodes
     out_shape = (num_dst,) + tuple(like.shape[1:])
     is_max = reduce == "max"
@@ -345,7 +345,7 @@ def edge_aggregate_backward(
     x2, e2 = _flat(x), _flat(edge_attr)
     w2, heads = _flat_weight(weight)
     cols = g2.size(1)
-    feat = cols // heads
+    feat = cols // max(heads, 1)  # zero heads: zero columns
     need_x, need_e = need_x and x is not None, need_e and edge_attr is not None
     need_w = need_w and weight is not None
     acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32

@@ -191,7 +191,7 @@ class GASSpmm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, graph: Graph) -> Tensor:  # type: ignore[override]
         x2, w2, heads = _flatten(graph, x, weight)
-        feat = x2.size(1) // heads
+        feat = x2.size(1) // max(heads, 1)  # [E, 0] weights: no heads, no columns
         src, dst = _indices(graph)
         acc, _ = gas_scatter(
             x2, src, dst, w2, graph.num_dst_nodes, heads,
@@ -229,7 +229,7 @@ def gas_backward(
     ``grad_out``'s trailing shape; ``grad_w`` is ``[E, heads]`` in the weights' dtype.
     """
     g = grad_out.flatten(1).contiguous()
-    feat = g.size(1) // heads
+    feat = g.size(1) // max(heads, 1)
     src, dst = _indices(graph)
     acc, gw = gas_scatter(
         g, dst, src, w2, graph.num_src_nodes, heads,
@@ -250,7 +250,7 @@ class GARSpmm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, graph: Graph) -> Tensor:  # type: ignore[override]
         x2, w2, heads = _flatten(graph, x, weight)
-        feat = x2.size(1) // heads
+        feat = x2.size(1) // max(heads, 1)  # [E, 0] weights: no heads, no columns
         run_feat = padded_channels(feat)  # aligned rows (module docstring)
         cfg = gar_cfg(run_feat, x2.element_size(), False, graph.avg_degree)
         plan = plan_for(graph, "csr", cfg.seg_len)
@@ -295,7 +295,7 @@ def gar_backward(
     ``grad_w`` alone) take an edge-parallel dot-product pass.
     """
     g = grad_out.flatten(1).contiguous()
-    feat = g.size(1) // heads
+    feat = g.size(1) // max(heads, 1)
     run_feat = padded_channels(feat)  # the forward's aligned rows (module docstring)
     g = pad_heads(g, heads, run_feat)
     if need_w:

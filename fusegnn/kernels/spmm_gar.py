@@ -277,7 +277,7 @@ def gar_reduce(
         weight gradient in COO order (``None`` without ``dot_with``).
     """
     cols = a.size(1)
-    feat = cols // num_heads
+    feat = cols // max(num_heads, 1)  # zero heads: zero columns
     num_edges = plan.index.numel()
     dot = dot_with is not None
     acc_dtype = torch.float64 if a.dtype == torch.float64 else torch.float32

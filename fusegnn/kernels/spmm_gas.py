@@ -177,7 +177,7 @@ def gas_scatter(
     """
     num_edges = gather_index.numel()
     cols = a.size(1)
-    feat = cols // num_heads
+    feat = cols // max(num_heads, 1)  # zero heads: zero columns
     acc_dtype = torch.float64 if a.dtype == torch.float64 else torch.float32
     if not scatter:
         acc = None
