@@ -515,3 +515,11 @@ def test_metis_graph_keeps_an_edge_duplicated_256_times():
     adj = _symmetric_csr(src, dst, 3)
     adj.eliminate_zeros()
     assert adj[0, 1] == 256 and adj[1, 0] == 256 and adj[1, 2] == 1
+
+
+@pytest.mark.parametrize("sparsity, groups_x_cols, keep", [(0.3, 5, 4), (0.5, 5, 2), (0.9, 10, 1), (0.7, 10, 3)])
+def test_prune_count_is_exact_on_the_decimal(sparsity, groups_x_cols, keep):
+    """The kept count is round((1 - s) G K) on the decimal ``s`` as written: (1 - 0.3) * 5
+    is 3.5 (kept 4, half to even), not float's 3.4999... (kept 3)."""
+    w = torch.randn(2, groups_x_cols, generator=torch.Generator().manual_seed(0))
+    assert VectorSparse.prune(w, sparsity, 2).values.shape[0] == keep

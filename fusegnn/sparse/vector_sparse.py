@@ -21,6 +21,7 @@ tile -- the same layout with ``V = W``, where ``tl.dot`` needs no padding rows.
 from __future__ import annotations
 
 import operator
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 import torch
@@ -198,7 +199,7 @@ class VectorSparse:
     @classmethod
     def prune(cls, weight: Tensor, sparsity: float, V: int) -> "VectorSparse":
         r"""Magnitude pruning: of the :math:`G K` vectors of ``weight`` (``[M, K]``), keep
-        the :math:`\mathrm{round}((1 - s) G K)` of largest L2 norm (ties: the first in
+        the :math:`\mathrm{round}((1 - s) G K)` (exactly, on the decimal ``s``; halves to even) of largest L2 norm (ties: the first in
         row-group-major order, group :math:`g` column :math:`k` at :math:`g K + k`; the
         norms in float32, float64 for a float64 ``weight``); the values are a copy of
         ``weight``'s (detached)."""
@@ -213,7 +214,10 @@ class VectorSparse:
         # would tie (and drop by position) float64 vectors whose norms differ
         norm_dtype = torch.promote_types(weight.dtype, torch.float32)
         norms = torch.linalg.vector_norm(padded.to(norm_dtype), dim=1).flatten()  # [G * K]
-        keep = int(round((1.0 - float(sparsity)) * G * K))
+        # the count in exact arithmetic on the decimal the caller wrote: (1 - 0.3) * 5 is 3.4999...
+        # in floats, which would round to 3 where round(3.5) keeps 4
+        density = 1 - Fraction(float(sparsity)).limit_denominator(10**9)
+        keep = int(round(density * G * K))
         # a stable descending sort keeps the first of equal norms (topk's choice among ties is unspecified)
         idx = torch.sort(norms, descending=True, stable=True).indices[:keep].sort().values
         groups, cols = idx // K, idx % K
