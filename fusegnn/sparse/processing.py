@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from fusegnn.sparse.graph import Graph
+from fusegnn.sparse.graph import Graph, check_edge_weight
 from fusegnn.sparse.halo import HaloGraph
 from fusegnn.sparse.graph_ref import GAT_SELF_LOOPS, GCN_PREFIX, GraphRef, gcn_params, gcn_transform, with_transform
 
@@ -125,6 +125,8 @@ def add_remaining_self_loops(graph: Graph, fill_value: float = 1.0, edge_weight:
     """
     structure = self_loop_structure(graph)
     n = _require_square(graph, "add_remaining_self_loops")
+    if edge_weight is not None:  # gathered by position below: one per edge, or it is cut or overrun
+        check_edge_weight(edge_weight, graph, "edge_weight")
     w = edge_weight if edge_weight is not None else graph.edge_weight
     if w is None:
         w = torch.ones(graph.num_edges, device=graph.device)
@@ -169,6 +171,8 @@ def gcn_norm(
     if isinstance(graph, GraphRef):
         return _gcn_norm_ref(graph, edge_weight, improved, add_self_loops, dtype, fused)
     _require_square(graph, "gcn_norm")
+    if edge_weight is not None:  # gathered by edge position on both paths: one per edge
+        check_edge_weight(edge_weight, graph, "edge_weight")
     if fused is None or fused:
         why_not = _fused_norm_unavailable(graph, edge_weight, dtype)
         if why_not is None and (fused or graph.device.type == "cuda"):
