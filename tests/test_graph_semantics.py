@@ -254,3 +254,43 @@ def test_explicit_edge_weight_on_another_device_or_of_int_dtype_is_refused():
         P.add_remaining_self_loops(graph, 1.0, torch.ones(4, dtype=torch.int64))
     with pytest.raises(ValueError, match="edge_weight is on meta"):
         P.add_remaining_self_loops(graph, 1.0, torch.ones(4, device="meta"))
+
+
+_FILLS = ["add", "sum", "mean", "min", "max", "mul", "tensor", None]
+
+
+def _fill(name, heads):
+    if name == "tensor":
+        return torch.arange(1.0, heads + 1, dtype=F64) if heads else torch.tensor(2.5, dtype=F64)
+    return name
+
+
+@given(graphs(weighted=True), st.sampled_from(_FILLS), st.sampled_from([0, 2]))
+def test_self_loop_fill_values_like_pyg(case, fill_name, heads):
+    """PyG's fill values (a tensor, or a reduction of the incoming weights) for both
+    self-loop functions; they used to be a TypeError of ``Tensor.new_full`` (a string) or
+    a shape error (a per-head tensor for [E, H] weights)."""
+    edge_index, n, weight = case
+    if heads:
+        weight = torch.stack([weight * (h + 1) for h in range(heads)], dim=1)
+    fill = _fill(fill_name, heads)
+    before = _snapshot(edge_index, weight)
+    graph = Graph(edge_index, n, weight)
+    out = P.add_self_loops(graph, fill_value=fill)
+    ref = pyg_utils.add_self_loops(edge_index, weight, fill_value=fill, num_nodes=n)
+    assert torch.equal(out.edge_index, ref[0])
+    torch.testing.assert_close(out.edge_weight, ref[1], rtol=1e-12, atol=1e-12)
+    out = P.add_remaining_self_loops(graph, fill_value=fill)
+    ref = pyg_utils.add_remaining_self_loops(edge_index, weight, fill_value=fill, num_nodes=n)
+    assert torch.equal(out.edge_index, ref[0])
+    torch.testing.assert_close(out.edge_weight, ref[1], rtol=1e-12, atol=1e-12)
+    _unchanged(before, edge_index, weight)
+
+
+def test_bad_fill_value_names_it():
+    graph = Graph(_EI, 3, torch.ones(4, dtype=F64))
+    for fn in (P.add_self_loops, P.add_remaining_self_loops):
+        with pytest.raises(ValueError, match="fill_value"):
+            fn(graph, fill_value="median")
+        with pytest.raises(TypeError, match="fill_value"):
+            fn(graph, fill_value=True)

@@ -55,16 +55,28 @@ def remove_self_loops(graph: Graph) -> Graph:
     return _with_edges(graph, graph.edge_index[:, keep], weight)
 
 
-def add_self_loops(graph: Graph, fill_value: float = 1.0) -> Graph:
-    """The graph with one self-loop per node appended (existing ones are kept too)."""
+def add_self_loops(graph: Graph, fill_value: float | Tensor | str | None = 1.0) -> Graph:
+    """The graph with one self-loop per node appended (existing ones are kept too).
+
+    A weighted graph's loops weigh ``fill_value``: a number, a tensor (one weight, or one
+    per head for ``[E, H]`` weights) or a reduction of each node's incoming weights
+    (``"add"``, ``"mean"``, ...), as PyG's ``add_self_loops`` (:func:`self_loop_attr`)."""
     n = _require_square(graph, "add_self_loops")
     loop = torch.arange(n, device=graph.device, dtype=graph.index_dtype)
     edge_index = torch.cat([graph.edge_index, loop.unsqueeze(0).expand(2, n)], dim=1)
     weight = None
     if graph.edge_weight is not None:
         w = graph.edge_weight
-        weight = torch.cat([w, w.new_full((n,) + tuple(w.shape[1:]), fill_value)], dim=0)
+        weight = torch.cat([w, _loop_weights(graph, w, n, fill_value)], dim=0)
     return _with_edges(graph, edge_index, weight)
+
+
+def _loop_weights(graph: Graph, w: Tensor, n: int, fill_value: float | Tensor | str | None) -> Tensor:
+    """``[n, *w.shape[1:]]`` weights of the self-loops of nodes ``0..n-1``, ``fill_value``
+    read as by :func:`self_loop_attr` (a plain number without a scatter)."""
+    if isinstance(fill_value, (int, float)) and not isinstance(fill_value, bool):
+        return w.new_full((n,) + tuple(w.shape[1:]), fill_value)
+    return self_loop_attr(graph, w, fill_value)[:n]
 
 
 class SelfLoopStructure(NamedTuple):
@@ -112,12 +124,15 @@ def self_loop_structure(graph: Graph) -> SelfLoopStructure:
     return graph.cached("fusegnn.remaining_self_loops", build, structural=True)
 
 
-def add_remaining_self_loops(graph: Graph, fill_value: float = 1.0, edge_weight: Tensor | None = None) -> Graph:
+def add_remaining_self_loops(
+    graph: Graph, fill_value: float | Tensor | str | None = 1.0, edge_weight: Tensor | None = None
+) -> Graph:
     r"""Add a self-loop to every node that has none, PyG's ``add_remaining_self_loops``.
 
     Existing self-loops are moved to the end and keep their weight (with duplicated
-    self-loops the last one's weight wins, as in PyG); new ones get ``fill_value``. The
-    result is always weighted: unweighted graphs get weight 1 on their other edges.
+    self-loops the last one's weight wins, as in PyG); new ones get ``fill_value`` (as
+    for :func:`add_self_loops`: a number, a tensor or a reduction name). The result is
+    always weighted: unweighted graphs get weight 1 on their other edges.
 
     The new edge list is computed once per graph (:func:`self_loop_structure`, cached
     on ``graph``); the result shares its cached formats (CSR, CSC, kernel plans), so
@@ -130,7 +145,7 @@ def add_remaining_self_loops(graph: Graph, fill_value: float = 1.0, edge_weight:
     w = edge_weight if edge_weight is not None else graph.edge_weight
     if w is None:
         w = torch.ones(graph.num_edges, device=graph.device)
-    loop_weight = w.new_full((n,) + tuple(w.shape[1:]), fill_value)
+    loop_weight = _loop_weights(graph, w, n, fill_value)
     loop_weight = loop_weight.index_put((structure.loop_node,), w.index_select(0, structure.loop_edge))
     weight = torch.cat([w.index_select(0, structure.keep), loop_weight], dim=0)
     return structure.graph.with_edge_weight(weight)
