@@ -294,3 +294,75 @@ def test_bad_fill_value_names_it():
             fn(graph, fill_value="median")
         with pytest.raises(TypeError, match="fill_value"):
             fn(graph, fill_value=True)
+
+
+# ----------------------------------------------------------------------------- fused norm, plans
+@given(graphs(allow_empty=True), st.booleans(), st.booleans())
+def test_fused_gcn_norm_like_pyg(case, improved, add_loops):
+    pytest.importorskip("triton")
+    edge_index, n, weight = case
+    before = _snapshot(edge_index, weight)
+    out = P.gcn_norm(Graph(edge_index, n, weight), improved=improved, add_self_loops=add_loops,
+                     dtype=F64, fused=True)
+    ones = torch.ones(edge_index.size(1), dtype=F64)
+    ref_index, ref_weight = pyg_gcn_norm(edge_index.long(), weight if weight is not None else ones, n,
+                                         improved=improved, add_self_loops=add_loops, dtype=F64)
+    assert torch.equal(out.edge_index.long(), ref_index)
+    torch.testing.assert_close(out.edge_weight, ref_weight, rtol=1e-12, atol=1e-12)
+    _unchanged(before, edge_index, weight)
+
+
+@given(graphs(square=False), st.integers(1, 5))
+def test_segment_plans_cover_every_edge_once_in_order(case, seg_len):
+    edge_index, num_nodes, weight = case
+    graph = Graph(edge_index, num_nodes, weight)
+    for order, fmt, groups in (("csr", graph.csr, graph.num_dst_nodes), ("csc", graph.csc, graph.num_src_nodes)):
+        plan = plan_for(graph, order, seg_len)
+        assert plan is plan_for(graph, order, seg_len)
+        ptr = fmt.ptr
+        rows, starts, ends = plan.seg_row.long(), plan.seg_start.long(), plan.seg_end.long()
+        # every row has at least one segment; segments tile each row in order, none longer than seg_len
+        covered = torch.zeros(graph.num_edges, dtype=torch.int64)
+        expected_slots, slot = [], 0
+        for r in range(groups):
+            mine = torch.nonzero(rows == r).flatten()
+            assert mine.numel() == max(1, -(-int(ptr[r + 1] - ptr[r]) // seg_len))
+            assert int(starts[mine[0]]) == int(ptr[r]) and int(ends[mine[-1]]) == int(ptr[r + 1])
+            assert bool((starts[mine[1:]] == ends[mine[:-1]]).all())
+            assert bool((ends[mine] - starts[mine] <= seg_len).all())
+            for s in mine.tolist():
+                covered[int(starts[s]):int(ends[s])] += 1
+            if mine.numel() > 1:
+                expected_slots.append(r)
+                assert plan.seg_slot[mine].tolist() == list(range(slot, slot + mine.numel()))
+                slot += mine.numel()
+            else:
+                assert int(plan.seg_slot[mine[0]]) == -1
+        assert bool((covered == 1).all())
+        assert plan.split_rows.tolist() == expected_slots and plan.num_slots == slot
+        assert torch.equal(plan.index.long(), fmt.index.long()) and torch.equal(plan.perm.long(), fmt.perm)
+        sizes = plan.slot_ptr[1:] - plan.slot_ptr[:-1]
+        assert plan.max_row_slots == (int(sizes.max()) if sizes.numel() else 0)
+
+
+def test_build_plan_refuses_a_segment_length_below_one():
+    graph = Graph(_EI, 3)
+    with pytest.raises(ValueError, match="seg_len"):
+        build_plan(graph.csr, 0, 3)
+
+
+def test_gcn_normalized_follows_weights_changed_in_place():
+    """The graph holds the caller's weight tensor: spmm reads its new values after an
+    in-place change, and the cached normalisation used to stay that of the old ones
+    (expected [0.2500, ...] for weights 10x, got the stale 1x normalisation)."""
+    weight = torch.tensor([1.0, 2.0, 3.0], dtype=F64)
+    graph = Graph(torch.tensor([[0, 1, 2], [1, 2, 0]]), 3, weight)
+    first = P.gcn_normalized(graph)
+    assert P.gcn_normalized(graph) is first  # cached while the weights stay
+    weight.mul_(10)
+    expected = pyg_gcn_norm(graph.edge_index, weight, 3)[1]
+    torch.testing.assert_close(P.gcn_normalized(graph).edge_weight, expected)
+    assert not torch.allclose(first.edge_weight, expected)
+    with torch.inference_mode():
+        inference = Graph(graph.edge_index, 3, torch.ones(3, dtype=F64))
+        assert P.gcn_normalized(inference) is P.gcn_normalized(inference)

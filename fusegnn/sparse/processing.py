@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from fusegnn.sparse.graph import Graph, check_edge_weight
+from fusegnn.sparse.graph import Graph, cache_value, check_edge_weight
 from fusegnn.sparse.halo import HaloGraph
 from fusegnn.sparse.graph_ref import GAT_SELF_LOOPS, GCN_PREFIX, GraphRef, gcn_params, gcn_transform, with_transform
 
@@ -347,7 +347,26 @@ def gcn_normalized(graph: Graph, *, improved: bool = False, add_self_loops: bool
         key = gcn_transform(improved, add_self_loops, dtype if dtype is not None else _weight_dtype(graph))
     except TypeError:  # weights of no float dtype: gcn_norm says what is wrong, or copes
         return normalise()
-    return graph.cached("fusegnn." + key, normalise)
+    # The graph holds the caller's weight tensor, not a copy: a weight changed in place
+    # (a re-weighting schedule under no_grad) moves its version counter, and the cached
+    # normalisation is computed again, as spmm on the graph reads the new weights.
+    memo = graph.cached("fusegnn." + key, dict)
+    version = _weight_version(graph)
+    if "graph" not in memo or memo["version"] != version:
+        memo["graph"] = cache_value(normalise, graph.device)
+        memo["version"] = version
+    return memo["graph"]
+
+
+def _weight_version(graph: Graph) -> int | None:
+    """The version counter of ``graph``'s weights (``None``: no weights, or an inference
+    tensor, which keeps no counter)."""
+    if graph.edge_weight is None:
+        return None
+    try:
+        return graph.edge_weight._version
+    except RuntimeError:
+        return None
 
 
 def _weight_dtype(graph: Graph) -> torch.dtype:
