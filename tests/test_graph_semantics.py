@@ -366,3 +366,37 @@ def test_gcn_normalized_follows_weights_changed_in_place():
     with torch.inference_mode():
         inference = Graph(graph.edge_index, 3, torch.ones(3, dtype=F64))
         assert P.gcn_normalized(inference) is P.gcn_normalized(inference)
+
+
+@given(graphs(square=False, weighted=True))
+def test_from_sparse_and_to_dense_round_trip(case):
+    edge_index, num_nodes, weight = case
+    graph = Graph(edge_index, num_nodes, weight)
+    dense = graph.to_dense(F64)
+    for adj in (dense.to_sparse(), dense.to_sparse_csr()):
+        back = Graph.from_sparse(adj)
+        assert (back.num_src_nodes, back.num_dst_nodes) == (graph.num_src_nodes, graph.num_dst_nodes)
+        torch.testing.assert_close(back.to_dense(F64), dense)
+        flipped = Graph.from_sparse(adj, transpose=True)
+        torch.testing.assert_close(flipped.to_dense(F64), dense.t())
+
+
+@pytest.mark.parametrize(
+    "make, error, pattern",
+    [
+        (lambda: Graph(_EI.t()), ValueError, "edge_index must have shape"),
+        (lambda: Graph(_EI.float()), TypeError, "edge_index must hold int32 or int64"),
+        (lambda: Graph(torch.tensor([[0, -1], [1, 1]])), IndexError, "negative source node id"),
+        (lambda: Graph(_EI, 2), IndexError, "source node id 2 but num_nodes"),
+        (lambda: Graph(_EI, (3, 2)), IndexError, "target node id 2 but num_nodes"),
+        (lambda: Graph(_EI, 3, torch.ones(5)), ValueError, "edge_weight must have shape"),
+        (lambda: Graph(_EI, 3, torch.ones(4, dtype=torch.int64)), TypeError, "edge_weight must be a floating"),
+        (lambda: Graph(_EI, -1), ValueError, "num_nodes must be >= 0"),
+        (lambda: Graph(_EI, 3.0), TypeError, "num_nodes must be an int"),
+        (lambda: Graph(_EI, (3,)), ValueError, "num_nodes must be an int or a pair"),
+        (lambda: as_graph([[0, 1], [1, 0]], name="edge_index"), TypeError, "edge_index must be"),
+    ],
+)
+def test_bad_graph_input_names_the_argument(make, error, pattern):
+    with pytest.raises(error, match=pattern):
+        make()
