@@ -22,6 +22,11 @@ and cached on the instance (a :class:`Graph` is immutable):
 Within one group, edges keep their COO order (stable sort), so conversions are
 deterministic.
 
+A graph holds the tensors it is given, not copies: an ``edge_index`` changed in place
+after a format was built leaves that format stale (build a new graph instead). Weights
+changed in place are read as they are by the ops; the cached GCN normalisation
+(:func:`fusegnn.sparse.processing.gcn_normalized`) notices the change and is recomputed.
+
 **Handles.** Every graph gets a process-unique integer :attr:`Graph.uid` when it is built
 and is listed under it in a weak registry (:func:`graph_by_uid`): the ``torch.library``
 custom ops of :mod:`fusegnn.sparse.library` take that integer instead of the (non-tensor)

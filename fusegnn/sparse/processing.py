@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from fusegnn.sparse.graph import Graph
+from fusegnn.sparse.graph import Graph, cache_value, check_edge_weight
 from fusegnn.sparse.halo import HaloGraph
 from fusegnn.sparse.graph_ref import GAT_SELF_LOOPS, GCN_PREFIX, GraphRef, gcn_params, gcn_transform, with_transform
 
@@ -55,16 +55,28 @@ def remove_self_loops(graph: Graph) -> Graph:
     return _with_edges(graph, graph.edge_index[:, keep], weight)
 
 
-def add_self_loops(graph: Graph, fill_value: float = 1.0) -> Graph:
-    """The graph with one self-loop per node appended (existing ones are kept too)."""
+def add_self_loops(graph: Graph, fill_value: float | Tensor | str | None = 1.0) -> Graph:
+    """The graph with one self-loop per node appended (existing ones are kept too).
+
+    A weighted graph's loops weigh ``fill_value``: a number, a tensor (one weight, or one
+    per head for ``[E, H]`` weights) or a reduction of each node's incoming weights
+    (``"add"``, ``"mean"``, ...), as PyG's ``add_self_loops`` (:func:`self_loop_attr`)."""
     n = _require_square(graph, "add_self_loops")
     loop = torch.arange(n, device=graph.device, dtype=graph.index_dtype)
     edge_index = torch.cat([graph.edge_index, loop.unsqueeze(0).expand(2, n)], dim=1)
     weight = None
     if graph.edge_weight is not None:
         w = graph.edge_weight
-        weight = torch.cat([w, w.new_full((n,) + tuple(w.shape[1:]), fill_value)], dim=0)
+        weight = torch.cat([w, _loop_weights(graph, w, n, fill_value)], dim=0)
     return _with_edges(graph, edge_index, weight)
+
+
+def _loop_weights(graph: Graph, w: Tensor, n: int, fill_value: float | Tensor | str | None) -> Tensor:
+    """``[n, *w.shape[1:]]`` weights of the self-loops of nodes ``0..n-1``, ``fill_value``
+    read as by :func:`self_loop_attr` (a plain number without a scatter)."""
+    if isinstance(fill_value, (int, float)) and not isinstance(fill_value, bool):
+        return w.new_full((n,) + tuple(w.shape[1:]), fill_value)
+    return self_loop_attr(graph, w, fill_value)[:n]
 
 
 class SelfLoopStructure(NamedTuple):
@@ -112,12 +124,15 @@ def self_loop_structure(graph: Graph) -> SelfLoopStructure:
     return graph.cached("fusegnn.remaining_self_loops", build, structural=True)
 
 
-def add_remaining_self_loops(graph: Graph, fill_value: float = 1.0, edge_weight: Tensor | None = None) -> Graph:
+def add_remaining_self_loops(
+    graph: Graph, fill_value: float | Tensor | str | None = 1.0, edge_weight: Tensor | None = None
+) -> Graph:
     r"""Add a self-loop to every node that has none, PyG's ``add_remaining_self_loops``.
 
     Existing self-loops are moved to the end and keep their weight (with duplicated
-    self-loops the last one's weight wins, as in PyG); new ones get ``fill_value``. The
-    result is always weighted: unweighted graphs get weight 1 on their other edges.
+    self-loops the last one's weight wins, as in PyG); new ones get ``fill_value`` (as
+    for :func:`add_self_loops`: a number, a tensor or a reduction name). The result is
+    always weighted: unweighted graphs get weight 1 on their other edges.
 
     The new edge list is computed once per graph (:func:`self_loop_structure`, cached
     on ``graph``); the result shares its cached formats (CSR, CSC, kernel plans), so
@@ -125,10 +140,12 @@ def add_remaining_self_loops(graph: Graph, fill_value: float = 1.0, edge_weight:
     """
     structure = self_loop_structure(graph)
     n = _require_square(graph, "add_remaining_self_loops")
+    if edge_weight is not None:  # gathered by position below: one per edge, or it is cut or overrun
+        check_edge_weight(edge_weight, graph, "edge_weight")
     w = edge_weight if edge_weight is not None else graph.edge_weight
     if w is None:
         w = torch.ones(graph.num_edges, device=graph.device)
-    loop_weight = w.new_full((n,) + tuple(w.shape[1:]), fill_value)
+    loop_weight = _loop_weights(graph, w, n, fill_value)
     loop_weight = loop_weight.index_put((structure.loop_node,), w.index_select(0, structure.loop_edge))
     weight = torch.cat([w.index_select(0, structure.keep), loop_weight], dim=0)
     return structure.graph.with_edge_weight(weight)
@@ -169,6 +186,8 @@ def gcn_norm(
     if isinstance(graph, GraphRef):
         return _gcn_norm_ref(graph, edge_weight, improved, add_self_loops, dtype, fused)
     _require_square(graph, "gcn_norm")
+    if edge_weight is not None:  # gathered by edge position on both paths: one per edge
+        check_edge_weight(edge_weight, graph, "edge_weight")
     if fused is None or fused:
         why_not = _fused_norm_unavailable(graph, edge_weight, dtype)
         if why_not is None and (fused or graph.device.type == "cuda"):
@@ -328,7 +347,26 @@ def gcn_normalized(graph: Graph, *, improved: bool = False, add_self_loops: bool
         key = gcn_transform(improved, add_self_loops, dtype if dtype is not None else _weight_dtype(graph))
     except TypeError:  # weights of no float dtype: gcn_norm says what is wrong, or copes
         return normalise()
-    return graph.cached("fusegnn." + key, normalise)
+    # The graph holds the caller's weight tensor, not a copy: a weight changed in place
+    # (a re-weighting schedule under no_grad) moves its version counter, and the cached
+    # normalisation is computed again, as spmm on the graph reads the new weights.
+    memo = graph.cached("fusegnn." + key, dict)
+    version = _weight_version(graph)
+    if "graph" not in memo or memo["version"] != version:
+        memo["graph"] = cache_value(normalise, graph.device)
+        memo["version"] = version
+    return memo["graph"]
+
+
+def _weight_version(graph: Graph) -> int | None:
+    """The version counter of ``graph``'s weights (``None``: no weights, or an inference
+    tensor, which keeps no counter)."""
+    if graph.edge_weight is None:
+        return None
+    try:
+        return graph.edge_weight._version
+    except RuntimeError:
+        return None
 
 
 def _weight_dtype(graph: Graph) -> torch.dtype:
