@@ -34,16 +34,10 @@ from fusegnn.sparse import Graph, edge_aggregate, edge_softmax, gat_attention, s
 from fusegnn.sparse.gatv2 import gatv2_attention  # noqa: E402
 from fusegnn.sparse.propagate import propagate  # noqa: E402
 from tests.graphs import random_graph  # noqa: E402
+from tests.test_compile import fresh_dynamo  # noqa: E402,F401  (autouse: Dynamo reset around every test)
 
 F64 = torch.float64
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def _square(n: int = 12, e: int = 40, seed: int = 1) -> Graph:
