@@ -98,6 +98,9 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
     capture check them; a capture cannot read back)."""
     if target.is_cuda and torch.cuda.is_current_stream_capturing():
         return
+    if torch.compiler.is_compiling():
+        _assert_values_in_range(target, index, num_rows, num_classes, ignore_index)
+        return
     facts = pair_facts(target, index)
     checked = ("values in range", num_rows, num_classes, ignore_index)
     if facts is not None and checked in facts:
@@ -125,6 +128,30 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
                          "a negative row is not counted from the end)")
     if facts is not None:
         facts[checked] = True
+
+
+def _assert_values_in_range(target: Tensor, index: Tensor | None, num_rows: int, num_classes: int,
+                            ignore_index: int) -> None:
+    """:func:`_check_values` in traced code: a host read-back (``.tolist()``) is a
+    data-dependent guard that ``torch.compile(fullgraph=True)`` refuses, so the ranges are
+    asserted in the graph instead (``torch._assert_async``: a ``RuntimeError`` with the
+    message when the compiled code runs; the value itself cannot be named)."""
+    if target.numel():
+        wide = target.to(torch.int64)
+        counted = torch.where(wide == ignore_index, torch.zeros((), dtype=torch.int64, device=target.device), wide)
+        low, high = torch.aminmax(counted)
+        torch._assert_async(
+            (low >= 0) & (high < num_classes),
+            f"linear_cross_entropy: target holds a class id outside [0, {num_classes}) "
+            f"and not ignore_index ({ignore_index})",
+        )
+    if index is not None and index.numel():
+        low, high = torch.aminmax(index)
+        torch._assert_async(
+            (low >= 0) & (high < num_rows),
+            f"linear_cross_entropy: index holds rows outside [0, {num_rows}) (h has {num_rows} rows; "
+            "a negative row is not counted from the end)",
+        )
 
 
 def check_arguments(h, weight, target, bias, index, ignore_index, reduction, label_smoothing) -> None:
