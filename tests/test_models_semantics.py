@@ -219,3 +219,22 @@ def test_reset_parameters_redraws_everything_and_state_dict_round_trips(name):
     copy = OURS[name]().double().eval()
     copy.load_state_dict(model.state_dict(), strict=True)
     torch.testing.assert_close(copy(x, edge_index), after, rtol=0, atol=0)
+
+
+def test_cached_layers_follow_double():
+    """A cached layer (SGConv's propagated features, GCNConv / APPNP's normalised graph)
+    moved to float64 by ``.double()`` after a float32 call computes in float64: SGC raised
+    'mat1 and mat2 must have the same dtype', GCN / APPNP kept float32 weights (1e-7)."""
+    from fusegnn.layers import APPNP, GCNConv, SGConv
+
+    ei = torch.randint(0, 12, (2, 40), generator=torch.Generator().manual_seed(1))
+    x = torch.randn(12, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    for make in (lambda: SGConv(5, 3, K=2, cached=True), lambda: GCNConv(5, 3, cached=True),
+                 lambda: APPNP(K=3, alpha=0.1, cached=True)):
+        layer = make().eval()
+        layer(x.float(), ei)
+        layer.double()
+        fresh = make().double().eval()
+        fresh.load_state_dict(layer.state_dict())
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x, ei), fresh(x, ei), rtol=1e-12, atol=1e-12)

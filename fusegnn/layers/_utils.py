@@ -341,9 +341,12 @@ def normalized_graph(
     in ``x``'s dtype. With ``cached`` the first result is stored on the layer
     (``layer._cached_graph``) and returned from then on; under ``torch.compile`` the
     normalisation runs (and is cached on the input graph) inside the ``fusegnn::spmm`` op, so
-    nothing is stored, and a graph an eager call stored is used as it is."""
-    if cached and layer._cached_graph is not None:
-        return layer._cached_graph
+    nothing is stored, and a graph an eager call stored is used as it is. A stored graph
+    on another device or, normalised, in another dtype than ``x`` (the layer moved by
+    ``.to()`` / ``.double()`` since) is built again."""
+    stored = layer._cached_graph if cached else None
+    if stored is not None and _fits(stored, x, normalize):
+        return stored
     graph = graph_for(x, edge_index_or_graph, type(layer).__name__)
     if edge_weight is not None:
         graph = graph.with_edge_weight(edge_weight)
@@ -352,6 +355,12 @@ def normalized_graph(
     if cached and isinstance(graph, Graph):  # under torch.compile the op caches it on the graph
         layer._cached_graph = graph
     return graph
+
+
+def _fits(graph: Graph, x: Tensor, normalized: bool) -> bool:
+    """Whether a stored graph serves ``x``: on its device, and with normalised weights in its dtype."""
+    weight = graph.edge_weight
+    return graph.device == x.device and not (normalized and weight is not None and weight.dtype != x.dtype)
 
 
 def project_before_aggregating(

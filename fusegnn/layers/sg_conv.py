@@ -88,8 +88,9 @@ class SGConv(nn.Module):
         self, x: Tensor, edge_index: Graph | Tensor, edge_weight: Tensor | None = None
     ) -> Tensor:
         check_linear_input(x, self.lin, self, glorot=False)
-        if self._cached_x is not None:
-            return self.lin(self._cached_x)
+        cached_x = self._cached_x
+        if cached_x is not None and cached_x.dtype == x.dtype and cached_x.device == x.device:
+            return self.lin(cached_x)  # (moved by .to() / .double() since: propagated again below)
         graph = normalized_graph(
             self, x, edge_index, edge_weight, cached=False, add_self_loops=self.add_self_loops
         )
