@@ -237,7 +237,9 @@ def gar_min_avg_degree(width: int | None, op: str = "") -> float:
     if width <= points[0][0]:
         return points[0][1]
     for (w0, d0), (w1, d1) in zip(points, points[1:]):
-        if width <= w1:
+        if width == w1:
+            return d1  # the measured threshold itself: exp(log(...)) is an ulp off it (10.000000000000002)
+        if width < w1:
             t = math.log(width / w0) / math.log(w1 / w0)
             return math.exp(math.log(d0) + t * (math.log(d1) - math.log(d0)))
     return points[-1][1]
