@@ -612,6 +612,9 @@ def _judge(record: dict, out: Tensor, oracle: Tensor | None, oracle_name: str | 
     if not bool(torch.isfinite(out).all()):
         record.update(ok=False, error="output has NaN or Inf")
         return
+    if not bool(out.any()):  # an all-zero output would be the oracle, or match an all-zero one
+        record.update(ok=False, error="output is all zeros (nothing checked; not timed)")
+        return
     if oracle is None:
         record.update(ok=True, rel_err=0.0, checked_against=None)
         return
@@ -716,6 +719,9 @@ def _run_agg_case(case, backends: list[AggBackend], data, config, emit, tick) ->
 def _judge_pair(record, out, grad, oracle, oracle_name, rtol) -> None:
     if not (bool(torch.isfinite(out).all()) and bool(torch.isfinite(grad).all())):
         record.update(ok=False, error="output or gradient has NaN or Inf")
+        return
+    if not (bool(out.any()) and bool(grad.any())):  # as in _judge: zeros prove nothing
+        record.update(ok=False, error="output or gradient is all zeros (nothing checked; not timed)")
         return
     if oracle is None:
         record.update(ok=True, rel_err=0.0, checked_against=None)

@@ -635,3 +635,27 @@ def test_vector_suite_append_keeps_other_cases(tmp_path):
     doc = json.loads((tmp_path / "vector" / "cpu.json").read_text())
     assert sorted({r["case"] for r in doc["records"]}) == ["agg-reddit-f64", "mask-random1-L4096"]
     assert len(doc["records"]) == 7 and set(doc["cases"]) == {"agg-reddit-f64", "mask-random1-L4096"}
+
+
+# ----------------------------------------------------------------------------- verification helpers
+
+
+def test_all_zero_outputs_are_not_accepted():
+    """Never time zeros: an all-zero output is neither made the oracle nor matched to one."""
+    from benchmarks.cases import suite_cases
+    from benchmarks.runner import _judge, _judge_pair, new_record
+
+    case = suite_cases("paper")[0]
+    zeros, ones = torch.zeros(4, 3), torch.ones(4, 3)
+    record = new_record(case, "b")
+    _judge(record, zeros, None, None, 1e-4)  # would have become the oracle
+    assert not record["ok"] and "all zeros" in record["error"]
+    record = new_record(case, "b")
+    _judge(record, zeros, zeros.clone(), "oracle", 1e-4)
+    assert not record["ok"]
+    record = new_record(case, "b")
+    _judge_pair(record, ones, zeros, None, None, 1e-4)  # a backward that left grad_x zero
+    assert not record["ok"] and "all zeros" in record["error"]
+    record = new_record(case, "b")
+    _judge(record, ones, None, None, 1e-4)
+    assert record["ok"] and record["checked_against"] is None
