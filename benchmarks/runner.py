@@ -65,7 +65,7 @@ from benchmarks.cases import Case
 from benchmarks.data import DatasetCache
 from benchmarks.measure import free_memory, interleaved_ms, is_oom, measure, synchronize, timed_ms
 
-__all__ = ["RunConfig", "new_record", "run_case", "relative_error", "compile_model", "RECORD_FIELDS"]
+__all__ = ["RunConfig", "new_record", "run_case", "relative_error", "worst_error", "compile_model", "RECORD_FIELDS"]
 
 RECORD_FIELDS = (
     "case", "backend", "ok", "error", "ms", "bwd_ms", "peak_mem_mib", "launches", "bwd_launches",
@@ -116,6 +116,12 @@ def relative_error(out: Tensor, ref: Tensor) -> float:
     scale = ref.abs().max().item() if ref.numel() else 0.0
     diff = (out - ref).abs().max().item() if ref.numel() else 0.0
     return diff / scale if scale > 0 else diff
+
+
+def worst_error(*errors: float) -> float:
+    """The largest of ``errors``, ``nan`` if one is (Python's ``max`` keeps whichever of a
+    NaN and a number comes first, so ``max(1e-7, nan)`` would pass a ``<= rtol`` check)."""
+    return math.nan if any(math.isnan(e) for e in errors) else max(errors)
 
 
 def _describe(error: BaseException) -> str:
@@ -405,7 +411,7 @@ def _verify_training(
         other_out = model(shared.x, graph_arg).float()
     del model, other
 
-    err = max(relative_error(other_out, eager_out), relative_error(other_losses, eager_losses))
+    err = worst_error(relative_error(other_out, eager_out), relative_error(other_losses, eager_losses))
     moved = relative_error(eager_out, start)
     if not moved > 10 * max(err, config.rtol):
         raise RuntimeError(
@@ -726,7 +732,7 @@ def _judge_pair(record, out, grad, oracle, oracle_name, rtol) -> None:
     if oracle is None:
         record.update(ok=True, rel_err=0.0, checked_against=None)
         return
-    err = max(relative_error(out, oracle[0]), relative_error(grad, oracle[1]))
+    err = worst_error(relative_error(out, oracle[0]), relative_error(grad, oracle[1]))
     record.update(rel_err=err, checked_against=oracle_name)
     if err <= rtol:
         record["ok"] = True

@@ -640,6 +640,16 @@ def test_vector_suite_append_keeps_other_cases(tmp_path):
 # ----------------------------------------------------------------------------- verification helpers
 
 
+def test_worst_error_keeps_a_nan():
+    """``max(1e-7, nan)`` is 1e-7 in Python: a NaN error must not pass a ``<= rtol`` check."""
+    from benchmarks.runner import worst_error
+
+    assert math.isnan(worst_error(1e-7, math.nan))
+    assert math.isnan(worst_error(math.nan, 1e-7))
+    assert worst_error(1e-7, 2e-7) == 2e-7
+    assert not worst_error(1e-7, math.nan) <= 1e-4
+
+
 def test_all_zero_outputs_are_not_accepted():
     """Never time zeros: an all-zero output is neither made the oracle nor matched to one."""
     from benchmarks.cases import suite_cases
