@@ -636,7 +636,8 @@ def _judge(record: dict, out: Tensor, oracle: Tensor | None, oracle_name: str | 
 
 
 def _run_agg_case(case, backends: list[AggBackend], data, config, emit, tick) -> None:
-    from fusegnn.sparse import Graph, gcn_norm, resolve_aggregation
+    from fusegnn.sparse import Graph, gcn_norm
+    from fusegnn.sparse.dispatch import decisions_taken
 
     device = config.device
     backends = sorted(backends, key=lambda b: oracle_rank(b.name))
@@ -646,15 +647,14 @@ def _run_agg_case(case, backends: list[AggBackend], data, config, emit, tick) ->
         generator = torch.Generator(device=device).manual_seed(config.seed + case.width)
         x = torch.randn(graph.num_src_nodes, case.width, generator=generator, device=device)
         grad_out = torch.randn(graph.num_dst_nodes, case.width, generator=generator, device=device)
-        auto = resolve_aggregation("auto", graph, x).name
     except Exception as err:  # noqa: BLE001
         _fail_all(case, backends, err, config, emit, tick)
         return
 
-    def convert_cost(backend: AggBackend) -> float | None:
+    def convert_cost(backend: AggBackend, paths: str | None) -> float | None:
         converts = backend.converts
         if backend.aggregation == "auto":
-            converts = build_csr_formats if auto == "gar" else None
+            converts = build_csr_formats if paths and "gar" in paths.split("+") else None
         if converts is None:
             return None
         return timed_ms(lambda: converts(_fresh_copy(graph)), device)
@@ -662,17 +662,20 @@ def _run_agg_case(case, backends: list[AggBackend], data, config, emit, tick) ->
     records, oracle, oracle_name = {}, None, None
     for backend in backends:  # 1. correctness of forward and backward
         record = records[backend.name] = new_record(case, backend.name)
-        if backend.aggregation is not None:
-            record["aggregation"] = auto if backend.aggregation == "auto" else backend.aggregation
         op = out = grad = None
         try:
-            record["convert_ms"] = convert_cost(backend)
             op = backend.prepare(graph)
             xx = x.detach().clone().requires_grad_(True)
-            out = op(xx)
-            out.backward(grad_out)
+            with decisions_taken() as taken:  # the paths spmm took, forward and backward, as timed
+                out = op(xx)
+                out.backward(grad_out)
+            synchronize(device)
             out, grad = out.detach(), xx.grad
             del xx
+            paths = "+".join(sorted({decision.name for decision in taken})) or None
+            if backend.aggregation is not None:
+                record["aggregation"] = paths
+            record["convert_ms"] = convert_cost(backend, paths)
             _judge_pair(record, out, grad, oracle, oracle_name, config.rtol)
             if oracle is None and record["ok"]:
                 oracle, oracle_name = (out, grad), backend.name

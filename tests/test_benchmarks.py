@@ -150,11 +150,29 @@ def _wrong_agg_backend() -> bench_backends.AggBackend:
     return bench_backends.AggBackend("wrong", prepare)
 
 
+def _handing_over_agg_backend() -> bench_backends.AggBackend:
+    """``auto``, whose op also records a hand-over to GAS (as a backend's ``note_path`` does)."""
+    def prepare(graph):
+        from fusegnn.sparse import spmm
+        from fusegnn.sparse.dispatch import note_path
+
+        def op(x):
+            out = spmm(graph, x, aggregation="auto")
+            note_path("gas", "test: a hand-over inside the op")
+            return out
+
+        return op
+
+    return bench_backends.AggBackend("handing-over", prepare, "auto")
+
+
 def test_agg_suite_on_tiny_reddit_like(tmp_path, monkeypatch, one_thread):
     pytest.importorskip("fusegnn.datasets.synthetic", reason="Reddit-like generator not available")
     monkeypatch.setitem(bench_backends.AGG_BACKENDS, "wrong", _wrong_agg_backend())
+    monkeypatch.setitem(bench_backends.AGG_BACKENDS, "handing-over", _handing_over_agg_backend())
     code = main(["--suite", "agg", "--cases", "agg-reddit-f16", "--scale", "0.002", "--avg-degree", "8",
-                 "--backends", "fusegnn*,cusparse,gather-scatter,wrong", "--out", str(tmp_path), "--no-png",
+                 "--backends", "fusegnn*,cusparse,gather-scatter,wrong,handing-over", "--out", str(tmp_path),
+                 "--no-png",
                  *FAST])
     assert code == 0
     doc = _load(tmp_path / "agg" / "cpu.json")
@@ -171,6 +189,11 @@ def test_agg_suite_on_tiny_reddit_like(tmp_path, monkeypatch, one_thread):
     assert rows["gather-scatter"]["convert_ms"] is None
     assert not rows["wrong"]["ok"] and rows["wrong"]["error"].startswith("mismatch")
     assert rows["wrong"]["ms"] is None
+    # the agg column is the path the op took (forward and backward, as timed), not a separate guess
+    assert rows["fusegnn"]["aggregation"] == "reference"  # auto on the CPU
+    assert rows["fusegnn-reference"]["aggregation"] == "reference"
+    assert rows["handing-over"]["aggregation"] == "gas+reference", rows["handing-over"]
+    assert rows["handing-over"]["convert_ms"] is None  # no GAR: no CSR / CSC built
     table = (tmp_path / "agg" / "cpu.md").read_text()
     assert "| `agg-reddit-f16` | `cusparse` |" in table and "1.00x" in table
 
