@@ -192,6 +192,7 @@ def run_case(case: LossCase, names: list[str], device: torch.device, *, steps: i
              seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> list[dict]:
     """Every backend of ``names`` on ``case``: checked, then timed."""
     from benchmarks.measure import free_memory, is_oom
+    from benchmarks.runner import worst_error
 
     records = []
     inputs = _inputs(case, device, dtype, seed)
@@ -210,7 +211,7 @@ def run_case(case: LossCase, names: list[str], device: torch.device, *, steps: i
             record.update(rel_err_loss=_rel(loss.detach(), ref[0]), rel_err_h=_rel(gh, ref[1]),
                           rel_err_w=_rel(gw, ref[2]))
             del loss, gh, gw
-            worst = max(record["rel_err_loss"], record["rel_err_h"], record["rel_err_w"])
+            worst = worst_error(record["rel_err_loss"], record["rel_err_h"], record["rel_err_w"])
             if not worst <= rtol:
                 record["error"] = f"relative error {worst:.3g} > {rtol:g} against float32 eager"
             record["ms"], record["peak_mem_mib"] = _time(fn, inputs, device, steps, warmup)

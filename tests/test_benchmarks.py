@@ -692,3 +692,24 @@ def test_all_zero_outputs_are_not_accepted():
     record = new_record(case, "b")
     _judge(record, ones, None, None, 1e-4)
     assert record["ok"] and record["checked_against"] is None
+
+
+def test_loss_suite_fails_a_nan_gradient_behind_a_right_loss(monkeypatch, one_thread):
+    """The loss suite's worst error was ``max(loss_err, h_err, w_err)``: with a right loss
+    first, a NaN gradient of ``h`` was dropped by ``max`` and the row was ok."""
+    import torch.nn.functional as F
+
+    from benchmarks import loss as loss_suite
+
+    def nan_grad_h(h, w, y):
+        h = h.clone()
+        h.register_hook(lambda grad: grad * math.nan)
+        return F.cross_entropy(F.linear(h, w), y)
+
+    monkeypatch.setitem(loss_suite.BACKENDS, "nan-grad-h", (nan_grad_h, None))
+    case = next(iter(loss_suite.CASES.values())).smoke()
+    eager, broken = loss_suite.run_case(case, ["eager", "nan-grad-h"], torch.device("cpu"), steps=1, warmup=0,
+                                        rtol=2e-2)
+    assert eager["ok"], eager
+    assert broken["rel_err_loss"] <= 2e-2 and math.isnan(broken["rel_err_h"])
+    assert not broken["ok"] and broken["error"].startswith("relative error nan")
