@@ -1,0 +1,76 @@
+"""fusegnn.distributed's promises on 3 gloo workers (one small spawn): gradients summed
+even where a parameter has no ``.grad`` on some workers, and (single process) bad input
+refused with errors that name the argument."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+from torch import nn
+
+from fusegnn.distributed import DistGraph, allreduce_gradients, partition_graph
+from fusegnn.sparse import Graph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+WORLD = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _hub_graph() -> Graph:
+    """Node 0 receives from every other node; a self-loop on 3; 5 <- 0."""
+    return Graph(torch.tensor([[1, 2, 3, 4, 5, 6, 0, 3], [0, 0, 0, 0, 0, 0, 5, 3]]), 7)
+
+
+def _uneven_gradients(rank: int) -> list:
+    """Only rank 0 has a weight gradient; every rank a bias gradient of 1."""
+    lin = nn.Linear(2, 2).double()
+    frozen = nn.Parameter(torch.ones(2), requires_grad=False)
+    lin.register_parameter("frozen", frozen)
+    if rank == 0:
+        lin.weight.grad = torch.ones_like(lin.weight)
+    lin.bias.grad = torch.ones_like(lin.bias)
+    allreduce_gradients(lin)
+    return [lin.weight.grad.tolist() if lin.weight.grad is not None else None, lin.bias.grad.tolist(),
+            lin.frozen.grad is None]
+
+
+def _worker(rank: int, world_size: int, init: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
+    try:
+        report = {"uneven": _uneven_gradients(rank)}
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(report, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    mp = pytest.importorskip("torch.multiprocessing")
+    out = tmp_path_factory.mktemp("dist_semantics")
+    mp.spawn(_worker, args=(WORLD, f"tcp://127.0.0.1:{_free_port()}", str(out)), nprocs=WORLD, join=True)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+def test_allreduce_with_a_gradient_on_some_workers_only(reports):
+    """The weight has a gradient on rank 0 only: before, rank 0 all-reduced 6 values and
+    the others 2 (a collective mismatch: gloo aborted or the bias sum came out wrong);
+    now every rank gets weight.grad = 1 (0 + 0 + 1) and bias.grad = 3."""
+    for r in reports:
+        weight, bias, frozen_none = r["uneven"]
+        assert weight == [[1.0, 1.0], [1.0, 1.0]]
+        assert bias == [3.0, 3.0]
+        assert frozen_none
