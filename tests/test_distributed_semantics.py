@@ -111,3 +111,47 @@ def test_exchange_double_backward(reports):
     for r in reports:
         grad_err, hvp_err = r["double_backward"]
         assert grad_err <= 1e-12 and hvp_err <= 1e-12, r["double_backward"]
+
+
+def _hand_partition(parts: list[int], perm: list[int], offsets: list[int]):
+    from fusegnn.distributed import Partition
+
+    t = lambda a: torch.tensor(a, dtype=torch.int64)  # noqa: E731
+    return Partition(t(parts), t(perm), t(offsets), 0, 1.0, "manual")
+
+
+def test_bad_input_names_the_argument():
+    """Before: AttributeError ('Tensor' object has no attribute 'num_parts'), IndexError
+    (0-d tensors), AttributeError ('list' object has no attribute 'size') and an
+    IndexError deep in numpy for a partition whose parts run past its offsets."""
+    graph = _hub_graph()
+    part = partition_graph(graph, 1)
+    with pytest.raises(TypeError, match="partition"):
+        DistGraph.build(graph, torch.zeros(7, dtype=torch.int64))
+    with pytest.raises(ValueError, match="partition.parts"):
+        DistGraph.build(graph, _hand_partition([0, 0, 0, 0, 0, 0, 1], list(range(7)), [0, 7]))
+    with pytest.raises(ValueError, match="partition.offsets"):
+        DistGraph.build(graph, _hand_partition([0] * 7, list(range(7)), [0, 6]))
+    with pytest.raises(ValueError, match="partition.perm"):
+        DistGraph.build(graph, _hand_partition([0] * 7, [0, 0, 1, 2, 3, 4, 5], [0, 7]))
+    with pytest.raises(ValueError, match="partition covers"):
+        DistGraph.build(graph, _hand_partition([0] * 4, list(range(4)), [0, 4]))
+    dg = DistGraph.build(graph, part)
+    for fn, name in ((dg.owned_rows, "values"), (dg.gather, "x_owned")):
+        with pytest.raises(ValueError, match=name):
+            fn(torch.tensor(1.0))
+        with pytest.raises(TypeError, match=name):
+            fn([1.0] * 7)
+        with pytest.raises(ValueError, match=name):
+            fn(torch.zeros(8, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int32, torch.float64])
+@pytest.mark.parametrize("shape", [(7,), (7, 3), (7, 2, 3)])
+def test_one_worker_round_trip_any_shape_and_dtype(shape, dtype):
+    graph = _hub_graph()
+    dg = DistGraph.build(graph, partition_graph(graph, 1))
+    values = (torch.arange(torch.Size(shape).numel()).reshape(shape) % 3).to(dtype)
+    before = values.clone()
+    assert torch.equal(dg.gather(dg.owned_rows(values)), values)
+    assert torch.equal(values, before)
