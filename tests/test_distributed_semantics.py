@@ -155,3 +155,17 @@ def test_one_worker_round_trip_any_shape_and_dtype(shape, dtype):
     before = values.clone()
     assert torch.equal(dg.gather(dg.owned_rows(values)), values)
     assert torch.equal(values, before)
+
+
+def test_halo_rows_of_zero_width_tensors():
+    """Two same-dtype tensors share one exchange; one of zero width ([n, 0, 4]) used to
+    fail to split back ('cannot reshape tensor of 0 elements into shape [-1, 0, 4]')."""
+    from fusegnn.sparse.halo import HaloGraph, with_halo_rows
+
+    halo = HaloGraph(torch.tensor([[2], [0]]), 2, 1, lambda x: torch.cat([x, x[:1]]))
+    empty, x = torch.zeros(2, 0, 4), torch.arange(6.0).reshape(2, 3)
+    _, empty_rows, x_rows = with_halo_rows(halo, empty, x)
+    assert empty_rows.shape == (3, 0, 4)
+    assert torch.equal(x_rows, torch.cat([x, x[:1]]))
+    with pytest.raises(TypeError, match="edge values"):
+        halo.check_owned_rows([1.0, 2.0], "edge values")
