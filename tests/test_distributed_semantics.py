@@ -169,3 +169,17 @@ def test_halo_rows_of_zero_width_tensors():
     assert torch.equal(x_rows, torch.cat([x, x[:1]]))
     with pytest.raises(TypeError, match="edge values"):
         halo.check_owned_rows([1.0, 2.0], "edge values")
+
+
+def test_graph_without_nodes_has_one_empty_part():
+    """partition_graph allows 1 part for 0 nodes (num_parts <= max(N, 1)) but then raised
+    'the contiguous partition left part(s) [0] empty'."""
+    from fusegnn.sparse import spmm
+
+    graph = Graph(torch.empty(2, 0, dtype=torch.int64), 0)
+    part = partition_graph(graph, 1, "contiguous")
+    assert part.sizes() == [0] and part.balance == 1.0 and part.edge_cut == 0
+    dg = DistGraph.build(graph, part)
+    assert dg.gather(spmm(dg, dg.owned_rows(torch.zeros(0, 3)))).shape == (0, 3)
+    with pytest.raises(ValueError, match="exceeds"):
+        partition_graph(graph, 2)
