@@ -71,13 +71,41 @@ def _double_backward(rank: int) -> list:
     return [float((g_own - dg.owned_rows(gx)).abs().max()), float((h_own - dg.owned_rows(hx)).abs().max())]
 
 
+def _corner_cases() -> dict:
+    """GCN on 3 workers against one process (max abs difference): a worker owning no
+    node (hand-made partition: node 0, the hub, alone; rank 2 empty), a graph without
+    edges; and gather(owned_rows(v)) == v for bool / int / float of rank 1-3."""
+    from fusegnn.layers import GCNConv
+
+    graph = _hub_graph()
+    x = torch.randn(7, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    report = {}
+    cases = {
+        "empty_worker": (graph, _hand_partition([0, 1, 1, 1, 1, 1, 1], [0, 1, 2, 3, 4, 5, 6], [0, 1, 7, 7])),
+        "no_edges": (Graph(torch.empty(2, 0, dtype=torch.int64), 7), None),
+    }
+    for name, (g, part) in cases.items():
+        dg = DistGraph.build(g, part if part is not None else partition_graph(g, WORLD, "contiguous"))
+        torch.manual_seed(0)
+        layer = GCNConv(3, 2).double()
+        with torch.no_grad():
+            report[name] = float((dg.gather(layer(dg.owned_rows(x), dg)) - layer(x, g)).abs().max())
+    dg = DistGraph.build(graph, partition_graph(graph, WORLD, "contiguous"))
+    for dtype in (torch.bool, torch.int32, torch.float64):
+        for shape in ((7,), (7, 3), (7, 2, 3)):
+            v = (torch.arange(torch.Size(shape).numel()).reshape(shape) % 3).to(dtype)
+            report[f"round_trip_{dtype}_{len(shape)}"] = bool(torch.equal(dg.gather(dg.owned_rows(v)), v))
+    return report
+
+
 def _worker(rank: int, world_size: int, init: str, out_dir: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
     try:
-        report = {"uneven": _uneven_gradients(rank), "double_backward": _double_backward(rank)}
+        report = {"uneven": _uneven_gradients(rank), "double_backward": _double_backward(rank),
+                  "corners": _corner_cases()}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(report, f)
     finally:
@@ -183,3 +211,9 @@ def test_graph_without_nodes_has_one_empty_part():
     assert dg.gather(spmm(dg, dg.owned_rows(torch.zeros(0, 3)))).shape == (0, 3)
     with pytest.raises(ValueError, match="exceeds"):
         partition_graph(graph, 2)
+
+
+def test_corner_cases_match_one_process(reports):
+    for r in reports:
+        for case, value in r["corners"].items():
+            assert value is True or value <= 1e-12, (case, value)
