@@ -106,6 +106,9 @@ class DistGraph:
             raise ValueError(f"graph must be square, got {graph!r}")
         if graph.edge_weight is not None:
             raise ValueError("DistGraph takes an unweighted graph (edge weights are not partitioned yet)")
+        if not isinstance(partition, Partition):
+            raise TypeError(f"partition must be a fusegnn.distributed.Partition (from partition_graph), "
+                            f"got {type(partition).__name__}")
         world_size = partition.num_parts
         if dist.is_available() and dist.is_initialized():
             group_size = dist.get_world_size(group)
@@ -121,6 +124,7 @@ class DistGraph:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         if partition.parts.numel() != graph.num_nodes:
             raise ValueError(f"the partition covers {partition.parts.numel()} nodes, the graph has {graph.num_nodes}")
+        _check_partition(partition)
         share = share_of(graph.src.cpu().numpy(), graph.dst.cpu().numpy(), partition, rank)
         device = torch.device(device)
         return cls(
@@ -155,6 +159,7 @@ class DistGraph:
     def owned_rows(self, values: Tensor) -> Tensor:
         """This worker's rows ``values[owned]`` of a global per-node tensor (features,
         labels, masks), on the graph's device."""
+        _check_rows(values, "values")
         if values.size(0) != self.num_global_nodes:
             raise ValueError(f"values must have one row per node ({self.num_global_nodes}), got {tuple(values.shape)}")
         return values.index_select(0, self.owned.to(values.device)).to(self.device)
@@ -162,6 +167,7 @@ class DistGraph:
     def gather(self, x_owned: Tensor) -> Tensor:
         """The global ``[N, ...]`` tensor from every worker's owned rows, on every worker
         (an all-gather; for evaluation and tests, not for the training step)."""
+        _check_rows(x_owned, "x_owned")
         if x_owned.size(0) != self.num_own:
             raise ValueError(f"x_owned must have {self.num_own} rows (the owned nodes), got {tuple(x_owned.shape)}")
         out = x_owned.new_empty((self.num_global_nodes, *x_owned.shape[1:]))
@@ -182,6 +188,33 @@ class DistGraph:
             n = int(size)
             out.index_copy_(0, part_ids[:n], part_rows[:n])
         return out
+
+
+def _check_rows(values, name: str) -> None:
+    """``values`` is a tensor with at least one dimension (its rows)."""
+    if not isinstance(values, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(values).__name__}")
+    if values.dim() == 0:
+        raise ValueError(f"{name} must have one row per node, got a 0-d tensor")
+
+
+def _check_partition(partition: Partition) -> None:
+    """``parts``, ``perm`` and ``offsets`` describe the same split (a hand-made
+    :class:`Partition` may not): parts in ``[0, P)``, ``perm`` a permutation grouped by
+    part, ``offsets`` the running part sizes."""
+    parts, perm, offsets = partition.parts, partition.perm, partition.offsets
+    n, num_parts = parts.numel(), partition.num_parts
+    if n and (int(parts.min()) < 0 or int(parts.max()) >= num_parts):
+        raise ValueError(f"partition.parts must lie in [0, {num_parts}), got values in "
+                         f"[{int(parts.min())}, {int(parts.max())}]")
+    sizes = torch.bincount(parts.long(), minlength=num_parts)
+    expected = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)])
+    if not torch.equal(offsets.long(), expected):
+        raise ValueError(f"partition.offsets must be the running part sizes {expected.tolist()}, got {offsets.tolist()}")
+    if perm.numel() != n or not torch.equal(torch.sort(perm.long()).values, torch.arange(n)):
+        raise ValueError(f"partition.perm must be a permutation of the {n} nodes")
+    if n and not torch.equal(parts[perm.long()], torch.repeat_interleave(torch.arange(num_parts), sizes)):
+        raise ValueError("partition.perm must list the nodes part by part")
 
 
 def share_of(src: np.ndarray, dst: np.ndarray, partition: Partition, rank: int) -> dict:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["halo_exchange", "HaloExchange"]
+__all__ = ["halo_exchange", "HaloExchange", "HaloExchangeTranspose"]
 
 
 def halo_exchange(x_owned: Tensor, dist_graph) -> Tensor:
@@ -69,10 +69,26 @@ class HaloExchange(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        dg = ctx.dist_graph
+        return HaloExchangeTranspose.apply(grad, ctx.dist_graph), None
+
+
+class HaloExchangeTranspose(torch.autograd.Function):
+    """``apply(grad_rows, dist_graph)``: the exchange's transpose, ``[n_own + n_halo, ...]``
+    -> ``[n_own, ...]``: the halo rows go back to their owners, which add them at the sent
+    positions. The backward of :class:`HaloExchange`, and differentiable in turn (its own
+    backward is the exchange), so second derivatives see the cross-worker terms too."""
+
+    @staticmethod
+    def forward(ctx, grad: Tensor, dist_graph) -> Tensor:  # type: ignore[override]
+        dg = dist_graph
         n_own, rest = dg.num_own, grad.shape[1:]
         flat = grad.reshape(n_own + dg.num_halo, math.prod(rest))
         back = _all_to_all(flat[n_own:], dg.send_index.numel(), dg.send_counts, dg.recv_counts, dg.group)
         dg.log.record(flat.size(0) - n_own, back.size(0), flat.size(1) * grad.element_size(), "backward")
         grad_owned = flat[:n_own].index_add(0, dg.send_index, back)
-        return grad_owned.reshape(n_own, *rest), None
+        ctx.dist_graph = dg
+        return grad_owned.reshape(n_own, *rest)
+
+    @staticmethod
+    def backward(ctx, grad_owned: Tensor):  # type: ignore[override]
+        return HaloExchange.apply(grad_owned, ctx.dist_graph), None

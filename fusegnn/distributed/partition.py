@@ -173,11 +173,11 @@ def _partition_of(parts: np.ndarray, order: np.ndarray, src: np.ndarray, dst: np
     rank[order] = np.arange(order.size)
     perm = np.lexsort((rank, parts))  # by part, then by the order
     sizes = np.bincount(parts, minlength=num_parts)
-    if (sizes == 0).any():
+    if (sizes == 0).any() and parts.size:  # (a graph without nodes has its one part empty)
         raise ValueError(f"the {method} partition left part(s) {np.flatnonzero(sizes == 0).tolist()} empty")
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     edge_cut = int((parts[src] != parts[dst]).sum())
-    balance = float(sizes.max() / sizes.mean()) if sizes.size else 1.0
+    balance = float(sizes.max() / sizes.mean()) if parts.size else 1.0
     return Partition(
         parts=torch.from_numpy(parts.astype(np.int64)), perm=torch.from_numpy(perm.astype(np.int64)),
         offsets=torch.from_numpy(offsets.astype(np.int64)), edge_cut=edge_cut, balance=balance, method=method,

@@ -39,16 +39,26 @@ def global_count(mask: Tensor, group=None) -> int:
 
 def allreduce_gradients(model: nn.Module, group=None) -> None:
     """Sum every parameter's ``.grad`` over the workers, in place, with one all-reduce of
-    the flattened gradients (parameters without a gradient are skipped: on every worker
-    the same ones, as they run the same model). A no-op with one worker."""
+    the flattened gradients. Every parameter that requires a gradient takes part, a
+    missing ``.grad`` counting as zeros, so that the workers agree on the collective's
+    size even when a parameter got no gradient on some of them (a worker whose loss never
+    reached it); a flag per parameter travels along, and a parameter is left with
+    ``.grad = None`` only when no worker had a gradient for it. A no-op with one worker."""
     if not _multi_worker(group):
         return
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
         return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
+    flat = torch.cat([flat, flat.new_tensor([float(p.grad is not None) for p in params])])
     dist.all_reduce(flat, group=group)
+    had_grad = flat[-len(params):].tolist()
     offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+    for p, g, flag in zip(params, grads, had_grad):
+        summed = flat[offset:offset + g.numel()].view_as(g)
         offset += g.numel()
+        if p.grad is not None:
+            p.grad.copy_(summed)
+        elif flag > 0:
+            p.grad = summed.to(p.dtype).clone()

@@ -99,7 +99,7 @@ class HaloGraph(Graph):
     def check_owned_rows(self, x: Tensor, name: str = "node features") -> None:
         """``x`` is a tensor with one row per owned node."""
         if not isinstance(x, Tensor):
-            raise TypeError(f"node features must be a torch.Tensor, got {type(x).__name__}")
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() == 0 or x.size(0) != self.num_own:
             raise ValueError(
                 f"on a distributed graph a node tensor holds the rows of this worker's {self.num_own} "
@@ -143,7 +143,8 @@ def with_halo_rows(graph, *source_tensors: Tensor) -> tuple:
     widths = [f.size(1) for f in flat]
     rows = graph.source_rows(torch.cat(flat, dim=1))
     parts = rows.split(widths, dim=1)
-    return (graph.local, *(p.reshape(-1, *t.shape[1:]) for p, t in zip(parts, source_tensors)))
+    # the row count spelled out: a zero-width tensor ([n, 0, ...]) leaves -1 ambiguous
+    return (graph.local, *(p.reshape(rows.size(0), *t.shape[1:]) for p, t in zip(parts, source_tensors)))
 
 
 def held_graph(graph):
