@@ -7,12 +7,11 @@ Used by ``examples/train.py`` and the benchmark harness; also a starting point f
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fusegnn.losses import linear_cross_entropy
-from fusegnn.losses.checks import as_class_ids
+from fusegnn.losses.checks import as_class_ids, check_target_and_index
 
 from fusegnn.layers import APPNP, GATConv, GATv2Conv, GCNConv, GINConv, SAGEConv, SGConv
 from fusegnn.sparse import Graph
@@ -49,35 +48,11 @@ class NodeClassifier(nn.Module):
             return linear_cross_entropy(a, weight, target, bias, index=index, ignore_index=ignore_index,
                                         label_smoothing=label_smoothing)
         logits = self(x, graph)
-        _check_target_and_index(logits.shape[0], target, index)
+        check_target_and_index(target, index, logits.shape[0], owner="loss")
         target = as_class_ids(target)  # the dtypes the fused head takes
         if index is not None:
             logits, target = logits.index_select(0, index), target.index_select(0, index)
         return F.cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing)
-
-
-def _check_target_and_index(num_rows: int, target, index) -> None:
-    """The checks :func:`~fusegnn.losses.linear_cross_entropy` makes of ``target`` and
-    ``index`` (shapes and dtypes, no device sync), for the logits path of
-    :meth:`NodeClassifier.loss`: without them a target longer or shorter than the rows
-    was silently cut by ``index``, and a boolean mask failed inside ``index_select``."""
-    if not isinstance(target, Tensor) or target.dim() != 1 or target.is_floating_point() \
-            or target.is_complex() or target.dtype == torch.bool:
-        raise TypeError("loss: target must be a 1-D integer tensor of class ids, got "
-                        + (f"{target.dtype} of shape {tuple(target.shape)}" if isinstance(target, Tensor)
-                           else type(target).__name__))
-    if target.shape[0] != num_rows:
-        raise ValueError(f"loss: target must have one class id per row of x ({num_rows}), got {target.shape[0]}")
-    if index is None:
-        return
-    if not isinstance(index, Tensor):
-        raise TypeError(f"loss: index must be a torch.Tensor of row ids, got {type(index).__name__}")
-    if index.dtype == torch.bool:
-        raise TypeError("loss: index must be an integer tensor of rows, got a boolean mask "
-                        "(pass mask.nonzero().squeeze(1))")
-    if index.dim() != 1 or index.is_floating_point() or index.is_complex():
-        raise TypeError(f"loss: index must be a 1-D integer tensor of rows, got {index.dtype} "
-                        f"of shape {tuple(index.shape)}")
 
 
 class TwoLayerGNN(NodeClassifier):

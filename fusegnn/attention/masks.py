@@ -64,7 +64,7 @@ import torch
 from torch import Tensor
 
 from fusegnn.attention import handles
-from fusegnn.sparse.graph import Graph
+from fusegnn.sparse.graph import Graph, outside_inference_mode
 
 __all__ = [
     "EMPTY",
@@ -137,16 +137,6 @@ def _floor_div(a: Tensor, b: int) -> Tensor:
     return torch.div(a, b, rounding_mode="floor")
 
 
-def _outside_inference_mode(compute: Callable[[], Any]) -> Any:
-    """``compute()`` with inference mode off, for a value a mask keeps: a mask outlives the
-    ``torch.inference_mode()`` block that first used it, and an inference tensor in its
-    cache (a graph's ids) cannot be saved for the backward of a later training call."""
-    if torch.is_inference_mode_enabled():
-        with torch.inference_mode(False):
-            return compute()
-    return compute()
-
-
 class _DeviceBuffer:
     """A CPU tensor with cached copies on other devices."""
 
@@ -157,7 +147,7 @@ class _DeviceBuffer:
     def on(self, device: torch.device) -> Tensor:
         copy = self._copies.get(device)
         if copy is None:
-            copy = _outside_inference_mode(lambda: self.cpu.to(device))
+            copy = outside_inference_mode(lambda: self.cpu.to(device))
             self._copies[device] = copy
         return copy
 
@@ -315,7 +305,7 @@ class Mask:
             head = self._head_index(head)
         key = ("graph", head, device)
         if key not in self._cache:
-            self._cache[key] = _outside_inference_mode(lambda: self._build_graph(head, device))
+            self._cache[key] = outside_inference_mode(lambda: self._build_graph(head, device))
         return self._cache[key]
 
     def dilation_split(self) -> "tuple[int, Mask] | None":
@@ -346,7 +336,7 @@ class Mask:
         key = ("user", key)
         if key in self._cache:
             return self._cache[key]
-        value = _outside_inference_mode(compute)
+        value = outside_inference_mode(compute)
         if keep:
             self._cache[key] = value
         return value
@@ -375,7 +365,7 @@ class Mask:
         device = _device(device)
         key = ("structure", device)
         if key not in self._cache:
-            self._cache[key] = _outside_inference_mode(lambda: self._structure(BM, BN, device))
+            self._cache[key] = outside_inference_mode(lambda: self._structure(BM, BN, device))
         return self._cache[key]
 
     def _structure(self, BM: int, BN: int, device: torch.device) -> str:
@@ -431,7 +421,7 @@ class Mask:
     def _block_map3(self, BM: int, BN: int, device: torch.device) -> Tensor:
         key = ("block_map", BM, BN, device)
         if key not in self._cache:
-            bmap = _outside_inference_mode(lambda: self._block_map(BM, BN, device))
+            bmap = outside_inference_mode(lambda: self._block_map(BM, BN, device))
             nrb, ncb = self.num_blocks(BM, BN)
             assert bmap.shape == (self.num_heads, nrb, ncb), bmap.shape
             self._cache[key] = bmap

@@ -108,6 +108,7 @@ import torch
 from torch import Tensor
 
 from fusegnn.datasets.base import NodeDataset
+from fusegnn.sparse.graph import check_seed
 
 __all__ = [
     "REDDIT_SPEC",
@@ -198,7 +199,7 @@ def generate_reddit_like(
         num_pairs = int(round(spec.num_edges * scale / 2))
     else:
         num_pairs = int(round(n * _check_positive("avg_degree", avg_degree) / 2))
-    gen = torch.Generator(device=device).manual_seed(_check_seed(seed))
+    gen = torch.Generator(device=device).manual_seed(check_seed(seed))
     y = _sample_labels(n, spec.num_classes, gen, device)
     a, b = _sample_pairs(n, num_pairs, y, spec.num_classes, homophily, degree_sigma, gen)
     edge_index = _mirror_sorted(a, b, n)
@@ -313,7 +314,7 @@ def _ogbn_raw(
     else:
         _check_positive("avg_degree", avg_degree)
         num_pairs = int(round(n * avg_degree)) if directed else int(round(n * avg_degree / 2))
-    gen = torch.Generator(device=device).manual_seed(_check_seed(seed))
+    gen = torch.Generator(device=device).manual_seed(check_seed(seed))
     y = _sample_labels(n, spec.num_classes, gen, device)
     a, b = _sample_pairs(n, num_pairs, y, spec.num_classes, homophily, degree_sigma, gen)
     x = _class_features(y, spec.num_features, spec.num_classes, class_sep, gen, decimals=_FEATURE_DECIMALS)
@@ -456,17 +457,6 @@ def _check_positive(arg: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{arg} must be a positive finite number, got {value!r}")
     return float(value)
-
-
-def _check_seed(seed) -> int:
-    """``seed`` as the int ``torch.Generator.manual_seed`` takes (any 64-bit value). A
-    float or a bool is refused: ``int()`` would turn 1.5 into 1 and True into 1, giving
-    another seed's graph while ``extra["params"]`` records the value passed."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
-    if not -(2**63) <= int(seed) < 2**64:
-        raise ValueError(f"seed must fit in 64 bits, got {seed}")
-    return int(seed)
 
 
 def _canonical_ogbn(name: str) -> str:

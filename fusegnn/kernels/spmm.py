@@ -63,7 +63,7 @@ from fusegnn.kernels._reductions import column_sum
 from fusegnn.kernels.partition import plan_for
 from fusegnn.kernels.spmm_gar import MAX_DOT_BLOCK_F, GarConfig, gar_config, gar_reduce
 from fusegnn.kernels.spmm_gas import GasConfig, gas_config, gas_scatter
-from fusegnn.sparse.graph import Graph, outside_graph_pools
+from fusegnn.sparse.graph import Graph, cache_value
 
 __all__ = ["GASSpmm", "GARSpmm", "gas_spmm", "gar_spmm", "gas_backward", "gar_backward", "spmm_backward", "tuning", "gar_cfg"]
 
@@ -156,7 +156,7 @@ def _grouped_weight(graph: Graph, flat: Tensor, order: str, key: tuple | None) -
     hit = memo.get(order)
     if hit is not None and hit[0] == key:
         return hit[2]
-    grouped = outside_graph_pools(lambda: flat.index_select(0, perm), graph.device)  # kept across calls
+    grouped = cache_value(lambda: flat.index_select(0, perm), graph.device)  # kept across calls
     memo[order] = (key, flat.detach(), grouped)  # the detached view keeps the storage alive
     return grouped
 

@@ -11,7 +11,6 @@ ops per hop on the GPU, where the features already are.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ from torch import Tensor
 from fusegnn.loader.batch import SampledBatch
 from fusegnn.loader.features import gather_rows
 from fusegnn.loader.sampler import NeighborSampler
-from fusegnn.sparse.graph import Graph, type_name
+from fusegnn.sparse.graph import Graph, check_seed, type_name
 
 __all__ = ["NeighborLoader"]
 
@@ -83,7 +82,7 @@ class NeighborLoader:
         self.input_nodes = self._resolve_input_nodes(input_nodes, graph.num_nodes)
         self.x = self._place(_node_tensor(x if x is not None else data_x, graph.num_nodes, "x"), features=True)
         self.y = self._place(_node_tensor(y if y is not None else data_y, graph.num_nodes, "y"), features=False)
-        self.seed = int(torch.randint(0, 2**62, (1,))) if seed is None else _check_seed(seed)
+        self.seed = int(torch.randint(0, 2**62, (1,))) if seed is None else check_seed(seed)
         self.generator = torch.Generator(device=self.device).manual_seed(self.seed)
 
     @property
@@ -157,15 +156,6 @@ def _unpack(data: Any, weighted: bool) -> tuple[Graph, Tensor | None, Tensor | N
         weight = getattr(data, "edge_weight", None) if weighted else None
         graph = Graph(edge_index, int(data.num_nodes), weight)
     return graph, getattr(data, "x", None), getattr(data, "y", None)
-
-
-def _check_seed(seed: Any) -> int:
-    """``seed`` as an int that ``torch.Generator.manual_seed`` takes (64 bits, signed or not)."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an int (or None), got {type_name(seed)} {seed!r}")
-    if not -(2**63) <= int(seed) < 2**64:
-        raise ValueError(f"seed must fit in 64 bits, got {seed}")
-    return int(seed)
 
 
 def _node_tensor(values: Tensor | None, num_nodes: int, name: str) -> Tensor | None:

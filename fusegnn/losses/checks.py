@@ -15,7 +15,7 @@ from torch import Tensor
 
 from fusegnn.losses.target_memo import pair_facts
 
-__all__ = ["REDUCTIONS", "as_class_ids", "check_arguments", "check_options"]
+__all__ = ["REDUCTIONS", "as_class_ids", "check_arguments", "check_options", "check_target_and_index"]
 
 REDUCTIONS = ("mean", "sum", "none")
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -29,12 +29,30 @@ def as_class_ids(target: Tensor) -> Tensor:
     return target.to(torch.int64) if target.dtype in _INT_DTYPES and target.dtype != torch.int64 else target
 
 
-def _check_tensor(name: str, value, dims: int) -> Tensor:
+def _check_tensor(name: str, value, dims: int, owner: str = "linear_cross_entropy") -> Tensor:
     if not isinstance(value, Tensor):
-        raise TypeError(f"linear_cross_entropy: {name} must be a torch.Tensor, got {type(value).__name__}")
+        raise TypeError(f"{owner}: {name} must be a torch.Tensor, got {type(value).__name__}")
     if value.dim() != dims:
-        raise ValueError(f"linear_cross_entropy: {name} must be {dims}-D, got shape {tuple(value.shape)}")
+        raise ValueError(f"{owner}: {name} must be {dims}-D, got shape {tuple(value.shape)}")
     return value
+
+
+def check_target_and_index(target, index, num_rows: int, owner: str = "linear_cross_entropy") -> None:
+    """``target`` one integer class id per row (``num_rows``) and ``index`` a 1-D integer
+    tensor of rows (never a boolean mask): shapes and dtypes only, no device sync. Shared
+    by :func:`~fusegnn.losses.linear_cross_entropy` and ``NodeClassifier.loss``'s logits path."""
+    _check_tensor("target", target, 1, owner)
+    if target.dtype not in _INT_DTYPES:
+        raise TypeError(f"{owner}: target must hold class ids (an integer tensor), got {target.dtype}")
+    if target.shape[0] != num_rows:
+        raise ValueError(f"{owner}: target must have one class id per row of h ({num_rows}), got {target.shape[0]}")
+    if index is not None:
+        _check_tensor("index", index, 1, owner)
+        if index.dtype == torch.bool:
+            raise TypeError(f"{owner}: index must be an integer tensor of rows, got a boolean mask "
+                            "(pass mask.nonzero().squeeze(1))")
+        if index.dtype not in _INT_DTYPES:
+            raise TypeError(f"{owner}: index must be an integer tensor of rows, got {index.dtype}")
 
 
 def _check_shapes_and_dtypes(h, weight, target, bias, index) -> None:
@@ -45,7 +63,6 @@ def _check_shapes_and_dtypes(h, weight, target, bias, index) -> None:
         )
     _check_tensor("h", h, 2)
     _check_tensor("weight", weight, 2)
-    _check_tensor("target", target, 1)
     if not h.is_floating_point():
         raise TypeError(f"linear_cross_entropy: h must be a floating tensor, got {h.dtype}")
     if weight.dtype != h.dtype:
@@ -57,15 +74,7 @@ def _check_shapes_and_dtypes(h, weight, target, bias, index) -> None:
         )
     if weight.shape[0] == 0:
         raise ValueError("linear_cross_entropy: weight has no classes (shape [0, K])")
-    if target.dtype not in _INT_DTYPES:
-        raise TypeError(
-            f"linear_cross_entropy: target must hold class ids (an integer tensor), got {target.dtype}"
-        )
-    if target.shape[0] != h.shape[0]:
-        raise ValueError(
-            f"linear_cross_entropy: target must have one class id per row of h ({h.shape[0]}), "
-            f"got {target.shape[0]}"
-        )
+    check_target_and_index(target, index, h.shape[0])
     if bias is not None:
         _check_tensor("bias", bias, 1)
         if bias.dtype != h.dtype:
@@ -74,13 +83,6 @@ def _check_shapes_and_dtypes(h, weight, target, bias, index) -> None:
             raise ValueError(
                 f"linear_cross_entropy: bias must be [{weight.shape[0]}] (weight's classes), got {tuple(bias.shape)}"
             )
-    if index is not None:
-        _check_tensor("index", index, 1)
-        if index.dtype == torch.bool:
-            raise TypeError("linear_cross_entropy: index must be an integer tensor of rows, got a boolean mask "
-                            "(pass mask.nonzero().squeeze(1))")
-        if index.dtype not in _INT_DTYPES:
-            raise TypeError(f"linear_cross_entropy: index must be an integer tensor of rows, got {index.dtype}")
 
 
 def _check_devices(**tensors) -> None:
@@ -107,11 +109,7 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
         return
     parts = []
     if target.numel():
-        # compared as int64, as the kernels and F.cross_entropy compare: torch casts the
-        # Python int to a narrow target's dtype, wrapping it (uint8 == -100 is == 156)
-        wide = target.to(torch.int64)
-        counted = torch.where(wide == ignore_index, torch.zeros((), dtype=torch.int64, device=target.device), wide)
-        parts.append(torch.stack(torch.aminmax(counted)))
+        parts.append(torch.stack(torch.aminmax(_counted_ids(target, ignore_index))))
     if index is not None and index.numel():
         parts.append(torch.stack(torch.aminmax(index)).to(torch.int64))
     if not parts:
@@ -130,6 +128,14 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
         facts[checked] = True
 
 
+def _counted_ids(target: Tensor, ignore_index: int) -> Tensor:
+    """The class ids as int64 with ``ignore_index`` rows as 0 (a valid id), for range checks;
+    compared as int64, as the kernels and F.cross_entropy compare (torch casts the Python
+    int to a narrow target's dtype, wrapping it: uint8 == -100 is == 156)."""
+    wide = target.to(torch.int64)
+    return torch.where(wide == ignore_index, torch.zeros((), dtype=torch.int64, device=target.device), wide)
+
+
 def _assert_values_in_range(target: Tensor, index: Tensor | None, num_rows: int, num_classes: int,
                             ignore_index: int) -> None:
     """:func:`_check_values` in traced code: a host read-back (``.tolist()``) is a
@@ -137,9 +143,7 @@ def _assert_values_in_range(target: Tensor, index: Tensor | None, num_rows: int,
     asserted in the graph instead (``torch._assert_async``: a ``RuntimeError`` with the
     message when the compiled code runs; the value itself cannot be named)."""
     if target.numel():
-        wide = target.to(torch.int64)
-        counted = torch.where(wide == ignore_index, torch.zeros((), dtype=torch.int64, device=target.device), wide)
-        low, high = torch.aminmax(counted)
+        low, high = torch.aminmax(_counted_ids(target, ignore_index))
         torch._assert_async(
             (low >= 0) & (high < num_classes),
             f"linear_cross_entropy: target holds a class id outside [0, {num_classes}) "

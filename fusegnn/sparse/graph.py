@@ -38,6 +38,7 @@ user (or a layer's cache) keeps it; a handle is never reused.
 from __future__ import annotations
 
 import itertools
+import numbers
 import sys
 import threading
 import weakref
@@ -585,13 +586,16 @@ def cache_value(compute: Callable[[], _T], device: torch.device) -> _T:
     processed it, and an inference tensor in its cache would break every later use that
     autograd records (it cannot be saved for a backward) or that reads its version counter
     (the kernels' weight memos)."""
-    if torch.is_inference_mode_enabled():
-        def normal() -> _T:
-            with torch.inference_mode(False):
-                return compute()
+    return outside_graph_pools(lambda: outside_inference_mode(compute), device)
 
-        return outside_graph_pools(normal, device)
-    return outside_graph_pools(compute, device)
+
+def outside_inference_mode(compute: Callable[[], _T]) -> _T:
+    """``compute()`` with ``torch.inference_mode`` off: for a value kept beyond the call (a
+    graph's or a mask's cache), whose tensors must stay normal ones (see :func:`cache_value`)."""
+    if torch.is_inference_mode_enabled():
+        with torch.inference_mode(False):
+            return compute()
+    return compute()
 
 
 def square_node_count(num_src: int, num_dst: int) -> int:
@@ -729,6 +733,17 @@ def _graph_of_sparse(adj: Tensor) -> Graph:
     ref = weakref.ref(adj, lambda _ref, key=key: _SPARSE_GRAPHS.pop(key, None))
     _SPARSE_GRAPHS[key] = (ref, adj._version, graph)
     return graph
+
+
+def check_seed(seed: Any) -> int:
+    """``seed`` as the int ``torch.Generator.manual_seed`` takes (any 64-bit value, signed or
+    not; NumPy integers too). A float or a bool is refused: ``int()`` would turn 1.5 into 1
+    and True into 1, another seed's draws under the value the caller passed."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int, got {type_name(seed)} {seed!r}")
+    if not -(2**63) <= int(seed) < 2**64:
+        raise ValueError(f"seed must fit in 64 bits, got {seed}")
+    return int(seed)
 
 
 def type_name(value: Any) -> str:

@@ -27,6 +27,8 @@ Inputs are assumed valid here; :mod:`fusegnn.sparse.ops` checks them.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -81,10 +83,7 @@ def scatter_add_is_faster(messages: Tensor) -> bool:
     """Whether :func:`reduce_messages` sums ``messages`` with ``scatter_add_``: on CUDA, at
     least :data:`SCATTER_ADD_MIN_WIDTH` values per edge, and not under
     ``torch.use_deterministic_algorithms`` (which keeps ``index_add_``'s deterministic path)."""
-    width = 1
-    for size in messages.shape[1:]:
-        width *= size
-    return (messages.is_cuda and width >= SCATTER_ADD_MIN_WIDTH
+    return (messages.is_cuda and math.prod(messages.shape[1:]) >= SCATTER_ADD_MIN_WIDTH
             and not torch.are_deterministic_algorithms_enabled())
 
 
