@@ -49,16 +49,22 @@ def allreduce_gradients(model: nn.Module, group=None) -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    present = [p.grad is not None for p in params]
+    grads = [p.grad if ok else torch.zeros_like(p) for p, ok in zip(params, present)]
     flat = torch.cat([g.reshape(-1) for g in grads])
-    flat = torch.cat([flat, flat.new_tensor([float(p.grad is not None) for p in params])])
+    flags = flat.new_ones(len(params))  # made on the device: no host-to-device copy a step
+    for i, ok in enumerate(present):
+        if not ok:
+            flags[i] = 0.0
+    flat = torch.cat([flat, flags])
     dist.all_reduce(flat, group=group)
-    had_grad = flat[-len(params):].tolist()
+    # read back (a host sync) only where a local gradient is missing: the common step has none
+    had_grad = present if all(present) else [flag > 0 for flag in flat[-len(params):].tolist()]
     offset = 0
-    for p, g, flag in zip(params, grads, had_grad):
+    for p, g, ok, anyone in zip(params, grads, present, had_grad):
         summed = flat[offset:offset + g.numel()].view_as(g)
         offset += g.numel()
-        if p.grad is not None:
+        if ok:
             p.grad.copy_(summed)
-        elif flag > 0:
+        elif anyone:
             p.grad = summed.to(p.dtype).clone()
