@@ -108,6 +108,8 @@ LOADERS = {
 @pytest.mark.parametrize("loader", sorted(LOADERS))
 def test_loader_without_data_names_where_and_writes_nothing(no_data, loader):
     root, env, cache = no_data
+    if loader.startswith("ogbn"):  # the file list comes from ogb's own master.csv: without ogb, its ImportError
+        pytest.importorskip("ogb")
     with pytest.raises(FileNotFoundError) as info:
         LOADERS[loader](root)
     message = str(info.value)

@@ -139,8 +139,9 @@ def test_unaligned_widths_run_padded(path, heads, feat, weight, with_bias, monke
         _check(graph, x, w, path)
         if w is not None:  # the backward keeps x as it came (it pads a copy itself), not a padded copy
             function = fused.GARSpmm if path == "gar" else fused.GASSpmm  # its own node: saved_tensors
-            saved = [t for t in function.apply(x, w.clone().requires_grad_(), None, graph).grad_fn.saved_tensors
-                     if t is not None]
+            # the output held: grad_fn only weakly refers to its node, which dies with a temporary output
+            out = function.apply(x, w.clone().requires_grad_(), None, graph)
+            saved = [t for t in out.grad_fn.saved_tensors if t is not None]
             assert any(t.data_ptr() == x.data_ptr() for t in saved), [tuple(t.shape) for t in saved]
     else:
         b = torch.randn(x.shape[1:], dtype=x.dtype, generator=torch.Generator().manual_seed(3)).to(DEVICE)
