@@ -176,6 +176,11 @@ def test_semi_structured_layer_matches_dense(dtype, V, sparsity, shape):
         form(x.detach().float())
     with pytest.raises(ValueError, match="x is on cpu"):
         form(x.detach().cpu())
+    # dtype casts of the module cannot reach the 2:4 weight: the bias stays in the layer's dtype
+    for cast in (form.half, form.float, form.bfloat16):
+        assert cast() is form and form.bias.dtype == dtype
+        with torch.no_grad():
+            assert form(x.detach()).dtype == dtype
 
 
 @needs_cuda

@@ -40,7 +40,8 @@ class SemiStructuredLinear(nn.Module):
     weight (its ``packed_t`` is ``None``), so torch has no 2:4 kernel for
     :math:`\partial x = \partial y\, W_P`; the forward refuses inputs that require grad
     (run it under ``torch.no_grad()`` / ``torch.inference_mode()``). The weight is built
-    on its device and cannot be moved (torch's 2:4 tensors move to the CPU only, as dense).
+    on its device and cannot be moved (torch's 2:4 tensors move to the CPU only, as dense), nor
+    cast: ``.half()`` and the like leave the layer in its ``dtype``, bias included.
 
     Args:
         weight: the vector-sparse weight ``[out, in]`` (CUDA).
@@ -69,6 +70,16 @@ class SemiStructuredLinear(nn.Module):
         self.register_buffer("gather", self.layout.gather)
         self.register_buffer("bias", None if bias is None else bias.detach().to(dtype).clone())
         self.dtype = dtype
+
+    def _apply(self, fn, recurse: bool = True):
+        """``Module.half()`` / ``.float()`` / ``.to(dtype)`` would cast the bias but cannot
+        cast torch's 2:4 weight (an attribute, and not convertible): the bias is kept in
+        the layer's ``dtype``, so the output's dtype never changes behind the user's back
+        (a float16 bias on a bfloat16 layer gave float32 outputs)."""
+        super()._apply(fn, recurse)
+        if self.bias is not None and self.bias.dtype != self.dtype:
+            self.bias = self.bias.to(self.dtype)
+        return self
 
     @property
     def width(self) -> int:
