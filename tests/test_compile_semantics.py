@@ -293,3 +293,24 @@ def test_a_compiled_training_step_tracks_eager(optimizer):
     assert frames[1] == frames[-1], frames  # no recompilation once the optimizer state exists
     for p, q in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(p, q, **tol)
+
+
+def test_building_a_graph_inside_compiled_code_says_what_to_do():
+    """``Graph(edge_index, n)`` inside a compiled function checks the ids on the host, which
+    fullgraph cannot trace; the error says to build it outside or pass the edge_index (which
+    the layers take under compile), not Dynamo's words about data-dependent symbols."""
+    layer = L.GCNConv(6, 4).double()
+    x, edge_index = _rand(12, 6, seed=0), torch.tensor([[0, 1, 2, 3, 11], [1, 2, 3, 0, 5]])
+
+    def step(x, edge_index):
+        return layer(x, Graph(edge_index, 12))
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="cannot be built inside a torch.compile'd function"):
+        torch.compile(step, backend="aot_eager", fullgraph=True)(x, edge_index)
+    torch._dynamo.reset()
+    # the suggested form compiles, and without fullgraph the graph breaks and runs eagerly
+    eager = layer(x, Graph(edge_index, 12))
+    _assert_same(torch.compile(layer, backend="aot_eager", fullgraph=True)(x, edge_index), eager, [x])
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(step, backend="aot_eager")(x, edge_index), eager)

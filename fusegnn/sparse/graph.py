@@ -115,6 +115,15 @@ class Graph:
         *,
         validate: bool = True,
     ) -> None:
+        if (validate or num_nodes is None) and torch.compiler.is_compiling():
+            # checking the ids, or counting the nodes, reads them back to the host: a data-dependent
+            # guard that Dynamo refuses with a message about symbols. The layers take an edge_index
+            # under compile (fusegnn.sparse.library)
+            raise RuntimeError(
+                "fusegnn.sparse.Graph(...) cannot be built inside a torch.compile'd function: build the "
+                "Graph once before the compiled call and pass it in, or pass the edge_index tensor "
+                "itself to the layers (they accept it under torch.compile)"
+            )
         if not isinstance(edge_index, Tensor):
             raise TypeError(
                 f"edge_index must be a torch.Tensor of shape [2, E], got {type_name(edge_index)}"
