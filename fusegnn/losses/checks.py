@@ -98,10 +98,10 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
     stays unchanged (:func:`~fusegnn.losses.target_memo.pair_facts`: not for inference
     tensors) and skipped while a CUDA graph is being captured (the eager steps before a
     capture check them; a capture cannot read back)."""
-    if target.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():  # first: traced code never asks about a capture
         _assert_values_in_range(target, index, num_rows, num_classes, ignore_index)
+        return
+    if target.is_cuda and torch.cuda.is_current_stream_capturing():
         return
     facts = pair_facts(target, index)
     checked = ("values in range", num_rows, num_classes, ignore_index)
