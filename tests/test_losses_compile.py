@@ -207,6 +207,8 @@ def test_compiled_fused_mean_over_no_rows_is_nan_with_zero_gradients(rows):
         assert torch.equal(g, torch.zeros_like(g))
 
 
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="on CUDA a failed torch._assert_async is a device-side "
+                    "assert, which ends the process's CUDA context (and CPU tensors need the interpreter)")
 def test_compiled_fused_loss_still_checks_ranges():
     """The in-graph assertions of the class ids and ``index`` on the fused path."""
     (h, w, b), y = _data(seed=6)
