@@ -16,6 +16,17 @@ replay has no host time) or warmed up for a capture
 otherwise (and on the CPU) the PyTorch reference.
 ``backend="fused"`` forces the fused path (on the CPU it needs ``TRITON_INTERPRET=1``:
 how the tests run the Triton kernel), ``backend="reference"`` the reference.
+
+Under ``torch.compile`` (``fullgraph=True`` included, every backend): the checks, the
+dispatch and the reference are traced as they are (the range checks of class ids and
+``index`` become in-graph assertions, :mod:`fusegnn.losses.checks`; triton's presence,
+``TRITON_INTERPRET`` and the capture state are constants of the compiled code). The fused
+path is not this module's autograd Function there but the custom op
+``fusegnn::linear_cross_entropy`` (one node of the graph), with the same loss elimination
+(its backward scales the forward's gradients by :math:`g` in the graph) and, for
+``reduction="none"``, the recomputing ``fusegnn::linear_cross_entropy_backward``
+(:mod:`fusegnn.losses.library`). Both routes run the passes of
+:mod:`fusegnn.losses.passes`, so they agree in value and gradient.
 """
 
 from __future__ import annotations
