@@ -35,7 +35,7 @@ from torch import Tensor
 
 from fusegnn.kernels._autograd import differentiable_once
 from fusegnn.kernels._edge_utils import acc_dtype
-from fusegnn.losses.passes import FusedInputs, forward_pass, recompute_gradients
+from fusegnn.losses.passes import forward_pass, kernel_inputs, recompute_gradients
 
 __all__ = ["compiled_fused_loss", "linear_cross_entropy_backward_op", "linear_cross_entropy_op"]
 
@@ -58,6 +58,7 @@ def linear_cross_entropy_op(h: Tensor, weight: Tensor, bias: Optional[Tensor], t
 
 
 def _grad_like(t: Optional[Tensor], computed: bool, h: Tensor) -> Tensor:
+    """The fake of a gradient of ``t``: its shape where ``computed``, else the ``[0]`` placeholder."""
     return t.new_empty(t.shape) if computed and t is not None else h.new_empty((0,))
 
 
@@ -78,12 +79,8 @@ def linear_cross_entropy_backward_op(grad: Tensor, h: Tensor, weight: Tensor, bi
                                      want_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
     """``(dh, dW, db)`` of the per-row losses (``reduction="none"``) for the per-row incoming
     gradient ``grad`` (``[0]`` placeholders for those not asked for)."""
-    inputs = FusedInputs(
-        h.contiguous(), weight.contiguous(), bias.contiguous() if bias is not None else None,
-        target.to(torch.int64).contiguous(), index.to(torch.int64).contiguous() if index is not None else None,
-    )
-    grads = recompute_gradients(inputs, grad, "none", None, ignore_index, smoothing, chunk_rows,
-                                (want_h, want_weight, want_bias))
+    grads = recompute_gradients(kernel_inputs(h, weight, bias, target, index), grad, "none", None, ignore_index,
+                                smoothing, chunk_rows, (want_h, want_weight, want_bias))
     return tuple(_or_empty(g, h) for g in grads)
 
 

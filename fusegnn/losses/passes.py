@@ -21,7 +21,7 @@ from fusegnn.kernels import linear_cross_entropy as kernels
 from fusegnn.kernels._edge_utils import acc_dtype
 from fusegnn.losses.target_memo import pair_facts
 
-__all__ = ["FusedInputs", "FusedForward", "forward_pass", "recompute_gradients", "valid_rows"]
+__all__ = ["FusedInputs", "FusedForward", "forward_pass", "kernel_inputs", "recompute_gradients", "valid_rows"]
 
 
 def valid_rows(target: Tensor, index: Tensor | None, ignore_index: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -71,6 +71,15 @@ class FusedForward(NamedTuple):
     n_valid: Tensor
 
 
+def kernel_inputs(h: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
+                  index: Tensor | None) -> FusedInputs:
+    """The caller's tensors as the kernels take them (:class:`FusedInputs`)."""
+    return FusedInputs(
+        h.contiguous(), weight.contiguous(), bias.contiguous() if bias is not None else None,
+        target.to(torch.int64).contiguous(), index.to(torch.int64).contiguous() if index is not None else None,
+    )
+
+
 def forward_pass(h: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, index: Tensor | None,
                  ignore_index: int, reduction: str, smoothing: float, chunk_rows: int | None,
                  want: tuple[bool, bool, bool]) -> FusedForward:
@@ -78,10 +87,7 @@ def forward_pass(h: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
     for ``reduction`` ``"mean"`` / ``"sum"``, the gradients ``want`` asks for (``(dh, dW,
     db)``) of that loss. Arguments as checked by the public function."""
     n_valid, mean_scale = valid_rows(target, index, ignore_index, acc_dtype(h.dtype))  # the caller's tensors
-    inputs = FusedInputs(
-        h.contiguous(), weight.contiguous(), bias.contiguous() if bias is not None else None,
-        target.to(torch.int64).contiguous(), index.to(torch.int64).contiguous() if index is not None else None,
-    )
+    inputs = kernel_inputs(h, weight, bias, target, index)
     eager_grads = reduction != "none" and any(want)
     scale = None
     if eager_grads:
