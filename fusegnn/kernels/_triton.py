@@ -49,13 +49,23 @@ BLOCK_ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _TRUE = ("1", "true", "yes", "on", "y")
 
 
+#: whether ``triton`` is installed, looked up once at import: the op layer asks in code that
+#: ``torch.compile`` traces, and Dynamo refuses ``importlib.util.find_spec`` there (torch 2.11)
+#: where it reads a module global as a constant
+_TRITON_FOUND = importlib.util.find_spec("triton") is not None
+
+
 def triton_available() -> bool:
-    """``triton`` can be imported (it is an optional dependency of fusegnn)."""
-    return importlib.util.find_spec("triton") is not None
+    """``triton`` can be imported (it is an optional dependency of fusegnn; looked up once,
+    when this module is imported)."""
+    return _TRITON_FOUND
 
 
+@torch.compiler.assume_constant_result
 def interpreter_enabled() -> bool:
-    """``TRITON_INTERPRET`` asks for Triton's CPU interpreter (read now, every call)."""
+    """``TRITON_INTERPRET`` asks for Triton's CPU interpreter (read now, every call; in code
+    that ``torch.compile`` traces, read once while tracing and kept as a constant: the
+    compiled code never reads the environment)."""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE
 
 

@@ -3,7 +3,8 @@
 Every error names the argument. The value checks (class ids in range, ``index`` in range)
 read one small flag tensor back to the host: one synchronisation per new label tensor, like the
 device-side asserts of ``F.cross_entropy`` but with a Python error instead of a dead
-CUDA context.
+CUDA context. In code that ``torch.compile`` traces they are in-graph assertions instead
+(:func:`_assert_values_in_range`).
 """
 
 from __future__ import annotations
@@ -98,10 +99,10 @@ def _check_values(target: Tensor, index: Tensor | None, num_rows: int, num_class
     stays unchanged (:func:`~fusegnn.losses.target_memo.pair_facts`: not for inference
     tensors) and skipped while a CUDA graph is being captured (the eager steps before a
     capture check them; a capture cannot read back)."""
-    if target.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():  # first: traced code never asks about a capture
         _assert_values_in_range(target, index, num_rows, num_classes, ignore_index)
+        return
+    if target.is_cuda and torch.cuda.is_current_stream_capturing():
         return
     facts = pair_facts(target, index)
     checked = ("values in range", num_rows, num_classes, ignore_index)
@@ -140,8 +141,10 @@ def _assert_values_in_range(target: Tensor, index: Tensor | None, num_rows: int,
                             ignore_index: int) -> None:
     """:func:`_check_values` in traced code: a host read-back (``.tolist()``) is a
     data-dependent guard that ``torch.compile(fullgraph=True)`` refuses, so the ranges are
-    asserted in the graph instead (``torch._assert_async``: a ``RuntimeError`` with the
-    message when the compiled code runs; the value itself cannot be named)."""
+    asserted in the graph instead (``torch._assert_async``: on the CPU a ``RuntimeError``
+    with the message when the compiled code runs, the value itself unnamed; on CUDA a
+    device-side assert, which ends the process's CUDA context, as ``F.cross_entropy``'s
+    own out-of-range class ids do)."""
     if target.numel():
         low, high = torch.aminmax(_counted_ids(target, ignore_index))
         torch._assert_async(

@@ -16,6 +16,17 @@ replay has no host time) or warmed up for a capture
 otherwise (and on the CPU) the PyTorch reference.
 ``backend="fused"`` forces the fused path (on the CPU it needs ``TRITON_INTERPRET=1``:
 how the tests run the Triton kernel), ``backend="reference"`` the reference.
+
+Under ``torch.compile`` (``fullgraph=True`` included, every backend): the checks, the
+dispatch and the reference are traced as they are (the range checks of class ids and
+``index`` become in-graph assertions, :mod:`fusegnn.losses.checks`; triton's presence,
+``TRITON_INTERPRET`` and the capture state are constants of the compiled code). The fused
+path is not this module's autograd Function there but the custom op
+``fusegnn::linear_cross_entropy`` (one node of the graph), with the same loss elimination
+(its backward scales the forward's gradients by :math:`g` in the graph) and, for
+``reduction="none"``, the recomputing ``fusegnn::linear_cross_entropy_backward``
+(:mod:`fusegnn.losses.library`). Both routes run the passes of
+:mod:`fusegnn.losses.passes`, so they agree in value and gradient.
 """
 
 from __future__ import annotations
@@ -24,11 +35,11 @@ import torch
 from torch import Tensor
 
 from fusegnn.kernels._autograd import differentiable_once
-from fusegnn.kernels._edge_utils import acc_dtype
 from fusegnn.kernels import linear_cross_entropy as linear_cross_entropy_kernels
 from fusegnn.kernels._triton import FLOAT_DTYPES, fused_can_run
 from fusegnn.losses.checks import as_class_ids, check_arguments
-from fusegnn.losses.target_memo import pair_facts
+from fusegnn.losses.library import compiled_fused_loss
+from fusegnn.losses.passes import FusedInputs, forward_pass, recompute_gradients
 from fusegnn.sparse.dispatch import capture_mode
 
 __all__ = ["BACKENDS", "FUSED_MIN_WORK", "FUSED_MIN_WORK_HEAD", "FusedLinearCrossEntropy", "fused_min_work",
@@ -41,56 +52,19 @@ def _kernels():
     return linear_cross_entropy_kernels
 
 
-def _valid_rows(target: Tensor, index: Tensor | None, ignore_index: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """``(n_valid, 1 / n_valid)`` in ``dtype`` (0-d and ``[1]``): the rows of ``target[index]``
-    that are not ``ignore_index``. Counted once for a pair of tensors that stays unchanged
-    (:func:`~fusegnn.losses.target_memo.pair_facts`); not kept when counted under
-    ``torch.inference_mode`` (an inference tensor could not be saved for a later training
-    step's backward)."""
-    facts = pair_facts(target, index)
-    counted = ("counted rows", ignore_index, dtype)
-    if facts is not None and counted in facts:
-        return facts[counted]
-    picked = target.index_select(0, index.to(torch.int64)) if index is not None else target
-    # as int64: torch would cast ignore_index to a narrow target's dtype (uint8: -100 -> 156)
-    n_valid = (picked.to(torch.int64) != ignore_index).sum().to(dtype)
-    result = n_valid, (1.0 / n_valid).reshape(1)
-    if facts is not None and not torch.is_inference_mode_enabled():
-        facts[counted] = result
-    return result
-
-
 class FusedLinearCrossEntropy(torch.autograd.Function):
-    """``loss = fused(h, weight, bias, target, index)``; see the module docstring."""
+    """``loss = fused(h, weight, bias, target, index)`` in eager mode; see the module docstring."""
 
     @staticmethod
     def forward(ctx, h, weight, bias, target, index, ignore_index, reduction, smoothing, chunk_rows, out_dtype=None):
-        kernels = _kernels()
         want = tuple(ctx.needs_input_grad[:3])
-        h, weight = h.contiguous(), weight.contiguous()
-        bias = bias.contiguous() if bias is not None else None
-        n_valid, mean_scale = _valid_rows(target, index, ignore_index, acc_dtype(h.dtype))  # the caller's tensors
-        target = target.to(torch.int64).contiguous()
-        index = index.to(torch.int64).contiguous() if index is not None else None
-        eager_grads = reduction != "none" and any(want)
-        scale = None
-        if eager_grads:
-            scale = mean_scale if reduction == "mean" else torch.ones(1, dtype=n_valid.dtype, device=h.device)
-        out = kernels.fused_linear_cross_entropy(
-            h, weight, target, bias, index, ignore_index, smoothing, scale,
-            grads=want if eager_grads else (False, False, False), chunk_rows=chunk_rows,
-        )
+        out = forward_pass(h, weight, bias, target, index, ignore_index, reduction, smoothing, chunk_rows, want)
         ctx.reduction = reduction
-        ctx.grads = (out.grad_h, out.grad_weight, out.grad_bias) if eager_grads else None
+        ctx.grads = out.grads
         if any(want):  # for reduction="none", and for a second backward (retain_graph)
-            ctx.save_for_backward(h, weight, bias, target, index, n_valid)
+            ctx.save_for_backward(*out.inputs, out.n_valid)
             ctx.config = (ignore_index, smoothing, chunk_rows)
-        out_dtype = out_dtype or h.dtype  # float32 under autocast: the loss is computed in it
-        if reduction == "mean":
-            return (out.loss.sum() / n_valid).to(out_dtype)
-        if reduction == "sum":
-            return out.loss.sum().to(out_dtype)
-        return out.loss.to(out_dtype)
+        return out.loss.to(out_dtype or h.dtype)  # float32 under autocast: the loss is computed in it
 
     @staticmethod
     @differentiable_once  # under create_graph=True the gradients raise when differentiated again
@@ -106,16 +80,10 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
             # one launch for the three, on the device, skipped there when grad is 1: no read-back
             _kernels().scale_all_unless_one(grads, grad.reshape(1))
             return grads
-        h, weight, bias, target, index, n_valid = ctx.saved_tensors
+        *inputs, n_valid = ctx.saved_tensors
         ignore_index, smoothing, chunk_rows = ctx.config
-        scale = grad.to(n_valid.dtype).reshape(-1)
-        if ctx.reduction == "mean":
-            scale = scale / n_valid
-        out = _kernels().fused_linear_cross_entropy(
-            h, weight, target, bias, index, ignore_index, smoothing, scale.contiguous(),
-            grads=tuple(ctx.needs_input_grad[:3]), chunk_rows=chunk_rows,
-        )
-        return out.grad_h, out.grad_weight, out.grad_bias
+        return recompute_gradients(FusedInputs(*inputs), grad, ctx.reduction, n_valid, ignore_index, smoothing,
+                                   chunk_rows, tuple(ctx.needs_input_grad[:3]))
 
 
 #: ``backend="auto"`` takes the fused path on CUDA from this many ``rows x (classes +
@@ -157,10 +125,17 @@ def pick_backend(backend: str, h: Tensor, weight: Tensor, bias: Tensor | None, i
         return "reference"
     # a replayed graph has no host time to amortise; capture_mode is also on in the warm-up
     # steps of fusegnn.graphed_step, which must run (compile, cache) what the capture records
-    if capture_mode():
+    if _replayed():
         return "fused"
     rows = index.numel() if index is not None else h.shape[0]
     return "fused" if rows * (weight.shape[0] + weight.shape[1]) >= fused_min_work(weight.shape[0]) else "reference"
+
+
+@torch.compiler.assume_constant_result
+def _replayed() -> bool:
+    """:func:`~fusegnn.sparse.dispatch.capture_mode` (in code that ``torch.compile`` traces:
+    read once while tracing, a constant of the compiled code)."""
+    return capture_mode()
 
 
 def linear_cross_entropy(
@@ -238,16 +213,23 @@ def linear_cross_entropy(
             label_smoothing=label_smoothing,
         )
     if autocast is None:
-        return FusedLinearCrossEntropy.apply(
-            h, weight, bias, target, index, ignore_index, reduction, label_smoothing, chunk_rows
-        )
+        return _fused(h, weight, bias, target, index, ignore_index, reduction, label_smoothing, chunk_rows)
     # the kernels' GEMMs keep their dtypes; a half-precision loss comes back in float32, as
     # cross_entropy's under autocast (the kernels compute it in float32: no rounding to half)
     with torch.autocast(h.device.type, enabled=False):
-        return FusedLinearCrossEntropy.apply(
-            h, weight, bias, target, index, ignore_index, reduction, label_smoothing, chunk_rows,
-            torch.float32 if h.dtype in (torch.float16, torch.bfloat16) else None,
-        )
+        return _fused(h, weight, bias, target, index, ignore_index, reduction, label_smoothing, chunk_rows,
+                      torch.float32 if h.dtype in (torch.float16, torch.bfloat16) else None)
+
+
+def _fused(h, weight, bias, target, index, ignore_index, reduction, smoothing, chunk_rows, out_dtype=None) -> Tensor:
+    """The fused path: :class:`FusedLinearCrossEntropy` eagerly, the custom op
+    ``fusegnn::linear_cross_entropy`` in code that ``torch.compile`` traces
+    (:mod:`fusegnn.losses.library`). The loss in ``out_dtype`` (default: ``h``'s)."""
+    if torch.compiler.is_compiling():
+        loss = compiled_fused_loss(h, weight, bias, target, index, ignore_index, reduction, smoothing, chunk_rows)
+        return loss.to(out_dtype or h.dtype)
+    return FusedLinearCrossEntropy.apply(h, weight, bias, target, index, ignore_index, reduction, smoothing,
+                                         chunk_rows, out_dtype)
 
 
 def _autocast_dtype(h) -> torch.dtype | None:
