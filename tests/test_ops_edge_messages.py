@@ -28,7 +28,10 @@ import torch._dynamo  # noqa: E402
 
 from fusegnn.sparse import Graph, dispatch, edge_aggregate, edge_softmax, reference, reference_grads, sddmm, spmm  # noqa: E402
 from tests.graphs import random_graph, random_weights  # noqa: E402
-from tests.op_cases import DEVICE, F64, PATHS, hub_graph, randn, short_segments  # noqa: E402
+from tests.op_cases import (  # noqa: E402
+    DEVICE, F64, PATHS, aligned_width, hub_graph, owns_its_storage, randn, record_edge_aggregate_launches,
+    short_segments,
+)
 
 triton = pytest.importorskip("triton")
 
@@ -212,29 +215,6 @@ def test_plain_backward_recomputes_the_argmax():
         torch.testing.assert_close(a, c)
 
 
-class _Recorder:
-    """Stands in for a lazily jitted kernel (``kernel[grid](*args)``): records the head width
-    and the row stride it is launched with (arguments ``num_feat`` and ``row_stride``, at
-    ``at`` and ``at + 1``) and the widths of the first two tensors, then launches it."""
-
-    def __init__(self, kernel, at):
-        self.kernel, self.at, self.seen = kernel, at, []
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-
-        def record(*args, **kwargs):
-            self.seen.append((args[self.at], args[self.at + 1], args[0].size(1), args[1].size(1)))
-            return launch(*args, **kwargs)
-
-        return record
-
-
-def _owns_exactly(t):
-    """``t`` holds no hidden storage (a slice of a padded buffer would keep it alive)."""
-    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
-
-
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
 @pytest.mark.parametrize("heads, feat, weight", [(None, 41, None), (2, 20, "eh"), (2, 9, "e")],
@@ -247,9 +227,7 @@ def test_unaligned_widths_run_padded(heads, feat, weight, reduce, path, monkeypa
     ``[E, H]`` weights, over the flattened ``H F`` columns with ``[E]`` ones (2 x 9 = 18
     -> 32). GAS hands the op to GAR, so it pads too. The backward keeps the caller's
     tensors (no padded copy) and nothing returned holds padded storage."""
-    forward, backward = _Recorder(fused_ea._ea_forward, 14), _Recorder(fused_ea._ea_backward, 16)
-    monkeypatch.setattr(fused_ea, "_ea_forward", forward)
-    monkeypatch.setattr(fused_ea, "_ea_backward", backward)
+    forward, backward = record_edge_aggregate_launches(monkeypatch)
     graph = hub_graph(n=9, e=40, seed=24, hub=14)  # isolated targets, duplicates, a hub over short segments
     x, e, w = _inputs(graph, heads, feat, weight=weight, seed=25)
     before = [t.clone() for t in (x, e) + ((w,) if w is not None else ())]
@@ -257,7 +235,7 @@ def test_unaligned_widths_run_padded(heads, feat, weight, reduce, path, monkeypa
     assert all(torch.equal(a, b) for a, b in zip(before, (x, e, w)))
 
     per_head = feat if weight == "eh" else feat * (heads or 1)
-    run = -(-per_head // 16) * 16
+    run = aligned_width(per_head)
     row = run * (heads if weight == "eh" else 1)
     assert forward.seen and backward.seen
     # (num_feat, row_stride, width of x, width of the edge rows) at every launch
@@ -269,9 +247,9 @@ def test_unaligned_widths_run_padded(heads, feat, weight, reduce, path, monkeypa
     saved = out.grad_fn.saved_tensors
     assert saved[0].data_ptr() == xs.data_ptr() and saved[1].data_ptr() == es.data_ptr()
     if reduce == "max":  # the argmax is kept unpadded
-        assert saved[3].shape == out.shape and _owns_exactly(saved[3])
+        assert saved[3].shape == out.shape and owns_its_storage(saved[3])
     grads = torch.autograd.grad(out, [t for t in (xs, es, ws) if t is not None], torch.ones_like(out))
-    assert _owns_exactly(out) and all(_owns_exactly(g) for g in grads)
+    assert owns_its_storage(out) and all(owns_its_storage(g) for g in grads)
     if reduce == "max":  # the compiled op's backward recomputes the argmax, at the same width
         kept = fused_ea.edge_aggregate_backward(graph, torch.ones_like(out), x, e, w, "relu", "max",
                                                 saved[3], True, True, True)
