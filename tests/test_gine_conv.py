@@ -97,6 +97,34 @@ def test_gine_fused_paths_match_reference(aggregation):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("aggregation", ["gas", "gar"])
+def test_gine_unaligned_width_runs_padded(aggregation, monkeypatch):
+    """At a node width of 41 the fused messages run at 48 columns (zero-padded, sliced
+    back): the forward and backward kernels see 48-wide rows of ``x`` and of the edge
+    features, and the output and every gradient (parameters, ``x``, ``edge_attr``) are the
+    reference layer's, in float64, on a graph with isolated nodes, duplicates and a hub."""
+    from tests.op_cases import DEVICE, hub_graph, randn, record_edge_aggregate_launches
+
+    forward, backward = record_edge_aggregate_launches(monkeypatch)
+    graph = hub_graph(n=9, e=40, seed=30, hub=14)
+    torch.manual_seed(0)
+    ref = GINEConv(_narrowing_mlp(41, 3), train_eps=True, edge_dim=5).double().to(DEVICE)
+    fused = GINEConv(_narrowing_mlp(41, 3), train_eps=True, edge_dim=5, aggregation=aggregation)
+    fused = fused.double().to(DEVICE)
+    fused.load_state_dict(ref.state_dict())
+    x, e = randn(9, 41, seed=31), randn(graph.num_edges, 5, seed=32)
+    xs, es, xr, er = (t.clone().requires_grad_() for t in (x, e, x, e))
+    out, want = fused(xs, graph, es), ref(xr, graph.edge_index, er)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, [xs, es, *fused.parameters()], g)
+    expected = torch.autograd.grad(want, [xr, er, *ref.parameters()], g)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert forward.seen and backward.seen
+    assert all(seen == (48, 48, 48, 48) for seen in forward.seen + backward.seen), (forward.seen, backward.seen)
+
+
 def test_gine_bad_input():
     layer = GINEConv(_narrowing_mlp(4, 3), edge_dim=2).double()
     ei = SPECS[0].build()

@@ -10,6 +10,7 @@ graphs with isolated nodes, self-loops, duplicate edges and a hub row, for ``[N]
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -120,6 +121,53 @@ def test_sddmm_no_edges():
     assert out.shape == (0,)
     ga, gb = torch.autograd.grad(sddmm_kernels.sddmm(graph, a, b, "mul").sum(), (a, b))
     assert bool((ga == 0).all()) and bool((gb == 0).all())
+
+
+class _Widths:
+    """Stands in for a lazily jitted kernel (``kernel[grid](*args)``): records the argument at
+    ``at`` (its row width) and the widths of the tensors at ``tensors``, then launches it."""
+
+    def __init__(self, kernel, at, tensors):
+        self.kernel, self.at, self.tensors, self.seen = kernel, at, tensors, []
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def record(*args, **kwargs):
+            self.seen.append((args[self.at],) + tuple(args[i][0].numel() for i in self.tensors))
+            return launch(*args, **kwargs)
+
+        return record
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul"])
+@pytest.mark.parametrize("trailing", [(41,), (2, 20), (2, 9), (3, 5)], ids=["F41", "H2xF20", "H2xF9", "H3xF5"])
+def test_sddmm_unaligned_widths(trailing, op, monkeypatch):
+    """The elementwise SDDMM's backward (row-parallel edge-to-node sums, gathering the
+    edges' gradient rows through the permutation and the other side's rows) runs a row of
+    more than 16 columns that is not a multiple of 16 zero-padded to the next multiple
+    (41 -> 48, 2 x 20 = 40 -> 48, 2 x 9 = 18 -> 32; 15 stays), sliced back: gradients equal
+    the reference's, of their own storage. The forward is edge-parallel and runs the
+    width as it comes."""
+    forward = _Widths(sddmm_kernels.sddmm_kernel, 7, (2, 3))  # F, then the widths of a and b
+    sums = _Widths(sddmm_kernels.edge_to_node_kernel, 6, (3, 4))  # W, then the widths of grad and other
+    monkeypatch.setattr(sddmm_kernels, "sddmm_kernel", forward)
+    monkeypatch.setattr(sddmm_kernels, "edge_to_node_kernel", sums)
+    graph = _graph(num_nodes=9, num_edges=40, seed=5, hub=14)  # isolated nodes, duplicates, a hub
+    a = _rand((graph.num_src_nodes,) + trailing, 1)
+    b = _rand((graph.num_dst_nodes,) + trailing, 2)
+    out = sddmm_kernels.sddmm(graph, a, b, op)
+    ref = reference.sddmm(graph, a, b, op)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    got, want = _grads(out, (a, b), 3), _grads(ref, (a, b), 3)
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x, y, atol=1e-12, rtol=1e-11)
+        assert x.is_contiguous() and x.untyped_storage().nbytes() == x.numel() * x.element_size()
+    width = math.prod(trailing)
+    run = width if width <= 16 else -(-width // 16) * 16
+    assert forward.seen == [(width, width, width)]
+    # (without ``other``, add / sub, the kernel is handed the gradient in its place)
+    assert sums.seen and all(seen == (run, run, run) for seen in sums.seen), sums.seen
 
 
 # ------------------------------------------------------------------ edge softmax

@@ -158,6 +158,8 @@ def test_unaligned_widths_run_padded(path, heads, feat, weight, with_bias, monke
         for a, e in zip(got, want):
             assert a.shape == e.shape
             torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+        for t in (out,) + got:  # contiguous, of its own storage: no slice of a padded buffer kept alive
+            assert t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
     per_head = feat if weight == "eh" else feat * (heads or 1)
     run = -(-per_head // 16) * 16 if path == "gar" else per_head
     assert seen and all(width == run * (heads if weight == "eh" else 1) for width in seen), seen

@@ -28,7 +28,10 @@ import torch._dynamo  # noqa: E402
 
 from fusegnn.sparse import Graph, dispatch, edge_aggregate, edge_softmax, reference, reference_grads, sddmm, spmm  # noqa: E402
 from tests.graphs import random_graph, random_weights  # noqa: E402
-from tests.op_cases import DEVICE, F64, PATHS, hub_graph, randn, short_segments  # noqa: E402
+from tests.op_cases import (  # noqa: E402
+    DEVICE, F64, PATHS, aligned_width, hub_graph, owns_its_storage, randn, record_edge_aggregate_launches,
+    short_segments,
+)
 
 triton = pytest.importorskip("triton")
 
@@ -210,6 +213,49 @@ def test_plain_backward_recomputes_the_argmax():
     for a, b, c in zip(kept, again, want):
         assert torch.equal(a, b)
         torch.testing.assert_close(a, c)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
+@pytest.mark.parametrize("heads, feat, weight", [(None, 41, None), (2, 20, "eh"), (2, 9, "e")],
+                         ids=["F41", "H2xF20-perhead", "H2xF9-shared"])
+def test_unaligned_widths_run_padded(heads, feat, weight, reduce, path, monkeypatch):
+    """A head wider than 16 columns and not a multiple of 16 runs at the next multiple
+    (zero columns appended, then sliced off): forward and backward kernels see 16-element
+    aligned rows of ``x``, the edge rows, the output (gradient) and the argmax; values
+    and the ``x`` / edge-row / weight gradients are the reference's -- per head with
+    ``[E, H]`` weights, over the flattened ``H F`` columns with ``[E]`` ones (2 x 9 = 18
+    -> 32). GAS hands the op to GAR, so it pads too. The backward keeps the caller's
+    tensors (no padded copy) and nothing returned holds padded storage."""
+    forward, backward = record_edge_aggregate_launches(monkeypatch)
+    graph = hub_graph(n=9, e=40, seed=24, hub=14)  # isolated targets, duplicates, a hub over short segments
+    x, e, w = _inputs(graph, heads, feat, weight=weight, seed=25)
+    before = [t.clone() for t in (x, e) + ((w,) if w is not None else ())]
+    _check(graph, x, e, w, "relu", reduce, path)
+    assert all(torch.equal(a, b) for a, b in zip(before, (x, e, w)))
+
+    per_head = feat if weight == "eh" else feat * (heads or 1)
+    run = aligned_width(per_head)
+    row = run * (heads if weight == "eh" else 1)
+    assert forward.seen and backward.seen
+    # (num_feat, row_stride, width of x, width of the edge rows) at every launch
+    assert all(seen == (run, row, row, row) for seen in forward.seen + backward.seen), (forward.seen, backward.seen)
+
+    xs, es = x.clone().requires_grad_(), e.clone().requires_grad_()
+    ws = w.clone().requires_grad_() if w is not None else None
+    out = fused_ea.EdgeAggregate.apply(xs, es, ws, graph, "relu", reduce)  # kept: its node holds the saved tensors
+    saved = out.grad_fn.saved_tensors
+    assert saved[0].data_ptr() == xs.data_ptr() and saved[1].data_ptr() == es.data_ptr()
+    if reduce == "max":  # the argmax is kept unpadded
+        assert saved[3].shape == out.shape and owns_its_storage(saved[3])
+    grads = torch.autograd.grad(out, [t for t in (xs, es, ws) if t is not None], torch.ones_like(out))
+    assert owns_its_storage(out) and all(owns_its_storage(g) for g in grads)
+    if reduce == "max":  # the compiled op's backward recomputes the argmax, at the same width
+        kept = fused_ea.edge_aggregate_backward(graph, torch.ones_like(out), x, e, w, "relu", "max",
+                                                saved[3], True, True, True)
+        again = fused_ea.edge_aggregate_backward(graph, torch.ones_like(out), x, e, w, "relu", "max",
+                                                 None, True, True, True)
+        assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(kept, again))
 
 
 @pytest.mark.parametrize("path", ("reference",) + PATHS)

@@ -22,7 +22,10 @@ import pytest  # noqa: E402
 
 from fusegnn.sparse import Graph, dispatch, reference, spmm  # noqa: E402
 from tests.graphs import random_weights  # noqa: E402
-from tests.op_cases import DEVICE, F64, PATHS, hub_graph, randn, short_segments  # noqa: E402
+from tests.op_cases import (  # noqa: E402
+    DEVICE, F64, PATHS, aligned_width, hub_graph, owns_its_storage, randn, record_edge_aggregate_launches,
+    short_segments,
+)
 
 triton = pytest.importorskip("triton")
 
@@ -172,6 +175,35 @@ def test_fused_matches_reference(path, heads, feat, weight):
         w = random_weights(graph.num_edges, feat + 1, heads=heads if weight == "eh" else None, positive=False)
         w = w.to(DEVICE)
     _check(graph, x, w, path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("heads, feat, weight", [(None, 41, "e"), (2, 20, "eh"), (2, 9, None)],
+                         ids=["F41", "H2xF20-perhead", "H2xF9-unweighted"])
+def test_unaligned_widths_run_padded(path, heads, feat, weight, monkeypatch):
+    """The max runs a head wider than 16 columns and not a multiple of 16 at the next
+    multiple (:mod:`fusegnn.kernels.edge_aggregate`, which GAS hands the max to): its
+    kernels see aligned rows; values, argmax and gradients are the reference's; the
+    output and gradients hold no padded storage."""
+    forward, backward = record_edge_aggregate_launches(monkeypatch)
+    graph = hub_graph(n=9, e=40, seed=26, hub=14)
+    x = randn(*((9, feat) if heads is None else (9, heads, feat)), seed=27)
+    w = None
+    if weight is not None:
+        w = random_weights(graph.num_edges, 28, heads=heads if weight == "eh" else None, positive=False).to(DEVICE)
+    _check(graph, x, w, path)
+    per_head = feat if weight == "eh" else feat * (heads or 1)
+    row = aligned_width(per_head) * (heads if weight == "eh" else 1)
+    assert forward.seen and backward.seen
+    assert all(seen[1:3] == (row, row) for seen in forward.seen + backward.seen), (forward.seen, backward.seen)
+    out, arg = fused_ea.edge_aggregate_forward(graph, x, None, w, None, "max")
+    messages = x.index_select(0, graph.src)
+    want, want_arg = reference.max_and_argmax(graph, messages * w.unsqueeze(-1) if w is not None else messages)
+    assert torch.equal(out, want) and torch.equal(arg.long(), want_arg)
+    xs = x.clone().requires_grad_()
+    out = spmm(graph, xs, w, "max", aggregation=path)
+    (gx,) = torch.autograd.grad(out, [xs], torch.ones_like(out))
+    assert owns_its_storage(out) and owns_its_storage(arg) and owns_its_storage(gx)
 
 
 @pytest.mark.parametrize("path", PATHS)

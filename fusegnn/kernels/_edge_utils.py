@@ -65,12 +65,15 @@ def pad_heads(t: Tensor, heads: int, channels: int) -> Tensor:
 
 def unpad_heads(t: Tensor, heads: int, feat: int) -> Tensor:
     """The first ``feat`` columns of each head of ``t`` (``[N, heads * channels]``) as a
-    contiguous ``[N, heads * feat]``; ``t`` itself when nothing was padded."""
+    contiguous ``[N, heads * feat]`` of its own storage; ``t`` itself when nothing was
+    padded. (Always a copy: for one head ``reshape`` would return a strided view that keeps
+    the padded buffer alive and gives callers a non-contiguous result.)"""
     channels = t.size(1) // max(heads, 1)
     if channels == feat:
         return t
     n = t.size(0)
-    return t.view(n, heads, channels)[:, :, :feat].reshape(n, heads * feat)
+    kept = t.view(n, heads, channels)[:, :, :feat]
+    return torch.empty((n, heads * feat), dtype=t.dtype, device=t.device).copy_(kept.reshape(n, heads * feat))
 
 
 def check_not_capturing(tensor: Tensor, what: str) -> None:

@@ -40,6 +40,14 @@ stored per edge; the weight gradient is stored per edge and feature block and th
 partial dot products are added afterwards (one block for heads up to the tile width). No
 atomics anywhere: bitwise reproducible.
 
+A head wider than 16 columns and not a multiple of 16 runs zero-padded to the next
+multiple (:func:`~fusegnn.kernels._edge_utils.padded_channels`, the rule of GAR's
+:mod:`fusegnn.kernels.spmm`): ``x``, the edge rows (read through the CSR / CSC
+permutation: their row stride is the same ``C``), the output gradient and the argmax are
+copied padded for the kernels only, and the outputs and gradients sliced back; the zero
+columns add nothing to the weight gradient. There is no GAS form of this op, so every
+path pads (GAS hands it to GAR).
+
 ``spmm(reduce="max")`` is this op with ``x`` only and no activation.
 """
 
@@ -53,6 +61,7 @@ import triton.language as tl
 from torch import Tensor
 from fusegnn.kernels._autograd import differentiable_once
 
+from fusegnn.kernels._edge_utils import pad_heads, padded_channels, unpad_heads
 from fusegnn.kernels._triton import LazyKernel, kernel_helper
 from fusegnn.kernels.partition import SegmentPlan, plan_for
 from fusegnn.kernels.spmm import gar_cfg
@@ -246,6 +255,13 @@ def _flat(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.reshape(t.size(0), math.prod(t.shape[1:])).contiguous()
 
 
+def _padded(t: Tensor | None, heads: int, channels: int) -> Tensor | None:
+    """``t``'s rows flat (:func:`_flat`) with each of the ``heads`` heads zero-padded to
+    ``channels`` columns (:func:`~fusegnn.kernels._edge_utils.pad_heads`; ``t``'s flat
+    rows when nothing is padded)."""
+    return None if t is None else pad_heads(_flat(t), heads, channels)
+
+
 def _flat_weight(w: Tensor | None) -> tuple[Tensor | None, int]:
     """Weights as contiguous ``[E, heads]`` and ``heads`` (1 for ``[E]`` or none)."""
     if w is None:
@@ -271,27 +287,20 @@ def _argmax_dtype(num_edges: int) -> torch.dtype:
     return torch.int32 if num_edges <= _INT32_MAX else torch.int64
 
 
-def edge_aggregate_forward(
-    graph: Graph, x: Tensor | None, edge_attr: Tensor | None, weight: Tensor | None,
-    activation: str | None, reduce: str,
+def _run_forward(
+    graph: Graph, x2: Tensor | None, e2: Tensor | None, w2: Tensor | None, heads: int, feat: int,
+    like: Tensor, activation: str | None, is_max: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """``(out, argmax)`` of :func:`fusegnn.sparse.reference.edge_aggregate` through the
-    fused GAR kernels (no autograd). ``argmax`` (``[N_dst, C]`` COO edge ids, ``-1`` for
-    none; int32 unless there are ``2**31`` edges) only for ``reduce="max"``, else ``None``.
-    Inputs as the op takes them (checked by the op layer)."""
-    like = x if x is not None else edge_attr
-    x2, e2 = _flat(x), _flat(edge_attr)
-    w2, heads = _flat_weight(weight)
-    cols = math.prod(like.shape[1:])
-    feat = cols // max(heads, 1)  # zero heads: zero columns
+    """The forward kernels on flat rows of ``heads * feat`` columns (``x2`` ``[N_src, C]``,
+    ``e2`` ``[E, C]``, contiguous, at the width the kernels run at): ``(out, argmax)`` as
+    ``[N_dst, C]`` (``argmax`` only for the max), before the mean's division."""
+    cols = heads * feat
     num_dst = graph.num_dst_nodes
-    out_shape = (num_dst,) + tuple(like.shape[1:])
-    is_max = reduce == "max"
     acc_dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
     out = torch.empty(num_dst, cols, dtype=like.dtype, device=like.device)
     arg = torch.empty(num_dst, cols, dtype=_argmax_dtype(graph.num_edges), device=like.device) if is_max else None
     if num_dst == 0 or cols == 0:
-        return out.view(out_shape), (arg.view(out_shape) if is_max else None)
+        return out, arg
     cfg = gar_cfg(feat, like.element_size(), False, graph.avg_degree)
     plan = plan_for(graph, "csr", cfg.seg_len)
     num_fblocks = triton.cdiv(feat, cfg.block_f)
@@ -304,7 +313,7 @@ def edge_aggregate_forward(
         plan.index, plan.perm, plan.seg_row, plan.seg_start, plan.seg_end, plan.seg_slot,
         out, arg if is_max else out, part, part_arg,
         plan.num_segments, feat, cols, num_fblocks, heads,
-        HAS_X=x is not None, HAS_E=edge_attr is not None, HAS_W=weight is not None,
+        HAS_X=x2 is not None, HAS_E=e2 is not None, HAS_W=w2 is not None,
         RELU=activation == "relu", MAX=is_max, IDX64=idx64, ACC64=acc_dtype == torch.float64,
         BLOCK_E=cfg.block_e, BLOCK_F=cfg.block_f, num_warps=cfg.num_warps,
     )
@@ -321,10 +330,31 @@ def edge_aggregate_forward(
                 part, plan.split_rows, plan.slot_ptr, out, cols,
                 IDX64=idx64, ACC64=acc_dtype == torch.float64, BLOCK_C=block_c, num_warps=4,
             )
-    out = out.view(out_shape)
+    return out, arg
+
+
+def edge_aggregate_forward(
+    graph: Graph, x: Tensor | None, edge_attr: Tensor | None, weight: Tensor | None,
+    activation: str | None, reduce: str,
+) -> tuple[Tensor, Tensor | None]:
+    """``(out, argmax)`` of :func:`fusegnn.sparse.reference.edge_aggregate` through the
+    fused GAR kernels (no autograd). ``argmax`` (``[N_dst, C]`` COO edge ids, ``-1`` for
+    none; int32 unless there are ``2**31`` edges) only for ``reduce="max"``, else ``None``.
+    Inputs as the op takes them (checked by the op layer)."""
+    like = x if x is not None else edge_attr
+    w2, heads = _flat_weight(weight)
+    feat = math.prod(like.shape[1:]) // max(heads, 1)  # zero heads: zero columns
+    run_feat = padded_channels(feat)  # aligned rows (module docstring)
+    # the padded copies live for the kernels only
+    out, arg = _run_forward(
+        graph, _padded(x, heads, run_feat), _padded(edge_attr, heads, run_feat), w2, heads, run_feat,
+        like, activation, reduce == "max",
+    )
+    out_shape = (graph.num_dst_nodes,) + tuple(like.shape[1:])
+    out = unpad_heads(out, heads, feat).view(out_shape)
     if reduce == "mean":
         out = out / _mean_count(graph, out)
-    return out, (arg.view(out_shape) if is_max else None)
+    return out, (unpad_heads(arg, heads, feat).view(out_shape) if arg is not None else None)
 
 
 def edge_aggregate_backward(
@@ -336,57 +366,64 @@ def edge_aggregate_backward(
     ``None`` unless needed) from one GAR pass over the CSC segments (see the module
     docstring). For ``reduce="max"``, ``argmax`` is the forward's; ``None`` recomputes it
     (a forward pass: what the compiled op's backward, which cannot keep it, does)."""
-    if reduce == "max" and argmax is None:
-        _, argmax = edge_aggregate_forward(graph, x, edge_attr, weight, activation, reduce)
     like = x if x is not None else edge_attr
     if reduce == "mean":
         grad = grad / _mean_count(graph, grad)
-    g2 = _flat(grad)
-    x2, e2 = _flat(x), _flat(edge_attr)
     w2, heads = _flat_weight(weight)
-    cols = g2.size(1)
+    cols = math.prod(grad.shape[1:])
     feat = cols // max(heads, 1)  # zero heads: zero columns
     need_x, need_e = need_x and x is not None, need_e and edge_attr is not None
     need_w = need_w and weight is not None
     acc_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
     num_src, num_edges = graph.num_src_nodes, graph.num_edges
-    gx = torch.empty(num_src, cols, dtype=x.dtype, device=grad.device) if need_x else None
-    ge = torch.empty(num_edges, cols, dtype=edge_attr.dtype, device=grad.device) if need_e else None
-    gw = None
+    gx = ge = gw = None
     if (need_x or need_e or need_w) and num_src and cols:
-        cfg = gar_cfg(feat, like.element_size(), False, num_edges / max(num_src, 1))
+        run_feat = padded_channels(feat)  # the forward's aligned rows (module docstring)
+        run_cols = heads * run_feat
+        need_z = activation == "relu" or need_w
+        recompute = reduce == "max" and argmax is None
+        # the padded copies live for this pass only (x and the edge rows: read for z)
+        g2 = _padded(grad, heads, run_feat)
+        x2 = _padded(x, heads, run_feat) if need_z or recompute else None
+        e2 = _padded(edge_attr, heads, run_feat) if need_z or recompute else None
+        if recompute:  # the forward's, at the same width
+            _, arg2 = _run_forward(graph, x2, e2, w2, heads, run_feat, like, activation, True)
+        else:
+            arg2 = _padded(argmax, heads, run_feat)
+        gx = torch.empty(num_src, run_cols, dtype=x.dtype, device=grad.device) if need_x else None
+        ge = torch.empty(num_edges, run_cols, dtype=edge_attr.dtype, device=grad.device) if need_e else None
+        cfg = gar_cfg(run_feat, like.element_size(), False, num_edges / max(num_src, 1))
         plan = plan_for(graph, "csc", cfg.seg_len)
-        num_fblocks = triton.cdiv(feat, cfg.block_f)
+        num_fblocks = triton.cdiv(run_feat, cfg.block_f)
         gw_part = torch.empty(num_edges, heads, num_fblocks, dtype=acc_dtype, device=grad.device) if need_w else None
-        part = (torch.empty(plan.num_slots, cols, dtype=acc_dtype, device=grad.device)
+        part = (torch.empty(plan.num_slots, run_cols, dtype=acc_dtype, device=grad.device)
                 if plan.num_slots and need_x else g2)
-        idx64 = _idx64(plan, max(num_src, graph.num_dst_nodes), cols, num_edges, cfg.block_e)
-        any_x = x2 if x2 is not None else g2
+        idx64 = _idx64(plan, max(num_src, graph.num_dst_nodes), run_cols, num_edges, cfg.block_e)
         _ea_backward[(plan.num_segments * heads * num_fblocks,)](
-            g2, any_x, e2 if e2 is not None else g2, w2 if w2 is not None else g2,
-            _flat(argmax) if argmax is not None else g2,
+            g2, x2 if x2 is not None else g2, e2 if e2 is not None else g2, w2 if w2 is not None else g2,
+            arg2 if arg2 is not None else g2,
             plan.index, plan.perm, plan.seg_row, plan.seg_start, plan.seg_end, plan.seg_slot,
             gx if need_x else g2, part, ge if need_e else g2, gw_part if need_w else g2,
-            plan.num_segments, feat, cols, num_fblocks, heads,
+            plan.num_segments, run_feat, run_cols, num_fblocks, heads,
             HAS_X=x is not None, HAS_E=edge_attr is not None, HAS_W=weight is not None,
             RELU=activation == "relu", MASK=reduce == "max",
-            NEED_X=need_x, NEED_E=need_e, NEED_W=need_w, NEED_Z=activation == "relu" or need_w,
+            NEED_X=need_x, NEED_E=need_e, NEED_W=need_w, NEED_Z=need_z,
             IDX64=idx64, ACC64=acc_dtype == torch.float64,
             BLOCK_E=cfg.block_e, BLOCK_F=cfg.block_f, num_warps=cfg.num_warps,
         )
         if need_x and plan.num_slots:
-            block_c = min(triton.next_power_of_2(cols), 1024)
-            _gar_combine[(plan.split_rows.numel(), triton.cdiv(cols, block_c))](
-                part, plan.split_rows, plan.slot_ptr, gx, cols,
+            block_c = min(triton.next_power_of_2(run_cols), 1024)
+            _gar_combine[(plan.split_rows.numel(), triton.cdiv(run_cols, block_c))](
+                part, plan.split_rows, plan.slot_ptr, gx, run_cols,
                 IDX64=idx64, ACC64=acc_dtype == torch.float64, BLOCK_C=block_c, num_warps=4,
             )
-        if need_w:
+        gx = unpad_heads(gx, heads, feat) if need_x else None
+        ge = unpad_heads(ge, heads, feat) if need_e else None
+        if need_w:  # the zero columns added nothing to the dot products
             gw = gw_part.sum(-1) if num_fblocks > 1 else gw_part.squeeze(-1)
     else:
-        if need_x:
-            gx.zero_()
-        if need_e:
-            ge.zero_()
+        gx = torch.zeros(num_src, cols, dtype=x.dtype, device=grad.device) if need_x else None
+        ge = torch.zeros(num_edges, cols, dtype=edge_attr.dtype, device=grad.device) if need_e else None
         if need_w:
             gw = torch.zeros(num_edges, heads, dtype=acc_dtype, device=grad.device)
     return (
