@@ -48,7 +48,7 @@ class NodeClassifier(nn.Module):
             return linear_cross_entropy(a, weight, target, bias, index=index, ignore_index=ignore_index,
                                         label_smoothing=label_smoothing)
         logits = self(x, graph)
-        check_target_and_index(target, index, logits.shape[0], owner="loss")
+        check_target_and_index(target, index, logits.shape[0], owner="loss", rows="x")
         target = as_class_ids(target)  # the dtypes the fused head takes
         if index is not None:
             logits, target = logits.index_select(0, index), target.index_select(0, index)

@@ -38,15 +38,17 @@ def _check_tensor(name: str, value, dims: int, owner: str = "linear_cross_entrop
     return value
 
 
-def check_target_and_index(target, index, num_rows: int, owner: str = "linear_cross_entropy") -> None:
+def check_target_and_index(target, index, num_rows: int, owner: str = "linear_cross_entropy", rows: str = "h") -> None:
     """``target`` one integer class id per row (``num_rows``) and ``index`` a 1-D integer
     tensor of rows (never a boolean mask): shapes and dtypes only, no device sync. Shared
-    by :func:`~fusegnn.losses.linear_cross_entropy` and ``NodeClassifier.loss``'s logits path."""
+    by :func:`~fusegnn.losses.linear_cross_entropy` and ``NodeClassifier.loss``'s logits path;
+    ``rows`` names the tensor whose rows the targets label in the error (``h``, or a model's ``x``)."""
     _check_tensor("target", target, 1, owner)
     if target.dtype not in _INT_DTYPES:
         raise TypeError(f"{owner}: target must hold class ids (an integer tensor), got {target.dtype}")
     if target.shape[0] != num_rows:
-        raise ValueError(f"{owner}: target must have one class id per row of h ({num_rows}), got {target.shape[0]}")
+        raise ValueError(f"{owner}: target must have one class id per row of {rows} ({num_rows}), "
+                         f"got {target.shape[0]}")
     if index is not None:
         _check_tensor("index", index, 1, owner)
         if index.dtype == torch.bool:
