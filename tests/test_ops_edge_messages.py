@@ -219,42 +219,52 @@ def test_plain_backward_recomputes_the_argmax():
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max"])
 @pytest.mark.parametrize("heads, feat, weight", [(None, 41, None), (2, 20, "eh"), (2, 9, "e")],
                          ids=["F41", "H2xF20-perhead", "H2xF9-shared"])
-def test_unaligned_widths_run_padded(heads, feat, weight, reduce, path, monkeypatch):
-    """A head wider than 16 columns and not a multiple of 16 runs at the next multiple
-    (zero columns appended, then sliced off): forward and backward kernels see 16-element
-    aligned rows of ``x``, the edge rows, the output (gradient) and the argmax; values
-    and the ``x`` / edge-row / weight gradients are the reference's -- per head with
-    ``[E, H]`` weights, over the flattened ``H F`` columns with ``[E]`` ones (2 x 9 = 18
-    -> 32). GAS hands the op to GAR, so it pads too. The backward keeps the caller's
-    tensors (no padded copy) and nothing returned holds padded storage."""
+@pytest.mark.parametrize("edges", [False, True], ids=["x-only", "with-edge-rows"])
+def test_unaligned_widths(heads, feat, weight, reduce, path, edges, monkeypatch):
+    """Without edge rows (``spmm(reduce="max")``'s form) a head wider than 16 columns and
+    not a multiple of 16 runs at the next multiple (zero columns appended, then sliced
+    off): forward and backward kernels see 16-element aligned rows of ``x``, the output
+    (gradient) and the argmax -- per head with ``[E, H]`` weights, over the flattened
+    ``H F`` columns with ``[E]`` ones (2 x 9 = 18 -> 32). With edge rows (GINE's messages)
+    every tensor runs as it comes (padding the ``[E, C]`` rows did not pay). Either way the
+    values and the ``x`` / edge-row / weight gradients are the reference's, GAS hands the op
+    to GAR, the backward keeps the caller's tensors (no padded copy) and nothing returned
+    holds padded storage."""
     forward, backward = record_edge_aggregate_launches(monkeypatch)
     graph = hub_graph(n=9, e=40, seed=24, hub=14)  # isolated targets, duplicates, a hub over short segments
-    x, e, w = _inputs(graph, heads, feat, weight=weight, seed=25)
-    before = [t.clone() for t in (x, e) + ((w,) if w is not None else ())]
-    _check(graph, x, e, w, "relu", reduce, path)
-    assert all(torch.equal(a, b) for a, b in zip(before, (x, e, w)))
+    x, e, w = _inputs(graph, heads, feat, use_e=edges, weight=weight, seed=25)
+    activation = "relu" if edges else None
+    before = [t.clone() for t in (x, e, w) if t is not None]
+    _check(graph, x, e, w, activation, reduce, path)
+    assert all(torch.equal(a, b) for a, b in zip(before, [t for t in (x, e, w) if t is not None]))
 
     per_head = feat if weight == "eh" else feat * (heads or 1)
-    run = aligned_width(per_head)
+    run = per_head if edges else aligned_width(per_head)
     row = run * (heads if weight == "eh" else 1)
     assert forward.seen and backward.seen
     # (num_feat, row_stride, width of x, width of the edge rows) at every launch
-    assert all(seen == (run, row, row, row) for seen in forward.seen + backward.seen), (forward.seen, backward.seen)
+    if edges:
+        assert all(seen == (run, row, row, row) for seen in forward.seen + backward.seen), (forward.seen, backward.seen)
+    else:
+        assert all(seen[:3] == (run, row, row) for seen in forward.seen + backward.seen), (forward.seen, backward.seen)
 
-    xs, es = x.clone().requires_grad_(), e.clone().requires_grad_()
+    xs = x.clone().requires_grad_()
+    es = e.clone().requires_grad_() if e is not None else None
     ws = w.clone().requires_grad_() if w is not None else None
-    out = fused_ea.EdgeAggregate.apply(xs, es, ws, graph, "relu", reduce)  # kept: its node holds the saved tensors
+    out = fused_ea.EdgeAggregate.apply(xs, es, ws, graph, activation, reduce)  # kept: its node holds the saved tensors
     saved = out.grad_fn.saved_tensors
-    assert saved[0].data_ptr() == xs.data_ptr() and saved[1].data_ptr() == es.data_ptr()
+    assert saved[0].data_ptr() == xs.data_ptr()
+    if es is not None:
+        assert saved[1].data_ptr() == es.data_ptr()
     if reduce == "max":  # the argmax is kept unpadded
         assert saved[3].shape == out.shape and owns_its_storage(saved[3])
     grads = torch.autograd.grad(out, [t for t in (xs, es, ws) if t is not None], torch.ones_like(out))
     assert owns_its_storage(out) and all(owns_its_storage(g) for g in grads)
     if reduce == "max":  # the compiled op's backward recomputes the argmax, at the same width
-        kept = fused_ea.edge_aggregate_backward(graph, torch.ones_like(out), x, e, w, "relu", "max",
-                                                saved[3], True, True, True)
-        again = fused_ea.edge_aggregate_backward(graph, torch.ones_like(out), x, e, w, "relu", "max",
-                                                 None, True, True, True)
+        kept = fused_ea.edge_aggregate_backward(graph, torch.ones_like(out), x, e, w, activation, "max",
+                                                saved[3], True, e is not None, True)
+        again = fused_ea.edge_aggregate_backward(graph, torch.ones_like(out), x, e, w, activation, "max",
+                                                 None, True, e is not None, True)
         assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(kept, again))
 
 

@@ -40,13 +40,16 @@ stored per edge; the weight gradient is stored per edge and feature block and th
 partial dot products are added afterwards (one block for heads up to the tile width). No
 atomics anywhere: bitwise reproducible.
 
-A head wider than 16 columns and not a multiple of 16 runs zero-padded to the next
-multiple (:func:`~fusegnn.kernels._edge_utils.padded_channels`, the rule of GAR's
-:mod:`fusegnn.kernels.spmm`): ``x``, the edge rows (read through the CSR / CSC
-permutation: their row stride is the same ``C``), the output gradient and the argmax are
+Without edge rows (``spmm(reduce="max")``, weighted or not), a head wider than 16
+columns and not a multiple of 16 runs zero-padded to the next multiple
+(:func:`~fusegnn.kernels._edge_utils.padded_channels`, the rule of GAR's
+:mod:`fusegnn.kernels.spmm`): ``x``, the output gradient and the argmax (node-sized) are
 copied padded for the kernels only, and the outputs and gradients sliced back; the zero
 columns add nothing to the weight gradient. There is no GAS form of this op, so every
-path pads (GAS hands it to GAR).
+such path pads (GAS hands it to GAR). With edge rows ``[E, C]`` (GINE's messages) nothing
+is padded: they share the row stride, and padding them copies every edge row, which cost
+more than the aligned loads saved (H100, session 18: GINE messages at 41 columns 9.9 ms
+as they come, 22.6 ms padded; spmm max 21.7 -> 13.9 ms; ``benchmarks/NOTES-spmm.md``).
 
 ``spmm(reduce="max")`` is this op with ``x`` only and no activation.
 """
@@ -255,6 +258,12 @@ def _flat(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.reshape(t.size(0), math.prod(t.shape[1:])).contiguous()
 
 
+def _run_width(feat: int, edge_attr: Tensor | None) -> int:
+    """The head width the kernels run at: aligned (:func:`padded_channels`) without edge
+    rows, ``feat`` itself with them (see the module docstring)."""
+    return padded_channels(feat) if edge_attr is None else feat
+
+
 def _padded(t: Tensor | None, heads: int, channels: int) -> Tensor | None:
     """``t``'s rows flat (:func:`_flat`) with each of the ``heads`` heads zero-padded to
     ``channels`` columns (:func:`~fusegnn.kernels._edge_utils.pad_heads`; ``t``'s flat
@@ -344,7 +353,7 @@ def edge_aggregate_forward(
     like = x if x is not None else edge_attr
     w2, heads = _flat_weight(weight)
     feat = math.prod(like.shape[1:]) // max(heads, 1)  # zero heads: zero columns
-    run_feat = padded_channels(feat)  # aligned rows (module docstring)
+    run_feat = _run_width(feat, edge_attr)
     # the padded copies live for the kernels only
     out, arg = _run_forward(
         graph, _padded(x, heads, run_feat), _padded(edge_attr, heads, run_feat), w2, heads, run_feat,
@@ -378,7 +387,7 @@ def edge_aggregate_backward(
     num_src, num_edges = graph.num_src_nodes, graph.num_edges
     gx = ge = gw = None
     if (need_x or need_e or need_w) and num_src and cols:
-        run_feat = padded_channels(feat)  # the forward's aligned rows (module docstring)
+        run_feat = _run_width(feat, edge_attr)  # the forward's
         run_cols = heads * run_feat
         need_z = activation == "relu" or need_w
         recompute = reduce == "max" and argmax is None

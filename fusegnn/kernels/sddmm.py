@@ -38,7 +38,7 @@ import triton.language as tl
 from torch import Tensor
 from fusegnn.kernels._autograd import differentiable_once
 
-from fusegnn.kernels._edge_utils import acc_dtype, pad_heads, padded_channels, unpad_heads
+from fusegnn.kernels._edge_utils import acc_dtype
 from fusegnn.kernels._triton import LazyKernel, next_pow2
 from fusegnn.sparse.graph import Graph
 
@@ -163,32 +163,24 @@ def edge_to_node_sum(
     ``graph.csr``), with :math:`o` = ``other`` (``[N_other, *S]``) or 1 when ``None``.
 
     ``grad`` is ``[E, *S]`` in COO edge order; the result is ``[N_side, *S]``.
-
-    The rows (``W = prod(S)`` columns, gathered through the permutation and the other
-    side's index) run zero-padded to :func:`~fusegnn.kernels._edge_utils.padded_channels`
-    columns, as GAR's SpMM does, so that they load aligned; the copies live for the
-    kernel only and the result is sliced back.
     """
     comp, n = (graph.csc, graph.num_src_nodes) if side == "src" else (graph.csr, graph.num_dst_nodes)
-    shape = (n,) + tuple(grad.shape[1:])
+    grad = grad.contiguous()
     width = math.prod(grad.shape[1:])
-    dtype = out_dtype or grad.dtype
+    out = torch.empty((n,) + tuple(grad.shape[1:]), dtype=out_dtype or grad.dtype, device=grad.device)
     if n == 0 or width == 0:
-        return torch.empty(shape, dtype=dtype, device=grad.device)
-    run = padded_channels(width)
-    grad = pad_heads(grad.reshape(grad.size(0), width).contiguous(), 1, run)
+        return out
     if other is not None:
-        other = pad_heads(other.reshape(other.size(0), width).contiguous(), 1, run)
-    out = torch.empty(n, run, dtype=dtype, device=grad.device)
-    block_w = min(next_pow2(run), 256)
+        other = other.contiguous()
+    block_w = min(next_pow2(width), 256)
     block_e = max(1, min(128, 4096 // block_w))
-    edge_to_node_kernel[(n, triton.cdiv(run, block_w))](
+    edge_to_node_kernel[(n, triton.cdiv(width, block_w))](
         comp.ptr, comp.index, comp.perm, grad, other if other is not None else grad, out,
-        run,
+        width,
         HAS_OTHER=other is not None, NEGATE=negate,
         BLOCK_E=block_e, BLOCK_W=block_w, ACC=_TL_ACC[acc_dtype(grad.dtype)],
     )
-    return unpad_heads(out, 1, width).view(shape)
+    return out
 
 
 def _spmm(aggregation: str, graph: Graph, x: Tensor, weight: Tensor) -> Tensor:
