@@ -54,6 +54,22 @@ with dropout because ``out`` carries the mask):
 Both passes recompute a tile with the GAT kernels' per-tile helpers (edge ids, keep
 mask, :math:`\alpha`, the dropout and softmax gradient) around their own scores.
 
+**Projected rows** (``PROJECT``; :func:`fused_gatv2_projected_attention`). With
+:math:`x^l = x_{src} W_l^\top + b_l` and a narrow input (``K`` features, ``K < H C``),
+the forward and pass R gather the ``K``-wide rows :math:`x_{src,j}` instead of
+:math:`x^l_j` and form the tile ``[edges, H * C] = [edges, K] @ W_l^T`` with ``tl.dot``
+against the weight held in registers (``K`` padded to at least 16, at most
+:data:`MAX_PROJECTED_INPUTS`), plus :math:`b_l`; pass C does the same for
+:math:`x^r_i` from :math:`x_{dst,i}` and :math:`W_r`. Per edge a pass then reads ``K``
+floats for those rows instead of ``H * C``: on GATv2's Reddit output layer (16 inputs, 41
+classes padded to 48) forward 16 instead of 48, pass R 16 instead of 48, pass C 16 + 48
+instead of 96. The rows read once per program (:math:`x^r_i` of a target row,
+:math:`x^l_j` of a source column) and the gradients stay node-sized: the backward still
+returns :math:`\partial x^l` and :math:`\partial x^r`, and the ordinary GEMMs of the
+projections' autograd carry them on to :math:`W`, :math:`b` and the inputs. The same
+kernels, one ``constexpr`` apart; a projected pass takes at least 16 edges a step and 16
+padded heads x channels (``tl.dot``'s smallest sizes).
+
 **Long rows** are split into work items of at most ``chunk`` edges with the GAT kernels'
 schedule (:func:`~fusegnn.kernels._edge_utils.chunk_schedule`): forward partials
 ``(m, l, acc)`` merged by the GAT combine kernel, backward partial sums added in item
