@@ -114,7 +114,10 @@ class _Variant:
         return self
 
     def __exit__(self, *exc):
-        gatv2_op.PROJECTION_MAX_RATIO, gatv2_fused.PROJECTION_PRECISION, gatv2_fused.GATV2_PROJECTED_VALUES = self._saved
+        ratio, precision, values = self._saved
+        gatv2_op.PROJECTION_MAX_RATIO = ratio
+        gatv2_fused.PROJECTION_PRECISION = precision
+        gatv2_fused.GATV2_PROJECTED_VALUES = values
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
