@@ -1,0 +1,91 @@
+"""The examples as a demanding newcomer walks them: every flag a bad value of which the
+script accepted (and then crashed on with a traceback, or silently ignored) is refused at
+parse time with a message naming the flag, and what the scripts print matches what they
+compute. Fast: parsing only, or a few epochs on a tiny synthetic graph."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load_example(name: str):
+    spec = importlib.util.spec_from_file_location(f"fusegnn_example_{name}_semantics", REPO / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _refused(capsys, parse, argv: list[str]) -> str:
+    """stderr of ``parse(argv)``, which must be a usage error (exit status 2)."""
+    with pytest.raises(SystemExit) as info:
+        parse(argv)
+    assert info.value.code == 2, argv
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+# (argv, the text the message must hold): each crashed with a traceback (statistics on no
+# epochs, torch.optim's own ValueError, a loader's check after the data was loaded) or
+# trained something other than what was asked (zero hidden width, patience 0 stopping
+# after one epoch)
+TRAIN_BAD = [
+    (["--epochs", "0"], "--epochs must be >= 1, got 0"),
+    (["--epochs", "-3"], "--epochs must be >= 1, got -3"),
+    (["--runs", "0"], "--runs must be >= 1, got 0"),
+    (["--lr", "-1"], "--lr must be > 0, got -1.0"),
+    (["--lr", "0"], "--lr must be > 0, got 0.0"),
+    (["--weight-decay", "-1"], "--weight-decay must be >= 0, got -1.0"),
+    (["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
+    (["--hidden", "0"], "--hidden must be >= 1, got 0"),
+    (["--model", "gin", "--hidden", "-1"], "--hidden must be >= 1, got -1"),
+    (["--model", "gat", "--heads", "0"], "--heads must be >= 1, got 0"),
+    (["--model", "gat", "--out-heads", "0"], "--out-heads must be >= 1, got 0"),
+    (["--model", "sgc", "--K", "-1"], "--K must be >= 0, got -1"),
+    (["--model", "appnp", "--alpha", "2"], "--alpha must be in [0, 1], got 2.0"),
+    (["--patience", "0"], "--patience must be >= 1, got 0"),
+    (["--sampled", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--sampled", "--num-neighbors", "-2"], "--num-neighbors takes counts >= 0 (or -1: all), got [-2]"),
+    (["--device", "foo"], "--device 'foo' is not a device"),
+]
+
+
+@pytest.mark.parametrize("argv, message", TRAIN_BAD, ids=[" ".join(a) for a, _ in TRAIN_BAD])
+def test_train_refuses_bad_values_naming_the_flag(capsys, argv, message):
+    train = _load_example("train")
+    err = _refused(capsys, train.parse_args, argv)
+    assert err.startswith("usage:") and f"error: {message}" in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_train_refuses_a_cuda_device_that_is_not_there(capsys):
+    """--device cuda on a machine without one crashed inside torch (an AssertionError
+    'Torch not compiled with CUDA enabled') after loading the data: now one message
+    naming the flag, exit status 2, before any data is read."""
+    train = _load_example("train")
+    err = _refused(capsys, train.main, ["--device", "cuda", "--no-cuda-graph", "--dataset", "NoSuchGraph"])
+    assert err.startswith("train.py: error: --device 'cuda': no CUDA device here"), err
+
+
+def test_train_accepts_the_edges_of_each_range():
+    train = _load_example("train")
+    args = train.parse_args(["--epochs", "1", "--runs", "1", "--dropout", "0", "--weight-decay", "0",
+                             "--model", "appnp", "--K", "0", "--alpha", "1", "--patience", "1", "--device", "cpu"])
+    assert (args.epochs, args.runs, args.dropout, args.K, args.alpha, args.patience) == (1, 1, 0.0, 0, 1.0, 1)
+    assert train.parse_args(["--sampled", "--num-neighbors=-1,0", "--batch-size", "1"]).num_neighbors == [-1, 0]
+
+
+def test_distributed_example_shares_the_checks_and_refuses_a_missing_cuda_device(capsys):
+    """train_distributed.py parses with train.py's parser (so its checks hold there too);
+    a CUDA device that is not there crashed in torch.cuda.set_device."""
+    example = _load_example("train_distributed")
+    assert "--epochs must be >= 1, got 0" in _refused(capsys, example.parse_args, ["--epochs", "0"])
+    if not torch.cuda.is_available():
+        err = _refused(capsys, example.main, ["--device", "cuda", "--dataset", "NoSuchGraph"])
+        assert err.startswith("train_distributed.py: error: --device 'cuda': no CUDA device here"), err
