@@ -89,3 +89,27 @@ def test_distributed_example_shares_the_checks_and_refuses_a_missing_cuda_device
     if not torch.cuda.is_available():
         err = _refused(capsys, example.main, ["--device", "cuda", "--dataset", "NoSuchGraph"])
         assert err.startswith("train_distributed.py: error: --device 'cuda': no CUDA device here"), err
+
+
+def _tiny(monkeypatch, example):
+    from fusegnn.datasets.synthetic import generate_reddit_like
+
+    tiny = generate_reddit_like(0.002, seed=0, avg_degree=4)
+    monkeypatch.setattr(example, "load_dataset", lambda *args, **kwargs: tiny)
+    return tiny
+
+
+def test_sampled_run_says_its_time_is_per_epoch(capsys, monkeypatch):
+    """With --sampled a timed 'step' is a whole epoch of mini-batches (every batch's
+    forward, backward and Adam step), which the summary line called 'ms per training step'."""
+    train = _load_example("train")
+    tiny = _tiny(monkeypatch, train)
+    batches = -(-int(tiny.train_mask.sum()) // 16)
+    assert batches > 1
+    summary = train.main(["--device", "cpu", "--sampled", "--num-neighbors", "3,2", "--batch-size", "16",
+                          "--runs", "1", "--epochs", "2", "--quiet", "--model", "sage", "--hidden", "8"])
+    out = capsys.readouterr().out
+    assert f"{summary['epoch_ms_median']:.2f} ms per training epoch ({batches} mini-batch steps)" in out, out
+    assert "per training step" not in out
+    train.main(["--device", "cpu", "--runs", "1", "--epochs", "2", "--quiet", "--model", "sage", "--hidden", "8"])
+    assert "ms per training step" in capsys.readouterr().out  # full-graph: one step an epoch
