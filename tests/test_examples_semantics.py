@@ -113,3 +113,39 @@ def test_sampled_run_says_its_time_is_per_epoch(capsys, monkeypatch):
     assert "per training step" not in out
     train.main(["--device", "cpu", "--runs", "1", "--epochs", "2", "--quiet", "--model", "sage", "--hidden", "8"])
     assert "ms per training step" in capsys.readouterr().out  # full-graph: one step an epoch
+
+
+SAMPLED_BAD = [
+    (["--epochs", "0"], "--epochs must be >= 1, got 0"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--hidden", "0"], "--hidden must be >= 1, got 0"),
+    (["--lr", "-1"], "--lr must be > 0, got -1.0"),
+    (["--dropout", "2"], "--dropout must be in [0, 1), got 2.0"),
+    (["--eval-every", "-1"], "--eval-every must be >= 0, got -1"),
+    (["--num-neighbors", "-3"], "--num-neighbors takes counts >= 0 (or -1: all), got [-3]"),
+    (["--device", "foo"], "--device 'foo' is not a device"),
+    (["--synthetic", "--dataset", "Cora"], "--synthetic generates Reddit, ogbn-arxiv or ogbn-products, not 'Cora'"),
+]
+
+
+@pytest.mark.parametrize("argv, message", SAMPLED_BAD, ids=[" ".join(a) for a, _ in SAMPLED_BAD])
+def test_train_sampled_refuses_bad_values_naming_the_flag(capsys, argv, message):
+    """Each crashed with a traceback (statistics on no epochs, the loader's or torch's own
+    check after the data set was loaded) or, for --synthetic --dataset Cora, said 'name
+    must be one of [...]' without naming a flag."""
+    example = _load_example("train_sampled")
+    err = _refused(capsys, example.parse_args, argv)
+    assert err.startswith("usage:") and f"error: {message}" in err, err
+
+
+def test_train_sampled_accepts_the_synthetic_names_in_any_case():
+    example = _load_example("train_sampled")
+    for name in ("Reddit", "reddit", "ogbn-products", "ogbn-arxiv", "products", "arxiv"):
+        assert example.parse_args(["--synthetic", "--dataset", name]).dataset == name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_train_sampled_refuses_a_cuda_device_that_is_not_there(capsys):
+    example = _load_example("train_sampled")
+    err = _refused(capsys, example.main, ["--device", "cuda", "--dataset", "NoSuchGraph"])
+    assert err.startswith("train_sampled.py: error: --device 'cuda': no CUDA device here"), err
