@@ -149,3 +149,53 @@ def test_train_sampled_refuses_a_cuda_device_that_is_not_there(capsys):
     example = _load_example("train_sampled")
     err = _refused(capsys, example.main, ["--device", "cuda", "--dataset", "NoSuchGraph"])
     assert err.startswith("train_sampled.py: error: --device 'cuda': no CUDA device here"), err
+
+
+def test_sparse_transformer_quick_keeps_the_flags_given(capsys):
+    """--quick set its tiny configuration over every flag given with it: `--quick --heads 4
+    --window 4 --values 6` ran 2 heads, window 8 and 4 values without a word."""
+    example = _load_example("sparse_transformer")
+    args = example.parse_args(["--quick", "--heads", "4", "--window", "4", "--values", "6", "--batch", "2",
+                               "--seq-len", "256", "--steps", "50", "--log-every", "7"])
+    assert (args.heads, args.window, args.values, args.batch, args.seq_len, args.steps, args.log_every) == \
+        (4, 4, 6, 2, 256, 50, 7)
+    quick = example.parse_args(["--quick"])  # what is not given stays tiny
+    assert (quick.seq_len, quick.d_model, quick.heads, quick.window, quick.steps) == (128, 32, 2, 8, 30)
+
+
+ST_BAD = [
+    (["--steps", "0"], "--steps must be >= 1, got 0"),
+    (["--eval-batches", "0"], "--eval-batches must be >= 1, got 0"),
+    (["--log-every", "0"], "--log-every must be >= 1, got 0"),
+    (["--batch", "0"], "--batch must be >= 1, got 0"),
+    (["--layers", "0"], "--layers must be >= 1, got 0"),
+    (["--pairs", "0"], "--pairs must be >= 1, got 0"),
+    (["--values", "1"], "--values must be >= 2, got 1"),
+    (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+    (["--window", "-1"], "--window must be >= 0, got -1"),
+    (["--lr", "-1"], "--lr must be > 0, got -1.0"),
+    (["--mask", "bigbird", "--random-density", "2"], "--random-density must be in [0, 1], got 2.0"),
+    (["--heads", "3"], "--d-model (32) must be a multiple of --heads (3)"),
+    (["--device", "foo"], "--device 'foo' is not a device"),
+]
+
+
+@pytest.mark.parametrize("argv, message", ST_BAD, ids=[" ".join(a) for a, _ in ST_BAD])
+def test_sparse_transformer_refuses_bad_values_naming_the_flag(capsys, argv, message):
+    """Each crashed after building the models (statistics on no steps or no held-out
+    batch, a ZeroDivisionError for --log-every 0 or --batch 0, torch's checks) or timed
+    the wrong steps (--warmup -1 kept only the last step)."""
+    example = _load_example("sparse_transformer")
+    err = _refused(capsys, example.parse_args, ["--quick", *argv])
+    assert err.startswith("usage:") and f"error: {message}" in err, err
+
+
+def test_sparse_transformer_plot_needs_matplotlib_before_training(capsys, monkeypatch, tmp_path):
+    """--plot without matplotlib failed with an ImportError after the whole run."""
+    import importlib.util as util
+
+    example = _load_example("sparse_transformer")
+    real = util.find_spec
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    err = _refused(capsys, example.parse_args, ["--quick", "--plot", str(tmp_path / "x.png")])
+    assert "--plot needs matplotlib" in err
