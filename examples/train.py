@@ -94,8 +94,12 @@ RECIPES = {
 WINDOW_MODELS = ("appnp", "gcn", "sgc")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv: list[str] | None = None, *, hidden: tuple[str, ...] = (),
+               description: str | None = None) -> argparse.Namespace:
+    """The options, with the recipe's values for those not given. ``hidden`` flags are left
+    out of ``--help`` and ``description`` replaces its first line (a script that parses
+    with these options: ``train_distributed.py``)."""
+    p = argparse.ArgumentParser(description=description or __doc__.split("\n")[0])
     p.add_argument("--dataset", default="Cora", help=f"one of {', '.join(DATASETS)}")
     p.add_argument("--model", choices=sorted(RECIPES), default="gcn")
     p.add_argument("--hidden", type=int, help="hidden width (per head for GAT / GATv2; SGC has none)")
@@ -130,6 +134,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar or path lines (the bar is off anyway unless stdout and stderr are terminals)")
     p.add_argument("--debug", action="store_true", help="show the traceback of a data or configuration error")
+    for action in p._actions:
+        if set(action.option_strings) & set(hidden):
+            action.help = argparse.SUPPRESS
     args = p.parse_args(argv)
     for key, value in RECIPES[args.model].items():
         if getattr(args, key) is None:

@@ -77,7 +77,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if extra.sampled:
         raise SystemExit("train_distributed.py: --sampled is not supported (every process trains on its "
                          "whole partition; examples/train.py --sampled trains on mini-batches)")
-    args = single.parse_args(rest + ["--no-cuda-graph"])
+    # the help leaves out what this script refuses (--cuda-graph, --sampled) and what only
+    # --sampled reads (--num-neighbors, --batch-size)
+    args = single.parse_args(rest + ["--no-cuda-graph"], description=__doc__.split("\n")[0],
+                             hidden=("--cuda-graph", "--no-cuda-graph", "--sampled", "--num-neighbors", "--batch-size"))
     args.partition, args.backend = extra.partition, extra.backend
     return args
 

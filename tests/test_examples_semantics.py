@@ -199,3 +199,20 @@ def test_sparse_transformer_plot_needs_matplotlib_before_training(capsys, monkey
     monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     err = _refused(capsys, example.parse_args, ["--quick", "--plot", str(tmp_path / "x.png")])
     assert "--plot needs matplotlib" in err
+
+
+def test_distributed_help_lists_no_flag_it_refuses_or_ignores(capsys, monkeypatch):
+    """train_distributed.py --help printed train.py's whole help: --cuda-graph ('default: on
+    CUDA devices') and --sampled, which it refuses, and --num-neighbors / --batch-size,
+    which only --sampled reads; and train.py's description ('full-graph ... classification'
+    of one process)."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    example = _load_example("train_distributed")
+    with pytest.raises(SystemExit):
+        example.parse_args(["--help"])
+    out = capsys.readouterr().out
+    for flag in ("--cuda-graph", "--no-cuda-graph", "--sampled", "--num-neighbors", "--batch-size"):
+        assert f"[{flag}" not in out and f"  {flag}" not in out, flag
+    for flag in ("--partition", "--backend", "--epochs", "--model", "--aggregation", "--json"):
+        assert flag in out, flag
+    assert "across processes" in out
