@@ -216,3 +216,59 @@ def test_distributed_help_lists_no_flag_it_refuses_or_ignores(capsys, monkeypatc
     for flag in ("--partition", "--backend", "--epochs", "--model", "--aggregation", "--json"):
         assert flag in out, flag
     assert "across processes" in out
+
+
+def _resolves(target: str, module) -> bool:
+    """Whether a Sphinx cross-reference ``target`` written in ``module``'s source names
+    something: a dotted import path, a name of the module (or of a class in it), of its
+    package's modules, or a builtin."""
+    import builtins
+    import dataclasses
+    import importlib
+    import inspect
+    import pkgutil
+
+    parts = target.lstrip("~.").removesuffix("()").split(".")
+
+    def walk(obj, names) -> bool:
+        for name in names:
+            fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
+            if name in fields:
+                return True
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+
+    for i in range(len(parts), 0, -1):
+        try:
+            base = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        if walk(base, parts[i:]):
+            return True
+    package = module.__name__.rpartition(".")[0]
+    siblings = [importlib.import_module(f"{package}.{m.name}")
+                for m in pkgutil.iter_modules(importlib.import_module(package).__path__)] if package else []
+    scopes = [module, builtins, *siblings] + [c for _, c in inspect.getmembers(module, inspect.isclass)]
+    return any(walk(scope, parts) for scope in scopes)
+
+
+def test_docstring_cross_references_name_what_exists():
+    """:func: / :class: / :meth: / :mod: / :attr: references in fusegnn's sources name
+    something that exists (fusegnn.attention.library cited ``compiled_sparse_attention``,
+    renamed long ago)."""
+    import importlib
+    import inspect
+    import pkgutil
+    import re
+
+    import fusegnn
+
+    stale = []
+    for info in pkgutil.walk_packages(fusegnn.__path__, "fusegnn."):
+        module = importlib.import_module(info.name)
+        for target in re.findall(r":(?:func|class|meth|mod|attr|exc):`([^`<]+?)`", inspect.getsource(module)):
+            if not _resolves(target, module):
+                stale.append(f"{info.name}: {target}")
+    assert not stale, stale
