@@ -98,6 +98,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import math
 import statistics
@@ -116,7 +117,7 @@ try:
 except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _cli import show_progress  # noqa: E402
+from _cli import check_device, check_range, show_progress  # noqa: E402
 
 from fusegnn.losses import linear_cross_entropy
 from fusegnn.layers import SparseTransformerEncoderLayer, VectorSparseLinear
@@ -125,6 +126,10 @@ from fusegnn.attention.masks import Mask, bigbird, longformer
 from fusegnn.attention.sparse_attention import ATTENTION_AGGREGATIONS, AttentionDecision, check_nm, explain_attention
 
 FILLER, QUERY0 = 0, 1  # token ids: filler, then query tokens (one per key), then records
+
+#: ``--quick``'s tiny CPU configuration: the defaults of the flags not given with it
+QUICK = dict(seq_len=128, keys=8, values=4, pairs=4, window=8, num_global=16, d_model=32, heads=2, ff=64,
+             batch=4, eval_batches=2, steps=30, finetune_steps=10, warmup=2, log_every=10)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -152,7 +157,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--quick", action="store_true", help="tiny configuration for a CPU smoke run")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny configuration for a CPU smoke run (the defaults of the flags not given)")
     p.add_argument("--nm", default=None, help="N:M sparse attention for every model, e.g. 2:4 (1:2, 2:4 or 4:8)")
     p.add_argument("--ff-sparsity", type=float, default=None,
                    help="after training, prune every layer's feed-forward weights to this sparsity (V-vectors, "
@@ -166,19 +172,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json-out", type=Path, help="write the JSON summary (loss curves included) to this file")
     p.add_argument("--plot", type=Path, help="write the loss curves and step times to this PNG")
     p.add_argument("--quiet", action="store_true", help="no progress bar or per-step logs")
+    quick, _ = p.parse_known_args(argv)  # --quick changes the defaults, never a flag given
+    if quick.quick:
+        p.set_defaults(**QUICK)
     args = p.parse_args(argv)
-    if args.quick:
-        args.seq_len = min(args.seq_len, 128)
-        args.keys, args.values, args.pairs = 8, 4, 4
-        args.window, args.num_global = 8, 16
-        args.d_model, args.heads, args.ff = 32, 2, 64
-        args.batch, args.eval_batches = 4, 2
-        args.steps = min(args.steps, 30)
-        args.finetune_steps = min(args.finetune_steps, 10)
-        args.warmup = min(args.warmup, 2)
-        args.log_every = 10
+    for flag in ("--steps", "--eval-batches", "--log-every", "--batch", "--layers", "--pairs", "--keys",
+                 "--heads", "--d-model", "--ff"):
+        check_range(p, flag, getattr(args, flag[2:].replace("-", "_")), low=1)
+    check_range(p, "--values", args.values, low=2)
+    for flag in ("--warmup", "--window", "--num-global"):
+        check_range(p, flag, getattr(args, flag[2:].replace("-", "_")), low=0)
+    check_range(p, "--lr", args.lr, low=0, low_open=True)
+    check_range(p, "--random-density", args.random_density, low=0, high=1)
+    if args.d_model % args.heads:
+        p.error(f"--d-model ({args.d_model}) must be a multiple of --heads ({args.heads})")
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        p.error("--plot needs matplotlib (pip install -e '.[bench]')")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_device(p, args.device)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in args.models if m not in ("dense", "sparse")]
     if bad or not args.models:

@@ -70,7 +70,7 @@ try:
 except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _cli import USER_ERRORS, fail, show_progress  # noqa: E402
+from _cli import USER_ERRORS, check_device, check_device_present, check_range, fail, show_progress  # noqa: E402
 
 from fusegnn.capture import graphed_step
 from fusegnn.datasets import DATASETS, NodeDataset, cache_dir, load_dataset
@@ -94,8 +94,12 @@ RECIPES = {
 WINDOW_MODELS = ("appnp", "gcn", "sgc")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv: list[str] | None = None, *, hidden: tuple[str, ...] = (),
+               description: str | None = None) -> argparse.Namespace:
+    """The options, with the recipe's values for those not given. ``hidden`` flags are left
+    out of ``--help`` and ``description`` replaces its first line (a script that parses
+    with these options: ``train_distributed.py``)."""
+    p = argparse.ArgumentParser(description=description or __doc__.split("\n")[0])
     p.add_argument("--dataset", default="Cora", help=f"one of {', '.join(DATASETS)}")
     p.add_argument("--model", choices=sorted(RECIPES), default="gcn")
     p.add_argument("--hidden", type=int, help="hidden width (per head for GAT / GATv2; SGC has none)")
@@ -130,6 +134,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar or path lines (the bar is off anyway unless stdout and stderr are terminals)")
     p.add_argument("--debug", action="store_true", help="show the traceback of a data or configuration error")
+    for action in p._actions:
+        if set(action.option_strings) & set(hidden):
+            action.help = argparse.SUPPRESS
     args = p.parse_args(argv)
     for key, value in RECIPES[args.model].items():
         if getattr(args, key) is None:
@@ -140,11 +147,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.K = 2 if args.model == "sgc" else 10
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    on_cuda = torch.device(args.device).type == "cuda"
+    on_cuda = check_device(p, args.device).type == "cuda"
     try:
         args.num_neighbors = [int(k) for k in str(args.num_neighbors).split(",")]
     except ValueError:
         p.error(f"--num-neighbors must be comma-separated integers, got {args.num_neighbors!r}")
+    check_values(p, args)
     if args.aggregation == "window" and args.model not in WINDOW_MODELS:
         p.error(f"--aggregation window runs spmm only: --model {args.model} needs other sparse ops "
                 f"(window works with {', '.join(WINDOW_MODELS)})")
@@ -157,6 +165,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.cuda_graph is None:
         args.cuda_graph = on_cuda
     return args
+
+
+def check_values(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, naming the flag, a value that would crash later with a traceback (no
+    epochs to summarise, torch.optim's own check, the loader's) or train something else
+    than asked (a zero-width layer, a patience that stops after the first epoch)."""
+    for flag, key in (("--epochs", "epochs"), ("--runs", "runs"), ("--hidden", "hidden"), ("--heads", "heads"),
+                      ("--out-heads", "out_heads"), ("--patience", "patience"), ("--batch-size", "batch_size")):
+        check_range(p, flag, getattr(args, key), low=1)
+    check_range(p, "--K", args.K, low=0)
+    check_range(p, "--lr", args.lr, low=0, low_open=True)
+    check_range(p, "--weight-decay", args.weight_decay, low=0)
+    check_range(p, "--dropout", args.dropout, low=0, high=1, high_open=True)
+    check_range(p, "--alpha", args.alpha, low=0, high=1)
+    if any(k < -1 for k in args.num_neighbors):
+        p.error(f"--num-neighbors takes counts >= 0 (or -1: all), got {args.num_neighbors}")
 
 
 def build_model(args: argparse.Namespace, data: NodeDataset) -> torch.nn.Module:
@@ -363,6 +387,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.dataset.lower() in ("cora", "citeseer", "pubmed"):
         kwargs["normalize_features"] = not args.no_normalize_features
     try:
+        check_device_present(device)
         data = load_dataset(args.dataset, args.root, **kwargs).to(device)
         report, paths = path_report(args, data, device)
     except USER_ERRORS as err:
@@ -397,10 +422,15 @@ def main(argv: list[str] | None = None) -> dict:
         "best_epochs": [r["epoch"] for r in results],
         "test_accs": test,
     }
+    if args.sampled:  # an epoch is one step per mini-batch (NeighborLoader keeps the last, smaller one)
+        batches = -(-int(data.train_mask.sum()) // args.batch_size)
+        timed = f"ms per training epoch ({batches} mini-batch steps)"
+    else:
+        timed = "ms per training step"
     print(
         f"{args.model.upper()} on {data.name}: test accuracy {summary['test_acc_mean']:.4f} "
         f"± {summary['test_acc_std']:.4f} (val {summary['val_acc_mean']:.4f}) over {args.runs} runs; "
-        f"{summary['epoch_ms_median']:.2f} ms per training step"
+        f"{summary['epoch_ms_median']:.2f} {timed}"
         + (f"; peak memory {summary['peak_mem_mib']:.0f} MiB" if summary["peak_mem_mib"] is not None else "")
     )
     if args.json:

@@ -51,7 +51,7 @@ except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import train as single  # noqa: E402  (examples/train.py: flags, recipes, model builder)
-from _cli import USER_ERRORS, fail, show_progress  # noqa: E402
+from _cli import USER_ERRORS, check_device_present, fail, show_progress  # noqa: E402
 
 from fusegnn.datasets import load_dataset  # noqa: E402
 from fusegnn.distributed import METHODS, DistGraph, allreduce_gradients, global_count, partition_graph  # noqa: E402
@@ -77,7 +77,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if extra.sampled:
         raise SystemExit("train_distributed.py: --sampled is not supported (every process trains on its "
                          "whole partition; examples/train.py --sampled trains on mini-batches)")
-    args = single.parse_args(rest + ["--no-cuda-graph"])
+    # the help leaves out what this script refuses (--cuda-graph, --sampled) and what only
+    # --sampled reads (--num-neighbors, --batch-size)
+    args = single.parse_args(rest + ["--no-cuda-graph"], description=__doc__.split("\n")[0],
+                             hidden=("--cuda-graph", "--no-cuda-graph", "--sampled", "--num-neighbors", "--batch-size"))
     args.partition, args.backend = extra.partition, extra.backend
     return args
 
@@ -178,6 +181,10 @@ def _all_processes(value: float) -> list[float]:
 
 def main(argv: list[str] | None = None) -> dict | None:
     args = parse_args(argv)
+    try:
+        check_device_present(torch.device(args.device))
+    except ValueError as err:
+        fail(err, "train_distributed.py", debug=args.debug)
     rank, world_size, device = setup(args)
     try:
         return _main(args, rank, world_size, device)
@@ -192,9 +199,9 @@ def _main(args, rank: int, world_size: int, device: torch.device) -> dict | None
         kwargs["normalize_features"] = not args.no_normalize_features
     try:
         data = load_dataset(args.dataset, args.root, **kwargs)
+        part = partition_graph(data.graph, world_size, args.partition)  # --partition metis without pymetis
     except USER_ERRORS as err:
         fail(err, "train_distributed.py", debug=args.debug)
-    part = partition_graph(data.graph, world_size, args.partition)
     dg = DistGraph.build(data.graph, part, rank if world_size > 1 else 0, device=device)
     tensors = {"x": dg.owned_rows(data.x), "y": dg.owned_rows(data.y),
                "masks": {s: dg.owned_rows(getattr(data, f"{s}_mask")) for s in ("train", "val", "test")}}

@@ -44,9 +44,10 @@ try:
 except ImportError:  # running from a source checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _cli import USER_ERRORS, fail, show_progress  # noqa: E402
+from _cli import USER_ERRORS, check_device, check_device_present, check_range, fail, show_progress  # noqa: E402
 
 from fusegnn.datasets import NodeDataset, cache_dir, generate_ogbn_like, generate_reddit_like, load_dataset
+from fusegnn.datasets.synthetic import OGBN_SPECS
 from fusegnn.loader import NeighborLoader
 from fusegnn.layers import SAGEConv
 from fusegnn.sparse import Graph
@@ -144,7 +145,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--num-neighbors must be comma-separated integers, got {args.num_neighbors!r}")
     if not args.num_neighbors:
         p.error("--num-neighbors needs at least one hop")
+    if any(k < -1 for k in args.num_neighbors):
+        p.error(f"--num-neighbors takes counts >= 0 (or -1: all), got {args.num_neighbors}")
+    for flag, key in (("--epochs", "epochs"), ("--batch-size", "batch_size"), ("--hidden", "hidden")):
+        check_range(p, flag, getattr(args, key), low=1)
+    check_range(p, "--eval-every", args.eval_every, low=0)
+    check_range(p, "--lr", args.lr, low=0, low_open=True)
+    check_range(p, "--dropout", args.dropout, low=0, high=1, high_open=True)
+    check_device(p, args.device)
+    if args.synthetic and _synthetic_key(args.dataset) is None:
+        p.error(f"--synthetic generates Reddit, ogbn-arxiv or ogbn-products, not {args.dataset!r}")
     return args
+
+
+def _synthetic_key(dataset: str) -> str | None:
+    """``"reddit"``, an ``OGBN_SPECS`` name, or ``None`` for a data set ``--synthetic``
+    cannot generate."""
+    key = dataset.lower().replace("_", "-")
+    if key == "reddit":
+        return key
+    key = key if key.startswith("ogbn-") else f"ogbn-{key}"
+    return key if key in OGBN_SPECS else None
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -153,6 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(args.device)
     fanouts = args.num_neighbors
     try:
+        check_device_present(device)
         data = load(args, device)
     except USER_ERRORS as err:
         fail(err, "train_sampled.py", debug=args.debug)

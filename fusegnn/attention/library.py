@@ -4,7 +4,7 @@ custom ops (the path decision is made once, outside the traced code, by
 
 Compiled code cannot trace fusegnn's block-sparse kernels (Triton launched through
 fusegnn's own launcher) nor the decision (the cost model reads the mask's block layout,
-built with host reads). So, under compilation, :func:`compiled_sparse_attention`
+built with host reads). So, under compilation, :func:`~fusegnn.attention.sparse_attention.sparse_attention`
 
 1. asks :func:`fusegnn.attention.sparse_attention.compiled_decision` -- marked ``torch.compiler.assume_constant_result``: Dynamo calls
    it with constants (the mask's handle, shapes, dtype, device) and keeps its result --

@@ -355,7 +355,7 @@ class RowWindows(VectorSparse):
     is a stored vector), so the SpMM runs ``[W, BLOCK_K] x [BLOCK_K, BN]`` ``tl.dot``
     tiles with ``B`` rows gathered by the compacted column list and no padding rows.
     ``tile_density`` is the fraction of non-zeros in the tiles (reordering the rows,
-    :func:`fusegnn.sparse.reorder.reorder`, raises it)."""
+    :meth:`fusegnn.Graph.reorder`, raises it)."""
 
     VECTOR_SIZES = (16, 32)
     _size_name = "W"
