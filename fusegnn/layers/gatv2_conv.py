@@ -20,7 +20,7 @@ from fusegnn.layers._utils import (
     input_linear,
     node_pair,
 )
-from fusegnn.sparse import Graph, gatv2_projected_attention
+from fusegnn.sparse import Graph, gatv2_attention
 from fusegnn.sparse.dispatch import check_aggregation
 from fusegnn.sparse.attention_loops import attention_self_loop_edge_attr, attention_self_loops
 
@@ -57,11 +57,9 @@ class GATv2Conv(nn.Module):
 
     (PyG's parameter names and shapes: ``lin_l``, ``lin_r`` with biases when ``bias``,
     ``att`` ``[1, H, C]``, ``lin_edge`` without bias, ``res`` without bias, ``bias``.)
-    The attention runs as :func:`~fusegnn.sparse.gatv2_projected_attention` (the
-    projections and :func:`~fusegnn.sparse.gatv2_attention`): on CUDA fused kernels
+    The attention runs as :func:`~fusegnn.sparse.gatv2_attention`: on CUDA fused kernels
     (scores, LeakyReLU, online softmax and aggregation in one pass over each target's
-    edges, fused backward; a narrow input is projected in the kernels instead of its
-    projected rows being gathered), the reference composition otherwise.
+    edges, fused backward), the reference composition otherwise.
 
     Args:
         in_channels: input width, a pair ``(source, target)`` of widths for bipartite
@@ -197,12 +195,11 @@ class GATv2Conv(nn.Module):
                 edge_attr = attention_self_loop_edge_attr(graph, edge_attr, self.fill_value)
             graph = attention_self_loops(graph)
         H, C = self.heads, self.out_channels
+        x_l = self.lin_l(x_src).view(-1, H, C)
+        x_r = x_l if (self.share_weights and not bipartite_x) else self.lin_r(x_dst).view(-1, H, C)
         e = self.lin_edge(edge_attr).view(-1, H, C) if edge_attr is not None else None
-        # x_l = lin_l(x_src), x_r = lin_r(x_dst) (x_l itself with shared weights on one node
-        # set: the op sees x_dst is x_src and lin_r is lin_l), projected in the kernels where
-        # that pays
-        result = gatv2_projected_attention(
-            graph, x_src, self.lin_l.weight, self.lin_l.bias, x_dst, self.lin_r.weight, self.lin_r.bias, self.att, e,
+        result = gatv2_attention(
+            graph, x_l, x_r, self.att, e,
             negative_slope=self.negative_slope, dropout=self.dropout, training=self.training,
             aggregation=self.aggregation, return_alpha=bool(return_attention_weights),
         )

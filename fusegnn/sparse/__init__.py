@@ -21,7 +21,7 @@ from fusegnn.sparse.dispatch import (
     resolve_aggregation,
 )
 from fusegnn.sparse.gat import gat_attention, gat_layer
-from fusegnn.sparse.gatv2 import gatv2_attention, gatv2_projected_attention
+from fusegnn.sparse.gatv2 import gatv2_attention
 from fusegnn.sparse.graph import CompressedEdges, Graph
 from fusegnn.sparse.halo import HaloGraph
 from fusegnn.sparse.ops import as_graph, edge_aggregate, edge_index_of, edge_softmax, graph_arg, sddmm, spmm
@@ -69,7 +69,6 @@ __all__ = [
     "gat_attention",
     "gat_layer",
     "gatv2_attention",
-    "gatv2_projected_attention",
     "gcn_norm",
     "library",
     "propagate",

@@ -30,38 +30,25 @@ return the coefficients), which :func:`fusegnn.sparse.dispatch.last_decision` re
 
 Under ``torch.compile`` the op is one ``torch.library`` custom op,
 ``fusegnn::gatv2_attention`` (:mod:`fusegnn.sparse.library`).
-
-:func:`gatv2_projected_attention` takes the layer's inputs and projections instead,
-:math:`x^l = x_{src} W_l^\top + b_l` and :math:`x^r = x_{dst} W_r^\top + b_r`. When an input is
-narrow (:func:`projects`: ``K`` at most :data:`PROJECTION_MAX_RATIO` of the ``H * C``
-padded row it stands for), the fused kernels gather the ``K``-wide input rows per edge
-and project them in registers instead of gathering ``x^l_j`` (forward, backward pass R)
-and ``x^r_i`` (pass C of ``"gar"``); the result and every gradient are the plain op's
-(to float32 rounding). Everywhere else -- the reference, ``return_alpha``, inputs other
-than float32, autocast, a distributed (halo) graph, ``torch.compile`` (its custom op
-takes the projected rows) -- it forms :math:`x^l`, :math:`x^r` and runs :func:`gatv2_attention`.
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from fusegnn.kernels._edge_utils import padded_channels
 from fusegnn.sparse import library, reference
-from fusegnn.sparse.dispatch import needs_grad, note_path, resolve_aggregation
+from fusegnn.sparse.dispatch import note_path, resolve_aggregation
 from fusegnn.sparse.graph import Graph
 from fusegnn.sparse.graph_ref import GraphRef
-from fusegnn.sparse.halo import HaloGraph, held_graph, with_halo_rows
+from fusegnn.sparse.halo import with_halo_rows
 from fusegnn.sparse.ops import check_node_tensor, graph_arg
 from fusegnn.sparse.gat import attention_options
 
-__all__ = ["gatv2_attention", "gatv2_projected_attention", "projects"]
+__all__ = ["gatv2_attention"]
 
 
-def _check_like(t: Tensor | None, name: str, shape: tuple, x_l: Tensor, like: str = "x_l") -> None:
-    """``t`` is a tensor of ``shape`` (``-1``: any size) with ``x_l``'s dtype and device
-    (``like``: ``x_l``'s name in the messages)."""
+def _check_like(t: Tensor | None, name: str, shape: tuple, x_l: Tensor) -> None:
+    """``t`` is a tensor of ``shape`` (``-1``: any size) with ``x_l``'s dtype and device."""
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     fits = t.dim() == len(shape) and all(want < 0 or got == want for got, want in zip(t.shape, shape))
@@ -69,9 +56,9 @@ def _check_like(t: Tensor | None, name: str, shape: tuple, x_l: Tensor, like: st
         want = ", ".join("?" if s < 0 else str(s) for s in shape)
         raise ValueError(f"{name} must have shape [{want}], got {tuple(t.shape)}")
     if t.dtype != x_l.dtype:
-        raise TypeError(f"{name} must have {like}'s dtype {x_l.dtype}, got {t.dtype}")
+        raise TypeError(f"{name} must have x_l's dtype {x_l.dtype}, got {t.dtype}")
     if t.device != x_l.device:
-        raise ValueError(f"{name} is on {t.device} but {like} is on {x_l.device}; move them to the same device")
+        raise ValueError(f"{name} is on {t.device} but x_l is on {x_l.device}; move them to the same device")
 
 
 def gatv2_attention(
@@ -137,122 +124,3 @@ def gatv2_attention(
     from fusegnn.kernels.gatv2_fused import fused_gatv2_attention
 
     return fused_gatv2_attention(graph, x_l, x_r, att, edge_attr, slope, p, aggregation=backend.name)
-
-
-#: a side is projected in the kernels when its input width ``K`` is at most this fraction of
-#: the padded ``H * C`` row it replaces: the per-edge gather shrinks from ``H * C`` to ``K``
-#: floats while the ``tl.dot`` adds ``K * H * C`` multiply-adds per edge
-PROJECTION_MAX_RATIO = 0.5
-#: dtypes the projected kernels take (float64 and half inputs keep the gathered rows)
-PROJECTED_DTYPES = (torch.float32,)
-
-
-def projects(in_channels: int, heads: int, channels: int) -> bool:
-    """Whether the fused kernels project a side whose input has ``in_channels`` features
-    (heads x channels of the attention) instead of gathering its rows: the input fits the
-    register tile (:func:`~fusegnn.kernels.gatv2_fused.projectable_inputs`) and is at most
-    :data:`PROJECTION_MAX_RATIO` of the padded row width."""
-    from fusegnn.kernels.gatv2_fused import projectable_inputs
-
-    return projectable_inputs(in_channels) and in_channels <= PROJECTION_MAX_RATIO * heads * padded_channels(channels)
-
-
-def _check_projection(x: Tensor, weight: Tensor, bias: Tensor | None, width: int, names: tuple[str, str, str]) -> None:
-    """``x`` ``[N, K]`` floating, ``weight`` ``[width, K]`` and ``bias`` ``[width]`` (or
-    ``None``) of ``x``'s dtype and device."""
-    x_name, w_name, b_name = names
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{x_name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{x_name} must be a floating tensor, got dtype {x.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"{x_name} must have 2 dimensions [num_nodes, in_channels], got shape {tuple(x.shape)}")
-    _check_like(weight, w_name, (width, x.size(1)), x, x_name)
-    if bias is not None:
-        _check_like(bias, b_name, (width,), x, x_name)
-
-
-def gatv2_projected_attention(
-    graph: Graph | Tensor,
-    x_src: Tensor,
-    weight_l: Tensor,
-    bias_l: Tensor | None,
-    x_dst: Tensor,
-    weight_r: Tensor,
-    bias_r: Tensor | None,
-    att: Tensor,
-    edge_attr: Tensor | None = None,
-    *,
-    negative_slope: float = 0.2,
-    dropout: float = 0.0,
-    training: bool = False,
-    aggregation: str = "auto",
-    return_alpha: bool = False,
-) -> Tensor | tuple[Tensor, Tensor]:
-    r""":func:`gatv2_attention` of ``x_l = x_src W_l^T + b_l`` and ``x_r = x_dst W_r^T + b_r``
-    (PyG's ``lin_l`` / ``lin_r``), with narrow inputs projected inside the fused kernels
-    (see the module docstring).
-
-    Args:
-        graph: as :func:`gatv2_attention`'s.
-        x_src: ``[N_src, K_l]`` source inputs; ``weight_l`` ``[H * C, K_l]``, ``bias_l``
-            ``[H * C]`` or ``None``.
-        x_dst: ``[N_dst, K_r]`` target inputs; ``weight_r`` ``[H * C, K_r]``, ``bias_r``
-            ``[H * C]`` or ``None``. Shared weights on one node set: pass the same
-            ``x_src``, ``weight_l`` and ``bias_l`` objects again (``x_r`` is then ``x_l``).
-        att: ``[1, H, C]`` (or ``[H, C]``) attention vector; it fixes ``H`` and ``C``.
-        edge_attr: ``[E, H, C]`` projected edge features in the graph's edge order, or ``None``.
-        negative_slope, dropout, training, aggregation, return_alpha: as :func:`gatv2_attention`'s
-            (dropout draws the same mask for the same seed either way).
-
-    Returns:
-        ``out`` ``[N_dst, H, C]`` (or ``(out, alpha)``), differentiable with respect to
-        every tensor argument.
-    """
-    if not isinstance(att, Tensor) or att.dim() not in (2, 3):
-        raise ValueError(f"att must be a [1, H, C] or [H, C] tensor, got {getattr(att, 'shape', type(att).__name__)}")
-    heads, channels = att.shape[-2], att.shape[-1]
-    width = heads * channels
-    _check_projection(x_src, weight_l, bias_l, width, ("x_src", "weight_l", "bias_l"))
-    _check_like(x_dst, "x_dst", (-1, -1), x_src, "x_src")
-    _check_projection(x_dst, weight_r, bias_r, width, ("x_dst", "weight_r", "bias_r"))
-    shared = x_dst is x_src and weight_r is weight_l and bias_r is bias_l
-    options = dict(negative_slope=negative_slope, dropout=dropout, training=training, aggregation=aggregation)
-
-    def projected(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        return torch.nn.functional.linear(x, weight, bias).view(-1, heads, channels)
-
-    def unprojected(graph):
-        x_l = projected(x_src, weight_l, bias_l)
-        x_r = x_l if shared else projected(x_dst, weight_r, bias_r)
-        return gatv2_attention(graph, x_l, x_r, att, edge_attr, **options, return_alpha=return_alpha)
-
-    # the eager single-process fused path only: a halo graph and torch.compile take x_l's rows,
-    # autocast its half-precision x_l
-    eligible = (x_src.dtype in PROJECTED_DTYPES and not return_alpha and not torch.compiler.is_compiling()
-                and not torch.is_autocast_enabled(x_src.device.type)
-                and not isinstance(held_graph(graph), (HaloGraph, GraphRef)))
-    project_l = projects(x_src.size(1), heads, channels)
-    project_r = projects(x_dst.size(1), heads, channels)
-    if not eligible or not (project_l or project_r):
-        return unprojected(graph)
-    graph = graph_arg(graph, x_src.size(0))
-    check_node_tensor(x_src, graph, graph.num_src_nodes, "x_src", (2,))
-    check_node_tensor(x_dst, graph, graph.num_dst_nodes, "x_dst", (2,))
-    p = attention_options(negative_slope, dropout, training, return_alpha, aggregation)
-    # the decision of the plain op on these x_l / x_r (shape, dtype and device stand-ins)
-    like_l = x_src.new_empty(()).expand(graph.num_src_nodes, heads, channels)
-    like_r = x_src.new_empty(()).expand(graph.num_dst_nodes, heads, channels)
-    records = needs_grad(x_src, weight_l, bias_l, x_dst, weight_r, bias_r, att, edge_attr)
-    backend = resolve_aggregation(aggregation, graph, like_l, like_r, op="gatv2", records_backward=records)
-    if backend.name not in ("gar", "gas") or not (project_l or (project_r and backend.name == "gar")):
-        return unprojected(graph)
-    _check_like(att, "att", (heads, channels) if att.dim() == 2 else (1, heads, channels), x_src, "x_src")
-    if edge_attr is not None:
-        _check_like(edge_attr, "edge_attr", (graph.num_edges, heads, channels), x_src, "x_src")
-    from fusegnn.kernels.gatv2_fused import fused_gatv2_projected_attention
-
-    return fused_gatv2_projected_attention(
-        graph, x_src, weight_l, bias_l, x_dst, weight_r, bias_r, att, edge_attr, float(negative_slope), p,
-        aggregation=backend.name, project_l=project_l, project_r=project_r,
-    )
