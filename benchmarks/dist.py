@@ -227,7 +227,7 @@ def _loss_difference(rows: list[dict]) -> None:
 
 def run_dist(device: torch.device, out: Path, *, cases: list[str] | None = None, counts: list[int] | None = None,
              steps: int = 10, warmup: int = 5, steps_total: int = 50, scale: float = 1.0, seed: int = 0,
-             partition: str = "auto", exchange_reps: int = 5) -> str:
+             partition: str = "auto", balance_on: str = "edges", exchange_reps: int = 5) -> str:
     """Run the suite; write ``out/dist/<gpu-slug>.{json,md,png}``; return the markdown."""
     from benchmarks.report import environment, gpu_slug
 
@@ -241,7 +241,7 @@ def run_dist(device: torch.device, out: Path, *, cases: list[str] | None = None,
     if not cuda:  # a smoke run: only the steps asked for
         steps_total = warmup + steps
     cfg = dict(device=device.type, cases=names, scale=scales, avg_degree={} if cuda else dict(SMOKE_DEGREE),
-               seed=seed, partition=partition, warmup=warmup,
+               seed=seed, partition=partition, balance_on=balance_on, warmup=warmup,
                steps_total=max(steps_total, warmup + steps), exchange_reps=exchange_reps,
                model_from=max(counts), model_parts=[n for n in MODEL_COUNTS if n not in counts])
     rows: list[dict] = []

@@ -111,7 +111,7 @@ def run_case(name: str, rank: int, world_size: int, device: torch.device, cfg: d
         cache[dataset] = load(dataset, cfg["scale"][dataset], cfg["seed"], device, cfg["avg_degree"].get(dataset))
     data = cache[dataset]
     graph_cpu = data.edge_index.cpu()
-    part = partition_graph(graph_cpu, world_size, cfg["partition"])
+    part = partition_graph(graph_cpu, world_size, cfg["partition"], balance_on=cfg.get("balance_on", "edges"))
     dg = DistGraph.build(graph_cpu, part, rank, device=device)
     x, y, train = dg.owned_rows(data.x), dg.owned_rows(data.y), dg.owned_rows(data.train_mask)
     train_index = train.nonzero().view(-1)
@@ -151,19 +151,20 @@ def run_case(name: str, rank: int, world_size: int, device: torch.device, cfg: d
         partition=dict(method=part.method, edge_cut=part.edge_cut, balance=part.balance),
     )
     if rank == 0 and world_size == cfg["model_from"]:
-        record["modelled_partitions"] = {str(p): partition_stats(graph_cpu, p, cfg["partition"])
+        record["modelled_partitions"] = {str(p): partition_stats(graph_cpu, p, cfg["partition"],
+                                                                 cfg.get("balance_on", "edges"))
                                          for p in cfg["model_parts"]}
     del model, opt, dg, x, y, out, loss
     return record
 
 
-def partition_stats(edge_index: torch.Tensor, parts: int, method: str) -> dict:
+def partition_stats(edge_index: torch.Tensor, parts: int, method: str, balance_on: str = "edges") -> dict:
     """Per part of a ``parts``-way partition: owned nodes, halo nodes, rows sent per
     forward exchange, incoming edges (what the ``dist`` model scales by)."""
     from fusegnn.distributed import partition_graph
     from fusegnn.distributed.dist_graph import share_of
 
-    part = partition_graph(edge_index, parts, method)
+    part = partition_graph(edge_index, parts, method, balance_on=balance_on)
     src, dst = edge_index.numpy()
     rows = []
     for r in range(parts):

@@ -19,7 +19,7 @@ rounding).
 
 Backend: NCCL on CUDA (each process on ``cuda:LOCAL_RANK``), gloo on the CPU (``--device
 cpu``). The flags are those of ``examples/train.py`` (recipes, ``--runs``, ``--epochs``,
-``--json``, ...) plus ``--partition`` and ``--backend``; ``--cuda-graph`` and
+``--json``, ...) plus ``--partition``, ``--balance`` (edges, the default, or nodes) and ``--backend``; ``--cuda-graph`` and
 ``--sampled`` are refused (the steps here are eager and full-graph). Only rank 0 prints:
 progress, the partition, and with ``--json`` the summary as the last line (accuracies of
 the whole graph, step time, peak memory of every process, halo sizes and bytes exchanged
@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--partition", choices=METHODS, default="auto",
                      help="how the graph is split: METIS (pymetis), contiguous (RCM order), auto")
+    own.add_argument("--balance", choices=("edges", "nodes"), default="edges",
+                     help="what the parts balance: incoming edges (each worker's aggregation time and "
+                          "memory follow them) or node counts")
     own.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
                      help="torch.distributed backend (auto: nccl on CUDA, gloo on the CPU)")
     # train.py's flags this script refuses, parsed here so that their abbreviations
@@ -81,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # --sampled reads (--num-neighbors, --batch-size)
     args = single.parse_args(rest + ["--no-cuda-graph"], description=__doc__.split("\n")[0],
                              hidden=("--cuda-graph", "--no-cuda-graph", "--sampled", "--num-neighbors", "--batch-size"))
-    args.partition, args.backend = extra.partition, extra.backend
+    args.partition, args.balance, args.backend = extra.partition, extra.balance, extra.backend
     return args
 
 
@@ -199,7 +202,7 @@ def _main(args, rank: int, world_size: int, device: torch.device) -> dict | None
         kwargs["normalize_features"] = not args.no_normalize_features
     try:
         data = load_dataset(args.dataset, args.root, **kwargs)
-        part = partition_graph(data.graph, world_size, args.partition)  # --partition metis without pymetis
+        part = partition_graph(data.graph, world_size, args.partition, balance_on=args.balance)  # --partition metis without pymetis
     except USER_ERRORS as err:
         fail(err, "train_distributed.py", debug=args.debug)
     dg = DistGraph.build(data.graph, part, rank if world_size > 1 else 0, device=device)
@@ -234,7 +237,7 @@ def _main(args, rank: int, world_size: int, device: torch.device) -> dict | None
         "peak_mem_mib": peak if device.type == "cuda" else None,
         "aggregation": args.aggregation,
         "partition": {"method": part.method, "sizes": part.sizes(), "edge_cut": part.edge_cut,
-                      "balance": part.balance},
+                      "balance": part.balance, "balanced_on": args.balance},
         "halo_nodes": [int(h) for h in halos],
         "bytes_sent_per_step_rank0": results[0]["bytes_sent_per_step"],
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -181,6 +181,28 @@ def test_metis_partition_when_installed():
     assert torch.equal(partition_graph(graph, 2, "metis").parts, part.parts)
 
 
+def test_metis_balances_edges_or_nodes():
+    """METIS with ``balance_on="edges"`` (the default) evens the parts' incoming edges,
+    with ``"nodes"`` their node counts: on a graph whose in-degrees are skewed, each is
+    better balanced in its own measure than the other."""
+    pytest.importorskip("pymetis")
+    from fusegnn.datasets import generate_reddit_like
+
+    data = generate_reddit_like(0.01, device="cpu", seed=3)
+    dst = data.edge_index[1]
+
+    def spread(part):
+        edges = torch.bincount(part.parts[dst], minlength=4).double()
+        nodes = torch.tensor(part.sizes(), dtype=torch.float64)
+        return float(edges.max() / edges.mean()), float(nodes.max() / nodes.mean())
+
+    by_edges, by_nodes = (partition_graph(data.edge_index, 4, "metis", balance_on=b) for b in ("edges", "nodes"))
+    assert torch.equal(partition_graph(data.edge_index, 4, "metis").parts, by_edges.parts)  # the default
+    (e_edges, n_edges), (e_nodes, n_nodes) = spread(by_edges), spread(by_nodes)
+    assert e_edges < e_nodes and e_edges <= 1.03
+    assert n_nodes < n_edges and n_nodes <= 1.03
+
+
 # ---------------------------------------------------------------------------------- DistGraph
 def test_shares_are_consistent():
     """Every worker's incoming edges are the global ones of its nodes, in order; what
