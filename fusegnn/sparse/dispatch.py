@@ -124,6 +124,7 @@ __all__ = [
     "available_backends",
     "check_aggregation",
     "resolve_aggregation",
+    "checks_every_call",
     "explain",
     "last_decision",
     "last_backend",
@@ -520,14 +521,21 @@ def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor, op: st
     memo = graph.cached("dispatch_decisions", dict, structural=True)
     decision = memo.get(key)
     if decision is None:
-        warns = aggregation == "gas" and deterministic_mode
         decision = explain(graph, *tensors, aggregation=aggregation, op=op, records_backward=records_backward)
-        if not warns:
+        if not checks_every_call(aggregation):
             memo[key] = decision
     _state.last = decision
     if _open_logs:
         _collect(decision)
     return _BACKENDS[decision.name]
+
+
+def checks_every_call(aggregation: str) -> bool:
+    """Whether a call with ``aggregation`` must be decided afresh every time, not taken from
+    a remembered decision: an explicit ``"gas"`` in deterministic mode warns (under
+    ``torch.use_deterministic_algorithms(True, warn_only=True)``) or raises, and whether
+    it warns or raises depends on switches that no cache key holds."""
+    return aggregation == "gas" and is_deterministic()
 
 
 def record_decision(decision: Decision) -> None:
