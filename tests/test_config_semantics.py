@@ -56,3 +56,66 @@ def test_gas_refused_in_strict_mode_after_a_warn_only_call(restore_torch_determi
     torch.use_deterministic_algorithms(True)
     with pytest.raises(RuntimeError, match="not deterministic"):
         spmm(graph, x, aggregation="gas")
+
+
+# ----------------------------------------------------------------------------- spmm tuning
+from fusegnn.kernels import spmm as fused_spmm  # noqa: E402
+from fusegnn.kernels.spmm_gar import GarConfig  # noqa: E402
+from fusegnn.kernels.spmm_gas import GasConfig  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "override, error, match",
+    [
+        (dict(gas=GasConfig(block_e=-4, block_f=16)), ValueError, r"gas=\.\.\.\)\.block_e must be a positive int"),
+        (dict(gas=GasConfig(block_e=24, block_f=16)), ValueError, r"block_e must be a power of two, got 24"),
+        (dict(gas=GasConfig(block_e=16, block_f=16, num_warps=3)), ValueError, "num_warps must be a power of two"),
+        (dict(gas="fast"), TypeError, r"tuning\(gas=\.\.\.\) must be a GasConfig"),
+        (dict(gar=GasConfig(16, 16)), TypeError, r"tuning\(gar=\.\.\.\) must be a GarConfig"),
+        (dict(gar=GarConfig(block_e=16, block_f=12)), ValueError, r"block_f must be a power of two, got 12"),
+        (dict(gar=GarConfig(block_e=16, block_f=16, num_stages=0)), ValueError, "num_stages must be a positive int"),
+        (dict(gar=GarConfig(block_e=16, block_f=16, seg_len=0)), ValueError, "seg_len must be a positive int"),
+    ],
+    ids=["gas-negative", "gas-not-pow2", "gas-warps", "gas-str", "gar-wrong-kind", "gar-block-f", "gar-stages",
+         "gar-seg-len"],
+)
+def test_spmm_tuning_refuses_bad_configs_when_set(override, error, match):
+    # a negative block_e used to run an empty grid (an all-zero result), others failed
+    # inside Triton at the first launch
+    before = fused_spmm._gas_override, fused_spmm._gar_override
+    with pytest.raises(error, match=match):
+        with fused_spmm.tuning(**override):
+            pass
+    assert (fused_spmm._gas_override, fused_spmm._gar_override) == before
+
+
+def test_spmm_tuning_checks_a_callables_result_at_launch():
+    graph = _small_graph()
+    x = torch.randn(4, 3, device=DEVICE)
+    with fused_spmm.tuning(gas=lambda feat, elem_size, dot: GasConfig(block_e=0, block_f=16)):
+        with pytest.raises(ValueError, match=r"tuning\(gas=\.\.\.\)'s result\.block_e must be a positive int"):
+            spmm(graph, x, aggregation="gas")
+
+
+def test_spmm_tuning_nests_and_restores_on_exception():
+    outer_gar = GarConfig(block_e=8, block_f=4, seg_len=3)
+    inner_gas = GasConfig(block_e=16, block_f=4)
+    before = fused_spmm._gas_override, fused_spmm._gar_override
+    with fused_spmm.tuning(gar=outer_gar):
+        with pytest.raises(KeyError):
+            with fused_spmm.tuning(gas=inner_gas):
+                # an override left None keeps the outer block's
+                assert fused_spmm.gar_cfg(4, 8, False, 3.0) == outer_gar
+                assert fused_spmm._gas_cfg(4, 8, False, False) == inner_gas
+                raise KeyError("inside")
+        assert fused_spmm.gar_cfg(4, 8, False, 3.0) == outer_gar
+        assert fused_spmm._gas_override is before[0]
+    assert (fused_spmm._gas_override, fused_spmm._gar_override) == before
+
+
+def test_spmm_tuning_results_match_the_reference():
+    graph = _small_graph()
+    x = torch.randn(4, 5, dtype=torch.float64, device=DEVICE)
+    with fused_spmm.tuning(gas=GasConfig(block_e=2, block_f=2), gar=GarConfig(block_e=2, block_f=2, seg_len=1)):
+        for path in ("gas", "gar"):
+            torch.testing.assert_close(spmm(graph, x, aggregation=path), reference.spmm(graph, x))
