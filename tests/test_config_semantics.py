@@ -119,3 +119,34 @@ def test_spmm_tuning_results_match_the_reference():
     with fused_spmm.tuning(gas=GasConfig(block_e=2, block_f=2), gar=GarConfig(block_e=2, block_f=2, seg_len=1)):
         for path in ("gas", "gar"):
             torch.testing.assert_close(spmm(graph, x, aggregation=path), reference.spmm(graph, x))
+
+
+# ----------------------------------------------------------------------------- environment switches
+from fusegnn.kernels import _launch  # noqa: E402
+from fusegnn.kernels import block_attention  # noqa: E402
+
+_SWITCHES = [("FUSEGNN_FAST_LAUNCH", _launch.fast_launch_enabled),
+             ("FUSEGNN_BAND_PATTERNS", block_attention._bands_enabled)]
+
+
+@pytest.mark.parametrize("name, read", _SWITCHES, ids=[n for n, _ in _SWITCHES])
+@pytest.mark.parametrize(
+    "value, expected",
+    [("0", False), ("false", False), (" OFF ", False), ("no", False), ("1", True), ("True", True),
+     ("yes", True), ("", True), (None, True)],
+)
+def test_env_switches_read_common_spellings(monkeypatch, name, read, value, expected):
+    # ENVIRONMENT.md: both default to on, 0 switches them off; "false" used to read as on
+    monkeypatch.setattr(_launch, "_STATE", {"broken": False})
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
+    assert read() is expected
+
+
+@pytest.mark.parametrize("name, read", _SWITCHES, ids=[n for n, _ in _SWITCHES])
+def test_env_switches_refuse_garbage_naming_the_variable(monkeypatch, name, read):
+    monkeypatch.setenv(name, "fast")
+    with pytest.raises(ValueError, match=f"{name}='fast' is not an on / off switch"):
+        read()
