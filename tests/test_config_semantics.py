@@ -150,3 +150,63 @@ def test_env_switches_refuse_garbage_naming_the_variable(monkeypatch, name, read
     monkeypatch.setenv(name, "fast")
     with pytest.raises(ValueError, match=f"{name}='fast' is not an on / off switch"):
         read()
+
+
+# ----------------------------------------------------------------------------- deterministic switches
+@pytest.mark.parametrize("bad", ["false", "0", None, b"1"])
+def test_deterministic_switches_refuse_strings_and_none(bad):
+    # bool("false") is True: set_deterministic("false") used to switch the mode on
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        dispatch.set_deterministic(bad)
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        with dispatch.deterministic(bad):
+            pass
+    assert not dispatch.is_deterministic()
+
+
+def test_deterministic_context_nests_restores_on_exception_and_is_per_thread():
+    import threading
+
+    assert not dispatch.is_deterministic()
+    with pytest.raises(KeyError):
+        with dispatch.deterministic():
+            assert dispatch.is_deterministic()
+            with dispatch.deterministic(False):
+                assert not dispatch.is_deterministic()
+            assert dispatch.is_deterministic()
+            seen = []
+            worker = threading.Thread(target=lambda: seen.append(dispatch.is_deterministic()))
+            worker.start()
+            worker.join()
+            assert seen == [False]  # "in this thread"
+            raise KeyError("inside")
+    assert not dispatch.is_deterministic()
+    try:
+        dispatch.set_deterministic(True)
+        assert dispatch.is_deterministic()
+        with dispatch.deterministic(False):  # the block's own setting wins over the global one
+            assert not dispatch.is_deterministic()
+        assert dispatch.is_deterministic()
+    finally:
+        dispatch.set_deterministic(False)
+    assert not dispatch.is_deterministic()
+
+
+def test_deterministic_mode_gives_bitwise_equal_results_and_gradients():
+    graph = _small_graph()
+    x0 = torch.randn(4, 2, 5, device=DEVICE)
+    w0 = torch.rand(graph.num_edges, 2, device=DEVICE)
+    path = "auto" if DEVICE == "cuda" else "gar"  # auto takes the reference on the CPU
+
+    def run():
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        out = spmm(graph, x, w, aggregation=path)
+        out.backward(torch.ones_like(out))
+        return out.detach(), x.grad, w.grad, dispatch.last_backend()
+
+    with dispatch.deterministic():
+        first, second = run(), run()
+    assert first[3] == second[3] == "gar"
+    for a, b in zip(first[:3], second[:3]):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(first[0], reference.spmm(graph, x0, w0))

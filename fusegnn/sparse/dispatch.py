@@ -350,17 +350,27 @@ def check_aggregation(aggregation: str, op: str = "") -> str:
 
 
 # ------------------------------------------------------------------------- determinism
+def _switch(enabled: object) -> bool:
+    """``enabled`` as a bool; a string or ``None`` raises (``bool("false")`` is ``True``:
+    ``set_deterministic("false")`` would switch the mode on), as
+    ``torch.use_deterministic_algorithms`` refuses them."""
+    if enabled is None or isinstance(enabled, (str, bytes)):
+        raise TypeError(f"enabled must be a bool, got {enabled!r}")
+    return bool(enabled)
+
+
 def set_deterministic(enabled: bool) -> None:
     """Switch deterministic mode on or off globally (see the module docstring)."""
     global _deterministic_global
-    _deterministic_global = bool(enabled)
+    _deterministic_global = _switch(enabled)
 
 
 @contextlib.contextmanager
 def deterministic(enabled: bool = True) -> Iterator[None]:
     """Context manager: deterministic mode on (or off) inside the block, in this thread."""
+    enabled = _switch(enabled)
     previous = getattr(_state, "deterministic", None)
-    _state.deterministic = bool(enabled)
+    _state.deterministic = enabled
     try:
         yield
     finally:
