@@ -210,3 +210,18 @@ def test_deterministic_mode_gives_bitwise_equal_results_and_gradients():
     for a, b in zip(first[:3], second[:3]):
         assert torch.equal(a, b)
     torch.testing.assert_close(first[0], reference.spmm(graph, x0, w0))
+
+
+@pytest.mark.parametrize("bad", [["gar"], {"gar"}, None, 3])
+def test_aggregation_of_a_wrong_type_names_the_argument(bad):
+    # a list used to fail with "unhashable type: 'list'" from the dispatch cache
+    from fusegnn.sparse import edge_softmax, sddmm
+
+    graph = _small_graph()
+    x = torch.randn(4, 3, device=DEVICE)
+    with pytest.raises(ValueError, match="aggregation must be one of"):
+        spmm(graph, x, aggregation=bad)
+    with pytest.raises(ValueError, match="aggregation must be one of"):
+        sddmm(graph, x, x, aggregation=bad)
+    with pytest.raises(ValueError, match="aggregation must be one of"):
+        edge_softmax(graph, torch.randn(graph.num_edges, device=DEVICE), aggregation=bad)

@@ -339,7 +339,7 @@ def check_aggregation(aggregation: str, op: str = "") -> str:
     """``aggregation`` if it is a valid choice for ``op`` (``"spmm"``: one of
     :data:`SPMM_AGGREGATIONS`; any other op: one of :data:`AGGREGATIONS`)."""
     choices = SPMM_AGGREGATIONS if op == "spmm" else AGGREGATIONS
-    if aggregation not in choices:
+    if not isinstance(aggregation, str) or aggregation not in choices:
         if aggregation == "window":
             raise ValueError(
                 "aggregation='window' (row windows) runs spmm only (spmm, propagate and the layers built on "
@@ -522,6 +522,8 @@ def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor, op: st
     backends, so it is made once per such combination and remembered on the graph (an
     op call then costs a dictionary look-up, not the rule). Decisions that warn are not
     remembered."""
+    if not isinstance(aggregation, str):  # checked before it enters a cache key (a list is unhashable)
+        check_aggregation(aggregation, op)
     deterministic_mode = is_deterministic()
     if records_backward is None:
         records_backward = needs_grad(*tensors)
