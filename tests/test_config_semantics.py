@@ -225,3 +225,18 @@ def test_aggregation_of_a_wrong_type_names_the_argument(bad):
         sddmm(graph, x, x, aggregation=bad)
     with pytest.raises(ValueError, match="aggregation must be one of"):
         edge_softmax(graph, torch.randn(graph.num_edges, device=DEVICE), aggregation=bad)
+
+
+def test_for_capture_nests_restores_and_refuses_strings():
+    assert not dispatch.capture_mode()
+    with pytest.raises(KeyError):
+        with dispatch.for_capture():
+            with dispatch.for_capture(False):
+                assert not dispatch.capture_mode()
+            assert dispatch.capture_mode()
+            raise KeyError("inside")
+    assert not dispatch.capture_mode()
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        with dispatch.for_capture("false"):
+            pass
+    assert not dispatch.capture_mode()

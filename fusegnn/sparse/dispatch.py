@@ -406,8 +406,9 @@ def for_capture(enabled: bool = True) -> Iterator[None]:
     """Context manager: ops inside pick the paths a CUDA-graph capture runs (no
     host-bound regime), also while not capturing yet -- for the warm-up steps of a step
     that will be captured, and for the compiled custom ops."""
+    enabled = _switch(enabled)
     previous = getattr(_state, "for_capture", False)
-    _state.for_capture = bool(enabled)
+    _state.for_capture = enabled
     try:
         yield
     finally:
