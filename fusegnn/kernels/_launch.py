@@ -22,7 +22,8 @@ It falls back to the ordinary launch, and stays correct, when:
   against (``run``, ``function``, ``packed_metadata``), or the launcher refuses the
   arguments (``TypeError``): the fast path is then switched off for the process.
 
-``FUSEGNN_FAST_LAUNCH=0`` switches it off too (for comparisons).
+``FUSEGNN_FAST_LAUNCH=0`` (or ``false``, ``no``, ``off``: :func:`~fusegnn.kernels._env.env_flag`)
+switches it off too (for comparisons).
 
 **Every kernel launches through here.** ``kernel[grid](*args, **options)`` on a
 :class:`~fusegnn.kernels._triton.LazyKernel` (every fusegnn kernel is one) calls
@@ -36,11 +37,12 @@ block-attention plans) call :func:`launch` with it directly.
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
+
+from fusegnn.kernels._env import env_flag
 
 __all__ = ["launch", "launch_kernel", "spec_key", "fast_launch_enabled", "clear_cache"]
 
@@ -54,8 +56,9 @@ _STATE = {"broken": False}
 
 def fast_launch_enabled() -> bool:
     """Whether relaunches may skip Triton's binder (not switched off by
-    ``FUSEGNN_FAST_LAUNCH=0`` nor disabled by an incompatible Triton)."""
-    return not _STATE["broken"] and os.environ.get("FUSEGNN_FAST_LAUNCH", "1") != "0"
+    ``FUSEGNN_FAST_LAUNCH=0`` nor disabled by an incompatible Triton; another value than an
+    on / off switch raises, :func:`~fusegnn.kernels._env.env_flag`)."""
+    return not _STATE["broken"] and env_flag("FUSEGNN_FAST_LAUNCH", True)
 
 
 def clear_cache() -> None:

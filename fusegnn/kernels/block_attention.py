@@ -121,13 +121,13 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from fusegnn.kernels._env import env_flag
 from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, LazyKernel, interpreter_enabled, kernel_helper, next_pow2
 from fusegnn.kernels._launch import launch as fast_launch
 from fusegnn.kernels.attention_inputs import check_qkv
@@ -914,9 +914,10 @@ def _band_table(patterns: Tensor) -> tuple[Tensor, bool]:
 
 
 def _bands_enabled() -> bool:
-    """``FUSEGNN_BAND_PATTERNS=0`` makes the kernels always load element patterns (for
-    comparing the two on a GPU)."""
-    return os.environ.get("FUSEGNN_BAND_PATTERNS", "1") != "0"
+    """``FUSEGNN_BAND_PATTERNS=0`` (or ``false``, ``no``, ``off``) makes the kernels always
+    load element patterns (for comparing the two on a GPU); another value than an on / off
+    switch raises (:func:`~fusegnn.kernels._env.env_flag`)."""
+    return env_flag("FUSEGNN_BAND_PATTERNS", True)
 
 
 @dataclass

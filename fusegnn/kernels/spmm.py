@@ -78,21 +78,54 @@ def tuning(
 ) -> Iterator[None]:
     """Override the launch parameters inside the block (for benchmarks and tuning).
 
-    Each override is a config, or a callable ``(feat, elem_size, dot) -> config``.
+    Each override is a config, or a callable ``(feat, elem_size, dot) -> config``; ``None``
+    keeps the override in force outside the block (the defaults outside any), so blocks
+    nest. A config is checked here (a callable's result at each launch): ``block_e``,
+    ``block_f`` and ``num_warps`` powers of two, GAR's ``seg_len`` and ``num_stages`` >= 1.
     """
     global _gas_override, _gar_override
     saved = _gas_override, _gar_override
-    _gas_override, _gar_override = gas, gar
+    if gas is not None:
+        gas = _checked_override("gas", gas, GasConfig)
+    if gar is not None:
+        gar = _checked_override("gar", gar, GarConfig)
+    _gas_override = gas if gas is not None else _gas_override
+    _gar_override = gar if gar is not None else _gar_override
     try:
         yield
     finally:
         _gas_override, _gar_override = saved
 
 
+def _checked_override(name: str, override, kind: type):
+    """``override`` (a ``kind`` config or a callable returning one), its config checked."""
+    return override if callable(override) else _checked_config(f"tuning({name}=...)", override, kind)
+
+
+def _checked_config(name: str, cfg, kind: type):
+    """``cfg`` if it is a ``kind`` (:class:`GasConfig` / :class:`GarConfig`) the kernels can
+    launch: tile sides and warps powers of two, GAR's segments and stages positive; else
+    an error naming ``name`` and the field (not a Triton error, nor an empty launch grid,
+    later)."""
+    if not isinstance(cfg, kind):
+        raise TypeError(f"{name} must be a {kind.__name__}, a callable returning one, or None, "
+                        f"got {type(cfg).__name__}")
+    positive = ("seg_len", "num_stages") if kind is GarConfig else ()
+    for field in ("block_e", "block_f", "num_warps", *positive):
+        value = getattr(cfg, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}.{field} must be a positive int, got {value!r}")
+        if field not in positive and value & (value - 1):
+            raise ValueError(f"{name}.{field} must be a power of two, got {value}")
+    return cfg
+
+
 def _gas_cfg(feat: int, elem_size: int, dot: bool, runs: bool) -> GasConfig:
     if _gas_override is None:
         return gas_config(feat, elem_size)._replace(runs=runs)
-    return _gas_override(feat, elem_size, dot) if callable(_gas_override) else _gas_override
+    if callable(_gas_override):
+        return _checked_config("tuning(gas=...)'s result", _gas_override(feat, elem_size, dot), GasConfig)
+    return _gas_override
 
 
 def gar_cfg(feat: int, elem_size: int, dot: bool, avg_degree: float) -> GarConfig:
@@ -100,7 +133,9 @@ def gar_cfg(feat: int, elem_size: int, dot: bool, avg_degree: float) -> GarConfi
     (also for the other GAR passes, :mod:`fusegnn.kernels.edge_aggregate`)."""
     if _gar_override is None:
         return gar_config(feat, elem_size, dot=dot, avg_degree=avg_degree)
-    return _gar_override(feat, elem_size, dot) if callable(_gar_override) else _gar_override
+    if callable(_gar_override):
+        return _checked_config("tuning(gar=...)'s result", _gar_override(feat, elem_size, dot), GarConfig)
+    return _gar_override
 
 
 # GAS pre-adds runs of equal scatter rows when the scatter row is sorted and

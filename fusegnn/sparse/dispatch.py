@@ -124,6 +124,7 @@ __all__ = [
     "available_backends",
     "check_aggregation",
     "resolve_aggregation",
+    "checks_every_call",
     "explain",
     "last_decision",
     "last_backend",
@@ -338,7 +339,7 @@ def check_aggregation(aggregation: str, op: str = "") -> str:
     """``aggregation`` if it is a valid choice for ``op`` (``"spmm"``: one of
     :data:`SPMM_AGGREGATIONS`; any other op: one of :data:`AGGREGATIONS`)."""
     choices = SPMM_AGGREGATIONS if op == "spmm" else AGGREGATIONS
-    if aggregation not in choices:
+    if not isinstance(aggregation, str) or aggregation not in choices:
         if aggregation == "window":
             raise ValueError(
                 "aggregation='window' (row windows) runs spmm only (spmm, propagate and the layers built on "
@@ -349,17 +350,27 @@ def check_aggregation(aggregation: str, op: str = "") -> str:
 
 
 # ------------------------------------------------------------------------- determinism
+def _switch(enabled: object) -> bool:
+    """``enabled`` as a bool; a string or ``None`` raises (``bool("false")`` is ``True``:
+    ``set_deterministic("false")`` would switch the mode on), as
+    ``torch.use_deterministic_algorithms`` refuses them."""
+    if enabled is None or isinstance(enabled, (str, bytes)):
+        raise TypeError(f"enabled must be a bool, got {enabled!r}")
+    return bool(enabled)
+
+
 def set_deterministic(enabled: bool) -> None:
     """Switch deterministic mode on or off globally (see the module docstring)."""
     global _deterministic_global
-    _deterministic_global = bool(enabled)
+    _deterministic_global = _switch(enabled)
 
 
 @contextlib.contextmanager
 def deterministic(enabled: bool = True) -> Iterator[None]:
     """Context manager: deterministic mode on (or off) inside the block, in this thread."""
+    enabled = _switch(enabled)
     previous = getattr(_state, "deterministic", None)
-    _state.deterministic = bool(enabled)
+    _state.deterministic = enabled
     try:
         yield
     finally:
@@ -395,8 +406,9 @@ def for_capture(enabled: bool = True) -> Iterator[None]:
     """Context manager: ops inside pick the paths a CUDA-graph capture runs (no
     host-bound regime), also while not capturing yet -- for the warm-up steps of a step
     that will be captured, and for the compiled custom ops."""
+    enabled = _switch(enabled)
     previous = getattr(_state, "for_capture", False)
-    _state.for_capture = bool(enabled)
+    _state.for_capture = enabled
     try:
         yield
     finally:
@@ -511,6 +523,8 @@ def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor, op: st
     backends, so it is made once per such combination and remembered on the graph (an
     op call then costs a dictionary look-up, not the rule). Decisions that warn are not
     remembered."""
+    if not isinstance(aggregation, str):  # checked before it enters a cache key (a list is unhashable)
+        check_aggregation(aggregation, op)
     deterministic_mode = is_deterministic()
     if records_backward is None:
         records_backward = needs_grad(*tensors)
@@ -520,14 +534,21 @@ def resolve_aggregation(aggregation: str, graph: Graph, *tensors: Tensor, op: st
     memo = graph.cached("dispatch_decisions", dict, structural=True)
     decision = memo.get(key)
     if decision is None:
-        warns = aggregation == "gas" and deterministic_mode
         decision = explain(graph, *tensors, aggregation=aggregation, op=op, records_backward=records_backward)
-        if not warns:
+        if not checks_every_call(aggregation):
             memo[key] = decision
     _state.last = decision
     if _open_logs:
         _collect(decision)
     return _BACKENDS[decision.name]
+
+
+def checks_every_call(aggregation: str) -> bool:
+    """Whether a call with ``aggregation`` must be decided afresh every time, not taken from
+    a remembered decision: an explicit ``"gas"`` in deterministic mode warns (under
+    ``torch.use_deterministic_algorithms(True, warn_only=True)``) or raises, and whether
+    it warns or raises depends on switches that no cache key holds."""
+    return aggregation == "gas" and is_deterministic()
 
 
 def record_decision(decision: Decision) -> None:

@@ -36,6 +36,7 @@ from fusegnn.sparse.dispatch import (
     backend_named,
     capture_mode,
     check_aggregation,
+    checks_every_call,
     host_bound_work,
     is_deterministic,
     last_decision,
@@ -150,7 +151,8 @@ def spmm(
             return prepared[0](graph, x, weight, reduce, bias)
         out = _checked_spmm(graph, x, edge_weight, reduce, bias, aggregation)
         decision = last_decision()  # the path that ran (a backend may have handed over)
-        graph.cached("prepared_spmm", dict)[signature] = (backend_named(decision.name).spmm, decision)
+        if not checks_every_call(aggregation):
+            graph.cached("prepared_spmm", dict)[signature] = (backend_named(decision.name).spmm, decision)
         return out
     else:
         graph = as_graph(graph, x.size(0) if isinstance(x, Tensor) else None)
