@@ -40,6 +40,7 @@ future automatic choice of this path (see :mod:`fusegnn.sparse.dispatch`).
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -83,9 +84,10 @@ class GraphWindows(NamedTuple):
 
 
 def _check_rows(W: int) -> int:
-    if isinstance(W, bool) or W not in RowWindows.VECTOR_SIZES:
+    """``W`` as an ``int`` (a NumPy integer too; not a float, bool or tensor: it also keys the caches)."""
+    if isinstance(W, bool) or not isinstance(W, numbers.Integral) or int(W) not in RowWindows.VECTOR_SIZES:
         raise ValueError(f"W must be one of {RowWindows.VECTOR_SIZES}, got {W!r}")
-    return W
+    return int(W)
 
 
 def graph_windows(graph: Graph, W: int = WINDOW_ROWS, *, transposed: bool = False) -> GraphWindows:
