@@ -218,6 +218,17 @@ def test_auto_rule_threshold_is_inclusive_and_stable(monkeypatch):
     assert dispatch._window_rule(at, (x.double(),)) is None  # float64: the vector kernels do not run it
 
 
+def test_rule_reads_the_forward_density_only():
+    """As the dispatch docstring states: the estimate is of A's windows; A^T's (the
+    backward's) can be as sparse as 1 / 16 on a graph whose forward windows are dense
+    (target window w reads sources w, 16 + w, ..., 240 + w)."""
+    dst = torch.arange(256).repeat_interleave(16)
+    src = torch.arange(16).repeat(256) * 16 + dst // 16
+    graph = Graph(torch.stack([src, dst]).to(DEVICE), 256)
+    assert estimate_tile_density(graph) == window_tile_density(graph) == 1.0
+    assert window_tile_density(graph, transposed=True) == 1 / 16
+
+
 def test_explain_is_stable_across_calls():
     graph = _graph(37, 150, 1, hub_degree=10)
     x = _randn(37, 4)

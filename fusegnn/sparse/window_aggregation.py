@@ -33,8 +33,9 @@ raises); use ``aggregation="reference"`` for higher-order gradients.
 
 The products run the Triton kernels where :func:`~fusegnn.sparse.vector_library.use_kernel`
 allows (float16 / bfloat16 / float32 on CUDA or the interpreter) and their pure-PyTorch
-references otherwise (float64 included). :func:`window_tile_density` is the input of a
-future automatic choice of this path (see :mod:`fusegnn.sparse.dispatch`).
+references otherwise (float64 included). :func:`window_tile_density` is the exact tile
+density; ``aggregation="auto"`` reads a sampled estimate of it
+(:func:`~fusegnn.sparse.tile_density.estimate_tile_density`, see :mod:`fusegnn.sparse.dispatch`).
 """
 
 from __future__ import annotations
