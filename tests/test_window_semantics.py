@@ -395,22 +395,19 @@ def test_propagate_edgeless_graph_with_teleport():
 # ---------------------------------------------------------------------- torch.compile
 
 
-@pytest.fixture
-def fresh_dynamo():
+def _compiled(fn):
+    """``fn`` compiled whole (``fullgraph``, ``aot_eager``) by a Dynamo with no earlier code."""
     import torch._dynamo
 
     torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+    return torch.compile(fn, fullgraph=True, backend="aot_eager")
 
 
-@pytest.mark.usefixtures("fresh_dynamo")
 def test_compiled_window_spmm_bipartite_heads_mean():
     graph = _graph(30, 90, 6, num_dst=21)
     w = _weights(graph, 2).requires_grad_()
     x = _randn(30, 2, 3).requires_grad_()
-    compiled = torch.compile(lambda a, b: spmm(graph, a, b, "mean", aggregation="window"),
-                             fullgraph=True, backend="aot_eager")
+    compiled = _compiled(lambda a, b: spmm(graph, a, b, "mean", aggregation="window"))
     out = compiled(x, w)
     assert last_decision().name == "window"
     out.square().sum().backward()
@@ -423,7 +420,6 @@ def test_compiled_window_spmm_bipartite_heads_mean():
     torch.testing.assert_close(grads[1], w.grad, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.usefixtures("fresh_dynamo")
 def test_compiled_window_spmm_on_a_graphs_windows():
     """``window_spmm`` on ``graph_windows(graph).pattern.with_values(tiles)`` compiles
     (fullgraph, aot_eager) and equals the eager op and ``A @ b``, gradients included."""
@@ -432,7 +428,7 @@ def test_compiled_window_spmm_on_a_graphs_windows():
     pattern = graph_windows(graph).pattern
     tiles = wa.window_values(graph, graph.edge_weight, torch.float32).clone().requires_grad_()
     b = _randn(37, 7).requires_grad_()
-    compiled = torch.compile(lambda t, bb: window_spmm(pattern.with_values(t), bb), fullgraph=True, backend="aot_eager")
+    compiled = _compiled(lambda t, bb: window_spmm(pattern.with_values(t), bb))
     out = compiled(tiles, b)
     out.square().sum().backward()
     grads = (tiles.grad.clone(), b.grad.clone())
