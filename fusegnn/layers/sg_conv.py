@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from fusegnn.layers._utils import check_linear_input, input_linear, normalized_graph, project_before_aggregating
 from fusegnn.sparse import Graph
 from fusegnn.sparse.dispatch import check_aggregation
+from fusegnn.sparse.graph import outside_inference_mode
 from fusegnn.sparse.propagate import check_propagation, propagate
 
 __all__ = ["SGConv"]
@@ -36,7 +37,8 @@ class SGConv(nn.Module):
         out_channels: output width.
         K: number of hops (``>= 0``).
         cached: as PyG's, keep the propagated features :math:`\hat{A}^K X` of the first
-            call and reuse them (detached: no gradient reaches ``x`` from later calls)
+            call and reuse them (detached: no gradient reaches ``x`` from later calls;
+            a first call under ``torch.inference_mode()`` stores a normal tensor, so training may follow)
             whatever ``x`` and graph come next (transductive learning on one fixed graph
             and input); with ``K=0`` nothing is cached, as in PyG. Under
             ``torch.compile`` the features are not stored (a compiled call propagates
@@ -97,7 +99,9 @@ class SGConv(nn.Module):
         weight, bias = self.lin.weight, self.lin.bias
         if self.cached and self.K > 0 and not torch.compiler.is_compiling():  # PyG caches after a step
             h = propagate(graph, x, self.K, aggregation=self.aggregation)
-            self._cached_x = h.detach()
+            # kept beyond this call: a normal tensor even when the first call ran under inference_mode
+            # (an inference tensor here would make every later training step fail in lin's backward)
+            self._cached_x = outside_inference_mode(h.clone) if h.is_inference() else h.detach()
             return F.linear(h, weight, bias)
         if project_before_aggregating(graph, x, weight.size(1), weight.size(0), "sum", self.aggregation):
             out = propagate(graph, F.linear(x, weight), self.K, aggregation=self.aggregation)

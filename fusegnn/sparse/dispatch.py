@@ -55,8 +55,11 @@ window-crossover``): on 233k-node graphs of in-degree 128 the windows beat GAR a
 tile density from 0.063 (1.18x) up, 1.7x at 0.096, 2.8-3.2x at 0.16 and 2.8-6.1x above
 0.25; on the Reddit-like graph (in-degree 492, heavy-tailed) GAR won at 0.065 (and 0.080
 after RCM): 8.5 against 10.8 ms forward + backward at F = 128. The threshold, 0.25, keeps
-GAR wherever the sweep leaves a doubt and bounds the windows' tile memory to 4 entries per
-edge in each direction (about what the CSR / CSC they replace take). The rule is for eager
+GAR wherever the sweep leaves a doubt and bounds the forward windows' tile memory to 4
+entries per edge (about what the CSR they replace takes). Only the forward density is
+estimated: the backward's windows (of the transposed matrix) are as dense on a symmetric
+graph, but can be sparser where sources cluster differently from targets (down to
+``1 / 16``, 16 entries per edge, on a graph whose forward windows are dense). The rule is for eager
 calls: a CUDA-graph capture, :func:`for_capture` and the compiled custom ops keep rule 3
 (the estimate's sorts sync the host, and the windows inside captured or compiled steps
 have not been measured).

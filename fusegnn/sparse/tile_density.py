@@ -19,6 +19,8 @@ graph's structure.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from fusegnn.sparse.graph import Graph
@@ -40,8 +42,9 @@ def estimate_tile_density(graph: Graph, W: int = WINDOW_ROWS, *, windows: int = 
     ``0.0`` for a graph without edges. Cached on the graph's structure; ``cached_only``
     returns ``None`` instead of computing it (inside a CUDA-graph capture, where its
     sorts' host syncs are not allowed)."""
-    if W < 1 or windows < 1:
-        raise ValueError(f"W and windows must be >= 1, got {W} and {windows}")
+    if not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1 for n in (W, windows)):
+        raise ValueError(f"W and windows must be ints >= 1, got {W!r} and {windows!r}")
+    W, windows = int(W), int(windows)
     key = f"row_window_density_estimate:{W}:{windows}:{seed}"
     if cached_only:
         return graph.peek_cached(key, structural=True)

@@ -33,13 +33,15 @@ raises); use ``aggregation="reference"`` for higher-order gradients.
 
 The products run the Triton kernels where :func:`~fusegnn.sparse.vector_library.use_kernel`
 allows (float16 / bfloat16 / float32 on CUDA or the interpreter) and their pure-PyTorch
-references otherwise (float64 included). :func:`window_tile_density` is the input of a
-future automatic choice of this path (see :mod:`fusegnn.sparse.dispatch`).
+references otherwise (float64 included). :func:`window_tile_density` is the exact tile
+density; ``aggregation="auto"`` reads a sampled estimate of it
+(:func:`~fusegnn.sparse.tile_density.estimate_tile_density`, see :mod:`fusegnn.sparse.dispatch`).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -83,9 +85,10 @@ class GraphWindows(NamedTuple):
 
 
 def _check_rows(W: int) -> int:
-    if isinstance(W, bool) or W not in RowWindows.VECTOR_SIZES:
+    """``W`` as an ``int`` (a NumPy integer too; not a float, bool or tensor: it also keys the caches)."""
+    if isinstance(W, bool) or not isinstance(W, numbers.Integral) or int(W) not in RowWindows.VECTOR_SIZES:
         raise ValueError(f"W must be one of {RowWindows.VECTOR_SIZES}, got {W!r}")
-    return W
+    return int(W)
 
 
 def graph_windows(graph: Graph, W: int = WINDOW_ROWS, *, transposed: bool = False) -> GraphWindows:
