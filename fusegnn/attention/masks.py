@@ -903,6 +903,8 @@ class HeadStack(Mask):
 
     def _allowed(self, q, k, h):
         if h is None:
+            if self.num_heads == 1:  # a stack of one mask is that mask, shared (read without a head)
+                return self.masks[0]._allowed(q, k, None)
             raise ValueError("a per-head mask needs a head index")
         out = None
         for i, m in enumerate(self.masks):

