@@ -89,3 +89,44 @@ def test_a_head_stack_of_one_mask_is_that_mask():
     assert torch.equal((one | M.global_tokens(L, 1)).dense(), base.dense() | M.global_tokens(L, 1).dense())
     assert one.structure() == "general"
     assert M.stack_heads([M.causal(L)]).structure() == "causal"
+
+
+# ----------------------------------------------------------------------------- unbounded arguments
+BIG = [sys.maxsize, 2**63, 10**30]
+
+
+@pytest.mark.parametrize("big", BIG)
+def test_unbounded_windows_dilations_and_global_counts_follow_the_definition(big):
+    # A window, dilation or number of global tokens past int64 (or whose product with the
+    # dilation is) was compared with int64 index tensors: sliding_window(L, 2**63) and
+    # dilated(L, sys.maxsize, 2) allowed nothing, dilated(L, 2, sys.maxsize) not even the
+    # diagonal, global_tokens(L, 2**63) nothing, others raised OverflowError
+    L = 11
+    q, k = grid(L, L)
+    diff = q - k
+    cases = [
+        (M.sliding_window(L, big), torch.ones(L, L, dtype=torch.bool)),
+        (M.dilated(L, big, 2), diff % 2 == 0),
+        (M.dilated(L, 2, big), diff == 0),  # |q - k| < L <= dilation: a multiple only at 0
+        (M.dilated(L, big, big), diff == 0),
+        (M.global_tokens(L, big), torch.ones(L, L, dtype=torch.bool)),
+        (M.random_blocks(L, big, 1.0, 0), torch.ones(L, L, dtype=torch.bool)),
+        (M.longformer(L, big, 0), torch.ones(L, L, dtype=torch.bool)),
+        (M.bigbird(L, 0, big, big, 0.0, 0), torch.ones(L, L, dtype=torch.bool)),
+        (M.dilated(L, 2, big) & M.causal(L), diff == 0),
+    ]
+    for mask, want in cases:
+        assert torch.equal(mask.dense(), want), mask
+        for BM, BN in ((16, 16), (4, 8)):
+            assert torch.equal(as3(mask.block_map(BM, BN)), block_codes(as3(want), BM, BN)), (mask, BM, BN)
+        assert torch.equal(BlockLayout.from_mask(mask, 16, 16).dense(), want), mask
+        assert torch.equal(mask.to_graph().to_dense().bool(), want), mask
+        assert torch.equal(mask.mask_mod(0, 0, q, k).expand(L, L), want), mask
+        split = mask.dilation_split()
+        if split is not None:  # the sub-sequence split is of the same mask
+            d, base = split
+            assert 2 <= d <= L
+            expect = (diff % d == 0) & base.dense()[torch.div(q, d, rounding_mode="floor"),
+                                                    torch.div(k, d, rounding_mode="floor")]
+            assert torch.equal(expect, want), mask
+    assert repr(M.sliding_window(L, big)) == f"SlidingWindow(L={L}, window={big})"

@@ -650,20 +650,21 @@ class SlidingWindow(_ShiftInvariant):
     def __init__(self, L: int, window: int) -> None:
         super().__init__(L)
         self.window = _check_int(window, "window", 0)
+        self._w = min(self.window, self.L)  # |q - k| < L: the same mask, in int64 range
 
     def _params(self):
         return f"window={self.window}"
 
     def _allowed(self, q, k, h):
-        return (q - k).abs() <= self.window
+        return (q - k).abs() <= self._w
 
     def _on_residues(self, d):  # |q - k| = d |q // d - k // d| when q = k (mod d)
-        return SlidingWindow(-(-self.L // d), self.window // d)
+        return SlidingWindow(-(-self.L // d), self._w // d)
 
     def _block_map(self, BM, BN, device):
         a, b, c, d = self._bounds(BM, BN, device)
         lo, hi = a - d, b - c  # q - k takes every integer value in [lo, hi] in the block
-        w = self.window
+        w = self._w
         return _codes(empty=(lo > w) | (hi < -w), full=(lo >= -w) & (hi <= w)).unsqueeze(0)
 
 
@@ -675,28 +676,32 @@ class Dilated(_ShiftInvariant):
         super().__init__(L)
         self.window = _check_int(window, "window", 0)
         self.dilation = _check_int(dilation, "dilation", 1)
+        # the same mask in int64 range: |q - k| < L, so a span or a dilation >= L acts as L
+        # (a dilation >= L leaves q - k = 0 its only multiple)
+        self._span = min(self.window * self.dilation, self.L)
+        self._s = min(self.dilation, self.L)
 
     def _params(self):
         return f"window={self.window}, dilation={self.dilation}"
 
     def _allowed(self, q, k, h):
         diff = q - k
-        return (diff.abs() <= self.window * self.dilation) & (diff % self.dilation == 0)
+        return (diff.abs() <= self._span) & (diff % self._s == 0)
 
     def _on_residues(self, d):  # q - k is a multiple of d, so of the dilation when it divides d
-        if d % self.dilation:
+        if d % self._s:
             return None
-        return SlidingWindow(-(-self.L // d), self.window * self.dilation // d)
+        return SlidingWindow(-(-self.L // d), self._span // d)
 
     def _dilation_split(self):
-        if self.dilation == 1:
+        if self._s == 1:
             return None
-        return self.dilation, self._on_residues(self.dilation)
+        return self._s, self._on_residues(self._s)
 
     def _block_map(self, BM, BN, device):
         a, b, c, d = self._bounds(BM, BN, device)
         lo, hi = a - d, b - c  # every integer in [lo, hi] is some q - k of the block
-        s, W = self.dilation, self.window * self.dilation
+        s, W = self._s, self._span
         lo_c, hi_c = lo.clamp(min=-W), hi.clamp(max=W)
         first_multiple = -_floor_div(-lo_c, s) * s  # smallest multiple of s >= lo_c
         empty = (lo_c > hi_c) | (first_multiple > hi_c)
@@ -714,23 +719,24 @@ class GlobalTokens(_Square):
     def __init__(self, L: int, num_global: int) -> None:
         super().__init__(L)
         self.num_global = _check_int(num_global, "num_global", 0)
+        self._g = min(self.num_global, self.L)  # the same mask, in int64 range
 
     def _params(self):
         return f"num_global={self.num_global}"
 
     def _allowed(self, q, k, h):
-        g = self.num_global
+        g = self._g
         return (q < g) | (k < g)
 
     def _pattern_key(self, h, rb, cb, BM, BN):
-        g = self.num_global
+        g = self._g
         rows = torch.clamp(g - rb * BM, min=0, max=BM)  # global rows of the block
         cols = torch.clamp(g - cb * BN, min=0, max=BN)
         return torch.stack([rows, cols, *_edge_key(rb, cb, BM, BN, self.L_q, self.L_k)], 1)
 
     def _block_map(self, BM, BN, device):
         a, b, c, d = self._bounds(BM, BN, device)
-        g = self.num_global
+        g = self._g
         return _codes(empty=(a >= g) & (c >= g), full=(b < g) | (d < g)).unsqueeze(0)
 
 
@@ -741,6 +747,7 @@ class RandomBlocks(_Square):
     def __init__(self, L: int, block: int, density: float, seed: int) -> None:
         super().__init__(L)
         self.block = _check_int(block, "block", 1)
+        self._b = min(self.block, self.L)  # one cell of R either way: the same mask, in int64 range
         if isinstance(density, bool) or not isinstance(density, Real):
             raise TypeError(f"density must be a float in [0, 1], got {type(density).__name__}")
         density = float(density)
@@ -767,12 +774,12 @@ class RandomBlocks(_Square):
 
     def _allowed(self, q, k, h):
         table = self._table.on(q.device)
-        return table[_floor_div(q, self.block), _floor_div(k, self.block)]
+        return table[_floor_div(q, self._b), _floor_div(k, self._b)]
 
     def _pattern_key(self, h, rb, cb, BM, BN):
         # A block's pattern is fixed by where it starts inside a cell of R, its
         # in-range size and the cells of R it covers.
-        g = self.block
+        g = self._b
         nr, nc = (BM + g - 1) // g + 1, (BN + g - 1) // g + 1  # most cells a block covers
         if nr * nc > 256:  # tiny random blocks: patterns are essentially unique anyway
             return None
@@ -791,7 +798,7 @@ class RandomBlocks(_Square):
 
     def _block_map(self, BM, BN, device):
         a, b, c, d = self._bounds(BM, BN, device)
-        g = self.block
+        g = self._b
         r0, r1, c0, c1 = a // g, b // g, c // g, d // g  # covered cells of R (inclusive)
         S = self._prefix.on(device)
         count = S[r1 + 1, c1 + 1] - S[r0, c1 + 1] - S[r1 + 1, c0] + S[r0, c0]
