@@ -130,3 +130,29 @@ def test_unbounded_windows_dilations_and_global_counts_follow_the_definition(big
                                                     torch.div(k, d, rounding_mode="floor")]
             assert torch.equal(expect, want), mask
     assert repr(M.sliding_window(L, big)) == f"SlidingWindow(L={L}, window={big})"
+
+
+# ----------------------------------------------------------------------------- caches
+@pytest.mark.parametrize("per_head", [False, True])
+def test_a_block_map_handed_out_is_not_the_cache(per_head):
+    # block_map returned (a view of) the block map cached on the mask, which the layouts
+    # and the path decisions are built from: writing into it (say, to derive a custom
+    # layout) silently changed the mask's layouts
+    L = 40
+    mask = M.stack_heads([M.causal(L), M.sliding_window(L, 3)]) if per_head else M.sliding_window(L, 3)
+    want = mask.dense()
+    got = mask.block_map(16, 16)
+    got.fill_(M.FULL)
+    assert torch.equal(as3(mask.block_map(16, 16)), block_codes(as3(want), 16, 16))
+    assert torch.equal(BlockLayout.from_mask(mask, 16, 16).dense(), want)
+
+
+def test_a_random_table_handed_out_is_not_the_mask_s():
+    # RandomBlocks.table was the table the predicate reads, while the block map reads
+    # prefix sums taken at construction: writing into it made dense() and the layouts
+    # disagree (blocks missing from the layout)
+    mask = M.random_blocks(40, 8, 0.3, 3)
+    want = mask.dense()
+    mask.table.fill_(True)
+    assert torch.equal(mask.dense(), want)
+    assert torch.equal(BlockLayout.from_mask(mask, 16, 16).dense(), want)

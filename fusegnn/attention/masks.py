@@ -246,7 +246,7 @@ class Mask:
         :data:`EMPTY` = 0, :data:`PARTIAL` = 1, :data:`FULL` = 2 (a full block has every
         in-range element allowed; see the module docstring for the ragged edge)."""
         BM, BN = _check_block_size(BM, BN)
-        bmap = self._block_map3(BM, BN, _device(device))
+        bmap = self._block_map3(BM, BN, _device(device)).clone()  # not the cached map itself
         return bmap[0] if self.num_heads == 1 else bmap
 
     def block_elements(
@@ -766,8 +766,8 @@ class RandomBlocks(_Square):
 
     @property
     def table(self) -> Tensor:
-        """The ``[ceil(L / block)] * 2`` boolean table ``R`` (on the CPU)."""
-        return self._table.cpu
+        """The ``[ceil(L / block)] * 2`` boolean table ``R`` (on the CPU; a copy)."""
+        return self._table.cpu.clone()
 
     def _params(self):
         return f"block={self.block}, density={self.density}, seed={self.seed}"
