@@ -156,3 +156,38 @@ def test_a_random_table_handed_out_is_not_the_mask_s():
     mask.table.fill_(True)
     assert torch.equal(mask.dense(), want)
     assert torch.equal(BlockLayout.from_mask(mask, 16, 16).dense(), want)
+
+
+# ----------------------------------------------------------------------------- bad arguments
+@pytest.mark.filterwarnings("ignore:Sparse CSC tensor support is in beta state")
+def test_bad_arguments_name_the_argument():
+    # a seed past what torch.Generator takes raised "Overflow when unpacking long long"
+    with pytest.raises(ValueError, match="seed"):
+        M.random_blocks(10, 2, 0.5, 2**64)
+    with pytest.raises(ValueError, match="seed"):
+        M.bigbird(10, 1, 1, 2, 0.5, 2**70)
+    assert torch.equal(M.random_blocks(10, 2, 0.5, 2**64 - 1).dense(), M.random_blocks(10, 2, 0.5, 2**64 - 1).dense())
+    # a CSC / BSR matrix was read as an edge_index ("L_q is required when graph is an edge_index tensor")
+    dense = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    for matrix in (dense.to_sparse_csc(), dense.to_sparse_bsr((1, 1))):
+        with pytest.raises(TypeError, match="graph.*COO or CSR"):
+            M.from_graph(matrix)
+    # a boolean tensor is no length (as a bool is not)
+    with pytest.raises(TypeError, match="L must be an int"):
+        M.causal(torch.tensor(True))
+    with pytest.raises(TypeError, match="window must be an int"):
+        M.sliding_window(5, torch.tensor(False))
+    assert M.causal(torch.tensor(5)).L == 5
+    # a head index tensor outside the heads (a negative one read the last head)
+    per_head = M.from_dense(torch.rand(2, 5, 5, generator=torch.Generator().manual_seed(0)) < 0.5)
+    stacked = M.stack_heads([M.causal(5), M.sliding_window(5, 1)])
+    q, k = torch.tensor([3]), torch.tensor([1])
+    for mask in (per_head, stacked):
+        for bad in (torch.tensor(-1), torch.tensor([0, 2])):
+            with pytest.raises(IndexError, match="head"):
+                mask.allowed(q, k, head=bad)
+        with pytest.raises(TypeError, match="head"):
+            mask.allowed(q, k, head=torch.tensor(1.0))
+        assert torch.equal(mask.allowed(q, k, head=torch.tensor([0, 1])), mask.dense()[:, 3, 1])
+    with pytest.raises(TypeError, match="head must be an int"):
+        M.causal(5).allowed(q, k, head=False)

@@ -91,7 +91,7 @@ _CHUNK_ELEMENTS = 1 << 22
 
 # ----------------------------------------------------------------------------- helpers
 def _check_int(value: Any, name: str, minimum: int | None = None) -> int:
-    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point():
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool:
         value = int(value.item())
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -398,8 +398,7 @@ class Mask:
     # ------------------------------------------------------------------ internals
     def _head_index(self, head: int | None) -> int:
         if self.num_heads == 1:
-            if head not in (None, 0):
-                _check_int(head, "head", 0)
+            if head is not None and _check_int(head, "head", 0) != 0:
                 raise IndexError(f"head {head} given for a shared (single-head) mask")
             return 0
         if head is None:
@@ -411,10 +410,16 @@ class Mask:
 
     def _head_tensor(self, head: int | Tensor | None, device: torch.device) -> Tensor | None:
         if self.num_heads == 1:
+            if not isinstance(head, Tensor):
+                self._head_index(head)  # None or 0
             return None
         if head is None:
             raise ValueError(f"this mask has {self.num_heads} heads: pass head=")
         if isinstance(head, Tensor):
+            if head.is_floating_point() or head.is_complex() or head.dtype == torch.bool:
+                raise TypeError(f"head must be an integer tensor, got dtype {head.dtype}")
+            if head.numel() and (int(head.min()) < 0 or int(head.max()) >= self.num_heads):
+                raise IndexError(f"head must lie in [0, {self.num_heads})")
             return head.long().to(device)
         return torch.tensor(self._head_index(head), device=device)
 
@@ -755,6 +760,8 @@ class RandomBlocks(_Square):
             raise ValueError(f"density must lie in [0, 1], got {density}")
         self.density = density
         self.seed = _check_int(seed, "seed", 0)
+        if self.seed >= 2**64:
+            raise ValueError(f"seed must be < 2**64 (a torch.Generator seed), got {self.seed}")
         nb = math.ceil(L / self.block)
         gen = torch.Generator(device="cpu").manual_seed(self.seed)
         table = torch.rand((nb, nb), generator=gen, dtype=torch.float64) < density
@@ -1185,6 +1192,8 @@ def from_graph(
 
     Duplicate edges count once.
     """
+    if isinstance(graph, Tensor) and graph.layout not in (torch.strided, torch.sparse_coo, torch.sparse_csr):
+        raise TypeError(f"graph: a torch.sparse matrix must be COO or CSR, got {graph.layout}; convert it with .to_sparse_coo()")
     if isinstance(graph, Tensor) and graph.layout in (torch.sparse_coo, torch.sparse_csr):
         if graph.dim() != 2:
             raise ValueError(f"graph must be a 2-D sparse matrix [L_q, L_k], got shape {tuple(graph.shape)}")
