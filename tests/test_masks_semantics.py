@@ -191,3 +191,202 @@ def test_bad_arguments_name_the_argument():
         assert torch.equal(mask.allowed(q, k, head=torch.tensor([0, 1])), mask.dense()[:, 3, 1])
     with pytest.raises(TypeError, match="head must be an int"):
         M.causal(5).allowed(q, k, head=False)
+
+
+# ----------------------------------------------------------------------------- definitions at the edges
+def oracle(kind, L, p):
+    """The documented ``allowed(q, k)`` of each constructor, from index grids."""
+    q, k = grid(L, L)
+    diff = q - k
+    window = (diff.abs() <= p.get("window", 0)).expand(L, L)
+    glob = ((q < p.get("num_global", 0)) | (k < p.get("num_global", 0))).expand(L, L)
+
+    def rand(block, density, seed):
+        n = -(-L // block)
+        R = torch.rand((n, n), generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float64) < density
+        return R[torch.div(q, block, rounding_mode="floor"), torch.div(k, block, rounding_mode="floor")]
+
+    if kind == "causal":
+        return (k <= q).expand(L, L)
+    if kind == "window":
+        return window
+    if kind == "dilated":
+        s = p["dilation"]
+        return (diff.abs() <= p["window"] * s) & (diff % s == 0)
+    if kind == "global":
+        return glob
+    if kind == "random":
+        return rand(p["block"], p["density"], p["seed"])
+    if kind == "longformer":
+        return window | glob
+    if kind == "bigbird":
+        return window | glob | rand(p["random_block"], p["random_density"], p["seed"])
+    raise AssertionError(kind)
+
+
+def build(kind, L, p):
+    return {"causal": M.causal, "window": M.sliding_window, "dilated": M.dilated, "global": M.global_tokens,
+            "random": M.random_blocks, "longformer": M.longformer, "bigbird": M.bigbird}[kind](L, **p)
+
+
+def edge_params(L):
+    """Window / dilation / global / block arguments around the length: 0, 1, L - 1, L, L + 1."""
+    around = sorted({0, 1, max(0, L - 1), L, L + 1})
+    at_least_one = [v for v in around if v >= 1]
+    density = st.sampled_from([0.0, 0.35, 1.0])
+    return st.one_of(
+        st.just(("causal", {})),
+        st.builds(lambda w: ("window", {"window": w}), st.sampled_from(around)),
+        st.builds(lambda w, s: ("dilated", {"window": w, "dilation": s}), st.sampled_from(around),
+                  st.sampled_from(at_least_one + [2, 3])),
+        st.builds(lambda g: ("global", {"num_global": g}), st.sampled_from(around)),
+        st.builds(lambda b, d, s: ("random", {"block": b, "density": d, "seed": s}), st.sampled_from(at_least_one + [3]),
+                  density, st.integers(0, 2**64 - 1)),
+        st.builds(lambda w, g: ("longformer", {"window": w, "num_global": g}), st.sampled_from(around),
+                  st.sampled_from(around)),
+        st.builds(lambda w, g, b, d, s: ("bigbird", {"window": w, "num_global": g, "random_block": b,
+                                                     "random_density": d, "seed": s}),
+                  st.sampled_from(around), st.sampled_from(around), st.sampled_from(at_least_one), density,
+                  st.integers(0, 1000)),
+    )
+
+
+@given(st.sampled_from([1, 2, 15, 16, 17, 31, 33]).flatmap(lambda L: st.tuples(st.just(L), edge_params(L))),
+       st.sampled_from([(16, 16), (16, 32), (32, 16), (5, 3)]))
+def test_every_constructor_is_its_definition_at_the_edges(case, block):
+    L, (kind, p) = case
+    BM, BN = block
+    mask = build(kind, L, p)
+    want = oracle(kind, L, p)
+    assert mask.shape == (L, L) and mask.num_heads == 1
+    assert torch.equal(mask.dense(), want), (kind, p)
+    assert torch.equal(mask.block_map(BM, BN), block_codes(want[None], BM, BN)[0]), (kind, p)
+    assert torch.equal(mask.to_graph().to_dense().bool(), want), (kind, p)
+    q, k = grid(L, L)
+    assert torch.equal(mask.mask_mod(0, 0, q, k).expand(L, L), want), (kind, p)
+    split = mask.dilation_split()
+    if split is not None:  # the documented sub-sequence form of the same mask
+        d, base = split
+        assert d >= 2 and base.shape == (-(-L // d), -(-L // d))
+        expect = (q % d == k % d) & base.dense()[torch.div(q, d, rounding_mode="floor"),
+                                                   torch.div(k, d, rounding_mode="floor")]
+        assert torch.equal(expect, want), (kind, p)
+    structure = mask.structure(block_size=(16, 16))
+    expect_structure = ("full" if bool(want.all()) else
+                        "causal" if L >= 2 and torch.equal(want, oracle("causal", L, {})) else "general")
+    assert structure == expect_structure, (kind, p)
+
+
+# ----------------------------------------------------------------------------- layouts cover exactly the mask
+def check_layout(layout, want):
+    """Every field of ``layout`` against the ``[H, L_q, L_k]`` matrix ``want``: exactly the
+    non-empty blocks, full ones without a pattern, partial ones pointing at their padded
+    slice, each distinct pattern stored once, the transposed index the same blocks by
+    column, and the statistics."""
+    H, L_q, L_k = want.shape
+    BM, BN = layout.BM, layout.BN
+    codes = block_codes(want, BM, BN)
+    nrb, ncb = codes.shape[1:]
+    assert (layout.L_q, layout.L_k, layout.num_heads, layout.nrb, layout.ncb) == (L_q, L_k, H, nrb, ncb)
+    assert torch.equal(as3(layout.block_map()), codes)
+    assert torch.equal(as3(layout.dense()), want)
+    seen = []
+    for h in range(H):
+        assert int(layout.row_ptr[h, 0]) == (int(layout.row_ptr[h - 1, nrb]) if h else 0)
+        for r in range(nrb):
+            start, end = int(layout.row_ptr[h, r]), int(layout.row_ptr[h, r + 1])
+            cols = layout.col_idx[start:end].tolist()
+            assert cols == [c for c in range(ncb) if codes[h, r, c] != 0], (h, r)
+            for pos, c in zip(range(start, end), cols):
+                seen.append((h, r, c, pos))
+                pid = int(layout.pattern_id[pos])
+                if codes[h, r, c] == 2:
+                    assert pid == -1, (h, r, c)
+                else:
+                    assert 0 <= pid < layout.num_patterns
+                    assert torch.equal(layout.patterns[pid], padded_block(want, h, r, c, BM, BN)), (h, r, c)
+    assert len(seen) == layout.nnzb == int((codes != 0).sum())
+    position = {(h, r, c): pos for h, r, c, pos in seen}
+    for h in range(H):
+        assert int(layout.col_ptr[h, 0]) == (int(layout.col_ptr[h - 1, ncb]) if h else 0)
+        for c in range(ncb):
+            start, end = int(layout.col_ptr[h, c]), int(layout.col_ptr[h, c + 1])
+            rows = layout.row_idx[start:end].tolist()
+            assert rows == [r for r in range(nrb) if codes[h, r, c] != 0], (h, c)
+            assert layout.t_block[start:end].tolist() == [position[(h, r, c)] for r in rows], (h, c)
+    distinct = {tuple(p.flatten().tolist()) for p in layout.patterns}
+    assert len(distinct) == layout.num_patterns
+    assert layout.num_full == int((codes == 2).sum()) and layout.num_partial == int((codes == 1).sum())
+    assert layout.density == pytest.approx(want.double().mean().item(), abs=1e-12)
+    assert layout.block_density == pytest.approx((codes != 0).double().mean().item(), abs=1e-12)
+    assert layout.max_row_blocks == int((codes != 0).sum(2).max())
+    assert layout.max_col_blocks == int((codes != 0).sum(1).max())
+    for name in ("row_ptr", "col_idx", "pattern_id", "col_ptr", "row_idx", "t_block"):
+        assert getattr(layout, name).dtype == torch.int32, name
+    assert layout.patterns.dtype == torch.bool
+
+
+@st.composite
+def any_mask(draw):
+    """A mask of any kind over ragged ``L_q x L_k`` (rows with no key, a whole empty or
+    full matrix, per head, combined), with its expected ``[H, L_q, L_k]`` matrix."""
+    L_q = draw(st.sampled_from([1, 5, 16, 17, 40]))
+    L_k = draw(st.sampled_from([L_q, 1, 9, 33]))
+    seed = draw(st.integers(0, 2**16))
+    gen = torch.Generator().manual_seed(seed)
+    kind = draw(st.sampled_from(["dense", "per_head", "graph", "structured", "union", "intersection", "stack"]))
+    square = L_q == L_k
+    if kind in ("structured", "stack") and not square:
+        kind = "dense"
+
+    def scattered(*shape):
+        density = draw(st.sampled_from([0.0, 0.1, 0.5, 1.0]))
+        dense = torch.rand(*shape, generator=gen) < density
+        if draw(st.booleans()):
+            dense[..., :: max(1, L_q // 3), :] = False  # rows with no key
+        return dense
+
+    def structured():
+        L = L_q
+        return draw(st.sampled_from([M.causal(L), M.sliding_window(L, 3), M.dilated(L, 2, 3), M.global_tokens(L, 2),
+                                     M.random_blocks(L, 5, 0.4, seed), M.longformer(L, 1, 1),
+                                     M.bigbird(L, 1, 1, 4, 0.3, seed), M.dilated(L, 1, 2) & M.causal(L)]))
+
+    if kind == "dense":
+        mask = M.from_dense(scattered(L_q, L_k))
+    elif kind == "per_head":
+        mask = M.from_dense(scattered(3, L_q, L_k))
+    elif kind == "graph":
+        E = draw(st.integers(0, 3 * L_q))
+        edges = torch.stack([torch.randint(0, L_k, (E,), generator=gen), torch.randint(0, L_q, (E,), generator=gen)])
+        mask = M.from_graph(edges, L_q, L_k)
+    elif kind == "structured":
+        mask = structured()
+    elif kind == "stack":
+        mask = M.stack_heads([structured(), M.from_dense(scattered(L_q, L_k))])
+    else:
+        a = M.from_dense(scattered(2, L_q, L_k)) if draw(st.booleans()) else M.from_dense(scattered(L_q, L_k))
+        b = structured() if square else M.from_dense(scattered(L_q, L_k))
+        mask = (a | b) if kind == "union" else (a & b)
+    return mask
+
+
+@given(any_mask(), st.sampled_from([(16, 16), (16, 32), (32, 16), (64, 16)]))
+def test_a_layout_covers_exactly_the_mask(mask, block):
+    want = as3(mask.dense())
+    assert want.shape == (mask.num_heads, mask.L_q, mask.L_k)
+    assert torch.equal(as3(mask.block_map(*block)), block_codes(want, *block))
+    layout = BlockLayout.from_mask(mask, *block)
+    check_layout(layout, want)
+    # read back as a mask: the same predicate, block maps at other sizes, graph
+    back = layout.to_mask()
+    assert torch.equal(as3(back.dense()), want)
+    assert torch.equal(as3(back.block_map(16, 16)), block_codes(want, 16, 16))
+    check_layout(BlockLayout.from_mask(back, *block), want)
+    g = mask.to_graph()
+    H = mask.num_heads
+    assert (g.num_src_nodes, g.num_dst_nodes) == (H * mask.L_k, H * mask.L_q)
+    adjacency = g.to_dense().bool()
+    for h in range(H):
+        assert torch.equal(adjacency[h * mask.L_q : (h + 1) * mask.L_q, h * mask.L_k : (h + 1) * mask.L_k], want[h])
+    assert int(adjacency.sum()) == int(want.sum())  # nothing off the heads' diagonal blocks
