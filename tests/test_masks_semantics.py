@@ -390,3 +390,111 @@ def test_a_layout_covers_exactly_the_mask(mask, block):
     for h in range(H):
         assert torch.equal(adjacency[h * mask.L_q : (h + 1) * mask.L_q, h * mask.L_k : (h + 1) * mask.L_k], want[h])
     assert int(adjacency.sum()) == int(want.sum())  # nothing off the heads' diagonal blocks
+
+
+# ----------------------------------------------------------------------------- random masks and the global RNG
+def test_random_masks_are_their_seed_s_and_leave_the_global_rng_alone():
+    L, block, density = 45, 4, 0.4
+    torch.manual_seed(1)
+    state = torch.get_rng_state()
+    masks = [M.random_blocks(L, block, density, 7), M.bigbird(L, 1, 2, block, density, 7)]
+    for mask in masks:  # everything derived from them draws nothing either
+        mask.dense(), mask.block_map(16, 16), mask.to_graph(), BlockLayout.from_mask(mask, 16, 16)
+        sparse_attention(*(torch.randn(1, 1, L, 4, generator=torch.Generator().manual_seed(0)) for _ in range(3)),
+                         mask, aggregation="element")
+    assert torch.equal(torch.get_rng_state(), state), "building or using a random mask consumed the global RNG"
+    torch.manual_seed(12345)  # the global seed does not enter
+    again = M.random_blocks(L, block, density, 7)
+    assert torch.equal(again.dense(), masks[0].dense())
+    want = oracle("random", L, {"block": block, "density": density, "seed": 7})
+    assert torch.equal(again.dense(), want) and torch.equal(again.table, want[::block, ::block])
+    assert not torch.equal(M.random_blocks(L, block, density, 8).dense(), want)
+    bigbird_random = masks[1].dense() & ~M.longformer(L, 1, 2).dense()
+    assert torch.equal(bigbird_random, want & ~M.longformer(L, 1, 2).dense())
+    if torch.cuda.is_available():  # drawn on the CPU: the same table on every device
+        assert torch.equal(again.dense("cuda").cpu(), want)
+        assert torch.equal(again.block_map(16, 16, "cuda").cpu(), again.block_map(16, 16))
+
+
+# ----------------------------------------------------------------------------- reuse
+def test_a_mask_reused_across_block_sizes_devices_and_dtypes_stays_right():
+    L = 37
+    gen = torch.Generator().manual_seed(5)
+    mask = M.bigbird(L, 2, 1, 8, 0.3, 4) | M.from_dense(torch.rand(L, L, generator=gen) < 0.05)
+    want = mask.dense()
+    other = "meta" if DEVICE.type == "cpu" else DEVICE  # another device first (meta stands in on the CPU)
+    assert mask.dense(other).shape == (L, L)
+    for block in [(16, 16), (32, 16), (16, 64), (16, 16), (64, 64)]:
+        assert torch.equal(mask.block_map(*block), block_codes(want[None], *block)[0]), block
+        check_layout(BlockLayout.from_mask(mask, *block, device=DEVICE).to("cpu"), want[None])
+    assert torch.equal(mask.dense(), want) and torch.equal(mask.to_graph().to_dense().bool(), want)
+    q, k, v = (torch.randn(2, 3, L, 8, generator=gen) for _ in range(3))
+    expect = attention64(q, k, v, want, 0.3)
+    calls = [("block", torch.float32, (16, 16)), ("block", torch.float32, (32, 16)), ("block", torch.float16, (16, 16)),
+             ("element", torch.float64, None), ("reference", torch.float32, None), ("dense", torch.float64, None),
+             ("block", torch.float32, (16, 16)), ("vector", torch.float32, 16), ("vector", torch.float32, (32, 16))]
+    for aggregation, dtype, block in calls:
+        args = [t.to(DEVICE, dtype) for t in (q, k, v)]
+        out = sparse_attention(*args, mask, aggregation=aggregation, block_size=block, scale=0.3)
+        tol = 2e-3 if dtype == torch.float16 else 2e-5
+        torch.testing.assert_close(out.cpu().double(), expect, rtol=tol, atol=tol,
+                                   msg=lambda m: f"{aggregation} {dtype} {block}: {m}")
+
+
+# ----------------------------------------------------------------------------- sparse_attention consumes them
+def edge_attention_masks():
+    gen = torch.Generator().manual_seed(11)
+    L = 19
+    no_key = torch.rand(2, 6, 23, generator=gen) < 0.3
+    no_key[0, ::2] = False  # rows with no key, different per head
+    return {
+        "stack_of_one": M.stack_heads([M.sliding_window(L, 2) & M.causal(L)]),
+        "window_0": M.sliding_window(L, 0),
+        "window_past_L": M.sliding_window(L, L + 7),
+        "dilated_past_L": M.dilated(L, 2, L + 4),  # only the diagonal; splits into L sub-sequences
+        "dilated_window_0": M.dilated(L, 0, 3),
+        "dilated_unbounded": M.dilated(L, sys.maxsize, 3) & M.causal(L),
+        "every_token_global": M.global_tokens(L, L),
+        "global_and_causal": M.global_tokens(L, L - 1) & (M.sliding_window(L, 0) | M.causal(L)),
+        "nothing": M.causal(L) & M.from_dense(torch.zeros(L, L, dtype=torch.bool)),
+        "one_query": M.from_dense(torch.rand(1, 30, generator=gen) < 0.5),
+        "one_key": M.from_dense(torch.tensor([[True], [False], [True]] * 5)),
+        "per_head_rectangular_empty_rows": M.from_dense(no_key),
+        "layout_16x32": BlockLayout.from_mask(M.longformer(L, 1, 1) | M.random_blocks(L, 3, 0.2, 2), 16, 32),
+        "per_head_layout": BlockLayout.from_mask(M.from_dense(no_key), 32, 16),
+    }
+
+
+EDGE_MASKS = edge_attention_masks()
+EDGE_PATHS = ["reference", "element", "dense", "block", "vector"]
+
+
+@pytest.mark.parametrize("aggregation", EDGE_PATHS)
+@pytest.mark.parametrize("name", sorted(EDGE_MASKS))
+def test_attention_under_edge_masks_is_the_masked_softmax(aggregation, name):
+    mask = EDGE_MASKS[name]
+    H = mask.num_heads if mask.num_heads > 1 else 2
+    gen = torch.Generator().manual_seed(3)
+    dtype = torch.float32 if aggregation in ("block", "vector") else torch.float64
+    D, D_v = 8, (8 if aggregation == "block" else 5)
+    shapes = [(2, H, mask.L_q, D), (2, H, mask.L_k, D), (2, H, mask.L_k, D_v)]
+    q, k, v = (torch.randn(s, generator=gen, dtype=torch.float64).to(DEVICE, dtype).requires_grad_() for s in shapes)
+    if isinstance(mask, BlockLayout):
+        mask = mask.to(DEVICE)
+    allowed = mask.dense()
+    out = sparse_attention(q, k, v, mask, aggregation=aggregation, scale=0.7)
+    assert out.shape == (2, H, mask.L_q, D_v) and out.dtype == dtype
+    leaves = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    q64, k64, v64 = leaves
+    scores = (q64 @ k64.transpose(-1, -2) * 0.7).masked_fill(~allowed, float("-inf"))
+    expect = torch.softmax(scores, -1).nan_to_num(nan=0.0) @ v64
+    tol = 1e-10 if dtype == torch.float64 else 2e-5
+    torch.testing.assert_close(out.detach().cpu().double(), expect, rtol=tol, atol=tol)
+    empty_rows = ~as3(allowed).any(-1)  # [1 or H, L_q]: documented zeros, never NaN
+    assert not out.detach()[:, empty_rows.expand(H, -1)].any()
+    grad = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad(out, (q, k, v), grad.to(DEVICE, dtype))
+    want = torch.autograd.grad(expect, leaves, grad)
+    for label, g, w in zip("qkv", got, want):
+        assert torch.isfinite(g).all(), label
+        torch.testing.assert_close(g.cpu().double(), w, rtol=tol, atol=tol, msg=lambda m: f"d{label}: {m}")
