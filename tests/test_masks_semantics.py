@@ -122,6 +122,7 @@ def test_unbounded_windows_dilations_and_global_counts_follow_the_definition(big
         assert torch.equal(BlockLayout.from_mask(mask, 16, 16).dense(), want), mask
         assert torch.equal(mask.to_graph().to_dense().bool(), want), mask
         assert torch.equal(mask.mask_mod(0, 0, q, k).expand(L, L), want), mask
+        assert torch.equal(mask.mask_mod(0, 0, q.int(), k.int()).expand(L, L), want), mask  # FlexAttention's int32
         split = mask.dilation_split()
         if split is not None:  # the sub-sequence split is of the same mask
             d, base = split
