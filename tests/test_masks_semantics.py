@@ -279,6 +279,16 @@ def test_every_constructor_is_its_definition_at_the_edges(case, block):
 
 
 # ----------------------------------------------------------------------------- layouts cover exactly the mask
+def spans(ptr):
+    """``(head, i, start, end)`` of each row (column) ``i`` of a ``[H, n + 1]`` pointer of
+    global offsets, checking that each head starts where the previous one ends."""
+    H, n = ptr.size(0), ptr.size(1) - 1
+    for h in range(H):
+        assert int(ptr[h, 0]) == (int(ptr[h - 1, n]) if h else 0), h
+        for i in range(n):
+            yield h, i, int(ptr[h, i]), int(ptr[h, i + 1])
+
+
 def check_layout(layout, want):
     """Every field of ``layout`` against the ``[H, L_q, L_k]`` matrix ``want``: exactly the
     non-empty blocks, full ones without a pattern, partial ones pointing at their padded
@@ -292,29 +302,23 @@ def check_layout(layout, want):
     assert torch.equal(as3(layout.block_map()), codes)
     assert torch.equal(as3(layout.dense()), want)
     seen = []
-    for h in range(H):
-        assert int(layout.row_ptr[h, 0]) == (int(layout.row_ptr[h - 1, nrb]) if h else 0)
-        for r in range(nrb):
-            start, end = int(layout.row_ptr[h, r]), int(layout.row_ptr[h, r + 1])
-            cols = layout.col_idx[start:end].tolist()
-            assert cols == [c for c in range(ncb) if codes[h, r, c] != 0], (h, r)
-            for pos, c in zip(range(start, end), cols):
-                seen.append((h, r, c, pos))
-                pid = int(layout.pattern_id[pos])
-                if codes[h, r, c] == 2:
-                    assert pid == -1, (h, r, c)
-                else:
-                    assert 0 <= pid < layout.num_patterns
-                    assert torch.equal(layout.patterns[pid], padded_block(want, h, r, c, BM, BN)), (h, r, c)
+    for h, r, start, end in spans(layout.row_ptr):
+        cols = layout.col_idx[start:end].tolist()
+        assert cols == [c for c in range(ncb) if codes[h, r, c] != 0], (h, r)
+        for pos, c in zip(range(start, end), cols):
+            seen.append((h, r, c, pos))
+            pid = int(layout.pattern_id[pos])
+            if codes[h, r, c] == 2:
+                assert pid == -1, (h, r, c)
+            else:
+                assert 0 <= pid < layout.num_patterns
+                assert torch.equal(layout.patterns[pid], padded_block(want, h, r, c, BM, BN)), (h, r, c)
     assert len(seen) == layout.nnzb == int((codes != 0).sum())
     position = {(h, r, c): pos for h, r, c, pos in seen}
-    for h in range(H):
-        assert int(layout.col_ptr[h, 0]) == (int(layout.col_ptr[h - 1, ncb]) if h else 0)
-        for c in range(ncb):
-            start, end = int(layout.col_ptr[h, c]), int(layout.col_ptr[h, c + 1])
-            rows = layout.row_idx[start:end].tolist()
-            assert rows == [r for r in range(nrb) if codes[h, r, c] != 0], (h, c)
-            assert layout.t_block[start:end].tolist() == [position[(h, r, c)] for r in rows], (h, c)
+    for h, c, start, end in spans(layout.col_ptr):
+        rows = layout.row_idx[start:end].tolist()
+        assert rows == [r for r in range(nrb) if codes[h, r, c] != 0], (h, c)
+        assert layout.t_block[start:end].tolist() == [position[(h, r, c)] for r in rows], (h, c)
     distinct = {tuple(p.flatten().tolist()) for p in layout.patterns}
     assert len(distinct) == layout.num_patterns
     assert layout.num_full == int((codes == 2).sum()) and layout.num_partial == int((codes == 1).sum())
