@@ -91,7 +91,7 @@ _CHUNK_ELEMENTS = 1 << 22
 
 # ----------------------------------------------------------------------------- helpers
 def _check_int(value: Any, name: str, minimum: int | None = None) -> int:
-    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point():
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool:
         value = int(value.item())
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -246,7 +246,7 @@ class Mask:
         :data:`EMPTY` = 0, :data:`PARTIAL` = 1, :data:`FULL` = 2 (a full block has every
         in-range element allowed; see the module docstring for the ragged edge)."""
         BM, BN = _check_block_size(BM, BN)
-        bmap = self._block_map3(BM, BN, _device(device))
+        bmap = self._block_map3(BM, BN, _device(device)).clone()  # not the cached map itself
         return bmap[0] if self.num_heads == 1 else bmap
 
     def block_elements(
@@ -398,8 +398,7 @@ class Mask:
     # ------------------------------------------------------------------ internals
     def _head_index(self, head: int | None) -> int:
         if self.num_heads == 1:
-            if head not in (None, 0):
-                _check_int(head, "head", 0)
+            if head is not None and _check_int(head, "head", 0) != 0:
                 raise IndexError(f"head {head} given for a shared (single-head) mask")
             return 0
         if head is None:
@@ -411,10 +410,16 @@ class Mask:
 
     def _head_tensor(self, head: int | Tensor | None, device: torch.device) -> Tensor | None:
         if self.num_heads == 1:
+            if not isinstance(head, Tensor):
+                self._head_index(head)  # None or 0
             return None
         if head is None:
             raise ValueError(f"this mask has {self.num_heads} heads: pass head=")
         if isinstance(head, Tensor):
+            if head.is_floating_point() or head.is_complex() or head.dtype == torch.bool:
+                raise TypeError(f"head must be an integer tensor, got dtype {head.dtype}")
+            if head.numel() and (int(head.min()) < 0 or int(head.max()) >= self.num_heads):
+                raise IndexError(f"head must lie in [0, {self.num_heads})")
             return head.long().to(device)
         return torch.tensor(self._head_index(head), device=device)
 
@@ -650,20 +655,21 @@ class SlidingWindow(_ShiftInvariant):
     def __init__(self, L: int, window: int) -> None:
         super().__init__(L)
         self.window = _check_int(window, "window", 0)
+        self._w = min(self.window, self.L)  # |q - k| < L: the same mask, in int64 range
 
     def _params(self):
         return f"window={self.window}"
 
     def _allowed(self, q, k, h):
-        return (q - k).abs() <= self.window
+        return (q - k).abs() <= self._w
 
     def _on_residues(self, d):  # |q - k| = d |q // d - k // d| when q = k (mod d)
-        return SlidingWindow(-(-self.L // d), self.window // d)
+        return SlidingWindow(-(-self.L // d), self._w // d)
 
     def _block_map(self, BM, BN, device):
         a, b, c, d = self._bounds(BM, BN, device)
         lo, hi = a - d, b - c  # q - k takes every integer value in [lo, hi] in the block
-        w = self.window
+        w = self._w
         return _codes(empty=(lo > w) | (hi < -w), full=(lo >= -w) & (hi <= w)).unsqueeze(0)
 
 
@@ -675,28 +681,32 @@ class Dilated(_ShiftInvariant):
         super().__init__(L)
         self.window = _check_int(window, "window", 0)
         self.dilation = _check_int(dilation, "dilation", 1)
+        # the same mask in int64 range: |q - k| < L, so a span or a dilation >= L acts as L
+        # (a dilation >= L leaves q - k = 0 its only multiple)
+        self._span = min(self.window * self.dilation, self.L)
+        self._s = min(self.dilation, self.L)
 
     def _params(self):
         return f"window={self.window}, dilation={self.dilation}"
 
     def _allowed(self, q, k, h):
         diff = q - k
-        return (diff.abs() <= self.window * self.dilation) & (diff % self.dilation == 0)
+        return (diff.abs() <= self._span) & (diff % self._s == 0)
 
     def _on_residues(self, d):  # q - k is a multiple of d, so of the dilation when it divides d
-        if d % self.dilation:
+        if d % self._s:
             return None
-        return SlidingWindow(-(-self.L // d), self.window * self.dilation // d)
+        return SlidingWindow(-(-self.L // d), self._span // d)
 
     def _dilation_split(self):
-        if self.dilation == 1:
+        if self._s == 1:
             return None
-        return self.dilation, self._on_residues(self.dilation)
+        return self._s, self._on_residues(self._s)
 
     def _block_map(self, BM, BN, device):
         a, b, c, d = self._bounds(BM, BN, device)
         lo, hi = a - d, b - c  # every integer in [lo, hi] is some q - k of the block
-        s, W = self.dilation, self.window * self.dilation
+        s, W = self._s, self._span
         lo_c, hi_c = lo.clamp(min=-W), hi.clamp(max=W)
         first_multiple = -_floor_div(-lo_c, s) * s  # smallest multiple of s >= lo_c
         empty = (lo_c > hi_c) | (first_multiple > hi_c)
@@ -714,23 +724,24 @@ class GlobalTokens(_Square):
     def __init__(self, L: int, num_global: int) -> None:
         super().__init__(L)
         self.num_global = _check_int(num_global, "num_global", 0)
+        self._g = min(self.num_global, self.L)  # the same mask, in int64 range
 
     def _params(self):
         return f"num_global={self.num_global}"
 
     def _allowed(self, q, k, h):
-        g = self.num_global
+        g = self._g
         return (q < g) | (k < g)
 
     def _pattern_key(self, h, rb, cb, BM, BN):
-        g = self.num_global
+        g = self._g
         rows = torch.clamp(g - rb * BM, min=0, max=BM)  # global rows of the block
         cols = torch.clamp(g - cb * BN, min=0, max=BN)
         return torch.stack([rows, cols, *_edge_key(rb, cb, BM, BN, self.L_q, self.L_k)], 1)
 
     def _block_map(self, BM, BN, device):
         a, b, c, d = self._bounds(BM, BN, device)
-        g = self.num_global
+        g = self._g
         return _codes(empty=(a >= g) & (c >= g), full=(b < g) | (d < g)).unsqueeze(0)
 
 
@@ -741,6 +752,7 @@ class RandomBlocks(_Square):
     def __init__(self, L: int, block: int, density: float, seed: int) -> None:
         super().__init__(L)
         self.block = _check_int(block, "block", 1)
+        self._b = min(self.block, self.L)  # one cell of R either way: the same mask, in int64 range
         if isinstance(density, bool) or not isinstance(density, Real):
             raise TypeError(f"density must be a float in [0, 1], got {type(density).__name__}")
         density = float(density)
@@ -748,6 +760,8 @@ class RandomBlocks(_Square):
             raise ValueError(f"density must lie in [0, 1], got {density}")
         self.density = density
         self.seed = _check_int(seed, "seed", 0)
+        if self.seed >= 2**64:
+            raise ValueError(f"seed must be < 2**64 (a torch.Generator seed), got {self.seed}")
         nb = math.ceil(L / self.block)
         gen = torch.Generator(device="cpu").manual_seed(self.seed)
         table = torch.rand((nb, nb), generator=gen, dtype=torch.float64) < density
@@ -759,20 +773,20 @@ class RandomBlocks(_Square):
 
     @property
     def table(self) -> Tensor:
-        """The ``[ceil(L / block)] * 2`` boolean table ``R`` (on the CPU)."""
-        return self._table.cpu
+        """The ``[ceil(L / block)] * 2`` boolean table ``R`` (on the CPU; a copy)."""
+        return self._table.cpu.clone()
 
     def _params(self):
         return f"block={self.block}, density={self.density}, seed={self.seed}"
 
     def _allowed(self, q, k, h):
         table = self._table.on(q.device)
-        return table[_floor_div(q, self.block), _floor_div(k, self.block)]
+        return table[_floor_div(q, self._b), _floor_div(k, self._b)]
 
     def _pattern_key(self, h, rb, cb, BM, BN):
         # A block's pattern is fixed by where it starts inside a cell of R, its
         # in-range size and the cells of R it covers.
-        g = self.block
+        g = self._b
         nr, nc = (BM + g - 1) // g + 1, (BN + g - 1) // g + 1  # most cells a block covers
         if nr * nc > 256:  # tiny random blocks: patterns are essentially unique anyway
             return None
@@ -791,7 +805,7 @@ class RandomBlocks(_Square):
 
     def _block_map(self, BM, BN, device):
         a, b, c, d = self._bounds(BM, BN, device)
-        g = self.block
+        g = self._b
         r0, r1, c0, c1 = a // g, b // g, c // g, d // g  # covered cells of R (inclusive)
         S = self._prefix.on(device)
         count = S[r1 + 1, c1 + 1] - S[r0, c1 + 1] - S[r1 + 1, c0] + S[r0, c0]
@@ -903,6 +917,8 @@ class HeadStack(Mask):
 
     def _allowed(self, q, k, h):
         if h is None:
+            if self.num_heads == 1:  # a stack of one mask is that mask, shared (read without a head)
+                return self.masks[0]._allowed(q, k, None)
             raise ValueError("a per-head mask needs a head index")
         out = None
         for i, m in enumerate(self.masks):
@@ -1176,6 +1192,8 @@ def from_graph(
 
     Duplicate edges count once.
     """
+    if isinstance(graph, Tensor) and graph.layout not in (torch.strided, torch.sparse_coo, torch.sparse_csr):
+        raise TypeError(f"graph: a torch.sparse matrix must be COO or CSR, got {graph.layout}; convert it with .to_sparse_coo()")
     if isinstance(graph, Tensor) and graph.layout in (torch.sparse_coo, torch.sparse_csr):
         if graph.dim() != 2:
             raise ValueError(f"graph must be a 2-D sparse matrix [L_q, L_k], got shape {tuple(graph.shape)}")
