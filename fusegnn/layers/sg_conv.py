@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from fusegnn.layers._utils import check_linear_input, input_linear, normalized_graph, project_before_aggregating
 from fusegnn.sparse import Graph
+from fusegnn.sparse.graph import outside_inference_mode
 from fusegnn.sparse.dispatch import check_aggregation
 from fusegnn.sparse.propagate import check_propagation, propagate
 
@@ -97,7 +98,9 @@ class SGConv(nn.Module):
         weight, bias = self.lin.weight, self.lin.bias
         if self.cached and self.K > 0 and not torch.compiler.is_compiling():  # PyG caches after a step
             h = propagate(graph, x, self.K, aggregation=self.aggregation)
-            self._cached_x = h.detach()
+            # kept beyond this call: a normal tensor even when this one runs under
+            # inference_mode (an inference tensor cannot be saved by a later training step)
+            self._cached_x = outside_inference_mode(lambda: h.detach().clone()) if h.is_inference() else h.detach()
             return F.linear(h, weight, bias)
         if project_before_aggregating(graph, x, weight.size(1), weight.size(0), "sum", self.aggregation):
             out = propagate(graph, F.linear(x, weight), self.K, aggregation=self.aggregation)

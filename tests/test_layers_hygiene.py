@@ -1,0 +1,109 @@
+"""The ``nn.Module`` hygiene of every layer, as PyTorch users rely on it.
+
+For each layer (and the models' recipes): a strict ``state_dict`` round trip into a fresh
+layer, ``copy.deepcopy``, ``torch.save`` / ``torch.load`` of the module itself,
+``.double()`` / ``.half()`` then a forward, ``.to('meta')`` then ``to_empty``, seeded
+``reset_parameters``, ``named_parameters`` without duplicates, forward hooks,
+``requires_grad_(False)``, dropout only in training, and the cached layers (``GCNConv``,
+``SGConv``, ``APPNP``) across ``inference_mode``, dtype moves and edge weights that need a
+gradient. Small graphs, float32 against float64 where values are compared.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from fusegnn import models
+from fusegnn.layers import (
+    APPNP,
+    GATConv,
+    GATv2Conv,
+    GCNConv,
+    GINConv,
+    GINEConv,
+    GraphConv,
+    SAGEConv,
+    SGConv,
+    TransformerConv,
+)
+from fusegnn.sparse import Graph
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+N, F_IN = 7, 5
+EDGE_INDEX = torch.tensor([[0, 1, 2, 3, 4, 5, 1, 2, 6], [1, 2, 3, 4, 5, 6, 0, 0, 6]], device=DEVICE)
+E = EDGE_INDEX.size(1)
+
+
+def _x(dtype=torch.float32, seed=0, rows=N, cols=F_IN):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, cols, generator=gen).to(DEVICE, dtype)
+
+
+def _edge_attr(dtype=torch.float32):
+    gen = torch.Generator().manual_seed(11)
+    return torch.randn(E, 3, generator=gen).to(DEVICE, dtype)
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(F_IN, 3), nn.ReLU(), nn.Linear(3, 4))
+
+
+# name -> (build, forward(layer, x)); every option that adds a parameter or a cache
+LAYERS = {
+    "gcn": (lambda: GCNConv(F_IN, 4), lambda m, x: m(x, EDGE_INDEX)),
+    "gcn_cached": (lambda: GCNConv(F_IN, 4, cached=True), lambda m, x: m(x, EDGE_INDEX)),
+    "gat": (lambda: GATConv(F_IN, 3, heads=2, dropout=0.5), lambda m, x: m(x, EDGE_INDEX)),
+    "gat_edges": (
+        lambda: GATConv(F_IN, 3, heads=2, edge_dim=3, residual=True),
+        lambda m, x: m(x, EDGE_INDEX, _edge_attr(x.dtype)),
+    ),
+    "gatv2": (
+        lambda: GATv2Conv(F_IN, 3, heads=2, edge_dim=3, residual=True, dropout=0.5),
+        lambda m, x: m(x, EDGE_INDEX, _edge_attr(x.dtype)),
+    ),
+    "gatv2_shared": (lambda: GATv2Conv(F_IN, 3, heads=2, share_weights=True), lambda m, x: m(x, EDGE_INDEX)),
+    "sage": (lambda: SAGEConv(F_IN, 4, project=True), lambda m, x: m(x, EDGE_INDEX)),
+    "gin": (lambda: GINConv(_mlp(), train_eps=True), lambda m, x: m(x, EDGE_INDEX)),
+    "gine": (lambda: GINEConv(_mlp(), edge_dim=3), lambda m, x: m(x, EDGE_INDEX, _edge_attr(x.dtype))),
+    "sgc": (lambda: SGConv(F_IN, 4, K=2), lambda m, x: m(x, EDGE_INDEX)),
+    "sgc_cached": (lambda: SGConv(F_IN, 4, K=2, cached=True), lambda m, x: m(x, EDGE_INDEX)),
+    "appnp": (lambda: APPNP(K=3, alpha=0.1, dropout=0.5), lambda m, x: m(x, EDGE_INDEX)),
+    "appnp_cached": (lambda: APPNP(K=3, alpha=0.1, cached=True), lambda m, x: m(x, EDGE_INDEX)),
+    "graph_conv": (lambda: GraphConv(F_IN, 4), lambda m, x: m(x, EDGE_INDEX)),
+    "transformer": (
+        lambda: TransformerConv(F_IN, 3, heads=2, edge_dim=3, beta=True, dropout=0.5),
+        lambda m, x: m(x, EDGE_INDEX, _edge_attr(x.dtype)),
+    ),
+}
+
+
+def _build(name):
+    return LAYERS[name][0]().to(DEVICE)
+
+
+def _run(name, layer, x):
+    return LAYERS[name][1](layer, x)
+
+
+# ============================================================================ cached layers
+CACHED = ["gcn_cached", "sgc_cached", "appnp_cached"]
+
+
+@pytest.mark.parametrize("name", CACHED)
+def test_cached_layer_first_called_under_inference_mode_then_trains(name):
+    """A cached layer's first call under ``torch.inference_mode`` (an evaluation before
+    training) must not keep inference tensors: the training step after it saves the
+    cached values for its backward."""
+    layer = _build(name)
+    with torch.inference_mode():
+        expected = _run(name, layer, _x())
+    x = _x().requires_grad_()
+    out = _run(name, layer, x)
+    torch.testing.assert_close(out.detach(), expected.clone())
+    out.square().sum().backward()
+    assert all(p.grad is not None for p in layer.parameters())
