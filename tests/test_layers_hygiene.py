@@ -107,3 +107,34 @@ def test_cached_layer_first_called_under_inference_mode_then_trains(name):
     torch.testing.assert_close(out.detach(), expected.clone())
     out.square().sum().backward()
     assert all(p.grad is not None for p in layer.parameters())
+
+
+@pytest.mark.parametrize("form", ["forward", "graph"])
+@pytest.mark.parametrize("name", ["gcn_cached", "appnp_cached"])
+def test_cached_layer_with_edge_weights_that_need_a_gradient(name, form):
+    """Edge weights that require grad (learnt weights) and ``cached=True``: the first
+    call's gradient reaches them (as without the cache), and later calls reuse the first
+    call's normalised graph, as PyG's values, without its autograd history -- keeping it
+    made the second step's backward fail ('backward through the graph a second time')."""
+    build = {"gcn_cached": lambda c: GCNConv(F_IN, 4, cached=c), "appnp_cached": lambda c: APPNP(K=2, alpha=0.1, cached=c)}
+    torch.manual_seed(0)
+    cached = build[name](True).to(DEVICE)
+    plain = copy.deepcopy(cached)
+    plain.cached = False
+    x = _x().requires_grad_()  # (APPNP has no parameters)
+
+    def weights(seed):
+        return (torch.rand(E, generator=torch.Generator().manual_seed(seed)) + 0.5).to(DEVICE).requires_grad_()
+
+    def call(layer, w):
+        return layer(x, EDGE_INDEX, w) if form == "forward" else layer(x, Graph(EDGE_INDEX, N, edge_weight=w))
+
+    first, again = weights(0), weights(0)
+    call(cached, first).square().sum().backward()
+    call(plain, again).square().sum().backward()
+    torch.testing.assert_close(first.grad, again.grad)
+    second = weights(1)
+    out = call(cached, second)
+    out.square().sum().backward()  # failed here
+    assert second.grad is None  # the stored graph holds the first weights, detached
+    torch.testing.assert_close(out, call(plain, weights(0)).detach())

@@ -343,7 +343,11 @@ def normalized_graph(
     normalisation runs (and is cached on the input graph) inside the ``fusegnn::spmm`` op, so
     nothing is stored, and a graph an eager call stored is used as it is. A stored graph
     on another device or, normalised, in another dtype than ``x`` (the layer moved by
-    ``.to()`` / ``.double()`` since) is built again."""
+    ``.to()`` / ``.double()`` since) is built again. Normalised from edge weights that
+    require grad, the graph serves this call with their gradient and is stored detached
+    (as PyG's values: later calls reuse the first call's weights, and no gradient reaches
+    the weights from them), so that a later backward never runs into this call's freed
+    autograd graph."""
     stored = layer._cached_graph if cached else None
     if stored is not None and _fits(stored, x, normalize):
         return stored
@@ -353,7 +357,8 @@ def normalized_graph(
     if normalize:
         graph = gcn_normalized(graph, improved=improved, add_self_loops=add_self_loops, dtype=x.dtype)
     if cached and isinstance(graph, Graph):  # under torch.compile the op caches it on the graph
-        layer._cached_graph = graph
+        weight = graph.edge_weight
+        layer._cached_graph = graph.with_edge_weight(weight.detach()) if weight is not None and weight.requires_grad else graph
     return graph
 
 
