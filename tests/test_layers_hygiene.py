@@ -138,3 +138,59 @@ def test_cached_layer_with_edge_weights_that_need_a_gradient(name, form):
     out.square().sum().backward()  # failed here
     assert second.grad is None  # the stored graph holds the first weights, detached
     torch.testing.assert_close(out, call(plain, weights(0)).detach())
+
+
+# ============================================================================ attention modules
+def _attention_layers():
+    from fusegnn.attention.masks import sliding_window
+    from fusegnn.layers import SparseMultiheadAttention, SparseTransformerEncoderLayer
+
+    mask = sliding_window(12, 3)
+    return {
+        "mha_mask": (lambda: SparseMultiheadAttention(16, 4), lambda m, x: m(x, x, x, mask=mask)[0]),
+        "mha_nm": (lambda: SparseMultiheadAttention(16, 4, nm=(2, 4)), lambda m, x: m(x, x, x)[0]),
+        "encoder": (lambda: SparseTransformerEncoderLayer(16, 4, 32, mask=mask), lambda m, x: m(x)),
+    }
+
+
+@pytest.mark.parametrize("name", ["mha_mask", "mha_nm", "encoder"])
+def test_attention_module_saved_after_a_forward(name):
+    """``torch.save`` of a module that holds a mask (the encoder layer's ``mask``, the N:M
+    layer's full masks), after it ran: the mask's caches held the prepared calls
+    (closures), which cannot be pickled."""
+    build, run = _attention_layers()[name]
+    layer = build().to(DEVICE).eval()
+    x = torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    expected = run(layer, x)
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    torch.testing.assert_close(run(loaded, x), expected)
+    torch.testing.assert_close(run(copy.deepcopy(layer), x), expected)
+
+
+def test_copied_masks_and_layouts_get_handles_of_their_own():
+    """A mask or block layout copied (``copy.deepcopy``, pickle: a deep-copied or loaded
+    model) is another object, with its own handle: the compiled ops look masks up by
+    handle, so a copy that kept the original's found the original (or, once that was
+    garbage collected, nothing; in another process, whatever object held that number)."""
+    from fusegnn.attention import handles
+    from fusegnn.attention.block_layout import BlockLayout
+    from fusegnn.attention.masks import causal
+
+    mask = causal(32)
+    layout = BlockLayout.from_mask(mask, 16, 16)
+    for original in (mask, layout):
+        for copied in (copy.deepcopy(original), copy.copy(original), _pickled(original)):
+            assert copied.handle != original.handle
+            assert handles.lookup(copied.handle) is copied
+            assert handles.lookup(original.handle) is original
+    assert torch.equal(copy.deepcopy(mask).dense(), mask.dense())
+
+
+def _pickled(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
