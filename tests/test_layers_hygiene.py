@@ -116,7 +116,10 @@ def test_cached_layer_with_edge_weights_that_need_a_gradient(name, form):
     call's gradient reaches them (as without the cache), and later calls reuse the first
     call's normalised graph, as PyG's values, without its autograd history -- keeping it
     made the second step's backward fail ('backward through the graph a second time')."""
-    build = {"gcn_cached": lambda c: GCNConv(F_IN, 4, cached=c), "appnp_cached": lambda c: APPNP(K=2, alpha=0.1, cached=c)}
+    build = {
+        "gcn_cached": lambda c: GCNConv(F_IN, 4, cached=c),
+        "appnp_cached": lambda c: APPNP(K=2, alpha=0.1, cached=c),
+    }
     torch.manual_seed(0)
     cached = build[name](True).to(DEVICE)
     plain = copy.deepcopy(cached)
@@ -194,3 +197,168 @@ def _pickled(obj):
     torch.save(obj, buf)
     buf.seek(0)
     return torch.load(buf, weights_only=False)
+
+
+# ============================================================================ every layer
+def _assert_same_state(a: nn.Module, b: nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for key in sa:
+        assert torch.equal(sa[key], sb[key]), key
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_state_dict_deepcopy_and_pickle_round_trips(name):
+    """A strict ``load_state_dict`` into a fresh layer, ``copy.deepcopy`` and
+    ``torch.save`` / ``torch.load`` of the module itself (after a call, so with any cache
+    filled) give the same function."""
+    layer = _build(name).eval()
+    x = _x()
+    expected = _run(name, layer, x)
+    fresh = _build(name).eval()
+    fresh.load_state_dict(layer.state_dict(), strict=True)
+    torch.testing.assert_close(_run(name, fresh, x), expected)
+    torch.testing.assert_close(_run(name, copy.deepcopy(layer), x), expected)
+    torch.testing.assert_close(_run(name, _pickled(layer), x), expected)
+    names = [n for n, _ in layer.named_parameters()]
+    assert len(names) == len(set(names)) and len(names) == len({id(p) for p in layer.parameters()})
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_dtype_moves_and_meta_to_empty(name):
+    """``.double()`` then a float64 forward equals a float64 reference layer built with the
+    same weights (a cached layer built in float32 first included); ``.half()`` gives half
+    outputs close to float32's; ``.to('meta')`` then ``to_empty`` and a state dict load
+    gives the original back."""
+    layer = _build(name).eval()
+    x = _x()
+    expected = _run(name, layer, x)  # fills any cache in float32
+    reference = _build(name).eval().double()
+    reference.load_state_dict(layer.state_dict())
+    want = _run(name, reference, _x(torch.float64))
+    doubled = copy.deepcopy(layer).double()
+    got = _run(name, doubled, _x(torch.float64))
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.float(), expected, rtol=1e-4, atol=1e-5)
+    back = doubled.float()
+    torch.testing.assert_close(_run(name, back, x), expected, rtol=1e-5, atol=1e-6)
+    halved = copy.deepcopy(layer).half()
+    out = _run(name, halved, _x(torch.float16))
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.float(), expected, rtol=5e-2, atol=5e-2)
+    empty = copy.deepcopy(layer).to("meta").to_empty(device=DEVICE)
+    empty.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(_run(name, empty, x), expected)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_seeded_construction_and_reset_parameters(name):
+    """The same seed gives the same parameters, at construction and at
+    ``reset_parameters``; a reset draws new values (where the layer has any)."""
+    torch.manual_seed(5)
+    a = _build(name)
+    torch.manual_seed(5)
+    b = _build(name)
+    _assert_same_state(a, b)
+    before = {k: v.clone() for k, v in a.state_dict().items()}
+    torch.manual_seed(6)
+    a.reset_parameters()
+    torch.manual_seed(6)
+    b.reset_parameters()
+    _assert_same_state(a, b)
+    random = [k for k, v in before.items() if v.is_floating_point() and v.numel() > 1 and v.std() > 0]
+    assert all(not torch.equal(before[k], a.state_dict()[k]) for k in random)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_hooks_frozen_parameters_and_train_eval(name):
+    """Forward hooks see the call; a frozen layer (``requires_grad_(False)``) still runs
+    and passes the input's gradient; dropout acts in training only (eval is deterministic
+    and back to the same values after a training call)."""
+    layer = _build(name)
+    seen = []
+    handle = layer.register_forward_hook(lambda module, args, out: seen.append(out))
+    layer.eval()
+    x = _x()
+    expected = _run(name, layer, x)
+    assert len(seen) == 1 and seen[0] is expected
+    handle.remove()
+    layer.train()
+    torch.manual_seed(0)
+    _run(name, layer, x)
+    layer.eval()
+    torch.testing.assert_close(_run(name, layer, x), expected, rtol=0, atol=0)
+    if getattr(layer, "dropout", 0.0):
+        layer.train()
+        torch.manual_seed(1)
+        first = _run(name, layer, x)
+        torch.manual_seed(2)
+        assert not torch.equal(first, _run(name, layer, x))
+    if name == "sgc_cached":
+        return  # its cached features are detached by design: no gradient reaches x
+    frozen = copy.deepcopy(layer).requires_grad_(False).train()
+    xg = x.clone().requires_grad_()
+    _run(name, frozen, xg).square().sum().backward()
+    assert xg.grad is not None and xg.grad.abs().sum() > 0
+    assert all(p.grad is None for p in frozen.parameters())
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_no_grad_and_inference_mode_calls_then_a_training_step(name):
+    """Calls under ``no_grad`` and ``inference_mode`` (evaluation) between training steps
+    leave nothing behind that breaks the next step's backward."""
+    layer = _build(name)
+    x = _x()
+    with torch.no_grad():
+        _run(name, layer.eval(), x)
+    with torch.inference_mode():
+        _run(name, layer, x)
+    layer.train()
+    out = _run(name, layer, x.clone().requires_grad_())
+    out.square().sum().backward()
+    trainable = [p for p in layer.parameters() if p.requires_grad]
+    assert all(p.grad is not None for p in trainable)
+
+
+# (the layers with edge features are left out: their edge_attr follows one graph's edges)
+WITH_EDGE_FEATURES = ("gat_edges", "gatv2", "gine", "transformer")
+
+
+@pytest.mark.parametrize("name", [n for n in LAYERS if "cached" not in n and n not in WITH_EDGE_FEATURES])
+def test_one_layer_on_two_graphs_alternately_and_an_edge_index_changed_in_place(name):
+    """An uncached layer called on two graphs in turn gives each graph's own output every
+    time (nothing keyed wrongly); an ``edge_index`` tensor changed in place between calls
+    is read afresh (the layer builds the graph on each call; a :class:`Graph` is
+    documented immutable instead)."""
+    layer = _build(name).eval()
+    x = _x()
+    other = torch.tensor([[6, 5, 4, 3, 0], [0, 0, 1, 2, 6]], device=DEVICE)
+    g1, g2 = Graph(EDGE_INDEX, N), Graph(other, N)
+    want1, want2 = layer(x, g1), layer(x, g2)
+    for _ in range(2):
+        torch.testing.assert_close(layer(x, g1), want1, rtol=0, atol=0)
+        torch.testing.assert_close(layer(x, g2), want2, rtol=0, atol=0)
+    ei = EDGE_INDEX.clone()
+    before = layer(x, ei)
+    torch.testing.assert_close(before, want1, rtol=0, atol=0)
+    ei[1, 0] = 5  # the edge 0 -> 1 becomes 0 -> 5
+    torch.testing.assert_close(layer(x, ei), layer(x, ei.clone()), rtol=0, atol=0)
+    assert not torch.equal(layer(x, ei), before)
+
+
+@pytest.mark.parametrize("name", CACHED)
+def test_cached_layer_after_a_dtype_move_and_train_eval(name):
+    """A cached layer moved by ``.double()`` after its first call does not return the
+    float32 cache; train / eval switches keep using the cache of that dtype."""
+    layer = _build(name)
+    x = _x()
+    first = _run(name, layer, x)
+    layer.double()
+    got = _run(name, layer, _x(torch.float64))
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got.float(), first, rtol=1e-4, atol=1e-5)
+    layer.eval()
+    torch.testing.assert_close(_run(name, layer, _x(torch.float64)), got)
+    layer.train()
+    torch.testing.assert_close(_run(name, layer, _x(torch.float64)), got)

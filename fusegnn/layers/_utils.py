@@ -358,7 +358,11 @@ def normalized_graph(
         graph = gcn_normalized(graph, improved=improved, add_self_loops=add_self_loops, dtype=x.dtype)
     if cached and isinstance(graph, Graph):  # under torch.compile the op caches it on the graph
         weight = graph.edge_weight
-        layer._cached_graph = graph.with_edge_weight(weight.detach()) if weight is not None and weight.requires_grad else graph
+        if weight is not None and weight.requires_grad:
+            graph_kept = graph.with_edge_weight(weight.detach())
+        else:
+            graph_kept = graph
+        layer._cached_graph = graph_kept
     return graph
 
 
