@@ -32,6 +32,7 @@ from fusegnn.layers import (
     TransformerConv,
 )
 from fusegnn.sparse import Graph
+from tests.pyg_compare import pyg_nn, requires_pyg
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N, F_IN = 7, 5
@@ -362,3 +363,77 @@ def test_cached_layer_after_a_dtype_move_and_train_eval(name):
     torch.testing.assert_close(_run(name, layer, _x(torch.float64)), got)
     layer.train()
     torch.testing.assert_close(_run(name, layer, _x(torch.float64)), got)
+
+
+# ============================================================================ lazy layers
+def _lazy_inputs(pair: bool):
+    if pair:
+        x = (_x(rows=6, cols=40, seed=1), _x(rows=4, cols=30, seed=2))
+        return x, torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 0, 1]], device=DEVICE)
+    return _x(cols=40), EDGE_INDEX  # wide: a weight's largest entry is near its bound
+
+
+LAZY = {
+    "gcn": (lambda m, c: m.GCNConv(c, 4), False),
+    "gat_residual": (lambda m, c: m.GATConv(c, 3, heads=2, residual=True), False),
+    "gat_pair_residual": (lambda m, c: m.GATConv(c, 3, heads=2, residual=True), True),
+    "gat_pair_wide": (lambda m, c: m.GATConv(c, 8, heads=2), True),
+    "gatv2_residual": (lambda m, c: m.GATv2Conv(c, 3, heads=2, residual=True), False),
+    "gatv2_pair": (lambda m, c: m.GATv2Conv(c, 3, heads=2, residual=True), True),
+    "sage": (lambda m, c: m.SAGEConv(c, 4), True),
+    "graph_conv": (lambda m, c: m.GraphConv(c, 4), True),
+    "sgc": (lambda m, c: m.SGConv(c, 4, K=2), False),
+    "transformer": (lambda m, c: m.TransformerConv(c, 3, heads=2, beta=True), False),
+    "transformer_pair": (lambda m, c: m.TransformerConv(c, 3, heads=2), True),
+}
+
+
+def _materialised(build, module, pair: bool, seed: int = 0):
+    torch.manual_seed(seed)
+    layer = build(module, (-1, -1) if pair else -1).to(DEVICE, torch.float64)
+    x, ei = _lazy_inputs(pair)
+    x = tuple(t.double() for t in x) if pair else x.double()
+    torch.manual_seed(seed + 1)
+    return layer, layer(x, ei), (x, ei)
+
+
+@pytest.mark.parametrize("name", list(LAZY))
+def test_lazy_layer_initialises_as_its_eager_form_and_loads_before_the_first_forward(name):
+    """A lazy layer (``in_channels=-1``) materialised at its first forward draws each
+    weight from the distribution its eager form (and PyG's) uses: Glorot's bound for the
+    attention layers' transforms, the residual ``res`` included (it drew ``nn.Linear``'s
+    narrower Kaiming bound), ``nn.Linear``'s otherwise. A fresh lazy layer takes a state
+    dict before any forward and then computes the same function."""
+    build, pair = LAZY[name]
+    import fusegnn.layers as ours
+
+    lazy, out, (x, ei) = _materialised(build, ours, pair)
+    widths = (x[0].size(1), x[1].size(1)) if pair else x.size(1)
+    eager = build(ours, widths).to(DEVICE, torch.float64)
+    for key, value in eager.state_dict().items():
+        got = lazy.state_dict()[key]
+        assert got.shape == value.shape, key
+        if value.numel() >= 100:  # the same bound, up to sampling (the weights)
+            ratio = got.abs().max().item() / value.abs().max().item()
+            assert 0.85 < ratio < 1.15, f"{key}: the lazy draw's bound is {ratio:.2f} x the eager one's"
+    fresh = build(ours, (-1, -1) if pair else -1).to(DEVICE, torch.float64)
+    fresh.load_state_dict(lazy.state_dict(), strict=True)
+    torch.testing.assert_close(fresh(x, ei), out)
+
+
+@requires_pyg
+@pytest.mark.parametrize("name", list(LAZY))
+def test_lazy_layer_draws_pygs_values_under_the_same_seed(name):
+    """Materialised under the same seed, a lazy layer holds exactly PyG's lazy layer's
+    parameters (same distributions, drawn in PyG's order: GAT's ``res`` before ``lin``,
+    GATv2's ``res`` before ``lin_l`` / ``lin_r``, TransformerConv's query, key, value,
+    skip; a Glorot transform draws no Kaiming weight first)."""
+    import fusegnn.layers as ours_module
+
+    build, pair = LAZY[name]
+    ours, _, _ = _materialised(build, ours_module, pair)
+    theirs, _, _ = _materialised(build, pyg_nn, pair)
+    want = theirs.state_dict()
+    assert sorted(ours.state_dict()) == sorted(want)
+    for key, value in ours.state_dict().items():
+        torch.testing.assert_close(value, want[key], rtol=1e-12, atol=1e-14, msg=lambda m: f"{key}: {m}")

@@ -162,9 +162,14 @@ def check_linear_input(
             lin.weight.materialize((lin.out_features, x.size(1)))
             if lin.bias is not None and is_lazy(lin.bias):
                 lin.bias.materialize((lin.out_features,))
-        lin.reset_parameters()
-        if glorot:
+        if glorot:  # PyG's draws: the Glorot weight, then the bias uniform in +-1/sqrt(in)
             glorot_(lin.weight)
+            if lin.bias is not None:
+                bound = 1.0 / math.sqrt(lin.in_features)
+                with torch.no_grad():
+                    lin.bias.uniform_(-bound, bound)
+        else:
+            lin.reset_parameters()
     if lin.in_features != lin.weight.size(1):  # (nn.Module.__setattr__ costs microseconds per call)
         lin.in_features = lin.weight.size(1)
     if x.size(1) != lin.in_features:
