@@ -437,3 +437,66 @@ def test_lazy_layer_draws_pygs_values_under_the_same_seed(name):
     assert sorted(ours.state_dict()) == sorted(want)
     for key, value in ours.state_dict().items():
         torch.testing.assert_close(value, want[key], rtol=1e-12, atol=1e-14, msg=lambda m: f"{key}: {m}")
+
+
+# ============================================================================ models, VectorSparseLinear
+MODELS = {
+    "gcn": lambda: models.GCN(F_IN, 6, 3),
+    "gat": lambda: models.GAT(F_IN, 2, 3, heads=2),
+    "gatv2": lambda: models.GATv2(F_IN, 2, 3, heads=2),
+    "sage": lambda: models.GraphSAGE(F_IN, 6, 3),
+    "gin": lambda: models.GIN(F_IN, 6, 3),
+    "sgc": lambda: models.SGC(F_IN, 3),
+    "appnp": lambda: models.APPNPNet(F_IN, 6, 3),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_model_recipes_round_trip_and_train_after_an_inference_mode_evaluation(name):
+    """The recipes (cached by default where they can be) load, copy, save and move dtype
+    like their layers, and a training loss after an ``inference_mode`` evaluation
+    backpropagates (SGC's cached features were inference tensors)."""
+    model = MODELS[name]().to(DEVICE).eval()
+    x = _x()
+    expected = model(x, EDGE_INDEX)
+    fresh = MODELS[name]().to(DEVICE).eval()
+    fresh.load_state_dict(model.state_dict(), strict=True)
+    for other in (fresh, copy.deepcopy(model), _pickled(model)):
+        torch.testing.assert_close(other(x, EDGE_INDEX), expected)
+    doubled = copy.deepcopy(model).double()
+    torch.testing.assert_close(doubled(_x(torch.float64), EDGE_INDEX).float(), expected, rtol=1e-4, atol=1e-5)
+    trained = MODELS[name]().to(DEVICE)
+    with torch.inference_mode():
+        trained.eval()(x, EDGE_INDEX)
+    trained.train()
+    target = torch.arange(N, device=DEVICE) % 3
+    trained.loss(x, EDGE_INDEX, target).backward()
+    assert all(p.grad is not None for p in trained.parameters())
+
+
+def test_vector_sparse_linear_round_trips():
+    """``VectorSparseLinear``: a state dict (pattern buffers included) loads into a layer of
+    another pattern, even after that one built its cached structure; copies, pickles,
+    dtype moves and ``to_empty`` give the same function."""
+    from fusegnn.layers import VectorSparseLinear
+
+    torch.manual_seed(2)
+    layer = VectorSparseLinear(16, 20, 0.5, V=4).to(DEVICE)
+    x = torch.randn(3, 10, 16, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    expected = layer(x)
+    torch.manual_seed(9)
+    other = VectorSparseLinear(16, 20, 0.5, V=4).to(DEVICE)
+    other(x)
+    other.load_state_dict(layer.state_dict(), strict=True)
+    for copied in (other, copy.deepcopy(layer), _pickled(layer)):
+        torch.testing.assert_close(copied(x), expected)
+    empty = copy.deepcopy(layer).to("meta").to_empty(device=DEVICE)
+    empty.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(empty(x), expected)
+    doubled = copy.deepcopy(layer).double()
+    torch.testing.assert_close(doubled(x.double()).float(), expected, rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        layer(x)
+    xg = x.clone().requires_grad_()
+    layer.requires_grad_(False)(xg).sum().backward()
+    assert xg.grad is not None
