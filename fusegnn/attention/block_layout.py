@@ -116,6 +116,18 @@ class BlockLayout:
     max_col_blocks: int
     _mask: Mask | None = field(default=None, repr=False)
 
+    def __getstate__(self) -> dict:
+        # copy / pickle: the copy gets a handle of its own (see Mask.__getstate__) and
+        # prepares its kernel data again on use
+        state = dict(self.__dict__)
+        del state["handle"], state["_prepared"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.handle = handles.register(self)
+        self._prepared = None
+
     def __post_init__(self) -> None:
         self.handle = handles.register(self)  # what compiled code passes to the custom ops
         self._prepared: PreparedLayout | None = None  # see prepared()

@@ -177,6 +177,19 @@ class Mask:
         self._cache: dict[Any, Any] = {}
         self.handle = handles.register(self)  # what compiled code passes to the custom ops
 
+    def __getstate__(self) -> dict[str, Any]:
+        # copy.copy / deepcopy / pickle (a copied or saved model holding the mask): the
+        # caches are derived, rebuilt on use (and hold closures, which cannot be pickled);
+        # a handle belongs to one live object of one process
+        state = dict(self.__dict__)
+        del state["_cache"], state["handle"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._cache = {}
+        self.handle = handles.register(self)
+
     # ------------------------------------------------------------------ to implement
     def _allowed(self, q: Tensor, k: Tensor, h: Tensor | None) -> Tensor:
         """Predicate on broadcastable in-range integer index tensors; ``h`` the head

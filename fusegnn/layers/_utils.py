@@ -162,9 +162,14 @@ def check_linear_input(
             lin.weight.materialize((lin.out_features, x.size(1)))
             if lin.bias is not None and is_lazy(lin.bias):
                 lin.bias.materialize((lin.out_features,))
-        lin.reset_parameters()
-        if glorot:
+        if glorot:  # PyG's draws: the Glorot weight, then the bias uniform in +-1/sqrt(in)
             glorot_(lin.weight)
+            if lin.bias is not None:
+                bound = 1.0 / math.sqrt(lin.in_features)
+                with torch.no_grad():
+                    lin.bias.uniform_(-bound, bound)
+        else:
+            lin.reset_parameters()
     if lin.in_features != lin.weight.size(1):  # (nn.Module.__setattr__ costs microseconds per call)
         lin.in_features = lin.weight.size(1)
     if x.size(1) != lin.in_features:
@@ -343,7 +348,11 @@ def normalized_graph(
     normalisation runs (and is cached on the input graph) inside the ``fusegnn::spmm`` op, so
     nothing is stored, and a graph an eager call stored is used as it is. A stored graph
     on another device or, normalised, in another dtype than ``x`` (the layer moved by
-    ``.to()`` / ``.double()`` since) is built again."""
+    ``.to()`` / ``.double()`` since) is built again. Normalised from edge weights that
+    require grad, the graph serves this call with their gradient and is stored detached
+    (as PyG's values: later calls reuse the first call's weights, and no gradient reaches
+    the weights from them), so that a later backward never runs into this call's freed
+    autograd graph."""
     stored = layer._cached_graph if cached else None
     if stored is not None and _fits(stored, x, normalize):
         return stored
@@ -353,7 +362,12 @@ def normalized_graph(
     if normalize:
         graph = gcn_normalized(graph, improved=improved, add_self_loops=add_self_loops, dtype=x.dtype)
     if cached and isinstance(graph, Graph):  # under torch.compile the op caches it on the graph
-        layer._cached_graph = graph
+        weight = graph.edge_weight
+        if weight is not None and weight.requires_grad:
+            graph_kept = graph.with_edge_weight(weight.detach())
+        else:
+            graph_kept = graph
+        layer._cached_graph = graph_kept
     return graph
 
 

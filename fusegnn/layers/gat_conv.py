@@ -184,6 +184,9 @@ class GATConv(nn.Module):
     def _check_nodes(self, x, x_src: Tensor, x_dst: Tensor | None) -> None:
         """Check (and for a lazy layer, initialise from) the node features."""
         name = type(self).__name__
+        if self.res is not None and x_dst is not None:
+            # first, as PyG's forward (a lazy res is materialised before lin, Glorot-initialised)
+            check_linear_input(x_dst, self.res, name, "x_dst" if not isinstance(x, Tensor) else "x")
         if self.lin is not None and isinstance(x, Tensor):
             check_features(x, self)  # the plain square input, as before
             return

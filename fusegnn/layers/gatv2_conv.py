@@ -183,11 +183,11 @@ class GATv2Conv(nn.Module):
         x_src, x_dst = node_pair(x, name)
         graph = self._graph(x, x_src, x_dst, edge_index)
         bipartite_x = x_dst is not x_src
+        if self.res is not None:  # (PyG's order: a lazy layer draws res, lin_l, lin_r)
+            check_linear_input(x_dst, self.res, self, "x_dst" if bipartite_x else "x")
         check_linear_input(x_src, self.lin_l, self, "x_src" if bipartite_x else "x")
         if bipartite_x or self.lin_r is not self.lin_l:
             check_linear_input(x_dst, self.lin_r, self, "x_dst" if bipartite_x else "x")
-        if self.res is not None:
-            check_linear_input(x_dst, self.res, self, "x_dst" if bipartite_x else "x")
         if edge_attr is not None:
             edge_attr = self._edge_features(edge_attr, graph)
         if self.add_self_loops:  # PyG's: loops i -> i for i < min(N_src, N_dst), old loops dropped

@@ -42,7 +42,9 @@ class GCNConv(nn.Module):
             weights are passed.)
         cached: keep the normalised graph of the first call and reuse it
             (transductive learning on one fixed graph). Without it, graph processing
-            runs on every call (inductive).
+            runs on every call (inductive). Edge weights that require grad get their
+            gradient from the first call; later calls reuse its normalised weights
+            detached (as PyG's values; no gradient reaches the weights from them).
         add_self_loops: add the remaining self-loops before normalising; ``None`` (the
             default, as PyG's) means ``normalize``. The loops are part of the
             normalisation, so ``add_self_loops=True`` with ``normalize=False`` is a

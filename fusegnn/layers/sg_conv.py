@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from fusegnn.layers._utils import check_linear_input, input_linear, normalized_graph, project_before_aggregating
 from fusegnn.sparse import Graph
+from fusegnn.sparse.graph import outside_inference_mode
 from fusegnn.sparse.dispatch import check_aggregation
 from fusegnn.sparse.graph import outside_inference_mode
 from fusegnn.sparse.propagate import check_propagation, propagate

@@ -162,8 +162,9 @@ class TransformerConv(nn.Module):
             raise ValueError(f"{name}: x_dst (x[1]) is needed: the queries and the skip read the target features")
         bipartite = not isinstance(x, Tensor)
         src_name, dst_name = ("x_src", "x_dst") if bipartite else ("x", "x")
-        for lin, value, what in ((self.lin_key, x_src, src_name), (self.lin_value, x_src, src_name),
-                                 (self.lin_query, x_dst, dst_name), (self.lin_skip, x_dst, dst_name)):
+        # PyG's order (a lazy layer draws its weights in it): query, key, value, skip
+        for lin, value, what in ((self.lin_query, x_dst, dst_name), (self.lin_key, x_src, src_name),
+                                 (self.lin_value, x_src, src_name), (self.lin_skip, x_dst, dst_name)):
             check_linear_input(value, lin, name, what, glorot=False)
         if bipartite:
             graph = bipartite_graph_for(x_src, x_dst.size(0), edge_index, name)
