@@ -203,6 +203,21 @@ def test_metis_balances_edges_or_nodes():
     assert n_nodes < n_edges and n_nodes <= 1.03
 
 
+def test_metis_with_a_hub_heavier_than_a_share_keeps_every_part():
+    """A hub whose incoming edges outweigh one part's share of them (a small star graph,
+    4 parts) cannot be edge-balanced without leaving a part empty: METIS weighted by
+    in-degree + 1 left part 0 empty and the default ``balance_on="edges"`` raised where
+    ``"nodes"`` (the default before) partitioned the graph; it falls back to node counts."""
+    pytest.importorskip("pymetis")
+    spokes = torch.arange(1, 8)
+    hub = torch.zeros_like(spokes)
+    edge_index = torch.cat([torch.stack([spokes, hub]), torch.stack([hub, spokes]), torch.stack([spokes, hub])], 1)
+    by_nodes = partition_graph(edge_index, 4, "metis", balance_on="nodes")
+    part = partition_graph(edge_index, 4, "metis")
+    assert sorted(part.sizes()) == sorted(by_nodes.sizes()) and min(part.sizes()) >= 1
+    assert torch.equal(part.parts, by_nodes.parts)
+
+
 # ---------------------------------------------------------------------------------- DistGraph
 def test_shares_are_consistent():
     """Every worker's incoming edges are the global ones of its nodes, in order; what

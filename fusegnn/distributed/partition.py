@@ -76,7 +76,9 @@ def partition_graph(graph, num_parts: int, method: str = "auto", *, balance_on: 
             per part, plus one per node). A worker's full-graph aggregation time and most
             of its memory (its CSR / CSC and per-edge buffers) follow its edges, so
             ``"edges"`` (the default) evens the slowest worker; ``Partition.balance``
-            still reports node counts. On four H100s (Reddit-sized graph, METIS) it
+            still reports node counts. Where METIS can balance the edges only by leaving
+            a part empty (a hub heavier than a part's share, on a small graph), it
+            balances node counts instead. On four H100s (Reddit-sized graph, METIS) it
             made the GCN h128 / GAT 8x16 steps 2.7 / 3.0 % faster than ``"nodes"``
             (8.64 / 22.04 against 8.88 / 22.71 ms; ``benchmarks/NOTES-dist.md``).
         seed: METIS's seed (its result is deterministic for a given seed).
@@ -105,6 +107,9 @@ def partition_graph(graph, num_parts: int, method: str = "auto", *, balance_on: 
     elif method == "metis":
         weights = np.bincount(dst, minlength=n) + 1 if balance_on == "edges" else None
         parts = _metis_parts(src, dst, n, num_parts, seed, weights)
+        if weights is not None and np.unique(parts).size < num_parts:
+            # a hub heavier than a part's share of the edges: no edge balance keeps every part
+            parts = _metis_parts(src, dst, n, num_parts, seed)
         order = np.arange(n, dtype=np.int64)
     else:
         order = locality_order(src, dst, n)
