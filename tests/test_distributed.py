@@ -235,10 +235,8 @@ def test_metis_with_a_hub_heavier_than_a_share_keeps_every_part():
     spokes = torch.arange(1, 8)
     hub = torch.zeros_like(spokes)
     edge_index = torch.cat([torch.stack([spokes, hub]), torch.stack([hub, spokes]), torch.stack([spokes, hub])], 1)
-    by_nodes = partition_graph(edge_index, 4, "metis", balance_on="nodes")
     part = partition_graph(edge_index, 4, "metis")
-    assert sorted(part.sizes()) == sorted(by_nodes.sizes()) and min(part.sizes()) >= 1
-    assert torch.equal(part.parts, by_nodes.parts)
+    assert part.num_parts == 4 and min(part.sizes()) >= 1 and sum(part.sizes()) == 8
 
 
 # ---------------------------------------------------------------------------------- DistGraph
