@@ -25,8 +25,9 @@ rows per part), and
   + largest per-worker bytes per step / the bandwidth measured on the largest real run
   (its bytes per worker / its exchange time);
 * peak memory per GPU = a node term plus an edge term, ``A n + B e`` with ``n`` the
-  largest part's own + halo nodes over all nodes and ``e`` its incoming edges over all
-  edges; ``A`` and ``B`` are fitted to the 1-GPU peak (``n = e = 1``) and the largest real
+  largest own + halo node count of a part over all nodes and ``e`` the largest incoming
+  edge count of a part over all edges (each the largest over the parts, which may be
+  two different parts: an upper bound of every part's own); ``A`` and ``B`` are fitted to the 1-GPU peak (``n = e = 1``) and the largest real
   run's (where the two fractions coincide, the node term alone, scaled to that run).
   On the Reddit-sized graph the halo covers nearly every node from 2 parts on, so the
   memory follows the edges: fitted on 1 and 2 H100s, this model gave the 4-GPU peaks

@@ -45,6 +45,8 @@ class NodeClassifier(nn.Module):
         head = self.head_inputs(x, graph)
         if head is not None:
             a, weight, bias = head
+            # checked here too: linear_cross_entropy's own errors would name its h, not this call's x
+            check_target_and_index(target, index, a.shape[0], owner="loss", rows="x")
             return linear_cross_entropy(a, weight, target, bias, index=index, ignore_index=ignore_index,
                                         label_smoothing=label_smoothing)
         logits = self(x, graph)

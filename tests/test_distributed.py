@@ -161,6 +161,29 @@ def test_contiguous_partition(num_parts, balance_on):
     assert torch.equal(again.parts, part.parts) and torch.equal(again.perm, part.perm)
 
 
+@pytest.mark.parametrize("num_parts", [2, 3])
+def test_contiguous_edge_balance_cuts_nearest_the_share(num_parts):
+    """``balance_on="edges"`` (the default) cuts the locality order where the running
+    weight (in-degree + 1 per node) is nearest each part's share: every cut within half a
+    node's weight of it. The node that crossed the share always went to the earlier part,
+    so a hub there gave parts of weight 13 and 1 (a 7-node star, two parts) where 6 and 8 were open."""
+    from fusegnn.distributed.partition import locality_order
+
+    spokes = torch.arange(1, 7)
+    edge_index = torch.stack([torch.cat([spokes, torch.tensor([1])]), torch.cat([torch.zeros(6, dtype=torch.long),
+                                                                               torch.tensor([2])])])
+    part = partition_graph(edge_index, num_parts, "contiguous")
+    src, dst = edge_index.numpy()
+    order = locality_order(src, dst, 7)
+    weight = torch.bincount(edge_index[1], minlength=7).double() + 1
+    running = torch.cumsum(weight[torch.from_numpy(order)], 0)
+    sizes = torch.bincount(part.parts, minlength=num_parts)
+    for k in range(1, num_parts):
+        reached = float(running[int(sizes[:k].sum()) - 1])
+        share = float(running[-1]) * k / num_parts
+        assert abs(reached - share) <= weight.max() / 2, (k, reached, share, part.parts.tolist())
+
+
 def test_partition_methods_and_errors():
     graph = _graph()
     auto = partition_graph(graph, 2)
@@ -201,6 +224,19 @@ def test_metis_balances_edges_or_nodes():
     (e_edges, n_edges), (e_nodes, n_nodes) = spread(by_edges), spread(by_nodes)
     assert e_edges < e_nodes and e_edges <= 1.03
     assert n_nodes < n_edges and n_nodes <= 1.03
+
+
+def test_metis_with_a_hub_heavier_than_a_share_keeps_every_part():
+    """A hub whose incoming edges outweigh one part's share of them (a small star graph,
+    4 parts) cannot be edge-balanced without leaving a part empty: METIS weighted by
+    in-degree + 1 left part 0 empty and the default ``balance_on="edges"`` raised where
+    ``"nodes"`` (the default before) partitioned the graph; it falls back to node counts."""
+    pytest.importorskip("pymetis")
+    spokes = torch.arange(1, 8)
+    hub = torch.zeros_like(spokes)
+    edge_index = torch.cat([torch.stack([spokes, hub]), torch.stack([hub, spokes]), torch.stack([spokes, hub])], 1)
+    part = partition_graph(edge_index, 4, "metis")
+    assert part.num_parts == 4 and min(part.sizes()) >= 1 and sum(part.sizes()) == 8
 
 
 # ---------------------------------------------------------------------------------- DistGraph

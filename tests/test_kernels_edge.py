@@ -169,6 +169,32 @@ def test_sddmm_unaligned_widths(trailing, op, monkeypatch):
     assert sums.seen and all(seen == (width, width, width) for seen in sums.seen), sums.seen
 
 
+@pytest.mark.parametrize("heads", [1, 2, 3])
+def test_unpad_heads_copies_once(heads):
+    """``unpad_heads`` (the padded GAR outputs and gradients sliced back) gives the kept
+    columns as a tensor of their own storage in one copy: for several heads it copied them
+    twice (``reshape`` of the strided slice, then ``copy_`` of that)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fusegnn.kernels._edge_utils import unpad_heads
+
+    class Copies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func.overloadpacket in (torch.ops.aten.copy_, torch.ops.aten.clone)
+            return func(*args, **(kwargs or {}))
+
+    t = torch.randn(5, heads * 48, dtype=torch.float64)
+    with Copies() as copies:
+        kept = unpad_heads(t, heads, 41)
+    assert copies.count == 1
+    assert torch.equal(kept, t.view(5, heads, 48)[:, :, :41].reshape(5, heads * 41))
+    assert kept.is_contiguous() and kept.untyped_storage().nbytes() == kept.numel() * kept.element_size()
+
+
 # ------------------------------------------------------------------ edge softmax
 @pytest.mark.parametrize("heads", [None, 1, 8, 3])
 def test_edge_softmax_matches_reference(heads):

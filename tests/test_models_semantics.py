@@ -199,6 +199,24 @@ def test_loss_refuses_bad_arguments_on_every_path(name, case):
         model.loss(x, edge_index, y if target is None else target, index)
 
 
+@pytest.mark.parametrize("case", ["target too long", "float target", "bool mask"])
+def test_loss_errors_name_the_callers_arguments_on_every_path(case):
+    """The fused head's path (GCN) and the logits path (GraphSAGE) refuse a bad ``target``
+    / ``index`` with the same message, naming ``loss`` and the rows of ``x``: the fused
+    head's message named ``linear_cross_entropy`` and its ``h``, which ``loss`` is not given."""
+    x, edge_index, y = _graph_data(2)
+    target, index, error, _ = BAD_LOSS_ARGUMENTS[case]
+    messages = []
+    for name in ("GCN", "GraphSAGE"):
+        model = OURS[name]().double().eval()
+        with pytest.raises(error) as info:
+            model.loss(x, edge_index, y if target is None else target, index)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and messages[0].startswith("loss: "), messages
+    if case == "target too long":
+        assert "row of x" in messages[0]
+
+
 # ----------------------------------------------------------------------------- parameters
 
 

@@ -76,7 +76,9 @@ def partition_graph(graph, num_parts: int, method: str = "auto", *, balance_on: 
             per part, plus one per node). A worker's full-graph aggregation time and most
             of its memory (its CSR / CSC and per-edge buffers) follow its edges, so
             ``"edges"`` (the default) evens the slowest worker; ``Partition.balance``
-            still reports node counts. On four H100s (Reddit-sized graph, METIS) it
+            still reports node counts. Where METIS can balance the edges only by leaving
+            a part empty (a hub heavier than a part's share, on a small graph), it
+            balances node counts instead. On four H100s (Reddit-sized graph, METIS) it
             made the GCN h128 / GAT 8x16 steps 2.7 / 3.0 % faster than ``"nodes"``
             (8.64 / 22.04 against 8.88 / 22.71 ms; ``benchmarks/NOTES-dist.md``).
         seed: METIS's seed (its result is deterministic for a given seed).
@@ -105,6 +107,9 @@ def partition_graph(graph, num_parts: int, method: str = "auto", *, balance_on: 
     elif method == "metis":
         weights = np.bincount(dst, minlength=n) + 1 if balance_on == "edges" else None
         parts = _metis_parts(src, dst, n, num_parts, seed, weights)
+        if weights is not None and np.unique(parts).size < num_parts:
+            # a hub heavier than a part's share of the edges: no edge balance keeps every part
+            parts = _metis_parts(src, dst, n, num_parts, seed)
         order = np.arange(n, dtype=np.int64)
     else:
         order = locality_order(src, dst, n)
@@ -135,15 +140,19 @@ def _symmetric_adjacency(src: np.ndarray, dst: np.ndarray, n: int):
 
 def _contiguous_parts(order: np.ndarray, in_degree: np.ndarray, num_parts: int, balance_on: str) -> np.ndarray:
     """Cut ``order`` into ``num_parts`` consecutive runs of near-equal weight (node count,
-    or incoming edges + 1 per node so that edge-free nodes are spread too)."""
+    or incoming edges + 1 per node so that edge-free nodes are spread too): each cut where
+    the running weight is nearest its share, the node that crosses it on the nearer side."""
     n = order.size
     if balance_on == "nodes":
         bounds = (np.arange(num_parts + 1, dtype=np.int64) * n) // num_parts
     else:
         weight = np.cumsum(in_degree[order].astype(np.float64) + 1.0)
         cuts = [0]
-        for k in range(1, num_parts):  # the first node past k/P of the weight; every part non-empty
-            cut = int(np.searchsorted(weight, weight[-1] * k / num_parts, side="left")) + 1
+        for k in range(1, num_parts):  # where the running weight is nearest k/P of it; every part non-empty
+            share = weight[-1] * k / num_parts
+            crossing = int(np.searchsorted(weight, share, side="left"))  # the node that reaches the share
+            before = weight[crossing - 1] if crossing else 0.0
+            cut = crossing + 1 if weight[crossing] - share <= share - before else crossing
             cuts.append(min(max(cut, cuts[-1] + 1), n - (num_parts - k)))
         bounds = np.asarray(cuts + [n], dtype=np.int64)
     parts = np.empty(n, dtype=np.int64)

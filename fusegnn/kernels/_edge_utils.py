@@ -73,7 +73,8 @@ def unpad_heads(t: Tensor, heads: int, feat: int) -> Tensor:
         return t
     n = t.size(0)
     kept = t.view(n, heads, channels)[:, :, :feat]
-    return torch.empty((n, heads * feat), dtype=t.dtype, device=t.device).copy_(kept.reshape(n, heads * feat))
+    # copied as [N, heads, feat]: a reshape of the strided slice would copy it once more
+    return torch.empty((n, heads, feat), dtype=t.dtype, device=t.device).copy_(kept).view(n, heads * feat)
 
 
 def check_not_capturing(tensor: Tensor, what: str) -> None:
