@@ -237,7 +237,7 @@ def _main(args, rank: int, world_size: int, device: torch.device) -> dict | None
         "peak_mem_mib": peak if device.type == "cuda" else None,
         "aggregation": args.aggregation,
         "partition": {"method": part.method, "sizes": part.sizes(), "edge_cut": part.edge_cut,
-                      "balance": part.balance, "balanced_on": args.balance},
+                      "balance": part.balance, "balanced_on": part.balanced_on},
         "halo_nodes": [int(h) for h in halos],
         "bytes_sent_per_step_rank0": results[0]["bytes_sent_per_step"],
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -221,6 +221,7 @@ def test_metis_balances_edges_or_nodes():
 
     by_edges, by_nodes = (partition_graph(data.edge_index, 4, "metis", balance_on=b) for b in ("edges", "nodes"))
     assert torch.equal(partition_graph(data.edge_index, 4, "metis").parts, by_edges.parts)  # the default
+    assert (by_edges.balanced_on, by_nodes.balanced_on) == ("edges", "nodes")
     (e_edges, n_edges), (e_nodes, n_nodes) = spread(by_edges), spread(by_nodes)
     assert e_edges < e_nodes and e_edges <= 1.03
     assert n_nodes < n_edges and n_nodes <= 1.03

@@ -41,6 +41,8 @@ class Partition:
         edge_cut: edges ``j -> i`` with ``parts[j] != parts[i]`` (each direction counted).
         balance: largest part size over the mean part size (1.0 is perfect).
         method: ``"metis"`` or ``"contiguous"`` (what ran).
+        balanced_on: ``"edges"`` or ``"nodes"``: what the parts were balanced on (what
+            ran: METIS falls back to nodes where edge weights leave a part empty).
     """
 
     parts: Tensor
@@ -49,6 +51,7 @@ class Partition:
     edge_cut: int
     balance: float
     method: str
+    balanced_on: str = "nodes"
 
     @property
     def num_parts(self) -> int:
@@ -110,11 +113,12 @@ def partition_graph(graph, num_parts: int, method: str = "auto", *, balance_on: 
         if weights is not None and np.unique(parts).size < num_parts:
             # a hub heavier than a part's share of the edges: no edge balance keeps every part
             parts = _metis_parts(src, dst, n, num_parts, seed)
+            balance_on = "nodes"
         order = np.arange(n, dtype=np.int64)
     else:
         order = locality_order(src, dst, n)
         parts = _contiguous_parts(order, np.bincount(dst, minlength=n), num_parts, balance_on)
-    return _partition_of(parts, order, src, dst, num_parts, method)
+    return _partition_of(parts, order, src, dst, num_parts, method, balance_on)
 
 
 def locality_order(src: np.ndarray, dst: np.ndarray, n: int) -> np.ndarray:
@@ -187,7 +191,7 @@ def _metis_parts(src: np.ndarray, dst: np.ndarray, n: int, num_parts: int, seed:
 
 
 def _partition_of(parts: np.ndarray, order: np.ndarray, src: np.ndarray, dst: np.ndarray, num_parts: int,
-                  method: str) -> Partition:
+                  method: str, balanced_on: str = "nodes") -> Partition:
     """The :class:`Partition` of ``parts``, nodes of a part in ``order``."""
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
@@ -201,4 +205,5 @@ def _partition_of(parts: np.ndarray, order: np.ndarray, src: np.ndarray, dst: np
     return Partition(
         parts=torch.from_numpy(parts.astype(np.int64)), perm=torch.from_numpy(perm.astype(np.int64)),
         offsets=torch.from_numpy(offsets.astype(np.int64)), edge_cut=edge_cut, balance=balance, method=method,
+        balanced_on=balanced_on,
     )
