@@ -43,7 +43,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import socket
-import statistics
 import sys
 import tempfile
 from pathlib import Path
