@@ -201,3 +201,117 @@ def test_same_as_pyg(case, agg):
     name, _, args, kwargs, key, call, _fused = case
     inputs, pyg_inputs = _inputs(key)
     _compare(name, agg, args, kwargs, inputs, pyg_inputs, **call)
+
+
+# ----------------------------------------------------------------------------- hubs, repeated calls
+@pytest.mark.parametrize("agg", ["reference", "gar", "gas"])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_hub_wider_than_a_block(name, agg):
+    """One target with 120 incoming edges (several kernel blocks of edges), with edge features."""
+    x, ei, ea = randn(90, 4, seed=3), random_graph(90, 200, seed=5, hub_degree=120), randn(200, 2, seed=4)
+    _compare(name, agg, (4, 3), dict(heads=2, edge_dim=2), (x, ei, ea), return_attention_weights=True)
+
+
+@pytest.mark.parametrize("agg", ["reference", "gar"])
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_repeated_calls_on_one_graph(name, agg):
+    """The same layer on the same :class:`Graph` (its processed forms cached) with new edge
+    features, then on the same edges in another order: PyG's result each time."""
+    kwargs = dict(heads=2, edge_dim=3) | (dict(fill_value="max") if name != "TransformerConv" else {})
+    ours, theirs = layer_pair(LAYERS[name], getattr(pyg_nn, name), 5, 3, **kwargs)
+    ours.aggregation = agg
+    ours.eval(), theirs.eval()
+    x, ei, ea = randn(N, 5, seed=1), _square(), randn(20, 3, seed=2)
+    graph = Graph(ei, N)
+    for edge_attr in (ea, 2 * ea + 1, ea):
+        assert_same_as_pyg(ours, theirs, x, graph, edge_attr, pyg_args=(x, ei, edge_attr))
+    perm = torch.randperm(20, generator=torch.Generator().manual_seed(0))
+    assert_same_as_pyg(ours, theirs, x, ei[:, perm], ea[perm], return_attention_weights=True)
+
+
+def test_noncontiguous_edge_index_is_stored_contiguous():
+    """A transposed ``[E, 2]`` buffer as ``edge_index``: the graph keeps a contiguous copy
+    (the fused kernels read its rows as flat buffers), a contiguous one is kept as given."""
+    ei = _square()
+    view = torch.stack([ei[0], ei[1]], 1).t()
+    graph = Graph(view, N)
+    assert graph.edge_index.is_contiguous() and torch.equal(graph.edge_index, ei)
+    assert graph.src.stride() == (1,) and graph.dst.stride() == (1,)
+    assert Graph(ei, N).edge_index is ei
+
+
+# ----------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_edge_attr_of_the_wrong_shape_names_it(name):
+    """PyG's ``TransformerConv`` fails on a 1-D ``edge_attr`` (a matmul error); ours says
+    what it wants. GAT / GATv2 take ``[E]`` for ``edge_dim=1`` (as PyG) and name a width mismatch."""
+    layer = LAYERS[name](5, 3, heads=2, edge_dim=2).double()
+    x, ei = randn(N, 5, seed=1), _square()
+    if name == "TransformerConv":
+        with pytest.raises(ValueError, match=r"TransformerConv: edge_attr must have shape \[num_edges, edge_dim\]"):
+            layer(x, ei, randn(20, seed=2))
+    else:
+        with pytest.raises(ValueError, match=rf"{name}: edge_attr .*\b1\b.* 2|{name}: edge_attr must have shape"):
+            layer(x, ei, randn(20, seed=2))
+    with pytest.raises(ValueError, match=rf"{name}: edge_attr has 19 rows but the graph has 20 edges"):
+        layer(x, ei, randn(19, 2, seed=2))
+    with pytest.raises(ValueError, match=rf"{name}: edge_attr (has 3 features per edge but the layer takes 2|"
+                                         r"must have shape \[num_edges, 2\], got \(20, 3\))"):
+        layer(x, ei, randn(20, 3, seed=2))
+    with pytest.raises(TypeError, match=rf"{name}: edge_attr .*dtype"):
+        layer(x, ei, randn(20, 2, seed=2).float())
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_edge_attr_without_edge_dim_is_refused(name):
+    """PyG's GAT / GATv2 / TransformerConv without ``edge_dim`` ignore or fail on ``edge_attr``
+    in different ways; ours refuses it, naming both arguments (documented)."""
+    layer = LAYERS[name](5, 3, heads=2).double()
+    with pytest.raises(ValueError, match=rf"{name}: edge_attr was given but the layer was built without edge_dim"):
+        layer(randn(N, 5, seed=1), _square(), randn(20, 2, seed=2))
+
+
+def test_transformer_edge_dim_needs_edge_attr():
+    """PyG asserts ``edge_attr is not None`` when ``edge_dim`` is set; ours says so."""
+    layer = TransformerConv(5, 3, edge_dim=2).double()
+    with pytest.raises(ValueError, match=r"TransformerConv: the layer was built with edge_dim=2 and needs edge_attr"):
+        layer(randn(N, 5, seed=1), _square())
+
+
+@pytest.mark.parametrize("name", ["GATv2Conv", "TransformerConv"])
+def test_missing_target_features_are_refused(name):
+    """``(x_src, None)``: PyG's GATv2Conv / TransformerConv fail inside (``lin_r(None)``);
+    ours names ``x_dst`` (documented: the scores / queries read the targets' features)."""
+    layer = LAYERS[name]((5, 4), 3).double()
+    with pytest.raises(ValueError, match=rf"{name}: x_dst \(x\[1\]\)"):
+        layer((randn(N_SRC, 5, seed=5), None), _bipartite())
+
+
+@pytest.mark.parametrize("name", GAT_FAMILY)
+def test_unknown_fill_value_names_it(name):
+    layer = LAYERS[name](5, 3, edge_dim=2, fill_value="median").double()
+    with pytest.raises(ValueError, match="fill_value"):
+        layer(randn(N, 5, seed=1), _square(), randn(20, 2, seed=2))
+
+
+@pytest.mark.parametrize("name", GAT_FAMILY)
+def test_sparse_input_with_edge_features_and_self_loops(name):
+    """PyG refuses edge features with ``add_self_loops`` on a ``torch.sparse`` input (an
+    ``AssertionError``); ours processes them as for the ``edge_index`` of the matrix's
+    entries (row-major: by target, then source), which PyG computes."""
+    x, ei = randn(N, 5, seed=1), _square()
+    adj = _adj_t(ei, (N, N), "coo")
+    ea = randn(adj._nnz(), 3, seed=9)
+    ours, theirs = layer_pair(LAYERS[name], getattr(pyg_nn, name), 5, 3, heads=2, edge_dim=3, fill_value="mean")
+    ours.eval(), theirs.eval()
+    with pytest.raises(AssertionError):
+        theirs(x, adj, ea)
+    entries = adj.indices().flip(0)  # [source, target] of each stored entry
+    out, (adj_out, alpha) = ours(x, adj, ea, return_attention_weights=True)
+    expected, (ei_out, alpha_pyg) = theirs(x, entries, ea, return_attention_weights=True)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    # the same coefficients, ours in the processed matrix's row-major order
+    order = torch.argsort(ei_out[1] * N + ei_out[0], stable=True)
+    assert torch.equal(adj_out.indices(), ei_out[:, order].flip(0))
+    torch.testing.assert_close(alpha, alpha_pyg[order], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(adj_out.values(), alpha, rtol=0, atol=0)
