@@ -68,13 +68,15 @@ def check_features(x: Tensor, layer: nn.Module) -> None:
 
 
 def check_node_features(x: Tensor, layer: str, what: str = "x") -> None:
-    """``x`` is a floating ``[num_nodes, in_channels]`` tensor (errors name ``layer`` and ``what``)."""
+    """``x`` is a floating ``[num_nodes, in_channels]`` tensor (``[num_edges, edge_dim]`` for
+    ``what="edge_attr"``; errors name ``layer`` and ``what``)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"{layer}: {what} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"{layer}: {what} must be a floating tensor, got dtype {x.dtype}")
     if x.dim() != 2:
-        raise ValueError(f"{layer}: {what} must have shape [num_nodes, in_channels], got {tuple(x.shape)}")
+        shape = "[num_edges, edge_dim]" if what == "edge_attr" else "[num_nodes, in_channels]"
+        raise ValueError(f"{layer}: {what} must have shape {shape}, got {tuple(x.shape)}")
 
 
 def check_dtype(x: Tensor, dtype: torch.dtype, layer: str, what: str = "x") -> None:

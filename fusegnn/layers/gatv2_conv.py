@@ -14,6 +14,7 @@ from fusegnn.layers._utils import (
     bipartite_graph_for,
     channel_pair,
     check_attention_args,
+    check_dtype,
     check_linear_input,
     glorot_,
     graph_for,
@@ -170,6 +171,7 @@ class GATv2Conv(nn.Module):
             )
         if edge_attr.device != graph.device:
             raise ValueError(f"GATv2Conv: edge_attr is on {edge_attr.device} but the graph is on {graph.device}")
+        check_dtype(edge_attr, self.lin_edge.weight.dtype, "GATv2Conv", "edge_attr")
         return edge_attr
 
     def forward(

@@ -95,7 +95,8 @@ class Graph:
 
     Args:
         edge_index: ``[2, E]`` integer tensor (int32 or int64); row 0 holds the
-            source node of each edge, row 1 its target.
+            source node of each edge, row 1 its target. Kept as given (not copied)
+            when contiguous, else stored as a contiguous copy.
         num_nodes: number of nodes, or ``(num_src_nodes, num_dst_nodes)`` for a
             bipartite graph. Inferred as ``max(edge_index) + 1`` when omitted.
         edge_weight: optional ``[E]`` or ``[E, H]`` floating tensor of per-edge
@@ -138,6 +139,9 @@ class Graph:
             )
         if edge_index.is_sparse or edge_index.layout != torch.strided:
             raise TypeError("edge_index must be a dense (strided) tensor; use Graph.from_sparse")
+        # The fused kernels read the rows src / dst as flat [E] buffers (stride 1); a view
+        # such as the transpose of an [E, 2] tensor is copied once here (a no-op otherwise).
+        edge_index = edge_index.contiguous()
         self._edge_index = edge_index
         num_src, num_dst = self._resolve_num_nodes(edge_index, num_nodes)
         self._num_src = num_src
