@@ -72,3 +72,98 @@ def test_spmm_bias_of_another_dtype_follows_type_promotion(aggregation, reduce, 
     out.sum().backward()
     assert x.grad.dtype == x_dtype and b.grad.dtype == b_dtype
     torch.testing.assert_close(b.grad.double(), torch.full(shape[1:], 12.0, dtype=F64, device=DEVICE))
+
+
+# --------------------------------------------------------------------------- layers
+def _mlp(width_in: int, width_out: int) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(width_in, width_out), torch.nn.ReLU(), torch.nn.Linear(width_out, width_out))
+
+
+#: name -> (constructor arguments given (in, out), whether it takes edge features, the
+#: dtype PyG's layer of that name returns under autocast: "half" (its last op is a linear)
+#: or float32 (a float32 bias, coefficient or edge weight added or multiplied after it))
+LAYERS = {
+    "GCNConv": (lambda i, o: ((i, o), {}), False, torch.float32),
+    "GATConv": (lambda i, o: ((i, o), {"heads": 2}), False, torch.float32),
+    "GATConv-edges": (lambda i, o: ((i, o), {"heads": 2, "edge_dim": 3}), True, torch.float32),
+    "GATv2Conv": (lambda i, o: ((i, o), {"heads": 2}), False, torch.float32),
+    "GATv2Conv-edges": (lambda i, o: ((i, o), {"heads": 2, "edge_dim": 3}), True, torch.float32),
+    "SAGEConv": (lambda i, o: ((i, o), {}), False, "half"),
+    "GINConv": (lambda i, o: ((_mlp(i, o),), {}), False, "half"),
+    "GINEConv": (lambda i, o: ((_mlp(i, o),), {"edge_dim": 3}), True, "half"),
+    "SGConv": (lambda i, o: ((i, o), {"K": 2}), False, "half"),
+    "APPNP": (lambda i, o: ((), {"K": 2, "alpha": 0.1}), False, torch.float32),
+    "GraphConv": (lambda i, o: ((i, o), {}), False, "half"),
+    "TransformerConv": (lambda i, o: ((i, o), {"heads": 2}), False, "half"),
+    "TransformerConv-edges": (lambda i, o: ((i, o), {"heads": 2, "edge_dim": 3}), True, "half"),
+}
+SPMM_LAYERS = ("GCNConv", "SGConv", "APPNP")  # the layers that run nothing but spmm ("window" too)
+WIDTHS = {"widening": (5, 6), "narrowing": (8, 3)}  # both orders of aggregation and projection
+
+
+def _build(name: str, widths: tuple[int, int], aggregation: str | None):
+    """Our layer (``aggregation=None``: PyG's) of ``name``, seeded, float32 on the test device."""
+    import fusegnn.layers as ours
+
+    make, _, _ = LAYERS[name]
+    args, kwargs = make(*widths)
+    torch.manual_seed(0)
+    if aggregation is None:
+        from tests.pyg_compare import pyg_nn
+
+        return getattr(pyg_nn, name.split("-")[0])(*args, **kwargs).to(DEVICE)
+    return getattr(ours, name.split("-")[0])(*args, **kwargs, aggregation=aggregation).to(DEVICE)
+
+
+def _layer_inputs(name: str, widths: tuple[int, int]):
+    g = random_graph(12, 40, 5, hub_degree=8).to(DEVICE)
+    x = randn(12, widths[0], seed=6)
+    return (x, g) + ((randn(g.size(1), 3, seed=7),) if LAYERS[name][1] else ())
+
+
+def _expected_dtype(name: str) -> torch.dtype:
+    dtype = LAYERS[name][2]
+    return HALF if dtype == "half" else dtype
+
+
+def _layer_cases():
+    for name in LAYERS:
+        for paths in SPMM_PATHS if name in SPMM_LAYERS else EDGE_PATHS:
+            for order in WIDTHS:
+                yield pytest.param(name, paths, order, id=f"{name}-{paths}-{order}")
+
+
+@pytest.mark.parametrize("name, aggregation, order", list(_layer_cases()))
+def test_layer_under_autocast(name, aggregation, order):
+    """Under autocast every layer runs, returns the dtype PyG's returns under the same
+    autocast on every backend and in either order of aggregation and projection, is within
+    a half-precision tolerance of the float64 layer, and gives float32 gradients to its
+    float32 parameters (and to a float32 input)."""
+    widths = WIDTHS[order]
+    layer = _build(name, widths, aggregation)
+    inputs = _layer_inputs(name, widths)
+    x = inputs[0].clone().requires_grad_()
+    with autocast():
+        out = layer(x, *inputs[1:])
+    assert out.dtype == _expected_dtype(name)
+    exact = _build(name, widths, "reference").double()
+    exact.load_state_dict(layer.state_dict())
+    expected = exact(*(t.double() if t.is_floating_point() else t for t in inputs))
+    torch.testing.assert_close(out.double(), expected, **HALF_TOL)
+    out.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.float32
+    for pname, p in layer.named_parameters():
+        assert p.grad is not None and p.grad.dtype == torch.float32, pname
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_expected_dtypes_are_pygs(name):
+    """The dtypes :data:`LAYERS` expects are those PyG's layers return under autocast."""
+    from tests.pyg_compare import pyg_nn
+
+    if pyg_nn is None:
+        pytest.skip("torch_geometric is not importable")
+    for widths in WIDTHS.values():
+        theirs = _build(name, widths, None)
+        with autocast():
+            assert theirs(*_layer_inputs(name, widths)).dtype == _expected_dtype(name)
