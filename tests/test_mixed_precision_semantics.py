@@ -167,3 +167,40 @@ def test_expected_dtypes_are_pygs(name):
         theirs = _build(name, widths, None)
         with autocast():
             assert theirs(*_layer_inputs(name, widths)).dtype == _expected_dtype(name)
+
+
+@pytest.mark.parametrize("aggregation", EDGE_PATHS)
+@pytest.mark.parametrize("edges", [False, True], ids=["plain", "edge-features"])
+def test_bipartite_gat_under_autocast(aggregation, edges):
+    """GATConv on separate source and target features (its target scores a GEMM of x_dst,
+    half under autocast; its source scores float32) used to refuse the mixed scores."""
+    from fusegnn.layers import GATConv
+
+    torch.manual_seed(0)
+    layer = GATConv((8, 4), 3, heads=2, add_self_loops=False, edge_dim=3 if edges else None,
+                    aggregation=aggregation).to(DEVICE)
+    edge_index = torch.stack([torch.arange(30) % 10, torch.arange(30) % 6]).to(DEVICE)
+    x_src, x_dst = randn(10, 8, seed=1), randn(6, 4, seed=2)
+    edge_attr = (randn(30, 3, seed=3),) if edges else ()
+    with autocast():
+        out = layer((x_src, x_dst), edge_index, *edge_attr)
+    assert out.dtype == torch.float32
+    exact = GATConv((8, 4), 3, heads=2, add_self_loops=False, edge_dim=3 if edges else None,
+                    aggregation="reference").to(DEVICE).double()
+    exact.load_state_dict(layer.state_dict())
+    expected = exact((x_src.double(), x_dst.double()), edge_index, *(e.double() for e in edge_attr))
+    torch.testing.assert_close(out.double(), expected, **HALF_TOL)
+
+
+@pytest.mark.parametrize("aggregation", EDGE_PATHS)
+@pytest.mark.parametrize("order", list(WIDTHS))
+def test_gat_attention_weights_dtype_under_autocast(aggregation, order):
+    """GATConv's returned coefficients are float32 under autocast (PyG's: the float32
+    attention vectors promote the scores) in either order of aggregation and projection
+    (aggregating first formed the scores by a GEMM: half)."""
+    widths = WIDTHS[order]
+    layer = _build("GATConv", widths, aggregation)
+    x, edge_index = _layer_inputs("GATConv", widths)
+    with autocast():
+        out, (_, alpha) = layer(x, edge_index, return_attention_weights=True)
+    assert out.dtype == torch.float32 and alpha.dtype == torch.float32
