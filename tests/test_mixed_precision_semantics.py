@@ -204,3 +204,43 @@ def test_gat_attention_weights_dtype_under_autocast(aggregation, order):
     with autocast():
         out, (_, alpha) = layer(x, edge_index, return_attention_weights=True)
     assert out.dtype == torch.float32 and alpha.dtype == torch.float32
+
+
+# --------------------------------------------------------------------------- models' loss
+MODELS = ("GCN", "GAT", "GATv2", "GraphSAGE", "GIN", "SGC", "APPNPNet")
+
+
+def _model(name: str, aggregation: str, widths: tuple[int, int, int]):
+    import fusegnn.models as models
+
+    torch.manual_seed(0)
+    i, h, o = widths
+    if name == "SGC":
+        return getattr(models, name)(i, o, aggregation=aggregation)
+    if name == "APPNPNet":
+        return models.APPNPNet(i, h, o, K=2, aggregation=aggregation)
+    return getattr(models, name)(i, h, o, aggregation=aggregation)
+
+
+@pytest.mark.parametrize("aggregation", EDGE_PATHS)
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("widths", [(8, 4, 6), (6, 8, 3)], ids=["fused-head", "logits"])
+def test_model_loss_under_autocast(name, aggregation, widths):
+    """``model.loss`` under autocast is a float32 loss within a half-precision tolerance of
+    the float64 model's (whichever form it takes: the fused head of :meth:`head_inputs`
+    where the output layer aggregates narrower than the classes, else the logits), and
+    gives float32 gradients to every float32 parameter."""
+    model = _model(name, aggregation, widths).to(DEVICE).eval()
+    x = randn(12, widths[0], seed=8)
+    edge_index = random_graph(12, 40, 5, hub_degree=8).to(DEVICE)
+    target = torch.arange(12, device=DEVICE) % widths[2]
+    index = torch.tensor([0, 3, 4, 7, 11], device=DEVICE)
+    with autocast():
+        loss = model.loss(x, edge_index, target, index)
+    assert loss.dtype == torch.float32
+    exact = _model(name, "reference", widths).to(DEVICE).double().eval()
+    exact.load_state_dict(model.state_dict())
+    torch.testing.assert_close(loss.double(), exact.loss(x.double(), edge_index, target, index), **HALF_TOL)
+    loss.backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None and p.grad.dtype == torch.float32, pname
