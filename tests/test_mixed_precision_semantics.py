@@ -244,3 +244,19 @@ def test_model_loss_under_autocast(name, aggregation, widths):
     loss.backward()
     for pname, p in model.named_parameters():
         assert p.grad is not None and p.grad.dtype == torch.float32, pname
+
+
+@pytest.mark.parametrize("aggregation", EDGE_PATHS)
+@pytest.mark.parametrize("name", ["GCNConv", "GATConv", "GATv2Conv"])
+def test_layers_without_bias_return_half_under_autocast(name, aggregation):
+    """Without a bias GCNConv / GATConv / GATv2Conv return the features' half dtype under
+    autocast (the documented difference from PyG, whose float32 edge weights or
+    coefficients promote the messages), the same on every backend and in either order."""
+    import fusegnn.layers as ours
+
+    edge_index = random_graph(12, 40, 5, hub_degree=8).to(DEVICE)
+    for widths in WIDTHS.values():
+        kwargs = {} if name == "GCNConv" else {"heads": 2}
+        layer = getattr(ours, name)(*widths, bias=False, aggregation=aggregation, **kwargs).to(DEVICE)
+        with autocast():
+            assert layer(randn(12, widths[0], seed=9), edge_index).dtype == HALF
