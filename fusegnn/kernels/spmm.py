@@ -10,8 +10,9 @@ Both compute :func:`fusegnn.sparse.reference.spmm`,
 with ``g = dL/dout``. Shapes: ``x`` ``[N_src, F]`` or ``[N_src, H, F]``; weights ``None``
 (all ones), ``[E]`` (shared by every column; the features are then treated as one head
 of ``H F`` columns) or ``[E, H]`` (one per head). Accumulation is fp32 for fp16 / bf16 /
-fp32 inputs (fp64 for fp64), results are cast back to ``x``'s dtype, weight gradients to
-the weights' dtype.
+fp32 inputs (fp64 for fp64), results are cast back to ``x``'s dtype (promoted with a
+bias's, as ``out + bias`` would be: a float32 bias on half ``x`` gives float32), weight
+gradients to the weights' dtype.
 
 * **GAS** (:class:`GASSpmm`): forward scatters over the COO edges with atomics; backward
   runs the same kernel with the roles of source and target swapped, and forms the
@@ -210,6 +211,25 @@ def _flat_bias(bias: Tensor | None, cols: int) -> Tensor | None:
     return bias.reshape(cols)
 
 
+def _out_dtype(x: Tensor, bias: Tensor | None) -> torch.dtype:
+    """The SpMM's result dtype: ``x``'s, promoted with the bias's (torch's rule for
+    ``spmm(x) + bias``: a float32 bias on half ``x`` under autocast gives float32)."""
+    return x.dtype if bias is None else torch.promote_types(x.dtype, bias.dtype)
+
+
+def _fits_accumulator(bias: Tensor, x: Tensor) -> bool:
+    """Whether the accumulator (fp32, fp64 for fp64 ``x``) holds ``bias`` exactly."""
+    return x.dtype == torch.float64 or bias.dtype != torch.float64
+
+
+def _save_dtypes(ctx, x: Tensor, bias: Tensor | None) -> None:
+    """What the backward casts to: the output gradient to ``x``'s dtype (the gradient of
+    the promotion), the bias gradient to the bias's."""
+    ctx.x_dtype = x.dtype
+    if bias is not None:
+        ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
+
+
 def _bias_grad(ctx, g2: Tensor) -> Tensor | None:
     """``dL/dbias``: the column sums of the flattened output gradient, in bias's shape."""
     if not ctx.needs_input_grad[2]:
@@ -228,16 +248,21 @@ class GASSpmm(torch.autograd.Function):
         x2, w2, heads = _flatten(graph, x, weight)
         feat = x2.size(1) // max(heads, 1)  # [E, 0] weights: no heads, no columns
         src, dst = _indices(graph)
+        out_dtype = _out_dtype(x, bias)
+        flat_bias = _flat_bias(bias, x2.size(1))
+        # the bias starts the accumulator unless it is wider than it (float64 on float32 x)
+        fused_bias = flat_bias if flat_bias is not None and _fits_accumulator(flat_bias, x) else None
         acc, _ = gas_scatter(
             x2, src, dst, w2, graph.num_dst_nodes, heads,
             config=_gas_cfg(feat, x2.element_size(), False, _use_runs(graph, "dst", x2.size(1))),
-            initial=_flat_bias(bias, x2.size(1)),
+            initial=fused_bias,
         )
-        out = acc if acc.dtype == x.dtype else acc.to(x.dtype)
+        out = acc if acc.dtype == out_dtype else acc.to(out_dtype)
+        if flat_bias is not None and fused_bias is None:
+            out.add_(flat_bias)  # the kernel's fresh output: no autograd
+        _save_dtypes(ctx, x, bias)
         ctx.graph, ctx.heads = graph, heads
         ctx.w_shape = weight.shape if weight is not None else None
-        if bias is not None:
-            ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
         ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, w2)
         return out.view((graph.num_dst_nodes,) + tuple(x.shape[1:]))
 
@@ -246,7 +271,8 @@ class GASSpmm(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         x2, w2 = ctx.saved_tensors
         grad_x, grad_w = gas_backward(
-            ctx.graph, grad_out, x2, w2, ctx.heads, ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            ctx.graph, grad_out.to(ctx.x_dtype), x2, w2, ctx.heads, ctx.needs_input_grad[0],
+            ctx.needs_input_grad[1],
         )
         grad_w = grad_w.reshape(ctx.w_shape) if grad_w is not None else None
         return grad_x, grad_w, _bias_grad(ctx, grad_out.flatten(1)), None
@@ -292,12 +318,12 @@ class GARSpmm(torch.autograd.Function):
         key = _weight_key(weight)
         w_csr = _grouped_weight(graph, w2, "csr", key) if w2 is not None else None
         # the padded copy lives for the kernel only: the backward pads what it saves itself
-        out, _ = gar_reduce(plan, pad_heads(x2, heads, run_feat), w_csr, graph.num_dst_nodes, heads, x.dtype,
-                            config=cfg)
+        out, _ = gar_reduce(plan, pad_heads(x2, heads, run_feat), w_csr, graph.num_dst_nodes, heads,
+                            _out_dtype(x, bias), config=cfg)
         out = unpad_heads(out, heads, feat)
         if bias is not None:
             out.add_(_flat_bias(bias, out.size(1)))  # the kernel's fresh output: no autograd
-            ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
+        _save_dtypes(ctx, x, bias)
         ctx.graph, ctx.heads = graph, heads
         ctx.w_shape = weight.shape if weight is not None else None
         ctx.weight_key = key
@@ -309,7 +335,7 @@ class GARSpmm(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         x2, w2 = ctx.saved_tensors
         grad_x, grad_w = gar_backward(
-            ctx.graph, grad_out, x2, w2, ctx.heads, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+            ctx.graph, grad_out.to(ctx.x_dtype), x2, w2, ctx.heads, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
             weight_key=ctx.weight_key,
         )
         grad_w = grad_w.reshape(ctx.w_shape) if grad_w is not None else None

@@ -1,4 +1,14 @@
-"""``nn.Module`` layers built on :mod:`fusegnn.sparse` (never on kernels directly)."""
+"""``nn.Module`` layers built on :mod:`fusegnn.sparse` (never on kernels directly).
+
+Under ``torch.autocast`` each GNN layer returns the dtype PyG's layer of the same name
+returns under the same autocast, on every backend and whichever order of aggregation
+and projection it takes: half where its last op is a linear (``SAGEConv``, ``GraphConv``,
+``SGConv``, ``GINConv``, ``GINEConv``, ``TransformerConv``), float32 where a float32
+bias is added after the aggregation (``GCNConv``, ``GATConv``, ``GATv2Conv``; without a
+bias these return half, where PyG's float32 edge weights or coefficients promote the
+messages: fusegnn aggregates in the features' dtype, accumulating in float32).
+Parameter gradients are float32.
+"""
 
 from fusegnn.layers.appnp import APPNP
 from fusegnn.layers.attention import SparseMultiheadAttention, SparseTransformerEncoderLayer

@@ -421,5 +421,23 @@ def aggregate_linear(
     so; otherwise (a max, a widening map, a small eager graph's input) aggregating ``x`` first."""
     weight, bias = lin.weight, lin.bias
     if project_before_aggregating(graph, x, weight.size(1), weight.size(0), reduce, aggregation, edge_weight):
-        return spmm(graph, F.linear(x, weight), edge_weight, reduce, bias=bias, aggregation=aggregation)
+        h = F.linear(x, weight)
+        return spmm(graph, h, edge_weight, reduce, bias=linear_bias(bias, h), aggregation=aggregation)
     return F.linear(spmm(graph, x, edge_weight, reduce, aggregation=aggregation), weight, bias)
+
+
+def linear_bias(bias: Tensor | None, h: Tensor) -> Tensor | None:
+    """``bias`` as ``F.linear`` adds it to its product ``h = F.linear(x, W)``: in ``h``'s
+    dtype. A linear's bias moved after its product (into an aggregation's epilogue) must
+    not change the result's dtype: under ``torch.autocast`` the linear casts its bias to
+    half with its other inputs, whereas ``h + bias`` would promote to the float32 bias's."""
+    return bias if bias is None or bias.dtype == h.dtype else bias.to(h.dtype)
+
+
+def linear_then_bias(a: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear(a, weight) + bias``, the bias added in its own dtype (torch's promotion:
+    float32 under ``torch.autocast`` for a float32 bias, as PyG's layers that add their
+    bias after the aggregation give), fused into the GEMM where that changes nothing."""
+    if bias is None or not torch.is_autocast_enabled(a.device.type):
+        return F.linear(a, weight, bias)
+    return F.linear(a, weight) + bias

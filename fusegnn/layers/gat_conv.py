@@ -305,15 +305,16 @@ class GATConv(nn.Module):
         aggregate_first = self.in_channels < C
         if not aggregate_first and not return_alpha:
             # the common case: the sparse part is one op (one autograd node on the GPU)
-            return gat_layer(
-                graph, self.lin(x).view(-1, H, C), self.att_src, self.att_dst, self.bias,
+            h = self.lin(x).view(-1, H, C)
+            return gat_layer(  # the attention vectors in h's dtype: half under autocast, as h
+                graph, h, self.att_src.to(h.dtype), self.att_dst.to(h.dtype), self.bias,
                 concat=self.concat, negative_slope=self.negative_slope, dropout=self.dropout,
-                training=self.training, aggregation=self.aggregation, score_edge=score_edge,
+                training=self.training, aggregation=self.aggregation, score_edge=_as_dtype(score_edge, h.dtype),
             ), None
         if aggregate_first:
             weight = self.lin.weight.view(H, C, self.in_channels)
-            score_src = x @ (weight * self.att_src.view(H, C, 1)).sum(dim=1).t()  # [N, H]
-            score_dst = x @ (weight * self.att_dst.view(H, C, 1)).sum(dim=1).t()  # [N, H]
+            score_src = self._score_dtype(x @ (weight * self.att_src.view(H, C, 1)).sum(dim=1).t())  # [N, H]
+            score_dst = self._score_dtype(x @ (weight * self.att_dst.view(H, C, 1)).sum(dim=1).t())  # [N, H]
             values = x.unsqueeze(1).expand(-1, H, -1)  # [N, H, in]
         else:
             values = self.lin(x).view(-1, H, C)
@@ -334,19 +335,27 @@ class GATConv(nn.Module):
         w_src = lin_src.weight.view(H, C, -1)
         aggregate_first = lin_src.in_features < C
         if aggregate_first:
-            score_src = x_src @ (w_src * self.att_src.view(H, C, 1)).sum(dim=1).t()
+            score_src = self._score_dtype(x_src @ (w_src * self.att_src.view(H, C, 1)).sum(dim=1).t())
             values = x_src.unsqueeze(1).expand(-1, H, -1)
         else:
             values = lin_src(x_src).view(-1, H, C)
             score_src = (values * self.att_src).sum(dim=-1)
         if x_dst is not None:
-            score_dst = x_dst @ (lin_dst.weight.view(H, C, -1) * self.att_dst.view(H, C, 1)).sum(dim=1).t()
+            weight_dst = lin_dst.weight.view(H, C, -1)
+            score_dst = self._score_dtype(x_dst @ (weight_dst * self.att_dst.view(H, C, 1)).sum(dim=1).t())
         else:
             score_dst = score_src.new_zeros((graph.num_dst_nodes, H))
         out, alpha = self._attention(graph, values, score_src, score_dst, score_edge, return_alpha)
         if aggregate_first:
             out = torch.einsum("nhf,hcf->nhc", out, w_src)
         return out, alpha
+
+    def _score_dtype(self, scores: Tensor) -> Tensor:
+        r"""Scores formed as :math:`(\Theta^\top a) \cdot x` in the dtype of :math:`a \cdot
+        (\Theta x)`: under ``torch.autocast`` the GEMM gives half, the float32 attention
+        vector's product float32 (the other order's, and PyG's, scores and coefficients)."""
+        dtype = torch.promote_types(scores.dtype, self.att_src.dtype)
+        return scores if scores.dtype == dtype else scores.to(dtype)
 
     def _attention(self, graph, values, score_src, score_dst, score_edge, return_alpha):
         result = gat_attention(
@@ -359,7 +368,7 @@ class GATConv(nn.Module):
             training=self.training,
             aggregation=self.aggregation,
             return_alpha=bool(return_alpha),
-            score_edge=score_edge,
+            score_edge=_as_dtype(score_edge, score_src.dtype),  # a GEMM's: half under autocast
         )
         # out [N_dst, H, C]; alpha [E, H], the coefficients after dropout
         return result if return_alpha else (result, None)
@@ -370,3 +379,8 @@ class GATConv(nn.Module):
             f"{self.in_channels}, {self.out_channels}, heads={self.heads}{edge}, "
             f"aggregation={self.aggregation!r}"
         )
+
+
+def _as_dtype(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """``t`` in ``dtype`` (``None`` stays ``None``)."""
+    return t if t is None or t.dtype == dtype else t.to(dtype)

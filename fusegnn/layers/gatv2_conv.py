@@ -200,8 +200,8 @@ class GATv2Conv(nn.Module):
         x_l = self.lin_l(x_src).view(-1, H, C)
         x_r = x_l if (self.share_weights and not bipartite_x) else self.lin_r(x_dst).view(-1, H, C)
         e = self.lin_edge(edge_attr).view(-1, H, C) if edge_attr is not None else None
-        result = gatv2_attention(
-            graph, x_l, x_r, self.att, e,
+        result = gatv2_attention(  # att in the features' dtype: half under autocast, as they are
+            graph, x_l, x_r, self.att.to(x_l.dtype), e,
             negative_slope=self.negative_slope, dropout=self.dropout, training=self.training,
             aggregation=self.aggregation, return_alpha=bool(return_attention_weights),
         )

@@ -3,10 +3,9 @@ r"""Graph convolution (Kipf & Welling, ICLR 2017), drop-in for PyG's ``GCNConv``
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fusegnn.layers._utils import check_features, glorot_, input_linear, normalized_graph
+from fusegnn.layers._utils import check_features, glorot_, input_linear, linear_then_bias, normalized_graph
 from fusegnn.sparse import Graph, spmm
 from fusegnn.sparse.dispatch import check_aggregation
 
@@ -144,7 +143,8 @@ class GCNConv(nn.Module):
         check_features(x, self)
         graph = self._processed_graph(x, edge_index, edge_weight)
         if self.in_channels < self.out_channels:
-            return F.linear(spmm(graph, x, aggregation=self.aggregation), self.lin.weight, self.bias)
+            # the bias after the product, as on the other order (its dtype under autocast)
+            return linear_then_bias(spmm(graph, x, aggregation=self.aggregation), self.lin.weight, self.bias)
         # the bias is the aggregation's epilogue (one autograd node for the sparse part)
         return spmm(graph, self.lin(x), bias=self.bias, aggregation=self.aggregation)
 

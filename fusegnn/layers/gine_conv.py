@@ -97,6 +97,11 @@ class GINEConv(nn.Module):
                 f"{name}: edge_attr must be [E, {x_src.size(1)}] (the node width) without edge_dim, got "
                 f"{tuple(getattr(edge_attr, 'shape', ()))}; set edge_dim to transform the edge features"
             )
+        if edge_attr.dtype != x_src.dtype and torch.is_autocast_enabled(x_src.device.type):
+            # the messages x_j + e_ji in torch's promoted dtype (PyG's): float32 for float32
+            # x and the half edge rows of lin under autocast (edge_aggregate takes one dtype)
+            common = torch.promote_types(x_src.dtype, edge_attr.dtype)
+            x_src, edge_attr = x_src.to(common), edge_attr.to(common)
         out = edge_aggregate(graph, x_src, edge_attr, activation="relu", aggregation=self.aggregation)
         if x_dst is not None:
             out = out + (1 + self.eps) * x_dst

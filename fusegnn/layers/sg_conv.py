@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fusegnn.layers._utils import check_linear_input, input_linear, normalized_graph, project_before_aggregating
+from fusegnn.layers._utils import (
+    check_linear_input, input_linear, linear_bias, normalized_graph, project_before_aggregating,
+)
 from fusegnn.sparse import Graph
 from fusegnn.sparse.graph import outside_inference_mode
 from fusegnn.sparse.dispatch import check_aggregation
@@ -106,7 +108,7 @@ class SGConv(nn.Module):
             return F.linear(h, weight, bias)
         if project_before_aggregating(graph, x, weight.size(1), weight.size(0), "sum", self.aggregation):
             out = propagate(graph, F.linear(x, weight), self.K, aggregation=self.aggregation)
-            return out if bias is None else out + bias
+            return out if bias is None else out + linear_bias(bias, out)
         return F.linear(propagate(graph, x, self.K, aggregation=self.aggregation), weight, bias)
 
     def extra_repr(self) -> str:

@@ -134,6 +134,12 @@ def spmm(
     Returns:
         ``[N_dst, F]`` or ``[N_dst, H, F]``.
 
+    **Dtypes.** Weights of another floating dtype are cast to ``x``'s (the product is
+    ``x``'s dtype); a bias of another floating dtype follows torch's type promotion, as
+    ``spmm(x) + bias`` would: the result is ``torch.promote_types(x.dtype, bias.dtype)``
+    (a float32 bias on half ``x`` under ``torch.autocast`` gives float32, as PyG's layers
+    do), on every backend. Each gradient comes back in its input's dtype.
+
     On a worker's share of a distributed graph (a :class:`~fusegnn.sparse.halo.HaloGraph`)
     ``x`` holds the owned nodes' rows; the halo rows are fetched first.
     """
