@@ -113,6 +113,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--steps must be >= 1")
     if args.warmup < 0:
         p.error("--warmup must be >= 0")
+    # A negative tolerance fails every row but the oracle; a negative time limit or
+    # warm-up budget, or a non-positive graph size, is a typo, not a request.
+    for flag, value, positive in (("--rtol", args.rtol, False), ("--warmup-s", args.warmup_s, False),
+                                  ("--time-limit", args.time_limit, False), ("--scale", args.scale, True),
+                                  ("--avg-degree", args.avg_degree, True)):
+        if value is not None and not (value > 0 if positive else value >= 0):  # NaN fails both
+            p.error(f"{flag} must be {'> 0' if positive else '>= 0'}, got {value:g}")
     if args.quick:
         args.warmup = min(args.warmup, 3)
     return args
