@@ -141,6 +141,17 @@ def resolve_device(args: argparse.Namespace) -> torch.device:
     return device
 
 
+def check_case_patterns(patterns: list[str] | None, suites: tuple[str, ...], quick: bool) -> None:
+    """Exit naming ``--cases`` and the known cases when a pattern matches no case of
+    ``suites`` (a typo in one of several patterns would otherwise drop it silently)."""
+    known = [c.name for suite in suites for c in select_cases(suite, None, quick)]
+    for pattern in patterns or ():
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in known):
+            grid = " --quick" if quick else ""
+            raise SystemExit(f"benchmarks: --cases {pattern!r} matches no{grid} case of "
+                             f"{', '.join(suites)}; known: {', '.join(known)}")
+
+
 def _list_sweeps(suite: str) -> None:
     for sweep in suite_sweeps(suite).values():
         print(f"  sweep {sweep.name}: {sweep.what}")
@@ -292,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         known = [name for suite in suites for name in registry(suite)]
         if not any(fnmatch.fnmatchcase(name, pattern) for name in known):
             raise SystemExit(f"benchmarks: --backends {pattern!r} matches no backend; known: {', '.join(known)}")
+    check_case_patterns(args.cases, suites, args.quick)
+    # with --suite all, a suite none of whose cases is asked for is left out, not an error
+    suites = tuple(s for s in suites if select_cases(s, args.cases, args.quick))
     started = time.perf_counter()
     data = DatasetCache(DataConfig(args.data_root, device, args.scale, args.avg_degree, args.seed))
     try:

@@ -51,3 +51,25 @@ def test_steps_below_one_are_refused(steps, capsys):
 def test_zero_rtol_and_time_limit_are_allowed():
     args = parse_args(["--rtol", "0", "--time-limit", "0", "--warmup-s", "0"])
     assert args.rtol == 0 and args.time_limit == 0 and args.warmup_s == 0
+
+
+@pytest.mark.parametrize("cases", ["nomatch*", "gcn-cora-h16,gcn-cora-h61"])
+def test_cases_matching_nothing_name_the_flag_and_the_known_cases(cases, tmp_path):
+    """Also when only one of several patterns is a typo (it was dropped silently)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--suite", "paper", "--cases", cases, "--out", str(tmp_path), *FAST])
+    message = str(exc.value.code)
+    assert "--cases" in message and "gcn-cora-h16" in message and "gat-cora-8x8" in message
+    assert not (tmp_path / "paper").exists()
+
+
+def test_suite_all_leaves_out_a_suite_without_asked_cases(tmp_path):
+    """``--suite all --cases gcn-cora-h16``: the paper case, and no exit at agg (which
+    has none of the asked cases) after paper was run."""
+    root = _cora_root()
+    code = main(["--suite", "all", "--cases", "gcn-cora-h16", "--backends", "fusegnn-reference",
+                 "--data-root", root, "--time-limit", "0", "--out", str(tmp_path), *FAST])
+    assert code == 0
+    doc = json.loads((tmp_path / "paper" / "cpu.json").read_text())
+    assert [(r["case"], r["backend"]) for r in doc["records"]] == [("gcn-cora-h16", "fusegnn-reference")]
+    assert not (tmp_path / "agg").exists()
