@@ -100,16 +100,28 @@ class ResultFile:
         self.doc.setdefault("datasets", {})
         self.doc.setdefault("unavailable", {})
         self.doc["records"] = []
+        self._previous: list[dict] = []  # the old records of the cases run now
         if append and self.path.is_file():
             old = json.loads(self.path.read_text())
             rerun = set(rerun_cases)
             self.doc["records"] = [r for r in old.get("records", []) if r.get("case") not in rerun]
+            self._previous = [r for r in old.get("records", []) if r.get("case") in rerun]
             cases = {k: v for k, v in old.get("cases", {}).items()}
             cases.update(self.doc["cases"])
             self.doc["cases"] = cases
             self.doc["datasets"] = {**old.get("datasets", {}), **self.doc["datasets"]}
             self.doc["unavailable"] = {**old.get("unavailable", {}), **self.doc["unavailable"]}
         self.write()
+
+    def restore(self, case: str) -> bool:
+        """Put back the appended file's records of ``case`` (a case that was to be run
+        but was not, e.g. past ``--time-limit``); whether it had any."""
+        kept = [r for r in self._previous if r.get("case") == case]
+        self.doc["records"].extend(kept)
+        self._previous = [r for r in self._previous if r.get("case") != case]
+        if kept:
+            self.write()
+        return bool(kept)
 
     def add(self, record: dict) -> None:
         self.doc["records"].append(record)

@@ -97,7 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--append", action="store_true",
                    help="keep the records of cases not run now from an existing results file")
     p.add_argument("--time-limit", type=float,
-                   help="seconds; cases not started by then are recorded as not run (JSON/MD/PNG still written)")
+                   help="seconds; cases not started by then are recorded as not run, or with --append keep "
+                        "their earlier records (JSON/MD/PNG still written)")
     p.add_argument("--update-readme", action="store_true", help="put the tables into benchmarks/README.md")
     p.add_argument("--list", action="store_true", help="list the cases, backends and sweeps, then exit")
     p.add_argument("--sweep", help="run this tuning sweep of --suite instead of its cases (see --list); "
@@ -218,6 +219,9 @@ def run_suite(
         for case in cases:
             applicable = [b for b in backends if getattr(b, "applies", lambda c: True)(case)]
             if args.time_limit is not None and time.perf_counter() - started > args.time_limit:
+                if results.restore(case.name):  # --append: the earlier measurements stand
+                    bar.update(len(applicable))
+                    continue
                 for backend in applicable:
                     record = new_record(case, backend.name)
                     record["error"] = f"not run: --time-limit {args.time_limit:g} s reached"

@@ -73,3 +73,28 @@ def test_suite_all_leaves_out_a_suite_without_asked_cases(tmp_path):
     doc = json.loads((tmp_path / "paper" / "cpu.json").read_text())
     assert [(r["case"], r["backend"]) for r in doc["records"]] == [("gcn-cora-h16", "fusegnn-reference")]
     assert not (tmp_path / "agg").exists()
+
+
+def _rows(path) -> list[tuple[str, str, bool]]:
+    return [(r["case"], r["backend"], r["ok"]) for r in json.loads(path.read_text())["records"]]
+
+
+def test_append_past_the_time_limit_keeps_the_earlier_records(tmp_path):
+    """A case asked for again but not started (past --time-limit) kept no row: its
+    measured records were replaced by 'not run' ones. New cases still get 'not run'."""
+    root = _cora_root()
+    out = tmp_path / "new" / "nested"  # --out into a folder that does not exist yet
+    args = ["--suite", "paper", "--backends", "fusegnn-reference", "--data-root", root, "--out", str(out), *FAST]
+    assert main([*args, "--cases", "gcn-cora-h16"]) == 0
+    path = out / "paper" / "cpu.json"
+    before = json.loads(path.read_text())["records"]
+    assert _rows(path) == [("gcn-cora-h16", "fusegnn-reference", True)]
+    assert main([*args, "--cases", "gcn-cora-h16,gat-cora-8x8", "--append", "--time-limit", "0"]) == 0
+    records = json.loads(path.read_text())["records"]
+    assert [r for r in records if r["case"] == "gcn-cora-h16"] == before
+    [new] = [r for r in records if r["case"] == "gat-cora-8x8"]
+    assert not new["ok"] and new["error"].startswith("not run: --time-limit")
+    # appending the same case again replaces its rows, never duplicates them
+    assert main([*args, "--cases", "gcn-cora-h16", "--append"]) == 0
+    assert sorted(_rows(path)) == [("gat-cora-8x8", "fusegnn-reference", False),
+                                   ("gcn-cora-h16", "fusegnn-reference", True)]
