@@ -327,10 +327,11 @@ def write_png(doc: dict, path: Path) -> str | None:
 
 def update_readme(readme: Path, suite: str, table: str, source: str) -> bool:
     """Replace the text between ``<!-- results:<suite>:begin -->`` and
-    ``<!-- results:<suite>:end -->`` in ``readme``; ``False`` if the markers are missing."""
+    ``<!-- results:<suite>:end -->`` in ``readme``; ``False`` (the file untouched) if the
+    markers are missing or the end marker does not follow the begin marker."""
     text = readme.read_text()
     begin, end = f"<!-- results:{suite}:begin -->", f"<!-- results:{suite}:end -->"
-    if begin not in text or end not in text:
+    if begin not in text or end not in text.split(begin, 1)[1]:
         return False
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)

@@ -98,3 +98,63 @@ def test_append_past_the_time_limit_keeps_the_earlier_records(tmp_path):
     assert main([*args, "--cases", "gcn-cora-h16", "--append"]) == 0
     assert sorted(_rows(path)) == [("gat-cora-8x8", "fusegnn-reference", False),
                                    ("gcn-cora-h16", "fusegnn-reference", True)]
+
+
+@pytest.mark.parametrize("text", [
+    "# title\n\nno markers here\n",
+    "a\n<!-- results:paper:begin -->\nb\n",
+    "a\n<!-- results:paper:end -->\nb\n<!-- results:paper:begin -->\nc\n",  # crashed (ValueError)
+])
+def test_update_readme_leaves_a_readme_without_usable_markers_alone(text, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(text)
+    assert report.update_readme(readme, "paper", "| table |", "src.json") is False
+    assert readme.read_text() == text
+
+
+def _markdown_rows(table: str) -> list[list[str]]:
+    lines = [line for line in table.splitlines() if line.startswith("| `")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+
+
+def _broken_backend() -> bench_backends.PaperBackend:
+    def build(case, in_channels, num_classes):
+        raise RuntimeError("this backend cannot build its model")
+
+    return bench_backends.PaperBackend("broken", "fusegnn", build, "reference")
+
+
+def test_update_readme_rewrites_only_its_section_and_md_matches_json(tmp_path, monkeypatch):
+    """On a copy of benchmarks/README.md: the paper section becomes the run's table and
+    nothing else changes; a backend that raises is an error row, the suite goes on; the
+    JSON and the markdown hold the same rows and the same numbers."""
+    import benchmarks.run as run
+
+    root = _cora_root()
+    readme = tmp_path / "benchmarks" / "README.md"
+    readme.parent.mkdir()
+    original = report.README.read_text()
+    readme.write_text(original)
+    monkeypatch.setattr(run, "README", readme)
+    monkeypatch.setitem(bench_backends.PAPER_BACKENDS, "broken", _broken_backend())
+    out = tmp_path / "results"
+    assert main(["--suite", "paper", "--cases", "gcn-cora-h16", "--backends", "fusegnn-reference,broken",
+                 "--data-root", root, "--out", str(out), "--update-readme", *FAST]) == 0
+    doc = json.loads((out / "paper" / "cpu.json").read_text())
+    rows = {r["backend"]: r for r in doc["records"]}
+    assert set(rows) == {"fusegnn-reference", "broken"}
+    assert rows["fusegnn-reference"]["ok"] and rows["fusegnn-reference"]["ms"] > 0
+    assert not rows["broken"]["ok"] and "cannot build its model" in rows["broken"]["error"]
+    table = (out / "paper" / "cpu.md").read_text()
+    md = {row[1].strip("`"): row for row in _markdown_rows(table)}
+    assert set(md) == set(rows)
+    assert md["fusegnn-reference"][3] == report._num(rows["fusegnn-reference"]["ms"])
+    assert md["broken"][3] == "—" and "cannot build its model" in md["broken"][-1]
+    assert not (out / "paper" / "cpu.png").exists()  # --no-png
+    new = readme.read_text()
+    begin, end = "<!-- results:paper:begin -->", "<!-- results:paper:end -->"
+    assert new.split(begin)[0] == original.split(begin)[0]
+    assert new.split(end)[1] == original.split(end)[1]
+    section = new.split(begin)[1].split(end)[0]
+    assert _markdown_rows(section) == _markdown_rows(table)
+    assert report.README.read_text() == original  # the real README untouched
