@@ -127,7 +127,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def resolve_device(args: argparse.Namespace) -> torch.device:
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as err:
+        raise SystemExit(f"benchmarks: --device {args.device!r} is not a device ({err})") from None
+    if device.type not in ("cuda", "cpu"):
+        raise SystemExit(f"benchmarks: --device must be 'cuda', 'cuda:<index>' or 'cpu', got {args.device!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         if not args.allow_cpu:
             raise SystemExit(

@@ -158,3 +158,19 @@ def test_update_readme_rewrites_only_its_section_and_md_matches_json(tmp_path, m
     section = new.split(begin)[1].split(end)[0]
     assert _markdown_rows(section) == _markdown_rows(table)
     assert report.README.read_text() == original  # the real README untouched
+
+
+@pytest.mark.parametrize("device", ["bogus", "meta"])
+def test_a_device_that_is_not_one_is_refused_naming_the_flag(device, tmp_path):
+    """'bogus' raised torch's RuntimeError with a traceback; 'meta' went on to run."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--device", device, "--allow-cpu", "--out", str(tmp_path), "--quiet"])
+    assert "--device" in str(exc.value.code) and device in str(exc.value.code)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_says_so(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main(["--device", "cuda", "--out", str(tmp_path), "--quiet"])
+    assert "no CUDA device" in str(exc.value.code) and "--allow-cpu" in str(exc.value.code)
+    assert not any(tmp_path.iterdir())
