@@ -723,7 +723,8 @@ def run_attention_suite(args, device: torch.device, started: float | None = None
         sizes = GPU_SIZES if device.type == "cuda" else CPU_SIZES
     cases = select_attention_cases(args.cases, args.quick, sizes)
     if not cases:
-        raise SystemExit(f"benchmarks: --cases {args.cases} matches no attention case (see --list)")
+        known = ", ".join(c.name for c in select_attention_cases(None, args.quick, sizes))
+        raise SystemExit(f"benchmarks: --cases {args.cases} matches no attention case; known: {known}")
     backends, unavailable = select_attention_backends(device, args.backends)
     if not backends:
         raise SystemExit(f"benchmarks: no attention backend can run here: {unavailable}")

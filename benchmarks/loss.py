@@ -297,7 +297,7 @@ def run_loss_suite(device: torch.device, out: Path, *, cases: list[str] | None =
 
     picked = [c for c in CASES.values() if not cases or any(fnmatch.fnmatchcase(c.name, p) for p in cases)]
     if not picked:
-        raise SystemExit(f"benchmarks: --cases {cases} matches no loss case ({', '.join(CASES)})")
+        raise SystemExit(f"benchmarks: --cases {cases} matches no loss case; known: {', '.join(CASES)}")
     names = [n for n in BACKENDS if not backends or any(fnmatch.fnmatchcase(n, p) for p in backends)]
     if not names:
         raise SystemExit(f"benchmarks: --backends {backends} matches no loss backend ({', '.join(BACKENDS)})")

@@ -282,8 +282,11 @@ def run_sampled(device: torch.device, out: Path, *, scale: float = 1.0, avg_degr
 
     chosen_cases = [c for c in CASES if not cases or any(fnmatch.fnmatchcase(c.name, p) for p in cases)]
     chosen_backends = [b for b in BACKENDS if not backends or any(fnmatch.fnmatchcase(b, p) for p in backends)]
-    if not chosen_cases or not chosen_backends:
-        raise SystemExit(f"benchmarks: no sampled case / backend matches {cases} / {backends}")
+    if not chosen_cases:
+        raise SystemExit(f"benchmarks: --cases {cases} matches no sampled case; known: "
+                         f"{', '.join(c.name for c in CASES)}")
+    if not chosen_backends:
+        raise SystemExit(f"benchmarks: --backends {backends} matches no sampled backend; known: {', '.join(BACKENDS)}")
     unavailable = {}
     if "pyg" in chosen_backends and (reason := pyg_unavailable()) is not None:
         unavailable["pyg"] = reason

@@ -289,7 +289,8 @@ def run_vector_suite(device: torch.device, out: Path, *, cases: list[str] | None
 
     picked = select_cases(cases, quick)
     if not picked:
-        raise SystemExit(f"benchmarks: --cases {cases} matches no vector case (see --suite vector --list)")
+        known = ", ".join(c.name for c in select_cases(None, quick))
+        raise SystemExit(f"benchmarks: --cases {cases} matches no vector case; known: {known}")
     names = select_backends(backends)
     if not names:
         raise SystemExit(f"benchmarks: --backends {backends} matches no vector backend ({', '.join(BACKENDS)})")

@@ -174,3 +174,16 @@ def test_cuda_without_cuda_says_so(tmp_path):
         main(["--device", "cuda", "--out", str(tmp_path), "--quiet"])
     assert "no CUDA device" in str(exc.value.code) and "--allow-cpu" in str(exc.value.code)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("suite, known", [
+    ("attention", None), ("vector", None), ("sampled", "sampled-reddit-sage-25x10"), ("loss", "loss-gnn-reddit"),
+])
+def test_other_suites_name_cases_and_list_the_known_ones(suite, known, tmp_path):
+    """attention / vector said 'see --list', sampled named neither the flag nor the cases."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--suite", suite, "--cases", "nomatch", "--out", str(tmp_path), *FAST])
+    message = str(exc.value.code)
+    assert "--cases" in message and "known: " in message, message
+    assert known is None or known in message
+    assert len(message.split("known: ")[1].split(", ")) >= 2
