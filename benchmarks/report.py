@@ -102,7 +102,7 @@ class ResultFile:
         self.doc["records"] = []
         self._previous: list[dict] = []  # the old records of the cases run now
         if append and self.path.is_file():
-            old = json.loads(self.path.read_text())
+            old = _read_results(self.path)
             rerun = set(rerun_cases)
             self.doc["records"] = [r for r in old.get("records", []) if r.get("case") not in rerun]
             self._previous = [r for r in old.get("records", []) if r.get("case") in rerun]
@@ -138,6 +138,18 @@ class ResultFile:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+
+def _read_results(path: Path) -> dict:
+    """The results document at ``path``; :class:`ValueError` naming it when it is not one
+    (to append to, so that it is not overwritten)."""
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"cannot append to {path}: not valid JSON ({err})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("records", []), list):
+        raise ValueError(f"cannot append to {path}: not a results file (no 'records' list)")
+    return doc
 
 
 def _json_default(value):

@@ -204,7 +204,10 @@ def run_suite(
         unavailable=unavailable,
     )
     path = args.out / suite / f"{gpu_slug(device)}.json"
-    results = ResultFile(path, header, append=args.append, rerun_cases=[c.name for c in cases])
+    try:
+        results = ResultFile(path, header, append=args.append, rerun_cases=[c.name for c in cases])
+    except ValueError as err:  # --append onto a file that is not a results file: left as it is
+        raise SystemExit(f"benchmarks: --append: {err}") from None
     config = RunConfig(
         device=device, steps=args.steps, warmup=args.warmup, warmup_s=args.warmup_s,
         rtol=args.rtol, seed=args.seed, launches=not args.no_launches,

@@ -187,3 +187,16 @@ def test_other_suites_name_cases_and_list_the_known_ones(suite, known, tmp_path)
     assert "--cases" in message and "known: " in message, message
     assert known is None or known in message
     assert len(message.split("known: ")[1].split(", ")) >= 2
+
+
+@pytest.mark.parametrize("text", ['{"records": [', "[1, 2]\n", '{"records": 3}\n'])
+def test_append_onto_a_file_that_is_not_results_is_refused_and_kept(text, tmp_path):
+    """A truncated or foreign file ended in a JSONDecodeError / AttributeError traceback."""
+    path = tmp_path / "paper" / "cpu.json"
+    path.parent.mkdir()
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        main(["--suite", "paper", "--cases", "gcn-cora-h16", "--backends", "fusegnn-reference",
+              "--out", str(tmp_path), "--append", *FAST])
+    assert "--append" in str(exc.value.code) and str(path) in str(exc.value.code)
+    assert path.read_text() == text
