@@ -44,7 +44,7 @@ from benchmarks.report import (  # noqa: E402
     render_outputs,
 )
 from benchmarks.runner import RunConfig, new_record, run_case  # noqa: E402
-from benchmarks.sweeps import run_sweep, suite_sweeps  # noqa: E402
+from benchmarks.sweeps import SWEEPS, run_sweep, suite_sweeps  # noqa: E402
 
 __all__ = ["main", "parse_args"]
 
@@ -108,7 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     harness_argv, sweep_argv = _split_at_sweep(argv)
     args = p.parse_args(harness_argv)
     if args.sweep is not None and args.suite == "all":
-        p.error("--sweep needs one --suite (paper, agg or attention)")
+        with_sweeps = ", ".join(dict.fromkeys(s.suite for s in SWEEPS))
+        p.error(f"--sweep needs one --suite ({with_sweeps})")
     args.sweep_args = sweep_argv
     if args.steps < 1:
         p.error("--steps must be >= 1")

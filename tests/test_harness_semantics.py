@@ -200,3 +200,14 @@ def test_append_onto_a_file_that_is_not_results_is_refused_and_kept(text, tmp_pa
               "--out", str(tmp_path), "--append", *FAST])
     assert "--append" in str(exc.value.code) and str(path) in str(exc.value.code)
     assert path.read_text() == text
+
+
+def test_sweep_with_suite_all_names_the_suites_that_have_sweeps(capsys):
+    """The message named paper (which has no sweep) and left out loss and vector."""
+    from benchmarks.sweeps import SWEEPS
+
+    with pytest.raises(SystemExit):
+        parse_args(["--suite", "all", "--sweep", "spmm"])
+    err = capsys.readouterr().err
+    assert "--sweep" in err and "paper" not in err.split("--sweep needs")[1]
+    assert all(sweep.suite in err for sweep in SWEEPS)
