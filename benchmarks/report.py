@@ -4,8 +4,9 @@ Layout: ``<out>/<suite>/<gpu-slug>.{json,md,png}`` with ``<out>`` = ``benchmarks
 by default and ``<gpu-slug>`` the device name in lower case with runs of other
 characters turned into ``-`` (``nvidia-h100-80gb-hbm3``; ``cpu`` on a CPU run).
 
-Re-render the table and chart of an existing JSON (e.g. one fetched from a GPU machine)
-and put its table into ``benchmarks/README.md``::
+Re-render the table and chart of an existing JSON (e.g. one fetched from a GPU machine;
+each suite's own table: paper, agg, attention, vector, loss, sampled, dist) and put its
+table into ``benchmarks/README.md``::
 
     python -m benchmarks.report benchmarks/results/paper/nvidia-h100-80gb-hbm3.json --update-readme
 """
@@ -20,7 +21,7 @@ import platform
 import re
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -352,20 +353,53 @@ def update_readme(readme: Path, suite: str, table: str, source: str) -> bool:
     return True
 
 
+def suite_renderers(suite: str) -> tuple[Callable[[dict, str], str], Callable[[dict, Path], str | None]]:
+    """``(render(doc, heading), write_png(doc, path))`` of a suite's results file: the
+    suites with their own grid have their own table and chart (rendering them with the
+    paper / agg table wrote wrong columns over their ``.md``)."""
+    if suite in ANCHORS:
+        return render_markdown, write_png
+    if suite == "attention":
+        from benchmarks import attention
+
+        return (lambda doc, heading: attention.render_markdown(doc, heading=heading)), attention.write_png
+    if suite == "vector":
+        from benchmarks import vector
+
+        return (lambda doc, heading: vector.render_markdown(doc)), vector.write_png
+    if suite == "loss":
+        from benchmarks import loss
+
+        return (lambda doc, heading: loss.render_markdown(doc)), loss._write_png
+    if suite == "sampled":
+        from benchmarks import sampled
+
+        return (lambda doc, heading: sampled.render(doc) + "\n"), sampled.write_png
+    if suite == "dist":
+        from benchmarks import dist
+
+        return (lambda doc, heading: dist.render_markdown(doc) + "\n"), dist.write_png
+    raise ValueError(f"no table for results of suite {suite!r} (a sweep's or the overhead suite's file?); "
+                     f"known: {', '.join((*ANCHORS, 'attention', 'vector', 'loss', 'sampled', 'dist'))}")
+
+
 def render_outputs(json_path: Path, *, png: bool = True, readme: Path | None = None) -> tuple[str, str | None]:
-    """Write ``<stem>.md`` (and ``<stem>.png``) beside ``json_path``; update ``readme`` if
-    given. Returns ``(markdown, why the PNG was not written or None)``."""
+    """Write ``<stem>.md`` (and ``<stem>.png``) beside ``json_path`` with its suite's table
+    and chart; update ``readme`` if given. Returns ``(markdown, why the PNG was not written
+    or None)``; :class:`ValueError` (nothing written) for a file of no known suite."""
     doc = json.loads(Path(json_path).read_text())
-    table = render_markdown(doc)
+    suite = doc.get("suite") if isinstance(doc, dict) else None
+    render, png_writer = suite_renderers(str(suite))
+    table = render(doc, "##")
     json_path = Path(json_path)
     json_path.with_suffix(".md").write_text(table)
-    why = write_png(doc, json_path.with_suffix(".png")) if png else "--no-png"
+    why = png_writer(doc, json_path.with_suffix(".png")) if png else "--no-png"
     if readme is not None:
         try:
             source = str(json_path.resolve().relative_to(readme.resolve().parent.parent))
         except ValueError:
             source = json_path.name
-        if not update_readme(readme, doc.get("suite", "?"), render_markdown(doc, heading="###"), source):
+        if not update_readme(readme, str(suite), render(doc, "###"), source):
             print(f"warning: no results markers for suite {doc.get('suite')!r} in {readme}", file=sys.stderr)
     return table, why
 
@@ -377,7 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update-readme", action="store_true", help=f"put the tables into {README}")
     args = parser.parse_args(argv)
     for path in args.json:
-        table, why = render_outputs(path, png=not args.no_png, readme=README if args.update_readme else None)
+        try:
+            table, why = render_outputs(path, png=not args.no_png, readme=README if args.update_readme else None)
+        except ValueError as err:
+            raise SystemExit(f"benchmarks.report: {path}: {err}") from None
         if why and not args.no_png:
             print(f"PNG not written: {why}", file=sys.stderr)
         print(table)

@@ -211,3 +211,32 @@ def test_sweep_with_suite_all_names_the_suites_that_have_sweeps(capsys):
     err = capsys.readouterr().err
     assert "--sweep" in err and "paper" not in err.split("--sweep needs")[1]
     assert all(sweep.suite in err for sweep in SWEEPS)
+
+
+STORED = report.README.parent / "results"
+
+
+@pytest.mark.parametrize("name", [
+    "paper/nvidia-h200", "agg/nvidia-h200", "attention/nvidia-h100-80gb-hbm3", "vector/nvidia-h100-80gb-hbm3",
+    "loss/nvidia-h200", "sampled/nvidia-h100-80gb-hbm3", "dist/nvidia-h200",
+])
+def test_report_rerenders_each_suite_with_its_own_table(name, tmp_path):
+    """``python -m benchmarks.report`` on a copy of a stored results file writes the
+    table that suite's run wrote (it wrote the paper/agg table over attention's, vector's,
+    loss's, sampled's and dist's .md: other columns, 'speedup = `?`')."""
+    source = STORED / f"{name}.json"
+    if not source.is_file() or not source.with_suffix(".md").is_file():
+        pytest.skip(f"{source} not stored")
+    copy = tmp_path / source.name
+    copy.write_text(source.read_text())
+    assert report.main([str(copy), "--no-png"]) == 0
+    assert copy.with_suffix(".md").read_text().rstrip() == source.with_suffix(".md").read_text().rstrip()
+
+
+def test_report_refuses_a_file_of_no_suite_and_writes_nothing(tmp_path):
+    path = tmp_path / "overhead.json"
+    path.write_text(json.dumps({"suite": "overhead", "rows": []}))
+    with pytest.raises(SystemExit) as exc:
+        report.main([str(path), "--no-png"])
+    assert str(path) in str(exc.value.code) and "overhead" in str(exc.value.code)
+    assert not path.with_suffix(".md").exists()
