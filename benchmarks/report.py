@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.json:
         try:
             table, why = render_outputs(path, png=not args.no_png, readme=README if args.update_readme else None)
-        except ValueError as err:
+        except (OSError, ValueError) as err:  # missing, unreadable, not JSON, no known suite
             raise SystemExit(f"benchmarks.report: {path}: {err}") from None
         if why and not args.no_png:
             print(f"PNG not written: {why}", file=sys.stderr)

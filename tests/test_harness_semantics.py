@@ -240,3 +240,14 @@ def test_report_refuses_a_file_of_no_suite_and_writes_nothing(tmp_path):
         report.main([str(path), "--no-png"])
     assert str(path) in str(exc.value.code) and "overhead" in str(exc.value.code)
     assert not path.with_suffix(".md").exists()
+
+
+@pytest.mark.parametrize("text", [None, "{not json"])
+def test_report_names_a_missing_or_broken_file(text, tmp_path):
+    """A missing file ended in a FileNotFoundError traceback."""
+    path = tmp_path / "cpu.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        report.main([str(path), "--no-png"])
+    assert str(path) in str(exc.value.code)
