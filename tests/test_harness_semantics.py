@@ -12,22 +12,10 @@ import torch
 from benchmarks import backends as bench_backends
 from benchmarks import report
 from benchmarks.run import main, parse_args
+from tests.test_benchmarks import _cora_root
 
 FAST = ["--allow-cpu", "--device", "cpu", "--steps", "1", "--warmup", "0", "--quiet", "--no-png",
         "--no-launches"]
-
-
-def _cora_root() -> str:
-    from benchmarks.run import default_data_root
-    from fusegnn.datasets.paths import find_dataset_dir
-    from fusegnn.datasets.planetoid import planetoid_raw_file_names
-
-    root = default_data_root()
-    try:
-        find_dataset_dir("Cora", planetoid_raw_file_names("Cora"), root, subdir="raw")
-    except FileNotFoundError:
-        pytest.skip("Cora raw files not found ($FUSEGNN_DATA or .carry/planetoid)")
-    return root
 
 
 @pytest.mark.parametrize("flag, value", [
