@@ -50,7 +50,10 @@ __all__ = ["main", "parse_args"]
 
 
 def _csv(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:  # an empty shell variable would otherwise select the whole grid
+        raise argparse.ArgumentTypeError(f"{text!r} names nothing (leave the option out for all)")
+    return parts
 
 
 def default_data_root() -> str | None:
@@ -306,16 +309,16 @@ def main(argv: list[str] | None = None) -> int:
 
         cpu = args.list and not torch.cuda.is_available()
         return vector_main(args, torch.device("cpu") if cpu else resolve_device(args))
-    if args.list:
-        cpu = not torch.cuda.is_available()
-        _list(args, torch.device("cpu") if cpu else resolve_device(args))
-        return 0
-    device = resolve_device(args)
     suites = SUITES if args.suite == "all" else (args.suite,)
     for pattern in args.backends or ():
         known = [name for suite in suites for name in registry(suite)]
         if not any(fnmatch.fnmatchcase(name, pattern) for name in known):
             raise SystemExit(f"benchmarks: --backends {pattern!r} matches no backend; known: {', '.join(known)}")
+    if args.list:
+        cpu = not torch.cuda.is_available()
+        _list(args, torch.device("cpu") if cpu else resolve_device(args))
+        return 0
+    device = resolve_device(args)
     check_case_patterns(args.cases, suites, args.quick)
     # with --suite all, a suite none of whose cases is asked for is left out, not an error
     suites = tuple(s for s in suites if select_cases(s, args.cases, args.quick))

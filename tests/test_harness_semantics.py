@@ -239,3 +239,19 @@ def test_report_names_a_missing_or_broken_file(text, tmp_path):
     with pytest.raises(SystemExit) as exc:
         report.main([str(path), "--no-png"])
     assert str(path) in str(exc.value.code)
+
+
+@pytest.mark.parametrize("flag", ["--cases", "--backends"])
+@pytest.mark.parametrize("value", ["", " , "])
+def test_an_empty_list_is_refused_not_read_as_all(flag, value, capsys):
+    """``--cases "$EMPTY"`` selected every case of the grid."""
+    with pytest.raises(SystemExit):
+        parse_args([flag, value])
+    assert flag in capsys.readouterr().err
+
+
+def test_list_names_an_unknown_backend_pattern(capsys):
+    """``--list --backends bogus`` printed 'backends: none' and exited 0."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--list", "--backends", "bogus"])
+    assert "--backends" in str(exc.value.code) and "fusegnn-reference" in str(exc.value.code)
