@@ -162,6 +162,11 @@ def check_case_patterns(patterns: list[str] | None, suites: tuple[str, ...], qui
                              f"{', '.join(suites)}; known: {', '.join(known)}")
 
 
+def _names_a_backend(suite: str, patterns: list[str] | None) -> bool:
+    """Whether ``patterns`` (all when ``None``) match a backend name of ``suite``."""
+    return not patterns or any(fnmatch.fnmatchcase(name, p) for name in registry(suite) for p in patterns)
+
+
 def _list_sweeps(suite: str) -> None:
     for sweep in suite_sweeps(suite).values():
         print(f"  sweep {sweep.name}: {sweep.what}")
@@ -320,8 +325,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     device = resolve_device(args)
     check_case_patterns(args.cases, suites, args.quick)
-    # with --suite all, a suite none of whose cases is asked for is left out, not an error
-    suites = tuple(s for s in suites if select_cases(s, args.cases, args.quick))
+    # with --suite all, a suite none of whose cases or backends is asked for is left out
+    # (not an error, and not a results file emptied of its records)
+    suites = tuple(s for s in suites if select_cases(s, args.cases, args.quick) and _names_a_backend(s, args.backends))
     started = time.perf_counter()
     data = DatasetCache(DataConfig(args.data_root, device, args.scale, args.avg_degree, args.seed))
     try:

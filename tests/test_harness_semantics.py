@@ -255,3 +255,23 @@ def test_list_names_an_unknown_backend_pattern(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--list", "--backends", "bogus"])
     assert "--backends" in str(exc.value.code) and "fusegnn-reference" in str(exc.value.code)
+
+
+def test_suite_all_leaves_out_a_suite_without_asked_backends(tmp_path):
+    """``--suite all --backends pyg`` (a paper-only backend) rewrote agg's results file
+    with no records at all, losing what it held."""
+    root = _cora_root()
+    agg = tmp_path / "agg" / "cpu.json"
+    agg.parent.mkdir()
+    agg.write_text(json.dumps({"suite": "agg", "records": [{"case": "agg-reddit-f16", "backend": "cusparse"}]}))
+    before = agg.read_text()
+    code = main(["--suite", "all", "--cases", "gcn-cora-h16,agg-reddit-f16", "--backends", "fusegnn-reference,pyg",
+                 "--data-root", root, "--time-limit", "0", "--out", str(tmp_path), *FAST])
+    assert code == 0
+    assert (tmp_path / "paper" / "cpu.json").is_file()
+    # fusegnn-reference is an agg backend too: agg was run (not-run rows) ...
+    assert {r["backend"] for r in json.loads(agg.read_text())["records"]} == {"fusegnn-reference"}
+    agg.write_text(before)
+    assert main(["--suite", "all", "--cases", "gcn-cora-h16,agg-reddit-f16", "--backends", "pyg",
+                 "--data-root", root, "--time-limit", "0", "--out", str(tmp_path), *FAST]) == 0
+    assert agg.read_text() == before  # ... but not with pyg alone
