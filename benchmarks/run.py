@@ -328,6 +328,18 @@ def main(argv: list[str] | None = None) -> int:
     # with --suite all, a suite none of whose cases or backends is asked for is left out
     # (not an error, and not a results file emptied of its records)
     suites = tuple(s for s in suites if select_cases(s, args.cases, args.quick) and _names_a_backend(s, args.backends))
+    runnable = []  # a suite none of whose chosen backends runs here would write an empty file
+    for suite in suites:
+        backends, unavailable = select_backends(suite, device, args.backends, strict=False)
+        if backends:
+            runnable.append(suite)
+            continue
+        reasons = "; ".join(f"{name}: {why}" for name, why in unavailable.items()) or "none chosen"
+        if len(suites) == 1:
+            raise SystemExit(f"benchmarks: no {suite} backend of --backends can run here ({reasons})")
+        print(f"benchmarks: suite {suite} left out, no backend of --backends can run here ({reasons})",
+              file=sys.stderr)
+    suites = tuple(runnable)
     started = time.perf_counter()
     data = DatasetCache(DataConfig(args.data_root, device, args.scale, args.avg_degree, args.seed))
     try:

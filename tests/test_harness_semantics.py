@@ -275,3 +275,16 @@ def test_suite_all_leaves_out_a_suite_without_asked_backends(tmp_path):
     assert main(["--suite", "all", "--cases", "gcn-cora-h16,agg-reddit-f16", "--backends", "pyg",
                  "--data-root", root, "--time-limit", "0", "--out", str(tmp_path), *FAST]) == 0
     assert agg.read_text() == before  # ... but not with pyg alone
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a backend that cannot run here")
+def test_only_unavailable_backends_are_refused_and_the_file_kept(tmp_path):
+    """``--backends pyg-graphed`` on the CPU rewrote the results file with no records."""
+    path = tmp_path / "paper" / "cpu.json"
+    path.parent.mkdir()
+    path.write_text('{"suite": "paper", "records": []}\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["--suite", "paper", "--cases", "gcn-cora-h16", "--backends", "pyg-graphed",
+              "--out", str(tmp_path), *FAST])
+    assert "--backends" in str(exc.value.code) and "CUDA" in str(exc.value.code)
+    assert path.read_text() == '{"suite": "paper", "records": []}\n'
