@@ -12,7 +12,6 @@ from fusegnn.layers._utils import (
 from fusegnn.sparse import Graph
 from fusegnn.sparse.graph import outside_inference_mode
 from fusegnn.sparse.dispatch import check_aggregation
-from fusegnn.sparse.graph import outside_inference_mode
 from fusegnn.sparse.propagate import check_propagation, propagate
 
 __all__ = ["SGConv"]

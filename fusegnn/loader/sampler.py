@@ -27,7 +27,6 @@ targets), never to the whole graph; a hop needs a few host syncs (output sizes).
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -37,7 +36,7 @@ from torch import Tensor
 
 from fusegnn.loader import draws
 from fusegnn.loader.relabel import append_new_nodes
-from fusegnn.sparse.graph import Graph, type_name
+from fusegnn.sparse.graph import Graph, is_integer, type_name
 
 __all__ = ["NeighborSampler", "SampledSubgraph", "check_num_neighbors"]
 
@@ -83,7 +82,7 @@ def check_num_neighbors(num_neighbors: Sequence[int]) -> list[int]:
         raise ValueError("num_neighbors must name at least one hop, got an empty list")
     for fanout in fanouts:
         # numpy / other integral scalars count (list(np.array([25, 10])) holds np.int64)
-        if isinstance(fanout, bool) or not isinstance(fanout, numbers.Integral) or fanout < -1:
+        if not is_integer(fanout) or fanout < -1:
             raise ValueError(
                 f"num_neighbors must hold ints >= 0 (or -1 for every neighbour), got {num_neighbors!r}"
             )

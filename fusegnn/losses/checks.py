@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from fusegnn.losses.target_memo import pair_facts
+from fusegnn.sparse.graph import is_integer
 
 __all__ = ["REDUCTIONS", "as_class_ids", "check_arguments", "check_options", "check_target_and_index"]
 
@@ -182,7 +183,7 @@ def check_options(owner: str, ignore_index, reduction, label_smoothing) -> None:
         raise TypeError(f"{owner}: label_smoothing must be a float, got {type(label_smoothing).__name__}")
     if not 0.0 <= float(label_smoothing) < 1.0:
         raise ValueError(f"{owner}: label_smoothing must be in [0, 1), got {label_smoothing}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+    if not is_integer(ignore_index):
         raise TypeError(f"{owner}: ignore_index must be an int, got {type(ignore_index).__name__}")
     if not -2**63 <= int(ignore_index) < 2**63:
         raise ValueError(f"{owner}: ignore_index must fit int64, got {ignore_index}")

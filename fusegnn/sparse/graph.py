@@ -748,11 +748,17 @@ def _graph_of_sparse(adj: Tensor) -> Graph:
     return graph
 
 
+def is_integer(value: Any) -> bool:
+    """``value`` is an integer scalar (a Python or NumPy int), not a bool: the one test of
+    the integer arguments fusegnn checks (counts, seeds, sizes)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_seed(seed: Any) -> int:
     """``seed`` as the int ``torch.Generator.manual_seed`` takes (any 64-bit value, signed or
     not; NumPy integers too). A float or a bool is refused: ``int()`` would turn 1.5 into 1
     and True into 1, another seed's draws under the value the caller passed."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    if not is_integer(seed):
         raise TypeError(f"seed must be an int, got {type_name(seed)} {seed!r}")
     if not -(2**63) <= int(seed) < 2**64:
         raise ValueError(f"seed must fit in 64 bits, got {seed}")

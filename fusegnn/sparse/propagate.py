@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from fusegnn.sparse.dispatch import check_aggregation
-from fusegnn.sparse.graph import Graph, as_graph
+from fusegnn.sparse.graph import Graph, as_graph, is_integer
 from fusegnn.sparse.graph_ref import GraphRef, graph_ref
 from fusegnn.sparse.halo import HaloGraph, held_graph
 from fusegnn.sparse.ops import check_node_tensor, spmm
@@ -44,7 +44,7 @@ __all__ = ["propagate", "check_propagation"]
 def check_propagation(K, alpha, what: str = "propagate") -> tuple[int, float]:
     """``K`` a non-negative int and ``alpha`` a real in ``[0, 1]``; returns them as
     ``(int, float)`` (errors name ``what``)."""
-    if isinstance(K, bool) or not isinstance(K, numbers.Integral):
+    if not is_integer(K):
         raise TypeError(f"{what}: K must be an int (the number of propagation steps), got {type(K).__name__}")
     if K < 0:
         raise ValueError(f"{what}: K must be >= 0, got {K}")

@@ -19,11 +19,9 @@ graph's structure.
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 
-from fusegnn.sparse.graph import Graph
+from fusegnn.sparse.graph import Graph, is_integer
 
 __all__ = ["WINDOW_ROWS", "estimate_tile_density"]
 
@@ -42,7 +40,7 @@ def estimate_tile_density(graph: Graph, W: int = WINDOW_ROWS, *, windows: int = 
     ``0.0`` for a graph without edges. Cached on the graph's structure; ``cached_only``
     returns ``None`` instead of computing it (inside a CUDA-graph capture, where its
     sorts' host syncs are not allowed)."""
-    if not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1 for n in (W, windows)):
+    if not all(is_integer(n) and n >= 1 for n in (W, windows)):
         raise ValueError(f"W and windows must be ints >= 1, got {W!r} and {windows!r}")
     W, windows = int(W), int(windows)
     key = f"row_window_density_estimate:{W}:{windows}:{seed}"

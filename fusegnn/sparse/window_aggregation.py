@@ -41,7 +41,6 @@ density; ``aggregation="auto"`` reads a sampled estimate of it
 from __future__ import annotations
 
 import math
-import numbers
 from typing import NamedTuple
 
 import torch
@@ -49,7 +48,7 @@ from torch import Tensor
 from fusegnn.kernels._autograd import differentiable_once
 
 from fusegnn.sparse import reference
-from fusegnn.sparse.graph import Graph, cache_value, type_name
+from fusegnn.sparse.graph import Graph, cache_value, is_integer, type_name
 from fusegnn.sparse.tile_density import WINDOW_ROWS
 from fusegnn.sparse.vector_library import use_kernel
 from fusegnn.sparse.vector_ops import vspmm
@@ -86,7 +85,7 @@ class GraphWindows(NamedTuple):
 
 def _check_rows(W: int) -> int:
     """``W`` as an ``int`` (a NumPy integer too; not a float, bool or tensor: it also keys the caches)."""
-    if isinstance(W, bool) or not isinstance(W, numbers.Integral) or int(W) not in RowWindows.VECTOR_SIZES:
+    if not is_integer(W) or int(W) not in RowWindows.VECTOR_SIZES:
         raise ValueError(f"W must be one of {RowWindows.VECTOR_SIZES}, got {W!r}")
     return int(W)
 
