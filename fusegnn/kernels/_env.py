@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["env_flag"]
+__all__ = ["ON_VALUES", "OFF_VALUES", "env_flag"]
 
-_ON = ("1", "true", "yes", "on", "y")
-_OFF = ("0", "false", "no", "off", "n")
+#: what reads as on / off (also ``TRITON_INTERPRET``'s on, :func:`fusegnn.kernels._triton.interpreter_enabled`)
+ON_VALUES = ("1", "true", "yes", "on", "y")
+OFF_VALUES = ("0", "false", "no", "off", "n")
 
 
 def env_flag(name: str, default: bool) -> bool:
@@ -24,13 +25,13 @@ def env_flag(name: str, default: bool) -> bool:
     if raw is None:
         return default
     value = raw.strip().lower()
-    if value in _ON:
+    if value in ON_VALUES:
         return True
-    if value in _OFF:
+    if value in OFF_VALUES:
         return False
     if value == "":
         return default
     raise ValueError(
         f"environment variable {name}={raw!r} is not an on / off switch: "
-        f"use one of {_ON} (on) or {_OFF} (off), or leave it unset (default: {'on' if default else 'off'})"
+        f"use one of {ON_VALUES} (on) or {OFF_VALUES} (off), or leave it unset (default: {'on' if default else 'off'})"
     )

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from fusegnn.kernels._env import ON_VALUES
 from fusegnn.kernels._launch import _Bound
 
 __all__ = [
@@ -46,7 +47,6 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: floating dtypes of the block-sparse attention kernels (tensor-core products: no float64)
 BLOCK_ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-_TRUE = ("1", "true", "yes", "on", "y")
 
 
 #: whether ``triton`` is installed, looked up once at import: the op layer asks in code that
@@ -66,7 +66,7 @@ def interpreter_enabled() -> bool:
     """``TRITON_INTERPRET`` asks for Triton's CPU interpreter (read now, every call; in code
     that ``torch.compile`` traces, read once while tracing and kept as a constant: the
     compiled code never reads the environment)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ON_VALUES
 
 
 def _triton_interprets() -> bool:

@@ -354,9 +354,9 @@ def edge_aggregate_forward(
     w2, heads = _flat_weight(weight)
     feat = math.prod(like.shape[1:]) // max(heads, 1)  # zero heads: zero columns
     run_feat = _run_width(feat, edge_attr)
-    # the padded copies live for the kernels only
+    # the padded copy of x lives for the kernels only (edge rows are never padded: _run_width)
     out, arg = _run_forward(
-        graph, _padded(x, heads, run_feat), _padded(edge_attr, heads, run_feat), w2, heads, run_feat,
+        graph, _padded(x, heads, run_feat), _flat(edge_attr), w2, heads, run_feat,
         like, activation, reduce == "max",
     )
     out_shape = (graph.num_dst_nodes,) + tuple(like.shape[1:])
@@ -391,10 +391,10 @@ def edge_aggregate_backward(
         run_cols = heads * run_feat
         need_z = activation == "relu" or need_w
         recompute = reduce == "max" and argmax is None
-        # the padded copies live for this pass only (x and the edge rows: read for z)
+        # the padded copies live for this pass only (x: read for z; edge rows are never padded)
         g2 = _padded(grad, heads, run_feat)
         x2 = _padded(x, heads, run_feat) if need_z or recompute else None
-        e2 = _padded(edge_attr, heads, run_feat) if need_z or recompute else None
+        e2 = _flat(edge_attr) if need_z or recompute else None
         if recompute:  # the forward's, at the same width
             _, arg2 = _run_forward(graph, x2, e2, w2, heads, run_feat, like, activation, True)
         else:
@@ -427,7 +427,6 @@ def edge_aggregate_backward(
                 IDX64=idx64, ACC64=acc_dtype == torch.float64, BLOCK_C=block_c, num_warps=4,
             )
         gx = unpad_heads(gx, heads, feat) if need_x else None
-        ge = unpad_heads(ge, heads, feat) if need_e else None
         if need_w:  # the zero columns added nothing to the dot products
             gw = gw_part.sum(-1) if num_fblocks > 1 else gw_part.squeeze(-1)
     else:
