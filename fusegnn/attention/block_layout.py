@@ -91,8 +91,11 @@ def _dedupe_patterns(patterns: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @dataclass(eq=False)
-class BlockLayout:
-    """Block-sparse (BCSR) layout of an attention mask; see the module docstring."""
+class BlockLayout(handles.Handled):
+    """Block-sparse (BCSR) layout of an attention mask; see the module docstring. A copy
+    has a handle of its own and prepares its kernel data again on use."""
+
+    _DERIVED = {"_prepared": lambda: None}
 
     L_q: int
     L_k: int
@@ -115,18 +118,6 @@ class BlockLayout:
     max_row_blocks: int
     max_col_blocks: int
     _mask: Mask | None = field(default=None, repr=False)
-
-    def __getstate__(self) -> dict:
-        # copy / pickle: the copy gets a handle of its own (see Mask.__getstate__) and
-        # prepares its kernel data again on use
-        state = dict(self.__dict__)
-        del state["handle"], state["_prepared"]
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self.handle = handles.register(self)
-        self._prepared = None
 
     def __post_init__(self) -> None:
         self.handle = handles.register(self)  # what compiled code passes to the custom ops

@@ -153,8 +153,10 @@ class _DeviceBuffer:
 
 
 # ----------------------------------------------------------------------------- base class
-class Mask:
+class Mask(handles.Handled):
     """An attention mask over ``L_q`` queries and ``L_k`` keys (see the module docstring).
+    A copy (``deepcopy``, ``pickle``, a saved model holding it) has a handle of its own and
+    empty caches, rebuilt on use.
 
     Subclasses implement :meth:`_allowed` (the exact predicate) and, where they can do it
     analytically, :meth:`_block_map` (otherwise it is derived from the elements).
@@ -169,6 +171,7 @@ class Mask:
     L_k: int
     num_heads: int = 1
     _graph_block_size = (64, 64)  # blocks to_graph walks the mask in
+    _DERIVED = {"_cache": dict}
 
     def __init__(self, L_q: int, L_k: int, num_heads: int = 1) -> None:
         self.L_q = _check_int(L_q, "L_q", 1)
@@ -176,19 +179,6 @@ class Mask:
         self.num_heads = _check_int(num_heads, "num_heads", 1)
         self._cache: dict[Any, Any] = {}
         self.handle = handles.register(self)  # what compiled code passes to the custom ops
-
-    def __getstate__(self) -> dict[str, Any]:
-        # copy.copy / deepcopy / pickle (a copied or saved model holding the mask): the
-        # caches are derived, rebuilt on use (and hold closures, which cannot be pickled);
-        # a handle belongs to one live object of one process
-        state = dict(self.__dict__)
-        del state["_cache"], state["handle"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._cache = {}
-        self.handle = handles.register(self)
 
     # ------------------------------------------------------------------ to implement
     def _allowed(self, q: Tensor, k: Tensor, h: Tensor | None) -> Tensor:
