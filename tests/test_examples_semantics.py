@@ -254,11 +254,16 @@ def _resolves(target: str, module) -> bool:
     return any(walk(scope, parts) for scope in scopes)
 
 
+#: fusegnn's optional dependencies (pyproject extras): references into them resolve only where installed
+_OPTIONAL_PACKAGES = ("ogb", "torch_scatter", "pymetis", "matplotlib", "torch_geometric")
+
+
 def test_docstring_cross_references_name_what_exists():
     """:func: / :class: / :meth: / :mod: / :attr: references in fusegnn's sources name
     something that exists (fusegnn.attention.library cited ``compiled_sparse_attention``,
     renamed long ago)."""
     import importlib
+    import importlib.util
     import inspect
     import pkgutil
     import re
@@ -269,6 +274,9 @@ def test_docstring_cross_references_name_what_exists():
     for info in pkgutil.walk_packages(fusegnn.__path__, "fusegnn."):
         module = importlib.import_module(info.name)
         for target in re.findall(r":(?:func|class|meth|mod|attr|exc):`([^`<]+?)`", inspect.getsource(module)):
+            root = target.lstrip("~.").split(".")[0]
+            if root in _OPTIONAL_PACKAGES and importlib.util.find_spec(root) is None:
+                continue  # an optional package not installed here (ogb on the GPU image): nothing to check
             if not _resolves(target, module):
                 stale.append(f"{info.name}: {target}")
     assert not stale, stale
