@@ -33,7 +33,7 @@ requires_pyg = pytest.mark.skipif(pyg_nn is None, reason=_REASON or "torch_geome
 F64 = torch.float64
 TOL = dict(rtol=1e-10, atol=1e-10)
 
-__all__ = ["pyg_nn", "requires_pyg", "randn", "layer_pair", "copy_pyg_params", "assert_same_as_pyg"]
+__all__ = ["pyg_nn", "requires_pyg", "randn", "layer_pair", "copy_pyg_params", "assert_same_as_pyg", "on_device"]
 
 
 def randn(*shape: int, seed: int) -> Tensor:
@@ -73,6 +73,18 @@ def _reference(cls) -> dict:
     return {"aggregation": "reference"} if "aggregation" in inspect.signature(cls).parameters else {}
 
 
+def on_device(value, device: torch.device | str):
+    """``value`` (a tensor, sparse tensor, module, :class:`fusegnn.Graph`, or any nesting of
+    tuples, lists and dicts of them) moved to ``device``; other values as they are."""
+    if isinstance(value, (Tensor, nn.Module)) or hasattr(value, "edge_index"):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(on_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: on_device(v, device) for k, v in value.items()}
+    return value
+
+
 def _clone_inputs(value, leaves: list):
     """A copy of ``value`` whose dense float tensors are new leaves requiring grad."""
     if isinstance(value, Tensor):
@@ -92,9 +104,10 @@ def _flatten(value) -> list[Tensor]:
     """The tensors of an output; a sparse matrix as its index tensors and its values."""
     if isinstance(value, Tensor):
         if value.layout == torch.sparse_coo:
-            return [torch.tensor(value.shape), value.indices(), value.values()]
+            return [torch.tensor(value.shape, device=value.device), value.indices(), value.values()]
         if value.layout == torch.sparse_csr:
-            return [torch.tensor(value.shape), value.crow_indices(), value.col_indices(), value.values()]
+            return [torch.tensor(value.shape, device=value.device), value.crow_indices(), value.col_indices(),
+                    value.values()]
         return [value]
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in _flatten(v)]
@@ -134,7 +147,7 @@ def assert_same_as_pyg(
             assert torch.equal(a, b), f"output {k} (an index tensor) differs"
             continue
         torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"output {k}: {m}")
-        g = randn(*a.shape, seed=seed + k)
+        g = randn(*a.shape, seed=seed + k).to(a.device)
         loss1, loss2 = loss1 + (a * g).sum(), loss2 + (b * g).sum()
     params1, params2 = dict(ours.named_parameters()), dict(theirs.named_parameters())
     trainable = [n for n, p in params2.items() if p.requires_grad]

@@ -35,12 +35,12 @@ import torch
 from fusegnn import Graph
 from fusegnn.layers import GATConv, GATv2Conv, TransformerConv
 from tests.graphs import random_graph
-from tests.pyg_compare import assert_same_as_pyg, layer_pair, pyg_nn, randn, requires_pyg
+from tests.pyg_compare import assert_same_as_pyg, layer_pair, on_device, pyg_nn, randn, requires_pyg
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), requires_pyg]
 
 F64 = torch.float64
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # of the fused paths (the reference runs on the CPU)
 LAYERS = {"GATConv": GATConv, "GATv2Conv": GATv2Conv, "TransformerConv": TransformerConv}
 GAT_FAMILY = ["GATConv", "GATv2Conv"]
 N = 7  # square graphs: 20 edges with self-loops, duplicates, a hub of 4, isolated nodes
@@ -70,8 +70,16 @@ def _compare(name: str, agg: str, args: tuple, kwargs: dict, inputs: tuple, pyg_
     ours, theirs = layer_pair(LAYERS[name], getattr(pyg_nn, name), *args, **kwargs)
     ours.aggregation = agg
     ours.eval(), theirs.eval()  # dropout (when set) has no effect in eval mode
+    device = _device(agg)
+    ours, theirs, inputs, pyg_inputs = on_device((ours, theirs, inputs, pyg_inputs), device)
     assert_same_as_pyg(ours, theirs, *inputs, pyg_args=pyg_inputs, pyg_kwargs=None if pyg_inputs is None else call,
                        **call)
+
+
+def _device(agg: str) -> str:
+    """Where a case runs: the fused paths on the GPU where there is one (on a CPU, through
+    Triton's interpreter), the reference on the CPU."""
+    return "cpu" if agg == "reference" else DEVICE
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -222,10 +230,11 @@ def test_repeated_calls_on_one_graph(name, agg):
     ours.aggregation = agg
     ours.eval(), theirs.eval()
     x, ei, ea = randn(N, 5, seed=1), _square(), randn(20, 3, seed=2)
+    ours, theirs, x, ei, ea = on_device((ours, theirs, x, ei, ea), _device(agg))
     graph = Graph(ei, N)
     for edge_attr in (ea, 2 * ea + 1, ea):
         assert_same_as_pyg(ours, theirs, x, graph, edge_attr, pyg_args=(x, ei, edge_attr))
-    perm = torch.randperm(20, generator=torch.Generator().manual_seed(0))
+    perm = torch.randperm(20, generator=torch.Generator().manual_seed(0)).to(ei.device)
     assert_same_as_pyg(ours, theirs, x, ei[:, perm], ea[perm], return_attention_weights=True)
 
 
