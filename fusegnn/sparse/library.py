@@ -91,7 +91,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fusegnn.sparse import reference, reference_grads
-from fusegnn.sparse.dispatch import Backend, backend_named, explain, for_capture, resolve_aggregation
+from fusegnn.sparse.dispatch import (
+    Backend, backend_named, deterministic, explain, for_capture, is_deterministic, resolve_aggregation,
+)
 from fusegnn.sparse.graph import _REGISTRY, Graph, graph_by_uid
 from fusegnn.sparse.graph_ref import (
     GAT_SELF_LOOPS,
@@ -151,6 +153,21 @@ def resolve(ref: GraphRef) -> Graph:
     """The processed :class:`Graph` that ``ref`` stands for (at run time, never traced)."""
     graph, _ = transformed(_base_graph(ref.uid, ref.edge_index, ref.num_src_nodes, ref.num_dst_nodes), ref.transform)
     return graph
+
+
+#: What a compiled call passes its op for ``aggregation="auto"`` in deterministic mode
+#: (:func:`traced_aggregation`): the op and its backward op then both decide ``"auto"``
+#: inside :func:`~fusegnn.sparse.dispatch.deterministic`. The mode is thread-local, and a
+#: CUDA backward runs in the autograd engine's own threads, where it is off: re-deciding
+#: ``"auto"`` there took GAS (atomics) after a deterministic forward.
+DETERMINISTIC_AUTO = "auto:deterministic"
+
+
+def traced_aggregation(aggregation: str) -> str:
+    """``aggregation`` as a compiled call hands it to its op: :data:`DETERMINISTIC_AUTO` for
+    ``"auto"`` in deterministic mode. Read while Dynamo traces, so the mode is guarded: a
+    call after the mode changed recompiles."""
+    return DETERMINISTIC_AUTO if aggregation == "auto" and is_deterministic() else aggregation
 
 
 def _resolved(aggregation: str, graph: Graph, *tensors: Tensor, op: str = "") -> str:
@@ -290,8 +307,12 @@ def _custom_op(name: str, inputs: str, returns: int, impl: Callable[..., Any], f
     every compiled call."""
     names = [n for _, n in _args(inputs)]
     w_at = _NUM_GRAPH_ARGS + names.index(weighted) if weighted else None
+    agg_at = _NUM_GRAPH_ARGS + names.index("aggregation") if "aggregation" in names else None
 
     def run(*args):
+        if agg_at is not None and args[agg_at] == DETERMINISTIC_AUTO:
+            with deterministic(True):
+                return run(*args[:agg_at], "auto", *args[agg_at + 1:])
         graph, edge_index, num_src, num_dst, _, transform = args[:_NUM_GRAPH_ARGS]
         base = _base_graph(graph, edge_index, num_src, num_dst, validate)
         processed, weight = transformed(base, transform, args[w_at] if w_at is not None else None)
@@ -715,24 +736,25 @@ def _graph_args(ref: GraphRef) -> tuple:
 def spmm(ref: GraphRef, x: Tensor, weight: Optional[Tensor], reduce: str, aggregation: str) -> Tensor:
     """``fusegnn::spmm``: :func:`fusegnn.sparse.spmm` on ``ref`` (arguments checked by the
     caller). ``weight`` ``None`` aggregates with the processed graph's own weights."""
-    return _spmm_op(*_graph_args(ref), x, weight, reduce, aggregation)
+    return _spmm_op(*_graph_args(ref), x, weight, reduce, traced_aggregation(aggregation))
 
 
 def edge_aggregate(ref: GraphRef, x: Optional[Tensor], edge_attr: Optional[Tensor], weight: Optional[Tensor],
                    activation: Optional[str], reduce: str, aggregation: str) -> Tensor:
     """``fusegnn::edge_aggregate``: :func:`fusegnn.sparse.edge_aggregate` on ``ref``
     (arguments checked; ``activation`` ``None`` travels as ``""``)."""
-    return _edge_aggregate_op(*_graph_args(ref), x, edge_attr, weight, activation or "", reduce, aggregation)
+    return _edge_aggregate_op(*_graph_args(ref), x, edge_attr, weight, activation or "", reduce,
+                              traced_aggregation(aggregation))
 
 
 def sddmm(ref: GraphRef, a: Tensor, b: Tensor, op: str, aggregation: str) -> Tensor:
     """``fusegnn::sddmm``: :func:`fusegnn.sparse.sddmm` on ``ref`` (arguments checked)."""
-    return _sddmm_op(*_graph_args(ref), a, b, op, aggregation)
+    return _sddmm_op(*_graph_args(ref), a, b, op, traced_aggregation(aggregation))
 
 
 def edge_softmax(ref: GraphRef, scores: Tensor, aggregation: str) -> Tensor:
     """``fusegnn::edge_softmax``: :func:`fusegnn.sparse.edge_softmax` on ``ref``."""
-    return _edge_softmax_op(*_graph_args(ref), scores, aggregation)
+    return _edge_softmax_op(*_graph_args(ref), scores, traced_aggregation(aggregation))
 
 
 def gat_attention(ref: GraphRef, h: Tensor, score_src: Tensor, score_dst: Tensor, negative_slope: float,
@@ -751,7 +773,7 @@ def gat_attention(ref: GraphRef, h: Tensor, score_src: Tensor, score_dst: Tensor
     )
     out, _, alpha = _gat_op(
         *_graph_args(ref), h, score_src, score_dst, score_edge, seed, float(negative_slope), float(p),
-        bool(return_alpha), aggregation,
+        bool(return_alpha), traced_aggregation(aggregation),
     )
     if single:
         out, alpha = out.squeeze(1), alpha.squeeze(1)
@@ -771,6 +793,6 @@ def gatv2_attention(ref: GraphRef, x_l: Tensor, x_r: Tensor, att: Tensor, edge_a
     seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=x_l.device) if p > 0.0 else None
     out, _, alpha = _gatv2_op(
         *_graph_args(ref), x_l, x_r, att, edge_attr, seed, float(negative_slope), float(p),
-        bool(return_alpha), aggregation,
+        bool(return_alpha), traced_aggregation(aggregation),
     )
     return out, (alpha if return_alpha else None)
