@@ -80,8 +80,10 @@ def _mlp(width_in: int, width_out: int) -> torch.nn.Module:
 
 
 #: name -> (constructor arguments given (in, out), whether it takes edge features, the
-#: dtype PyG's layer of that name returns under autocast: "half" (its last op is a linear)
-#: or float32 (a float32 bias, coefficient or edge weight added or multiplied after it))
+#: dtype PyG's layer of that name returns under autocast: "half" (its last op is a linear),
+#: float32 (a float32 bias, coefficient or edge weight added or multiplied after it) or
+#: "softmax" (half scores normalised by ``exp``, which CUDA autocast runs in float32 and
+#: CPU autocast does not: float32 coefficients multiply the messages on CUDA only))
 LAYERS = {
     "GCNConv": (lambda i, o: ((i, o), {}), False, torch.float32),
     "GATConv": (lambda i, o: ((i, o), {"heads": 2}), False, torch.float32),
@@ -94,8 +96,8 @@ LAYERS = {
     "SGConv": (lambda i, o: ((i, o), {"K": 2}), False, "half"),
     "APPNP": (lambda i, o: ((), {"K": 2, "alpha": 0.1}), False, torch.float32),
     "GraphConv": (lambda i, o: ((i, o), {}), False, "half"),
-    "TransformerConv": (lambda i, o: ((i, o), {"heads": 2}), False, "half"),
-    "TransformerConv-edges": (lambda i, o: ((i, o), {"heads": 2, "edge_dim": 3}), True, "half"),
+    "TransformerConv": (lambda i, o: ((i, o), {"heads": 2}), False, "softmax"),
+    "TransformerConv-edges": (lambda i, o: ((i, o), {"heads": 2, "edge_dim": 3}), True, "softmax"),
 }
 SPMM_LAYERS = ("GCNConv", "SGConv", "APPNP")  # the layers that run nothing but spmm ("window" too)
 WIDTHS = {"widening": (5, 6), "narrowing": (8, 3)}  # both orders of aggregation and projection
@@ -123,6 +125,8 @@ def _layer_inputs(name: str, widths: tuple[int, int]):
 
 def _expected_dtype(name: str) -> torch.dtype:
     dtype = LAYERS[name][2]
+    if dtype == "softmax":
+        return torch.float32 if DEVICE.type == "cuda" else HALF
     return HALF if dtype == "half" else dtype
 
 
@@ -260,3 +264,24 @@ def test_layers_without_bias_return_half_under_autocast(name, aggregation):
         layer = getattr(ours, name)(*widths, bias=False, aggregation=aggregation, **kwargs).to(DEVICE)
         with autocast():
             assert layer(randn(12, widths[0], seed=9), edge_index).dtype == HALF
+
+
+# --------------------------------------------------------------------------- edge_softmax
+@pytest.mark.parametrize("aggregation", EDGE_PATHS)
+@pytest.mark.parametrize("heads", [(), (2,)], ids=["flat", "heads"])
+def test_edge_softmax_under_autocast_has_torch_softmaxs_dtype(aggregation, heads):
+    """Under autocast ``edge_softmax`` returns what ``torch.softmax`` returns there (float32
+    on CUDA, the half dtype on the CPU), on every path, with float32-accurate values and a
+    gradient in the scores' dtype."""
+    from fusegnn.sparse import edge_softmax
+
+    g = graph()
+    scores = randn(g.num_edges, *heads, seed=3, dtype=HALF, grad=True)
+    with autocast():
+        alpha = edge_softmax(g, scores, aggregation=aggregation)
+        expected_dtype = torch.softmax(scores, dim=0).dtype
+    assert alpha.dtype == expected_dtype
+    exact = reference.edge_softmax(g, scores.detach().double())
+    torch.testing.assert_close(alpha.double(), exact, **HALF_TOL)
+    alpha.sum().backward()
+    assert scores.grad is not None and scores.grad.dtype == HALF

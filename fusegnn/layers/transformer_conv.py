@@ -39,8 +39,11 @@ def _query_edge_scores(graph: Graph, query: Tensor, edge_attr: Tensor, lin_edge:
     heads, channels = query.shape[1:]
     edge_dim = edge_attr.size(-1)
     if edge_dim < channels:
-        projected = torch.einsum("nhc,hcd->nhd", query, lin_edge.weight.view(heads, channels, edge_dim))
-        return (projected.index_select(0, dst) * edge_attr.unsqueeze(1)).sum(dim=-1)
+        # weight and edge features in the queries' dtype: half under autocast, as PyG's
+        # lin_edge(e) is there
+        weight = lin_edge.weight.view(heads, channels, edge_dim).to(query.dtype)
+        projected = torch.einsum("nhc,hcd->nhd", query, weight)
+        return (projected.index_select(0, dst) * edge_attr.to(query.dtype).unsqueeze(1)).sum(dim=-1)
     return (query.index_select(0, dst) * edge_values).sum(dim=-1)
 
 
@@ -202,6 +205,9 @@ class TransformerConv(nn.Module):
         if edge_values is not None:
             scores = scores + _query_edge_scores(graph, query, edge_attr, self.lin_edge, edge_values)
         alpha = edge_softmax(graph, scores / math.sqrt(C), aggregation=agg)
+        if alpha.dtype != value.dtype:  # float32 under CUDA autocast: PyG's v_j * alpha promotes
+            value = value.to(alpha.dtype)
+            edge_values = edge_values.to(alpha.dtype) if edge_values is not None else None
         weights = F.dropout(alpha, p=self.dropout, training=self.training)
         if edge_values is None:
             out = spmm(graph, value, weights, aggregation=agg)  # [N_dst, H, C]

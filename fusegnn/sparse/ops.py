@@ -258,6 +258,9 @@ def sddmm(
     return backend.sddmm(graph, a, b, op)
 
 
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
 def edge_softmax(graph: Graph | Tensor, scores: Tensor, *, aggregation: str = "auto") -> Tensor:
     r"""Softmax of edge scores over each target's incoming edges, per head.
 
@@ -270,11 +273,18 @@ def edge_softmax(graph: Graph | Tensor, scores: Tensor, *, aggregation: str = "a
         scores: ``[E]`` or ``[E, H]``; ``-inf`` masks an edge out. A target whose edges
             are all masked gets zeros, never NaN.
         aggregation: backend choice, as for :func:`spmm`.
+
+    **Autocast.** Under CUDA autocast, half scores are normalised in float32 and the
+    coefficients come back float32, as ``torch.softmax`` and ``torch.exp`` do there (both
+    are on CUDA autocast's float32 list; PyG's ``softmax`` is built on ``exp``). CPU
+    autocast lists neither, so there the scores' dtype is kept.
     """
     graph = graph_arg(with_halo_rows(graph)[0])
     if not isinstance(scores, Tensor):
         raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
     check_node_tensor(scores, graph, graph.num_edges, "scores", (1, 2))
+    if scores.device.type == "cuda" and scores.dtype in _HALF_DTYPES and torch.is_autocast_enabled("cuda"):
+        scores = scores.float()
     if isinstance(graph, GraphRef):
         return library.edge_softmax(graph, scores, check_aggregation(aggregation))
     backend = resolve_aggregation(aggregation, graph, scores)
