@@ -43,6 +43,12 @@ pure-PyTorch reference -- and why (the op layer's own reason,
 fused kernels need CUDA, or Triton's interpreter (``TRITON_INTERPRET=1`` with
 ``--aggregation gas`` / ``gar``), which is slow and meant for testing.
 
+``--reorder rcm|degree|metis`` renumbers the nodes in a locality order before training
+(:meth:`fusegnn.datasets.NodeDataset.reorder`: neighbours get nearby ids, so the kernels'
+row gathers hit the L2 cache more; the graph and the results are the same). It pays on
+large graphs: 6-12 % a step on the Reddit-sized graph on an H100 (METIS), after a one-time
+ordering on the host (RCM 12 s, METIS 51 s there; ``metis`` needs ``pymetis``).
+
 Data is looked for in ``--root``, then ``$FUSEGNN_DATA``, then ``~/.cache/fusegnn``, then
 downloaded. A missing data set, a ``--root`` that does not exist or a path that cannot run
 here is one message and exit status 2 (``--debug`` shows the traceback). The progress
@@ -77,6 +83,7 @@ from fusegnn.datasets import DATASETS, NodeDataset, cache_dir, load_dataset
 from fusegnn.loader import NeighborLoader
 from fusegnn.models import GAT, GCN, GIN, SGC, APPNPNet, GATv2, GraphSAGE
 from fusegnn.sparse import SPMM_AGGREGATIONS
+from fusegnn.sparse.reorder import REORDER_METHODS
 from fusegnn.sparse.dispatch import Decision, decisions_taken, for_capture
 
 RECIPES = {
@@ -130,6 +137,8 @@ def parse_args(argv: list[str] | None = None, *, hidden: tuple[str, ...] = (),
                    help="with --sampled: neighbours drawn per hop, comma-separated (-1: all)")
     p.add_argument("--batch-size", type=int, default=1024, help="with --sampled: seed nodes per batch")
     p.add_argument("--no-normalize-features", action="store_true", help="keep raw Planetoid features")
+    p.add_argument("--reorder", choices=("none",) + REORDER_METHODS, default="none",
+                   help="renumber the nodes in a locality order first (faster steps on large graphs)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar or path lines (the bar is off anyway unless stdout and stderr are terminals)")
@@ -389,12 +398,19 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         check_device_present(device)
         data = load_dataset(args.dataset, args.root, **kwargs).to(device)
+        reorder_s = None
+        if args.reorder != "none":
+            started = time.perf_counter()
+            data = data.reorder(args.reorder)
+            reorder_s = time.perf_counter() - started
         report, paths = path_report(args, data, device)
     except USER_ERRORS as err:
         fail(err, "train.py", debug=args.debug)
     if not args.quiet:
         steps = "training steps replayed as a CUDA graph" if args.cuda_graph else "eager training steps"
         print(f"{data}  on {device}  aggregation={args.aggregation}  ({steps})", file=sys.stderr)
+        if reorder_s is not None:
+            print(f"nodes renumbered in {args.reorder} order in {reorder_s:.1f} s", file=sys.stderr)
         print("\n".join(report), file=sys.stderr)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -415,6 +431,7 @@ def main(argv: list[str] | None = None) -> dict:
         "epoch_ms_median": statistics.median(r["epoch_ms_median"] for r in results),
         "peak_mem_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "aggregation": args.aggregation,
+        "reorder": args.reorder,
         "paths": paths,
         "cuda_graph": args.cuda_graph,
         "sampled": {"num_neighbors": args.num_neighbors, "batch_size": args.batch_size} if args.sampled else None,

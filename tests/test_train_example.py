@@ -453,3 +453,16 @@ def test_root_help_names_the_cache_directory(name, capsys, monkeypatch, tmp_path
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert f"else the cache {tmp_path / 'fusegnn'}, else a download into the cache" in _help_text(capsys, monkeypatch, name)
     assert not (tmp_path / "fusegnn").exists()
+
+
+@needs_data
+def test_reorder_trains_on_the_renumbered_nodes(capsys):
+    """``--reorder rcm``: the run says it renumbered the nodes, trains to GCN's accuracy
+    range on the same graph and records the order in the summary; a bad order is refused."""
+    train = _load_train_module()
+    summary = train.main(["--root", str(DATA), "--device", "cpu", "--runs", "1", "--epochs", "100", "--reorder", "rcm"])
+    assert summary["reorder"] == "rcm" and summary["test_acc_mean"] > 0.75
+    assert "nodes renumbered in rcm order" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--reorder", "spectral"])
+    assert exit_info.value.code == 2
