@@ -47,7 +47,8 @@ fused kernels need CUDA, or Triton's interpreter (``TRITON_INTERPRET=1`` with
 (:meth:`fusegnn.datasets.NodeDataset.reorder`: neighbours get nearby ids, so the kernels'
 row gathers hit the L2 cache more; the graph and the results are the same). It pays on
 large graphs: 6-12 % a step on the Reddit-sized graph on an H100 (METIS), after a one-time
-ordering on the host (RCM 12 s, METIS 51 s there; ``metis`` needs ``pymetis``).
+ordering on the host (RCM 12 s, METIS 51 s there, so it pays back after 13,000-18,000 steps;
+``metis`` needs ``pymetis``).
 
 Data is looked for in ``--root``, then ``$FUSEGNN_DATA``, then ``~/.cache/fusegnn``, then
 downloaded. A missing data set, a ``--root`` that does not exist or a path that cannot run
