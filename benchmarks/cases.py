@@ -19,12 +19,17 @@ Figure 5.11), one training step of a 2-layer model per case, named
   Reddit-like each also with the input cut to its first 64 features (suffix ``-in64``,
   ``sage-reddit-h128-in64``): PyG fits in an H100's memory only with the narrow input.
 
+* a mid-size graph, the ogbn-arxiv-sized generated graph (169,343 nodes, 2.3M edges
+  after symmetrisation, 128 features, 40 classes; ``generate_ogbn_like("arxiv")``), where a
+  step is bound neither by launches nor by huge degrees: GCN at hidden 128 and 256,
+  GraphSAGE and GIN at 128, GAT 8 x 8 and 1 x 64, GATv2 8 x 16 (``gcn-arxiv-h128`` ...).
+
 Suite ``agg``: the aggregation alone, ``out = A @ x`` with the GCN-normalised Reddit-like
 adjacency (self-loops included), forward and backward, at ``F`` in 16, 64, 128, 256:
 ``agg-reddit-f16`` ... ``agg-reddit-f256``.
 
-``--quick`` keeps the cases marked ``quick``: every small-graph case (they take
-milliseconds) and the Reddit-like cases at width 16 and 128 plus ``gat-reddit-8x16``.
+``--quick`` keeps the cases marked ``quick``: every small-graph and arxiv-sized case
+(they take milliseconds) and the Reddit-like cases at width 16 and 128 plus ``gat-reddit-8x16``.
 """
 
 from __future__ import annotations
@@ -109,7 +114,19 @@ def _paper_cases() -> list[Case]:
         if dataset == "cora":  # CiteSeer: the published recipes, beside the other small graphs
             cases.append(Case("gcn-citeseer-h16", "paper", "citeseer", "gcn", 16, 1, True, "GCN recipe"))
             cases.append(Case("gat-citeseer-8x8", "paper", "citeseer", "gat", 8, 8, True, "GAT recipe (8 heads x 8)"))
+        if dataset == "pubmed":  # the mid-size graph, between the small ones and Reddit-like
+            cases.extend(_arxiv_cases())
     return cases
+
+
+def _arxiv_cases() -> list[Case]:
+    """The ogbn-arxiv-sized graph: the everyday mid-size benchmark of GNN papers."""
+    note = "mid-size graph (ogbn-arxiv-sized)"
+    shapes = [("gcn", 128, 1), ("gcn", 256, 1), ("sage", 128, 1), ("gin", 128, 1), ("gat", 8, 8),
+              ("gat", 64, 1), ("gatv2", 16, 8)]
+    return [Case(f"{model}-arxiv-{heads}x{width}" if model in ("gat", "gatv2") else f"{model}-arxiv-h{width}",
+                 "paper", "arxiv", model, width, heads, True, note)
+            for model, width, heads in shapes]
 
 
 def _library_cases(dataset: str) -> list[Case]:

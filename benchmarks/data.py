@@ -8,6 +8,9 @@
 * ``reddit``: Reddit-like, generated in memory on the device by
   :func:`fusegnn.datasets.synthetic.generate_reddit_like` (232,965 nodes and
   114,615,892 edges at ``scale=1``).
+* ``arxiv``: ogbn-arxiv-like, generated the same way by
+  :func:`fusegnn.datasets.synthetic.generate_ogbn_like` (169,343 nodes, 128 features, 40
+  classes, about 2.3M edges after symmetrisation at ``scale=1``).
 
 :class:`DatasetCache` keeps one data set at a time (cases are ordered by data set), so
 Reddit-like is generated once per suite and freed before anything else is loaded.
@@ -39,7 +42,8 @@ class DataConfig:
     Attributes:
         root: base directory of the Planetoid raw files (``<root>/<Name>/raw``).
         device: where every tensor goes.
-        scale: Reddit-like size as a fraction of Reddit's nodes.
+        scale: size of the generated graphs (Reddit-like, arxiv-like) as a fraction of
+            the real one's nodes.
         avg_degree: Reddit-like directed edges per node (``None``: Reddit's, about 492;
             tiny scales need a smaller one).
         seed: seed of generated graphs and random features.
@@ -64,8 +68,13 @@ def load_benchmark_dataset(name: str, config: DataConfig) -> tuple[NodeDataset, 
         data = generate_reddit_like(config.scale, config.seed, config.device, **kwargs)
         degree = "Reddit's average degree" if config.avg_degree is None else f"avg degree {config.avg_degree:g}"
         source = f"synthetic Reddit-like (generate_reddit_like, scale {config.scale:g}, {degree}, seed {config.seed})"
+    elif key == "arxiv":
+        from fusegnn.datasets.synthetic import generate_ogbn_like
+
+        data = generate_ogbn_like("arxiv", config.scale, config.seed, config.device)
+        source = f"synthetic ogbn-arxiv-like (generate_ogbn_like, scale {config.scale:g}, seed {config.seed})"
     else:
-        raise ValueError(f"unknown benchmark data set {name!r}; known: cora, citeseer, pubmed, reddit")
+        raise ValueError(f"unknown benchmark data set {name!r}; known: cora, citeseer, pubmed, arxiv, reddit")
     return data.to(config.device), source
 
 

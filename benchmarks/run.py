@@ -89,7 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-s", type=float, default=3.0, help="stop warming up after this many seconds (>= 2 steps)")
     p.add_argument("--rtol", type=float, default=1e-4, help="max-norm relative tolerance of the correctness check")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--scale", type=float, default=1.0, help="Reddit-like size (fraction of Reddit's nodes)")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="size of the generated graphs (Reddit-like, arxiv-like) as a fraction of the real one's nodes")
     p.add_argument("--avg-degree", type=float, help="Reddit-like edges per node (default: Reddit's ~492)")
     p.add_argument("--data-root", default=default_data_root(),
                    help="Planetoid root (<root>/<Name>/raw); default $FUSEGNN_DATA or .carry/planetoid")

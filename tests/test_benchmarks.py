@@ -166,6 +166,22 @@ def _handing_over_agg_backend() -> bench_backends.AggBackend:
     return bench_backends.AggBackend("handing-over", prepare, "auto")
 
 
+def test_paper_suite_on_a_tiny_arxiv_like_graph(tmp_path, one_thread):
+    """The mid-size cases load the generated ogbn-arxiv-like graph (``--scale`` shrinks it)
+    and check every backend against the reference before timing."""
+    backends = "fusegnn-reference,fusegnn" + (",pyg" if importlib.util.find_spec("torch_geometric") else "")
+    code = main(["--suite", "paper", "--cases", "sage-arxiv-h128", "--scale", "0.005", "--backends", backends,
+                 "--out", str(tmp_path), "--no-png", *FAST])
+    assert code == 0
+    doc = _load(tmp_path / "paper" / "cpu.json")
+    assert doc["datasets"]["arxiv"]["nodes"] == round(0.005 * 169_343)
+    assert doc["datasets"]["arxiv"]["classes"] == 40 and doc["datasets"]["arxiv"]["features"] == 128
+    rows = _by_backend(doc, "sage-arxiv-h128")
+    assert set(rows) == set(backends.split(","))
+    for row in rows.values():
+        assert row["ok"] and row["ms"] > 0, row
+
+
 def test_agg_suite_on_tiny_reddit_like(tmp_path, monkeypatch, one_thread):
     pytest.importorskip("fusegnn.datasets.synthetic", reason="Reddit-like generator not available")
     monkeypatch.setitem(bench_backends.AGG_BACKENDS, "wrong", _wrong_agg_backend())
@@ -224,11 +240,18 @@ def test_case_grid_names():
     assert len(paper) == len(set(paper))
     assert [c.name for c in suite_cases("agg")] == [f"agg-reddit-f{f}" for f in (16, 64, 128, 256)]
     assert [c.name for c in select_cases("paper", ["gat-*-8x*"])] == [
-        "gat-cora-8x8", "gat-citeseer-8x8", "gat-pubmed-8x8", "gat-reddit-8x16",
+        "gat-cora-8x8", "gat-citeseer-8x8", "gat-pubmed-8x8", "gat-arxiv-8x8", "gat-reddit-8x16",
     ]
     assert [c.name for c in select_cases("paper", ["*-citeseer-*"])] == ["gcn-citeseer-h16", "gat-citeseer-8x8"]
     quick = {c.name for c in select_cases("paper", quick=True)}
     assert "gcn-cora-h512" in quick and "gcn-reddit-h512" not in quick and "gcn-reddit-h16" in quick
+    arxiv = [c.name for c in select_cases("paper", ["*-arxiv-*"])]
+    assert arxiv == ["gcn-arxiv-h128", "gcn-arxiv-h256", "sage-arxiv-h128", "gin-arxiv-h128", "gat-arxiv-8x8",
+                     "gat-arxiv-1x64", "gatv2-arxiv-8x16"]
+    assert set(arxiv) <= quick
+    datasets = [c.dataset for c in suite_cases("paper")]  # grouped: each data set loaded once
+    assert [d for k, d in enumerate(datasets) if k == 0 or datasets[k - 1] != d] == [
+        "cora", "citeseer", "pubmed", "arxiv", "reddit"]
 
 
 def test_cuda_graph_backends_are_registered():
@@ -395,7 +418,7 @@ def test_pubmed_loads_without_allx():
     from benchmarks.data import DataConfig, load_benchmark_dataset
 
     root = default_data_root()
-    if not (Path(root) / "PubMed" / "raw" / "ind.pubmed.graph").is_file():
+    if root is None or not (Path(root) / "PubMed" / "raw" / "ind.pubmed.graph").is_file():
         pytest.skip("PubMed raw files not found ($FUSEGNN_DATA or .carry/planetoid)")
     data, source = load_benchmark_dataset("pubmed", DataConfig(root, torch.device("cpu")))
     assert (data.num_nodes, data.num_edges, data.num_features, data.num_classes) == (19717, 88648, 500, 3)
