@@ -9,6 +9,9 @@ is what can be observed). Checked:
 
 * :func:`~fusegnn.sparse.propagate` (SGC, APPNP): its backward, K aggregations on the
   reversed graph, decides ``"auto"`` in the forward's deterministic and capture modes.
+* a compiled op's backward decides ``"auto"`` in its forward's mode also when that mode is
+  *off* in a block (``deterministic(False)``) while it is on globally
+  (``set_deterministic(True)``): the engine's thread sees only the global switch.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ if not torch.cuda.is_available():  # fused kernels run through Triton's CPU inte
 
 import pytest  # noqa: E402
 
-from fusegnn.sparse import Graph, dispatch, propagate  # noqa: E402
+from fusegnn.sparse import Graph, dispatch, library, propagate, sddmm, spmm  # noqa: E402
 from tests.graphs import random_graph  # noqa: E402
 from tests.test_compile import fresh_dynamo  # noqa: E402,F401  (autouse: Dynamo reset around every test)
 
@@ -84,3 +87,29 @@ def test_propagate_backward_decides_in_the_forwards_modes(monkeypatch, mode):
         _in_another_thread(loss.backward)
     assert x.grad is not None
     assert seen and set(seen) == {mode}
+
+
+@pytest.fixture
+def globally_deterministic():
+    """``set_deterministic(True)`` for the test, switched off after it."""
+    dispatch.set_deterministic(True)
+    try:
+        yield
+    finally:
+        dispatch.set_deterministic(False)
+
+
+@pytest.mark.parametrize("op", ["spmm", "sddmm"])
+def test_compiled_backward_keeps_a_blocks_mode_off(monkeypatch, globally_deterministic, op):
+    seen: list[bool] = []
+    explain = library.explain
+    monkeypatch.setattr(library, "explain",
+                        lambda *a, **k: (seen.append(dispatch.is_deterministic()), explain(*a, **k))[1])
+    graph, x = _graph(), _rand(N, 4, seed=1)
+    fn = (lambda x: spmm(graph, x)) if op == "spmm" else (lambda x: sddmm(graph, x, x))
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    with dispatch.deterministic(False):
+        loss = compiled(x).sum()
+        _in_another_thread(loss.backward)
+    assert x.grad is not None
+    assert seen and not any(seen)
