@@ -13,8 +13,10 @@ splits into several segments.
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import torch
+from torch import Tensor
 
 if not torch.cuda.is_available():  # run the Triton kernels on the CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -365,6 +367,47 @@ def test_gar_weight_memo_follows_in_place_changes():
     assert torch.equal(first, again)
     w.mul_(2.0)  # in place: the memo must not serve the old order
     torch.testing.assert_close(spmm(graph, x, w, aggregation="gar"), reference.spmm(graph, x, w))
+
+
+def _columns_in_reused_memory(num_edges: int) -> tuple[Tensor, Callable[[], Tensor]]:
+    """``(first, make_second)``: two weights, each column 0 of an ``[E, 3]`` float64 tensor
+    (not contiguous), that take the same memory one after the other with other values
+    (call ``make_second`` once nothing holds ``first``). On CUDA the caching allocator
+    hands the freed block out again; on the CPU memory that the test owns (a NumPy array)
+    plays the allocator."""
+    if CUDA:
+        first = torch.rand(num_edges, 3, dtype=torch.float64, device=DEVICE)[:, 0]
+        address = first.data_ptr()
+
+        def make_second() -> Tensor:
+            second = torch.rand(num_edges, 3, dtype=torch.float64, device=DEVICE)[:, 0]
+            if second.data_ptr() != address:
+                pytest.skip("the caching allocator did not hand the block out again")
+            return second
+
+        return first, make_second
+    np = pytest.importorskip("numpy")
+    memory = np.random.default_rng(0).random((num_edges, 3))
+
+    def make_second() -> Tensor:
+        memory[:] = np.random.default_rng(1).random(memory.shape)  # the next tensor's values
+        return torch.from_numpy(memory)[:, 0]
+
+    return torch.from_numpy(memory)[:, 0], make_second
+
+
+def test_gar_weight_memo_survives_a_reused_address():
+    """The memo is keyed by the weight's address (with its shape, strides, dtype and
+    version) and must keep that memory alive while it holds the key. For a weight that is
+    not contiguous it kept only its contiguous copy: once the weight died, the next tensor
+    in its memory had the same key and other values, and GAR aggregated the old ones."""
+    graph = _graph(num_nodes=10, num_edges=60, seed=17, hub=30)
+    x, _ = _inputs(graph, None, 3, "e", seed=17)
+    first, make_second = _columns_in_reused_memory(graph.num_edges)
+    spmm(graph, x, first, aggregation="gar")
+    del first
+    second = make_second()
+    torch.testing.assert_close(spmm(graph, x, second, aggregation="gar"), reference.spmm(graph, x, second))
 
 
 def test_gar_plan_is_cached_and_split():

@@ -177,8 +177,16 @@ def _flatten(graph: Graph, x: Tensor, weight: Tensor | None) -> tuple[Tensor, Te
 
 
 def _weight_key(weight: Tensor | None) -> tuple | None:
-    """Identity of a weight tensor for the grouped-order memo (``None``: do not memoise)."""
+    """Identity of a weight tensor for the grouped-order memo (``None``: do not memoise).
+
+    The key holds the weight's address, so the memo must keep that memory alive
+    (:func:`_grouped_weight` keeps the flattened weight, a view of it only when the weight
+    is contiguous): a weight that is not contiguous (a column of an ``[E, D]`` tensor) is
+    not memoised, else once it died the next tensor in its memory (the CUDA caching
+    allocator reuses it at once) had its key and other values."""
     if weight is None or weight.requires_grad or weight.is_inference():  # no version counter
+        return None
+    if not weight.is_contiguous():  # flattened into a copy, which alone the memo would keep
         return None
     return (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype, weight._version)
 

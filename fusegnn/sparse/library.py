@@ -161,6 +161,12 @@ def resolve(ref: GraphRef) -> Graph:
 #: CUDA backward runs in the autograd engine's own threads, where it is off: re-deciding
 #: ``"auto"`` there took GAS (atomics) after a deterministic forward.
 DETERMINISTIC_AUTO = "auto:deterministic"
+#: What a backward op is handed for ``"auto"`` decided outside deterministic mode
+#: (:func:`pinned_aggregation`): it then decides with fuseGNN's own switch off, as its forward
+#: did, also in a thread where only :func:`~fusegnn.sparse.dispatch.set_deterministic`'s
+#: global switch (on) is seen, not the ``deterministic(False)`` block of the forward.
+NONDETERMINISTIC_AUTO = "auto:nondeterministic"
+_PINNED_MODES = {DETERMINISTIC_AUTO: True, NONDETERMINISTIC_AUTO: False}
 
 
 def traced_aggregation(aggregation: str) -> str:
@@ -168,6 +174,17 @@ def traced_aggregation(aggregation: str) -> str:
     ``"auto"`` in deterministic mode. Read while Dynamo traces, so the mode is guarded: a
     call after the mode changed recompiles."""
     return DETERMINISTIC_AUTO if aggregation == "auto" and is_deterministic() else aggregation
+
+
+def pinned_aggregation(aggregation: str) -> str:
+    """``aggregation`` as a forward op hands it to its backward op: ``"auto"`` with the mode
+    the forward decided it in (:data:`DETERMINISTIC_AUTO` or :data:`NONDETERMINISTIC_AUTO`),
+    read when autograd records the op (under ``torch.compile``, while tracing: the mode is
+    then guarded by :func:`traced_aggregation`). The backward runs where the forward's
+    thread-local mode may not be seen (the CUDA autograd engine's threads)."""
+    if aggregation != "auto":
+        return aggregation
+    return DETERMINISTIC_AUTO if is_deterministic() else NONDETERMINISTIC_AUTO
 
 
 def _resolved(aggregation: str, graph: Graph, *tensors: Tensor, op: str = "") -> str:
@@ -310,8 +327,8 @@ def _custom_op(name: str, inputs: str, returns: int, impl: Callable[..., Any], f
     agg_at = _NUM_GRAPH_ARGS + names.index("aggregation") if "aggregation" in names else None
 
     def run(*args):
-        if agg_at is not None and args[agg_at] == DETERMINISTIC_AUTO:
-            with deterministic(True):
+        if agg_at is not None and args[agg_at] in _PINNED_MODES:
+            with deterministic(_PINNED_MODES[args[agg_at]]):
                 return run(*args[:agg_at], "auto", *args[agg_at + 1:])
         graph, edge_index, num_src, num_dst, _, transform = args[:_NUM_GRAPH_ARGS]
         base = _base_graph(graph, edge_index, num_src, num_dst, validate)
@@ -376,6 +393,9 @@ def register_op(spec: OpSpec) -> Callable[..., Any]:
             tensors = [by_name[n] for n in saved]
         ctx.graph_args = inputs[:_NUM_GRAPH_ARGS]
         ctx.kept = [values[i] for i in kept_at]
+        if "aggregation" in kept:  # the backward decides "auto" in the forward's mode
+            at = kept.index("aggregation")
+            ctx.kept[at] = pinned_aggregation(ctx.kept[at])
         # the edge list rides along: the backward rebuilds a collected graph from it
         ctx.save_for_backward(inputs[1], *tensors)
 

@@ -27,12 +27,14 @@ autograd instead. Under ``torch.compile`` it does too, on the graph reference: e
 
 from __future__ import annotations
 
+import contextlib
 import numbers
+from typing import Iterator
 
 import torch
 from torch import Tensor
 
-from fusegnn.sparse.dispatch import check_aggregation
+from fusegnn.sparse.dispatch import capture_mode, check_aggregation, deterministic, for_capture, is_deterministic
 from fusegnn.sparse.graph import Graph, as_graph, is_integer
 from fusegnn.sparse.graph_ref import GraphRef, graph_ref
 from fusegnn.sparse.halo import HaloGraph, held_graph
@@ -119,12 +121,30 @@ def _steps(graph, x: Tensor, K: int, alpha: float, aggregation: str) -> Tensor:
     return out
 
 
+@contextlib.contextmanager
+def _forward_modes(ctx) -> Iterator[None]:
+    """The deterministic and capture modes that :class:`_Propagate`'s forward decided
+    ``"auto"`` in (an explicit aggregation reads neither: its checks stay as they are)."""
+    if ctx.aggregation != "auto":
+        yield
+        return
+    with deterministic(ctx.deterministic), for_capture(ctx.for_capture):
+        yield
+
+
 class _Propagate(torch.autograd.Function):
-    """The recurrence with a backward on the reversed graph; keeps no tensor for it."""
+    """The recurrence with a backward on the reversed graph; keeps no tensor for it.
+
+    The backward decides ``"auto"`` again (on the reversed graph) in the forward's
+    deterministic and capture modes: those switches are thread-local, and a CUDA backward
+    runs in the autograd engine's own threads, where they are off (a deterministic forward
+    then had GAS's atomics in its backward, and a :func:`fusegnn.graphed_step` warm-up did
+    not warm the paths its capture records)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, graph: Graph, K: int, alpha: float, aggregation: str) -> Tensor:
         ctx.graph, ctx.K, ctx.alpha, ctx.aggregation = graph, K, alpha, aggregation
+        ctx.deterministic, ctx.for_capture = is_deterministic(), capture_mode()
         out = x
         for _ in range(K):  # K >= 1: out is spmm's fresh output from the first step on
             out = spmm(graph, out, aggregation=aggregation)
@@ -134,5 +154,6 @@ class _Propagate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        grad_x = propagate(ctx.graph.reversed(), grad, ctx.K, ctx.alpha, aggregation=ctx.aggregation)
+        with _forward_modes(ctx):
+            grad_x = propagate(ctx.graph.reversed(), grad, ctx.K, ctx.alpha, aggregation=ctx.aggregation)
         return grad_x, None, None, None, None
