@@ -2,7 +2,10 @@
 single-process shares:
 
 * TransformerConv on a worker's share (its ``edge_softmax`` asks for the local graph
-  alone, which crashed in ``with_halo_rows``): outputs and gradients as in one process.
+  alone, which crashed in ``with_halo_rows``): outputs and gradients as in one process;
+  ``edge_softmax`` on a share;
+* a share owns copies of its ids: writing into the partition after the build (or into
+  ``dg.owned``) changes neither the other.
 """
 
 from __future__ import annotations
@@ -117,3 +120,21 @@ def test_edge_softmax_on_a_share():
     dg = DistGraph.build(graph, partition_graph(graph, 1))
     scores = torch.randn(graph.num_edges, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     assert torch.equal(edge_softmax(dg, scores), edge_softmax(graph, scores))
+
+
+def test_share_does_not_alias_the_partition():
+    """A share's ``owned`` ids were a view of ``partition.perm``: writing into the
+    partition after the build (reusing a hand-made partition's buffer, or an in-place op
+    on ``part.perm``) silently changed which rows ``owned_rows`` / ``gather`` took every
+    step, and writing into ``dg.owned`` corrupted the partition other shares are built from."""
+    graph = _graph()
+    part = partition_graph(graph, 2, "contiguous")
+    dg = DistGraph.build(graph, part, 0)
+    owned, perm = dg.owned.clone(), part.perm.clone()
+    x = _features()
+    rows = dg.owned_rows(x)
+    part.perm.copy_(part.perm.flip(0))
+    assert torch.equal(dg.owned, owned) and torch.equal(dg.owned_rows(x), rows)
+    part.perm.copy_(perm)
+    dg.owned.zero_()
+    assert torch.equal(part.perm, perm)

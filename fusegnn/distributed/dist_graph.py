@@ -231,7 +231,7 @@ def share_of(src: np.ndarray, dst: np.ndarray, partition: Partition, rank: int) 
     # each node's id among its part's nodes
     local_of = np.empty(parts.size, dtype=np.int64)
     local_of[perm] = np.arange(perm.size) - offsets[parts[perm]]
-    owned = perm[offsets[rank]:offsets[rank + 1]]
+    owned = perm[offsets[rank]:offsets[rank + 1]].copy()  # not a view of the caller's partition.perm
     num_own = owned.size
 
     mine = parts[dst] == rank  # the incoming edges of the owned nodes, in global order
