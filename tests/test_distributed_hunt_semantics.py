@@ -5,7 +5,9 @@ single-process shares:
   alone, which crashed in ``with_halo_rows``): outputs and gradients as in one process;
   ``edge_softmax`` on a share;
 * a share owns copies of its ids: writing into the partition after the build (or into
-  ``dg.owned``) changes neither the other.
+  ``dg.owned``) changes neither the other;
+* a hand-made partition of float / bool / 2-D / non-tensor parts, and a float or bool
+  ``rank``, are refused with errors that name them.
 """
 
 from __future__ import annotations
@@ -138,3 +140,36 @@ def test_share_does_not_alias_the_partition():
     part.perm.copy_(perm)
     dg.owned.zero_()
     assert torch.equal(part.perm, perm)
+
+
+def _hand_partition(parts, perm, offsets):
+    from fusegnn.distributed import Partition
+
+    return Partition(parts, perm, offsets, 0, 1.0, "manual")
+
+
+def test_hand_made_partition_and_rank_of_the_wrong_type_are_refused():
+    """Before: ``IndexError: arrays used as indices must be of integer (or boolean) type``
+    (float tensors), a boolean-mask ``IndexError`` (bool parts), ``AttributeError: 'list'
+    object has no attribute 'numel'``, a ``bincount`` RuntimeError (2-D parts), and an
+    ``IndexError`` / ``TypeError`` from numpy for ``rank=1.0`` / ``rank=True``."""
+    graph = _graph()
+    good = partition_graph(graph, 2, "contiguous")
+    parts, perm, offsets = good.parts, good.perm, good.offsets
+    bad = {
+        "partition.parts": [(parts.double(), perm, offsets), (parts.bool(), perm, offsets),
+                            (parts.view(1, -1), perm, offsets)],
+        "partition.perm": [(parts, perm.double(), offsets)],
+        "partition.offsets": [(parts, perm, offsets.double()), (parts, perm, offsets[:1])],
+    }
+    for name, cases in bad.items():
+        for case in cases:
+            with pytest.raises(ValueError, match=name):
+                DistGraph.build(graph, _hand_partition(*case), 0)
+    with pytest.raises(TypeError, match="partition.parts"):
+        DistGraph.build(graph, _hand_partition(parts.tolist(), perm, offsets), 0)
+    for rank in (1.0, True):
+        with pytest.raises(TypeError, match="rank"):
+            DistGraph.build(graph, good, rank)
+    ints = _hand_partition(parts.int(), perm.int(), offsets.int())  # any integer dtype is fine
+    assert torch.equal(DistGraph.build(graph, ints, torch.tensor(1)).owned, DistGraph.build(graph, good, 1).owned)

@@ -30,6 +30,7 @@ through ``__fusegnn_graph__``, so ``GCNConv(...)(x_owned, dist_graph)`` runs unc
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,6 +110,7 @@ class DistGraph:
         if not isinstance(partition, Partition):
             raise TypeError(f"partition must be a fusegnn.distributed.Partition (from partition_graph), "
                             f"got {type(partition).__name__}")
+        _check_partition_tensors(partition)
         world_size = partition.num_parts
         if dist.is_available() and dist.is_initialized():
             group_size = dist.get_world_size(group)
@@ -120,8 +122,7 @@ class DistGraph:
             if world_size != 1:
                 raise ValueError("torch.distributed is not initialised: pass rank, or partition into 1 part")
             rank = 0
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        rank = _check_rank(rank, world_size)
         if partition.parts.numel() != graph.num_nodes:
             raise ValueError(f"the partition covers {partition.parts.numel()} nodes, the graph has {graph.num_nodes}")
         _check_partition(partition)
@@ -196,6 +197,34 @@ def _check_rows(values, name: str) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(values).__name__}")
     if values.dim() == 0:
         raise ValueError(f"{name} must have one row per node, got a 0-d tensor")
+
+
+def _check_rank(rank, world_size: int) -> int:
+    """``rank`` as an int in ``[0, world_size)`` (a float or a bool is refused: numpy
+    indexed with it deep in the build)."""
+    if isinstance(rank, bool) or (isinstance(rank, Tensor) and rank.dtype == torch.bool):
+        raise TypeError(f"rank must be an int, got {rank!r}")
+    try:
+        rank = operator.index(rank)
+    except TypeError:
+        raise TypeError(f"rank must be an int, got {type(rank).__name__} {rank!r}") from None
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    return rank
+
+
+def _check_partition_tensors(partition: Partition) -> None:
+    """``parts``, ``perm`` and ``offsets`` of a (possibly hand-made) :class:`Partition`
+    are 1-D integer tensors (a float, bool or 2-D one failed deep in numpy or torch)."""
+    for name in ("parts", "perm", "offsets"):
+        value = getattr(partition, name)
+        if not isinstance(value, Tensor):
+            raise TypeError(f"partition.{name} must be a torch.Tensor, got {type(value).__name__}")
+        if value.dim() != 1 or value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+            raise ValueError(f"partition.{name} must be a 1-D integer tensor, got {value.dtype} of shape "
+                             f"{tuple(value.shape)}")
+    if partition.offsets.numel() < 2:
+        raise ValueError(f"partition.offsets must hold at least 2 entries (P + 1, P >= 1), got {partition.offsets.tolist()}")
 
 
 def _check_partition(partition: Partition) -> None:
