@@ -7,7 +7,8 @@ single-process shares:
 * a share owns copies of its ids: writing into the partition after the build (or into
   ``dg.owned``) changes neither the other;
 * a hand-made partition of float / bool / 2-D / non-tensor parts, and a float or bool
-  ``rank``, are refused with errors that name them.
+  ``rank``, are refused with errors that name them;
+* an int32 partition whose ``parts x nodes`` passes 2**31 builds the same share as int64.
 """
 
 from __future__ import annotations
@@ -173,3 +174,23 @@ def test_hand_made_partition_and_rank_of_the_wrong_type_are_refused():
             DistGraph.build(graph, good, rank)
     ints = _hand_partition(parts.int(), perm.int(), offsets.int())  # any integer dtype is fine
     assert torch.equal(DistGraph.build(graph, ints, torch.tensor(1)).owned, DistGraph.build(graph, good, 1).owned)
+
+
+def test_int32_partition_keys_do_not_overflow():
+    """A share numbers its halo by the key ``owner * N + owner's local id``, computed in
+    the partition's dtype: with a hand-made int32 partition whose ``P * N`` passes 2**31
+    (here 50,000 one-node parts) the keys wrapped negative and the build raised
+    ``'list' argument must have no negative elements`` (or, elsewhere, numbered the halo
+    wrongly)."""
+    from fusegnn.distributed import Partition
+
+    n = 50_000
+    graph = Graph(torch.tensor([[n - 1, 1, n - 2], [0, 0, n - 1]]), n)
+    ids = torch.arange(n)
+    by_dtype = {}
+    for dtype in (torch.int64, torch.int32):
+        part = Partition(ids.to(dtype), ids.to(dtype), torch.arange(n + 1).to(dtype), 3, 1.0, "manual")
+        dg = DistGraph.build(graph, part, 0)
+        by_dtype[dtype] = (dg.halo.tolist(), dg.recv_counts, dg.graph.edge_index.tolist())
+    assert by_dtype[torch.int32] == by_dtype[torch.int64]
+    assert by_dtype[torch.int64][0] == [1, n - 1]

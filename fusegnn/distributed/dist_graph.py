@@ -251,9 +251,11 @@ def share_of(src: np.ndarray, dst: np.ndarray, partition: Partition, rank: int) 
     (numpy in, torch int64 out): ``owned``, ``halo`` (global ids), ``edge_index`` (local
     ids), ``send_index`` (local ids), ``send_counts``, ``recv_counts``. No process group
     is needed (a benchmark sizes other partitions with it)."""
-    parts = partition.parts.numpy()
-    perm = partition.perm.numpy()
-    offsets = partition.offsets.numpy()
+    # int64 throughout: the (part, local id) keys below reach P * N, past int32's range
+    # for a hand-made int32 partition of a big graph (or of many parts)
+    parts = partition.parts.numpy().astype(np.int64, copy=False)
+    perm = partition.perm.numpy().astype(np.int64, copy=False)
+    offsets = partition.offsets.numpy().astype(np.int64, copy=False)
     world_size = partition.num_parts
     src = src.astype(np.int64, copy=False)
     dst = dst.astype(np.int64, copy=False)
