@@ -8,7 +8,9 @@ single-process shares:
   ``dg.owned``) changes neither the other;
 * a hand-made partition of float / bool / 2-D / non-tensor parts, and a float or bool
   ``rank``, are refused with errors that name them;
-* an int32 partition whose ``parts x nodes`` passes 2**31 builds the same share as int64.
+* an int32 partition whose ``parts x nodes`` passes 2**31 builds the same share as int64;
+* examples/train_distributed.py: the processes start from the same parameters but draw
+  their own dropout masks.
 """
 
 from __future__ import annotations
@@ -194,3 +196,66 @@ def test_int32_partition_keys_do_not_overflow():
         by_dtype[dtype] = (dg.halo.tolist(), dg.recv_counts, dg.graph.edge_index.tolist())
     assert by_dtype[torch.int32] == by_dtype[torch.int64]
     assert by_dtype[torch.int64][0] == [1, n - 1]
+
+
+class _MaskRecorder(torch.nn.Module):
+    """A model that ignores the graph and records its dropout masks (no exchange: the
+    example's step runs without a process group)."""
+
+    def __init__(self, features: int, classes: int) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(features, classes)
+        self.masks: list[torch.Tensor] = []
+
+    def forward(self, x, graph):
+        dropped = torch.nn.functional.dropout(torch.ones_like(x), 0.5, self.training)
+        if self.training:
+            self.masks.append(dropped != 0)
+        return self.lin(x * dropped)
+
+
+def test_example_draws_other_dropout_masks_on_each_process(monkeypatch):
+    """examples/train_distributed.py seeded every process with ``seed + run`` (for equal
+    initial parameters) and left it there, so processes owning as many nodes drew the
+    same dropout mask on their rows: node k of part 0 and node k of part 1 were always
+    dropped together. The parameters must still start equal everywhere."""
+    import importlib.util
+    from pathlib import Path
+
+    from fusegnn.datasets.synthetic import generate_reddit_like
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "train_distributed.py"
+    spec = importlib.util.spec_from_file_location("fusegnn_example_train_distributed_hunt", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    data = generate_reddit_like(0.002, seed=0, avg_degree=4)
+    models, initial = [], []
+
+    def build(args, data):
+        models.append(_MaskRecorder(data.x.size(1), int(data.y.max()) + 1))
+        initial.append([p.detach().clone() for p in models[-1].parameters()])
+        return models[-1]
+
+    monkeypatch.setattr(example.single, "build_model", build)
+    args = example.parse_args(["--device", "cpu", "--epochs", "2", "--runs", "1", "--quiet", "--model", "gcn"])
+    num_nodes = data.x.size(0) - data.x.size(0) % 2  # two parts of equal size
+    part = _hand_partition(torch.arange(data.x.size(0)) * 2 // num_nodes, torch.arange(data.x.size(0)),
+                           torch.tensor([0, num_nodes // 2, data.x.size(0)]))
+    for rank in (0, 1):
+        dg = DistGraph.build(data.graph, part, rank)
+        tensors = {"x": dg.owned_rows(data.x), "y": dg.owned_rows(data.y),
+                   "masks": {s: dg.owned_rows(getattr(data, f"{s}_mask")) for s in ("train", "val", "test")}}
+        example.train_run(args, data, dg, tensors, 0, _NoBar())
+    assert all(torch.equal(a, b) for a, b in zip(*initial))  # the same initial parameters
+    first, second = models
+    assert len(first.masks) == len(second.masks) == 2
+    for a, b in zip(first.masks, second.masks):
+        assert not torch.equal(a, b)
+
+
+class _NoBar:
+    def update(self, *args) -> None:
+        pass
+
+    def set_postfix(self, **kwargs) -> None:
+        pass
