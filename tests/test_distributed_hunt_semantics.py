@@ -9,6 +9,8 @@ single-process shares:
 * a hand-made partition of float / bool / 2-D / non-tensor parts, and a float or bool
   ``rank``, are refused with errors that name them;
 * an int32 partition whose ``parts x nodes`` passes 2**31 builds the same share as int64;
+* GINEConv and TransformerConv with edge features on 2 workers (``edge_aggregate``
+  fetches the halo rows), and ``edge_aggregate`` on a share;
 * examples/train_distributed.py: the processes start from the same parameters but draw
   their own dropout masks.
 """
@@ -75,7 +77,37 @@ def _transformer(graph: Graph, dg: DistGraph, x: torch.Tensor) -> dict:
                                                     graph, dg, x)}
 
 
-CASES = {"transformer": _transformer}
+def _edge_feature_layer(layer: torch.nn.Module, graph: Graph, dg: DistGraph, x: torch.Tensor) -> list:
+    """As :func:`_layer_against_one_process` for a layer with edge features: the worker
+    passes the rows of its local edges (the global edges into its nodes, in order); last,
+    the difference of the edge features' gradients."""
+    e = torch.randn(graph.num_edges, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    mine = torch.isin(graph.dst, dg.owned)
+    layer = layer.double()
+    single = copy.deepcopy(layer)
+    x_all, e_all = x.clone().requires_grad_(), e.clone().requires_grad_()
+    out_all = single(x_all, graph, e_all)
+    (out_all ** 2).sum().backward()
+    x_own, e_own = dg.owned_rows(x).requires_grad_(), e[mine].clone().requires_grad_()
+    out = layer(x_own, dg, e_own)
+    (out ** 2).sum().backward()
+    allreduce_gradients(layer)
+    grads = [float((p.grad - q.grad).abs().max()) for p, q in zip(layer.parameters(), single.parameters())]
+    return [float((dg.gather(out.detach()) - out_all.detach()).abs().max()),
+            float((dg.gather(x_own.grad) - x_all.grad).abs().max()), max(grads),
+            float((e_own.grad - e_all.grad[mine]).abs().max())]
+
+
+def _edge_features(graph: Graph, dg: DistGraph, x: torch.Tensor) -> dict:
+    from fusegnn.layers import GINEConv, TransformerConv
+
+    torch.manual_seed(0)
+    return {"gine": _edge_feature_layer(GINEConv(torch.nn.Linear(5, 4), edge_dim=3), graph, dg, x),
+            "transformer": _edge_feature_layer(TransformerConv(5, 4, heads=2, edge_dim=3), graph, dg, x),
+            "transformer_narrow": _edge_feature_layer(TransformerConv(5, 2, heads=2, edge_dim=3), graph, dg, x)}
+
+
+CASES = {"transformer": _transformer, "edge_features": _edge_features}
 
 
 def _worker(rank: int, world_size: int, init: str, out_dir: str) -> None:
@@ -259,3 +291,25 @@ class _NoBar:
 
     def set_postfix(self, **kwargs) -> None:
         pass
+
+
+def test_edge_feature_layers_on_two_workers(reports):
+    """GINEConv and TransformerConv(edge_dim=...) aggregate with ``edge_aggregate``, which
+    did not fetch the halo rows: ``ValueError: x has 14 rows but the graph needs 24``."""
+    for r in reports:
+        assert isinstance(r["edge_features"], dict), r["edge_features"]
+        for case, errors in r["edge_features"].items():
+            assert max(errors) <= 1e-10, (case, errors)
+
+
+def test_edge_aggregate_on_a_share():
+    """``edge_aggregate`` on a (one-worker) share takes the owned rows, as ``spmm`` does."""
+    from fusegnn.sparse import edge_aggregate
+
+    graph = _graph()
+    dg = DistGraph.build(graph, partition_graph(graph, 1))
+    x = _features()
+    e = torch.randn(graph.num_edges, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    expected = edge_aggregate(graph, x, e, activation="relu")
+    assert torch.equal(edge_aggregate(dg, dg.owned_rows(x), e, activation="relu"), dg.owned_rows(expected))
+    assert torch.equal(edge_aggregate(dg, None, e), dg.owned_rows(edge_aggregate(graph, None, e)))
