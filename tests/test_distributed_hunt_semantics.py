@@ -11,6 +11,7 @@ single-process shares:
 * an int32 partition whose ``parts x nodes`` passes 2**31 builds the same share as int64;
 * GINEConv and TransformerConv with edge features on 2 workers (``edge_aggregate``
   fetches the halo rows), and ``edge_aggregate`` on a share;
+* ``Partition.nodes`` returns a copy (an in-place shuffle of it reordered the partition);
 * examples/train_distributed.py: the processes start from the same parameters but draw
   their own dropout masks.
 """
@@ -313,3 +314,17 @@ def test_edge_aggregate_on_a_share():
     expected = edge_aggregate(graph, x, e, activation="relu")
     assert torch.equal(edge_aggregate(dg, dg.owned_rows(x), e, activation="relu"), dg.owned_rows(expected))
     assert torch.equal(edge_aggregate(dg, None, e), dg.owned_rows(edge_aggregate(graph, None, e)))
+
+
+def test_partition_nodes_is_a_copy():
+    """``Partition.nodes(p)`` was a view of ``perm``: shuffling a part's ids in place (a
+    worker's own node order) reordered the (frozen) partition, so a share built from it
+    later numbered that part's rows differently from the other workers' shares (a silently
+    wrong halo exchange)."""
+    graph = _graph()
+    part = partition_graph(graph, 2, "contiguous")
+    perm = part.perm.clone()
+    ids = part.nodes(0)
+    ids[:] = ids.flip(0)
+    assert torch.equal(part.perm, perm)
+    assert torch.equal(part.nodes(0), perm[: part.sizes()[0]])

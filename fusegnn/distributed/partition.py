@@ -62,8 +62,11 @@ class Partition:
         return (self.offsets[1:] - self.offsets[:-1]).tolist()
 
     def nodes(self, part: int) -> Tensor:
-        """The (global) ids of ``part``'s nodes, in partition order."""
-        return self.perm[self.offsets[part]:self.offsets[part + 1]]
+        """The (global) ids of ``part``'s nodes, in partition order: a new tensor (a view
+        of ``perm`` let an in-place shuffle of one part's ids reorder the partition itself,
+        and shares built from it afterwards disagree with the other workers' on the order
+        of that part's rows)."""
+        return self.perm[self.offsets[part]:self.offsets[part + 1]].clone()
 
 
 def partition_graph(graph, num_parts: int, method: str = "auto", *, balance_on: str = "edges",
