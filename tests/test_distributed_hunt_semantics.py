@@ -11,7 +11,8 @@ single-process shares:
 * an int32 partition whose ``parts x nodes`` passes 2**31 builds the same share as int64;
 * GINEConv and TransformerConv with edge features on 2 workers (``edge_aggregate``
   fetches the halo rows), and ``edge_aggregate`` on a share;
-* ``Partition.nodes`` returns a copy (an in-place shuffle of it reordered the partition);
+* ``Partition.nodes`` returns a copy (an in-place shuffle of it reordered the partition)
+  and refuses a part out of range (-1 gave an empty tensor);
 * examples/train_distributed.py: the processes start from the same parameters but draw
   their own dropout masks.
 """
@@ -24,6 +25,7 @@ import json
 import os
 import socket
 
+import numpy as np
 import pytest
 import torch
 
@@ -328,3 +330,13 @@ def test_partition_nodes_is_a_copy():
     ids[:] = ids.flip(0)
     assert torch.equal(part.perm, perm)
     assert torch.equal(part.nodes(0), perm[: part.sizes()[0]])
+
+
+@pytest.mark.parametrize("part", [-1, 2, True, 1.0])
+def test_partition_nodes_refuses_a_part_out_of_range(part):
+    """``nodes(-1)`` returned an empty tensor (the slice ``perm[offsets[-1]:offsets[0]]``),
+    ``nodes(P)`` an IndexError about ``offsets``, ``nodes(1.0)`` torch's index TypeError."""
+    part_of = partition_graph(_graph(), 2, "contiguous")
+    with pytest.raises(ValueError, match="part must be an int in \\[0, 2\\)"):
+        part_of.nodes(part)
+    assert torch.equal(part_of.nodes(np.int64(1)), part_of.nodes(1))
