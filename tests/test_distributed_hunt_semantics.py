@@ -5,7 +5,7 @@ single-process shares:
   alone, which crashed in ``with_halo_rows``): outputs and gradients as in one process;
   ``edge_softmax`` on a share;
 * a share owns copies of its ids: writing into the partition after the build (or into
-  ``dg.owned``) changes neither the other;
+  ``dg.owned``) leaves the other unchanged;
 * a hand-made partition of float / bool / 2-D / non-tensor parts, and a float or bool
   ``rank``, are refused with errors that name them;
 * an int32 partition whose ``parts x nodes`` passes 2**31 builds the same share as int64;
