@@ -39,6 +39,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -126,6 +127,7 @@ def train_run(args, data, dg: DistGraph, tensors: dict, run: int, bar) -> dict:
     torch.manual_seed(args.seed + run)  # the same initial parameters on every process
     model = single.build_model(args, data).to(dg.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    torch.manual_seed(dropout_seed(args.seed, run, dg.rank))  # but each process its own dropout draws
     x, y, masks = tensors["x"], tensors["y"], tensors["masks"]
     train_index = masks["train"].nonzero().view(-1)
     y_train = y.index_select(0, train_index)
@@ -160,6 +162,16 @@ def train_run(args, data, dg: DistGraph, tensors: dict, run: int, bar) -> dict:
     best["bytes_sent_per_step"] = statistics.median(step_bytes)
     best["epochs_run"] = epoch
     return best
+
+
+def dropout_seed(seed: int, run: int, rank: int) -> int:
+    """The seed of process ``rank``'s dropout draws in run ``run``. The parameters are
+    initialised from ``seed + run`` on every process (they must start equal); kept for the
+    steps, that one seed made processes owning as many nodes drop the same positions of
+    their rows (node k of every such part dropped together), where one process draws every
+    node's mask independently. Mixed by :class:`numpy.random.SeedSequence`, so that
+    neighbouring seeds, runs and ranks give unrelated streams."""
+    return int(np.random.SeedSequence([seed, run, rank]).generate_state(1)[0])
 
 
 def _max_over_processes(value: float) -> float:

@@ -30,6 +30,7 @@ through ``__fusegnn_graph__``, so ``GCNConv(...)(x_owned, dist_graph)`` runs unc
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,6 +110,7 @@ class DistGraph:
         if not isinstance(partition, Partition):
             raise TypeError(f"partition must be a fusegnn.distributed.Partition (from partition_graph), "
                             f"got {type(partition).__name__}")
+        _check_partition_tensors(partition)
         world_size = partition.num_parts
         if dist.is_available() and dist.is_initialized():
             group_size = dist.get_world_size(group)
@@ -120,8 +122,7 @@ class DistGraph:
             if world_size != 1:
                 raise ValueError("torch.distributed is not initialised: pass rank, or partition into 1 part")
             rank = 0
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        rank = _check_rank(rank, world_size)
         if partition.parts.numel() != graph.num_nodes:
             raise ValueError(f"the partition covers {partition.parts.numel()} nodes, the graph has {graph.num_nodes}")
         _check_partition(partition)
@@ -198,6 +199,34 @@ def _check_rows(values, name: str) -> None:
         raise ValueError(f"{name} must have one row per node, got a 0-d tensor")
 
 
+def _check_rank(rank, world_size: int) -> int:
+    """``rank`` as an int in ``[0, world_size)`` (a float or a bool is refused: numpy
+    indexed with it deep in the build)."""
+    if isinstance(rank, bool) or (isinstance(rank, Tensor) and rank.dtype == torch.bool):
+        raise TypeError(f"rank must be an int, got {rank!r}")
+    try:
+        rank = operator.index(rank)
+    except TypeError:
+        raise TypeError(f"rank must be an int, got {type(rank).__name__} {rank!r}") from None
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    return rank
+
+
+def _check_partition_tensors(partition: Partition) -> None:
+    """``parts``, ``perm`` and ``offsets`` of a (possibly hand-made) :class:`Partition`
+    are 1-D integer tensors (a float, bool or 2-D one failed deep in numpy or torch)."""
+    for name in ("parts", "perm", "offsets"):
+        value = getattr(partition, name)
+        if not isinstance(value, Tensor):
+            raise TypeError(f"partition.{name} must be a torch.Tensor, got {type(value).__name__}")
+        if value.dim() != 1 or value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+            raise ValueError(f"partition.{name} must be a 1-D integer tensor, got {value.dtype} of shape "
+                             f"{tuple(value.shape)}")
+    if partition.offsets.numel() < 2:
+        raise ValueError(f"partition.offsets must hold at least 2 entries (P + 1, P >= 1), got {partition.offsets.tolist()}")
+
+
 def _check_partition(partition: Partition) -> None:
     """``parts``, ``perm`` and ``offsets`` describe the same split (a hand-made
     :class:`Partition` may not): parts in ``[0, P)``, ``perm`` a permutation grouped by
@@ -222,16 +251,18 @@ def share_of(src: np.ndarray, dst: np.ndarray, partition: Partition, rank: int) 
     (numpy in, torch int64 out): ``owned``, ``halo`` (global ids), ``edge_index`` (local
     ids), ``send_index`` (local ids), ``send_counts``, ``recv_counts``. No process group
     is needed (a benchmark sizes other partitions with it)."""
-    parts = partition.parts.numpy()
-    perm = partition.perm.numpy()
-    offsets = partition.offsets.numpy()
+    # int64 throughout: the (part, local id) keys below reach P * N, past int32's range
+    # for a hand-made int32 partition of a big graph (or of many parts)
+    parts = partition.parts.numpy().astype(np.int64, copy=False)
+    perm = partition.perm.numpy().astype(np.int64, copy=False)
+    offsets = partition.offsets.numpy().astype(np.int64, copy=False)
     world_size = partition.num_parts
     src = src.astype(np.int64, copy=False)
     dst = dst.astype(np.int64, copy=False)
     # each node's id among its part's nodes
     local_of = np.empty(parts.size, dtype=np.int64)
     local_of[perm] = np.arange(perm.size) - offsets[parts[perm]]
-    owned = perm[offsets[rank]:offsets[rank + 1]]
+    owned = perm[offsets[rank]:offsets[rank + 1]].copy()  # not a view of the caller's partition.perm
     num_own = owned.size
 
     mine = parts[dst] == rank  # the incoming edges of the owned nodes, in global order

@@ -134,6 +134,8 @@ def with_halo_rows(graph, *source_tensors: Tensor) -> tuple:
     graph = held_graph(graph)
     if not isinstance(graph, HaloGraph) or torch.compiler.is_compiling():
         return (graph, *source_tensors)
+    if not source_tensors:  # only the local graph (an op with no source rows, e.g. edge_softmax)
+        return (graph.local,)
     for t in source_tensors:
         graph.check_owned_rows(t)
     if len(source_tensors) == 1 or len({t.dtype for t in source_tensors}) > 1:

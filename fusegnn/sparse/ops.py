@@ -312,7 +312,8 @@ def edge_aggregate(
 
     Args:
         graph: a :class:`Graph` (or an ``edge_index`` ``[2, E]``).
-        x: ``[N_src, F]`` or ``[N_src, H, F]`` source rows, or ``None`` (no source term).
+        x: ``[N_src, F]`` or ``[N_src, H, F]`` source rows, or ``None`` (no source term);
+            on a distributed graph the owned rows (the halo rows are fetched, as in :func:`spmm`).
         edge_attr: ``[E, F]`` or ``[E, H, F]`` edge rows (COO order, the trailing shape of
             ``x``), or ``None``. At least one of ``x`` and ``edge_attr`` is needed.
         edge_weight: ``[E]`` weights, or ``[E, H]`` per-head weights for 3-D features.
@@ -330,6 +331,11 @@ def edge_aggregate(
     """
     if x is None and edge_attr is None:
         raise ValueError("edge_aggregate needs x or edge_attr (or both); got neither")
+    if x is not None and not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor or None, got {type(x).__name__}")
+    # a distributed graph's x holds the owned rows: the halo rows are fetched (as in spmm)
+    graph, *x_rows = with_halo_rows(graph, *([x] if x is not None else []))
+    x = x_rows[0] if x_rows else None
     num_src = x.size(0) if isinstance(x, Tensor) else None
     graph = graph_arg(graph, num_src)
     if x is not None:
