@@ -9,8 +9,14 @@ import torch
 from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
+from fusegnn.sparse.reorder import inverse_permutation
 
-__all__ = ["NodeDataset"]
+__all__ = ["NODE_ID_EXTRAS", "NodeDataset"]
+
+#: Keys of :attr:`NodeDataset.extra` whose tensors hold node *ids* (OGB's ``split_idx``:
+#: a dict of id tensors) rather than one value per node: :meth:`NodeDataset.reorder`
+#: renumbers their ids instead of permuting their rows.
+NODE_ID_EXTRAS = frozenset({"split_idx"})
 
 
 @dataclass
@@ -82,7 +88,9 @@ class NodeDataset:
         SciPy's reverse Cuthill-McKee; ``"degree"``; ``"metis"``: needs ``pymetis``,
         ``parts=64``). New node ``i`` is old node ``perm[i]``: ``x``, ``y``, the masks and
         every tensor of :attr:`extra` whose first dimension is the node count are taken
-        at ``perm``, ``edge_index`` is renumbered (same edge order), and
+        at ``perm``, the node ids of the extras named in :data:`NODE_ID_EXTRAS`
+        (``split_idx``) are renumbered (same order, so they name the same nodes as the
+        masks), ``edge_index`` is renumbered (same edge order), and
         ``extra["node_order"]`` holds the ids of the original data set (composed over
         repeated reorders), so ``out_original[node_order] = out`` maps results back.
         The data set itself is not modified.
@@ -101,7 +109,12 @@ class NodeDataset:
                 return value.index_select(0, perm.to(value.device))
             return value
 
-        extra = {key: per_node(value) for key, value in self.extra.items() if key != "node_order"}
+        inverse = inverse_permutation(perm)
+        extra = {
+            key: _renumber_ids(value, inverse) if key in NODE_ID_EXTRAS else per_node(value)
+            for key, value in self.extra.items()
+            if key != "node_order"
+        }
         earlier = self.extra.get("node_order")
         extra["node_order"] = perm if earlier is None else earlier.index_select(0, perm.to(earlier.device))
         edge_index = graph.edge_index.to(self.edge_index.dtype)
@@ -124,3 +137,16 @@ class NodeDataset:
             f"num_classes={self.num_classes}, train/val/test="
             f"{int(self.train_mask.sum())}/{int(self.val_mask.sum())}/{int(self.test_mask.sum())})"
         )
+
+
+def _renumber_ids(value: Any, inverse: Tensor) -> Any:
+    """``value``'s node ids in the new numbering (``inverse[old id]``), same order and
+    dtype, through dicts, lists and tuples; anything else is returned as it is."""
+    if isinstance(value, Tensor):
+        return inverse.to(value.device)[value.long()].to(value.dtype)
+    if isinstance(value, dict):
+        return {key: _renumber_ids(item, inverse) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_renumber_ids(item, inverse) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value

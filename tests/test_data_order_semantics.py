@@ -1,0 +1,35 @@
+"""Node orderings, data sets and the neighbour loader, in combination.
+
+* ``NodeDataset.reorder`` renumbers the node ids an extra holds (OGB's ``split_idx``),
+  not only the per-node tensors: after a reorder ``split_idx`` names the same nodes as
+  the masks, and the original ids come back through ``node_order``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fusegnn.datasets import generate_ogbn_like
+
+METHODS = ["rcm", "degree"]
+
+
+def _arxiv():
+    return generate_ogbn_like("arxiv", 0.001, seed=0, avg_degree=6)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_reorder_renumbers_the_ogb_split_idx(method):
+    data = _arxiv()
+    before = {k: v.clone() for k, v in data.extra["split_idx"].items()}
+    new = data.reorder(method)
+    order = new.extra["node_order"]
+    assert not torch.equal(order, torch.arange(data.num_nodes))  # a real renumbering
+    for key, mask in (("train", new.train_mask), ("valid", new.val_mask), ("test", new.test_mask)):
+        ids = new.extra["split_idx"][key]
+        assert ids.dtype == torch.int64
+        assert torch.equal(order[ids], data.extra["split_idx"][key]), key  # the same nodes, in order
+        assert int(mask.sum()) == ids.numel() and bool(mask[ids].all()), key
+    for key, ids in data.extra["split_idx"].items():  # the input's ids are untouched
+        assert torch.equal(ids, before[key]), key
