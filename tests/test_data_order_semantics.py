@@ -33,3 +33,12 @@ def test_reorder_renumbers_the_ogb_split_idx(method):
         assert int(mask.sum()) == ids.numel() and bool(mask[ids].all()), key
     for key, ids in data.extra["split_idx"].items():  # the input's ids are untouched
         assert torch.equal(ids, before[key]), key
+
+
+def test_to_moves_the_tensors_inside_extras():
+    data = _arxiv()
+    moved = data.to("meta")
+    assert moved.x.device.type == "meta" and moved.extra["node_year"].device.type == "meta"
+    for key, ids in moved.extra["split_idx"].items():
+        assert ids.device.type == "meta", key
+    assert all(ids.device.type == "cpu" for ids in data.extra["split_idx"].values())  # the input stays

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -64,7 +64,8 @@ class NodeDataset:
         return self._graph
 
     def to(self, device: torch.device | str) -> "NodeDataset":
-        """A copy with every tensor on ``device`` (the cached graph moves too)."""
+        """A copy with every tensor on ``device``, also those in :attr:`extra`'s dicts,
+        lists and tuples (OGB's ``split_idx``); the cached graph moves too."""
         device = torch.device(device)
         moved = replace(
             self,
@@ -74,7 +75,7 @@ class NodeDataset:
             train_mask=self.train_mask.to(device),
             val_mask=self.val_mask.to(device),
             test_mask=self.test_mask.to(device),
-            extra={k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.extra.items()},
+            extra={key: _to_device(value, device) for key, value in self.extra.items()},
             _graph=None,
         )
         moved._graph = Graph(moved.edge_index, moved.num_nodes, validate=False)
@@ -139,14 +140,24 @@ class NodeDataset:
         )
 
 
-def _renumber_ids(value: Any, inverse: Tensor) -> Any:
-    """``value``'s node ids in the new numbering (``inverse[old id]``), same order and
-    dtype, through dicts, lists and tuples; anything else is returned as it is."""
+def _map_tensors(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """``value`` with ``fn`` applied to every tensor in it, through dicts, lists and
+    tuples (OGB's ``split_idx`` is a dict of tensors); anything else as it is."""
     if isinstance(value, Tensor):
-        return inverse.to(value.device)[value.long()].to(value.dtype)
+        return fn(value)
     if isinstance(value, dict):
-        return {key: _renumber_ids(item, inverse) for key, item in value.items()}
+        return {key: _map_tensors(item, fn) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        items = [_renumber_ids(item, inverse) for item in value]
+        items = [_map_tensors(item, fn) for item in value]
         return items if isinstance(value, list) else tuple(items)
     return value
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    """``value`` with its tensors on ``device`` (so a nested id tensor can index the moved data)."""
+    return _map_tensors(value, lambda tensor: tensor.to(device))
+
+
+def _renumber_ids(value: Any, inverse: Tensor) -> Any:
+    """``value``'s node ids in the new numbering (``inverse[old id]``), same order and dtype."""
+    return _map_tensors(value, lambda ids: inverse.to(ids.device)[ids.long()].to(ids.dtype))
