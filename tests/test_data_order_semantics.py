@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -42,3 +44,17 @@ def test_to_moves_the_tensors_inside_extras():
     for key, ids in moved.extra["split_idx"].items():
         assert ids.device.type == "meta", key
     assert all(ids.device.type == "cpu" for ids in data.extra["split_idx"].values())  # the input stays
+
+
+@pytest.mark.parametrize("reordered", [False, True])
+def test_the_cached_graph_follows_a_new_edge_index_or_node_count(reordered):
+    data = _arxiv().reorder("rcm") if reordered else _arxiv()
+    graph = data.graph
+    assert data.graph is graph  # cached
+    fewer = dataclasses.replace(data, edge_index=data.edge_index[:, :10])
+    assert fewer.graph.num_edges == 10 and torch.equal(fewer.graph.edge_index, fewer.edge_index)
+    more_nodes = dataclasses.replace(data, x=torch.cat([data.x, data.x[:3]]))
+    assert more_nodes.graph.num_nodes == data.num_nodes + 3
+    data.edge_index = data.edge_index.flip(0)
+    assert torch.equal(data.graph.edge_index, data.edge_index)
+    assert graph.num_edges == data.num_edges and graph is not data.graph

@@ -43,6 +43,9 @@ class NodeDataset:
     num_classes: int
     extra: dict[str, Any] = field(default_factory=dict)
     _graph: Graph | None = field(default=None, repr=False, compare=False)
+    # the edge_index _graph was built from: a data set given another one (assigned, or
+    # through dataclasses.replace, which copies _graph too) builds a new graph
+    _graph_of: Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_nodes(self) -> int:
@@ -58,10 +61,20 @@ class NodeDataset:
 
     @property
     def graph(self) -> Graph:
-        """The data set's :class:`~fusegnn.sparse.Graph` (built once, cached)."""
-        if self._graph is None:
-            self._graph = Graph(self.edge_index, self.num_nodes)
+        """The data set's :class:`~fusegnn.sparse.Graph` (built once, cached).
+
+        Built again when ``edge_index`` is another tensor or the node count changed
+        since (``data.edge_index = ...``, ``dataclasses.replace(data, x=...)``); an
+        ``edge_index`` modified in place is not noticed (see :class:`Graph`)."""
+        graph = self._graph
+        if graph is None or self._graph_of is not self.edge_index or graph.num_nodes != self.num_nodes:
+            self._keep_graph(Graph(self.edge_index, self.num_nodes))
         return self._graph
+
+    def _keep_graph(self, graph: Graph) -> "NodeDataset":
+        """Cache ``graph`` as the graph of the current ``edge_index``; returns ``self``."""
+        self._graph, self._graph_of = graph, self.edge_index
+        return self
 
     def to(self, device: torch.device | str) -> "NodeDataset":
         """A copy with every tensor on ``device``, also those in :attr:`extra`'s dicts,
@@ -77,9 +90,9 @@ class NodeDataset:
             test_mask=self.test_mask.to(device),
             extra={key: _to_device(value, device) for key, value in self.extra.items()},
             _graph=None,
+            _graph_of=None,
         )
-        moved._graph = Graph(moved.edge_index, moved.num_nodes, validate=False)
-        return moved
+        return moved._keep_graph(Graph(moved.edge_index, moved.num_nodes, validate=False))
 
     def reorder(self, method: str = "rcm", **options: Any) -> "NodeDataset":
         """A copy with the nodes renumbered in a locality order, so that neighbours get
@@ -119,7 +132,7 @@ class NodeDataset:
         earlier = self.extra.get("node_order")
         extra["node_order"] = perm if earlier is None else earlier.index_select(0, perm.to(earlier.device))
         edge_index = graph.edge_index.to(self.edge_index.dtype)
-        return replace(
+        reordered = replace(
             self,
             x=per_node(self.x),
             y=per_node(self.y),
@@ -128,8 +141,10 @@ class NodeDataset:
             val_mask=per_node(self.val_mask),
             test_mask=per_node(self.test_mask),
             extra=extra,
-            _graph=Graph(edge_index, n, validate=False),
+            _graph=None,
+            _graph_of=None,
         )
+        return reordered._keep_graph(Graph(edge_index, n, validate=False))
 
     def __repr__(self) -> str:
         return (
