@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from fusegnn.datasets import generate_ogbn_like
+from fusegnn.datasets import NodeDataset, generate_ogbn_like
 
 METHODS = ["rcm", "degree"]
 
@@ -58,3 +58,22 @@ def test_the_cached_graph_follows_a_new_edge_index_or_node_count(reordered):
     data.edge_index = data.edge_index.flip(0)
     assert torch.equal(data.graph.edge_index, data.edge_index)
     assert graph.num_edges == data.num_edges and graph is not data.graph
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_reorder_keeps_per_edge_extras_when_edges_and_nodes_are_as_many(method):
+    n = 7  # a directed 6-cycle, a self-loop and an isolated node: 7 nodes, 7 edges
+    src = torch.tensor([0, 1, 2, 3, 4, 5, 3])
+    dst = torch.tensor([1, 2, 3, 4, 5, 0, 3])
+    masks = torch.arange(n) % 3 == torch.arange(3).unsqueeze(1)
+    data = NodeDataset(
+        name="cycle", x=torch.randn(n, 2), y=torch.arange(n) % 2, edge_index=torch.stack([src, dst]),
+        train_mask=masks[0], val_mask=masks[1], test_mask=masks[2], num_classes=2,
+        extra={"edge_weight": torch.arange(1.0, n + 1), "node_types": torch.arange(n)},
+    )
+    new = data.reorder(method)
+    order = new.extra["node_order"]
+    assert not torch.equal(order, torch.arange(n))
+    assert torch.equal(order[new.edge_index], data.edge_index)  # same edges, same order ...
+    assert torch.equal(new.extra["edge_weight"], data.extra["edge_weight"])  # ... so the same weights
+    assert torch.equal(new.extra["node_types"], order)  # per node: taken at perm

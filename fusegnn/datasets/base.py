@@ -102,7 +102,9 @@ class NodeDataset:
         SciPy's reverse Cuthill-McKee; ``"degree"``; ``"metis"``: needs ``pymetis``,
         ``parts=64``). New node ``i`` is old node ``perm[i]``: ``x``, ``y``, the masks and
         every tensor of :attr:`extra` whose first dimension is the node count are taken
-        at ``perm``, the node ids of the extras named in :data:`NODE_ID_EXTRAS`
+        at ``perm`` (when the edge count equals the node count, a key with ``"edge"`` in
+        it names a per-edge tensor, as in PyG's ``Data.is_edge_attr``, and is kept as it
+        is, since the edge order is), the node ids of the extras named in :data:`NODE_ID_EXTRAS`
         (``split_idx``) are renumbered (same order, so they name the same nodes as the
         masks), ``edge_index`` is renumbered (same edge order), and
         ``extra["node_order"]`` holds the ids of the original data set (composed over
@@ -123,12 +125,15 @@ class NodeDataset:
                 return value.index_select(0, perm.to(value.device))
             return value
 
+        def reordered_extra(key: str, value: Any) -> Any:
+            if key in NODE_ID_EXTRAS:
+                return _renumber_ids(value, inverse)
+            if self.num_edges == n and "edge" in str(key):  # per edge: the edge order is kept
+                return value
+            return per_node(value)
+
         inverse = inverse_permutation(perm)
-        extra = {
-            key: _renumber_ids(value, inverse) if key in NODE_ID_EXTRAS else per_node(value)
-            for key, value in self.extra.items()
-            if key != "node_order"
-        }
+        extra = {key: reordered_extra(key, value) for key, value in self.extra.items() if key != "node_order"}
         earlier = self.extra.get("node_order")
         extra["node_order"] = perm if earlier is None else earlier.index_select(0, perm.to(earlier.device))
         edge_index = graph.edge_index.to(self.edge_index.dtype)
