@@ -125,6 +125,8 @@ class NodeDataset:
                 return value.index_select(0, perm.to(value.device))
             return value
 
+        inverse = inverse_permutation(perm)
+
         def reordered_extra(key: str, value: Any) -> Any:
             if key in NODE_ID_EXTRAS:
                 return _renumber_ids(value, inverse)
@@ -132,7 +134,6 @@ class NodeDataset:
                 return value
             return per_node(value)
 
-        inverse = inverse_permutation(perm)
         extra = {key: reordered_extra(key, value) for key, value in self.extra.items() if key != "node_order"}
         earlier = self.extra.get("node_order")
         extra["node_order"] = perm if earlier is None else earlier.index_select(0, perm.to(earlier.device))
