@@ -26,7 +26,9 @@ the whole graph, step time, peak memory of every process, halo sizes and bytes e
 per step).
 
 Every process loads the data set and partitions it on the host (the same deterministic
-partition everywhere); only its share goes to the device.
+partition everywhere); only its share goes to the device. ``--reorder`` renumbers the
+nodes in a locality order first, as in ``examples/train.py``, so that each process's
+rows gather nearby ids.
 """
 
 from __future__ import annotations
@@ -214,6 +216,8 @@ def _main(args, rank: int, world_size: int, device: torch.device) -> dict | None
         kwargs["normalize_features"] = not args.no_normalize_features
     try:
         data = load_dataset(args.dataset, args.root, **kwargs)
+        if args.reorder != "none":  # train.py's --reorder: renumber first, then partition
+            data = data.reorder(args.reorder)
         part = partition_graph(data.graph, world_size, args.partition, balance_on=args.balance)  # --partition metis without pymetis
     except USER_ERRORS as err:
         fail(err, "train_distributed.py", debug=args.debug)
@@ -248,6 +252,7 @@ def _main(args, rank: int, world_size: int, device: torch.device) -> dict | None
         "epoch_ms_median": statistics.median(r["epoch_ms_median"] for r in results),
         "peak_mem_mib": peak if device.type == "cuda" else None,
         "aggregation": args.aggregation,
+        "reorder": args.reorder,
         "partition": {"method": part.method, "sizes": part.sizes(), "edge_cut": part.edge_cut,
                       "balance": part.balance, "balanced_on": part.balanced_on},
         "halo_nodes": [int(h) for h in halos],

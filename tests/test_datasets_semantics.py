@@ -7,6 +7,7 @@
   ``FileNotFoundError`` naming the folders searched and ``FUSEGNN_DATA``, and write
   nothing into a read-only root, ``$FUSEGNN_DATA`` or the cache.
 * Loading Planetoid from a read-only ``$FUSEGNN_DATA`` leaves it untouched.
+* ``load_dataset`` refuses a name that is not a str with an error naming ``name``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,15 @@ def test_generator_refuses_a_seed_it_would_change(kind, seed, error):
     2**64 failed in the generator with "Overflow when unpacking long long"."""
     with pytest.raises(error, match="seed"):
         _make(kind, seed=seed)
+
+
+@pytest.mark.parametrize("name", [None, 3, Path("Cora")])
+def test_load_dataset_refuses_a_name_that_is_not_a_str_naming_it(name):
+    """``load_dataset(None)`` ended in "'NoneType' object has no attribute 'lower'"."""
+    from fusegnn.datasets import load_dataset
+
+    with pytest.raises(TypeError, match="name must be a str"):
+        load_dataset(name)
 
 
 # ----------------------------------------------------------------------------- no data

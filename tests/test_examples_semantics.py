@@ -91,6 +91,22 @@ def test_distributed_example_shares_the_checks_and_refuses_a_missing_cuda_device
         assert err.startswith("train_distributed.py: error: --device 'cuda': no CUDA device here"), err
 
 
+def test_distributed_example_applies_reorder(monkeypatch):
+    """train_distributed.py listed train.py's --reorder in its help and accepted it, but
+    trained on the nodes in their original order: the flag is applied (before the
+    partition) and the summary says which order ran."""
+    from fusegnn.datasets import NodeDataset
+
+    example = _load_example("train_distributed")
+    _tiny(monkeypatch, example)
+    asked = []
+    reorder = NodeDataset.reorder
+    monkeypatch.setattr(NodeDataset, "reorder", lambda self, method="rcm", **kw: asked.append(method)
+                        or reorder(self, method, **kw))
+    summary = example.main(["--device", "cpu", "--reorder", "degree", "--epochs", "1", "--runs", "1", "--quiet"])
+    assert asked == ["degree"] and summary["reorder"] == "degree"
+
+
 def _tiny(monkeypatch, example):
     from fusegnn.datasets.synthetic import generate_reddit_like
 

@@ -384,6 +384,16 @@ def test_num_neighbors_of_numpy_ints_are_taken_as_ints():
     assert len(next(iter(loader)).blocks) == 2
 
 
+def test_a_batch_size_of_numpy_int_is_taken_as_an_int():
+    """``batch_size=np.int64(2)`` (a size computed with NumPy) was refused with 'batch_size
+    must be a positive int, got np.int64(2)'; counts elsewhere take NumPy ints."""
+    import numpy as np
+
+    loader = NeighborLoader(small_graph(), [2], batch_size=np.int64(2), seed=0, shuffle=False)
+    assert loader.batch_size == 2 and type(loader.batch_size) is int and len(loader) == 3
+    assert [batch.batch_size for batch in loader] == [2, 2, 1]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the lead's GPU check)")
 @pytest.mark.parametrize("replace", [False, True])
 @pytest.mark.parametrize("weighted", [False, True])

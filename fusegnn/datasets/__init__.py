@@ -38,6 +38,8 @@ DATASETS = ("Cora", "CiteSeer", "PubMed", "Reddit", "ogbn-arxiv", "ogbn-products
 def load_dataset(name: str, root: str | None = None, **kwargs: Any) -> NodeDataset:
     """Load a data set by name: ``Cora``, ``CiteSeer``, ``PubMed`` (Planetoid),
     ``Reddit``, ``ogbn-arxiv``, ``ogbn-products``. ``kwargs`` go to the loader."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str (one of {', '.join(DATASETS)}), got {type(name).__name__}")
     key = name.lower()
     if key in ("cora", "citeseer", "pubmed"):
         return Planetoid(root, name, **kwargs)

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
 from fusegnn.sparse.graph import Graph
+from fusegnn.sparse.reorder import inverse_permutation
 
-__all__ = ["NodeDataset"]
+__all__ = ["NODE_ID_EXTRAS", "NodeDataset"]
+
+#: Keys of :attr:`NodeDataset.extra` whose tensors hold node *ids* (OGB's ``split_idx``:
+#: a dict of id tensors) rather than one value per node: :meth:`NodeDataset.reorder`
+#: renumbers their ids instead of permuting their rows.
+NODE_ID_EXTRAS = frozenset({"split_idx"})
 
 
 @dataclass
@@ -37,6 +43,9 @@ class NodeDataset:
     num_classes: int
     extra: dict[str, Any] = field(default_factory=dict)
     _graph: Graph | None = field(default=None, repr=False, compare=False)
+    # the edge_index _graph was built from: a data set given another one (assigned, or
+    # through dataclasses.replace, which copies _graph too) builds a new graph
+    _graph_of: Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_nodes(self) -> int:
@@ -52,13 +61,24 @@ class NodeDataset:
 
     @property
     def graph(self) -> Graph:
-        """The data set's :class:`~fusegnn.sparse.Graph` (built once, cached)."""
-        if self._graph is None:
-            self._graph = Graph(self.edge_index, self.num_nodes)
+        """The data set's :class:`~fusegnn.sparse.Graph` (built once, cached).
+
+        Built again when ``edge_index`` is another tensor or the node count changed
+        since (``data.edge_index = ...``, ``dataclasses.replace(data, x=...)``); an
+        ``edge_index`` modified in place is not noticed (see :class:`Graph`)."""
+        graph = self._graph
+        if graph is None or self._graph_of is not self.edge_index or graph.num_nodes != self.num_nodes:
+            self._keep_graph(Graph(self.edge_index, self.num_nodes))
         return self._graph
 
+    def _keep_graph(self, graph: Graph) -> "NodeDataset":
+        """Cache ``graph`` as the graph of the current ``edge_index``; returns ``self``."""
+        self._graph, self._graph_of = graph, self.edge_index
+        return self
+
     def to(self, device: torch.device | str) -> "NodeDataset":
-        """A copy with every tensor on ``device`` (the cached graph moves too)."""
+        """A copy with every tensor on ``device``, also those in :attr:`extra`'s dicts,
+        lists and tuples (OGB's ``split_idx``); the cached graph moves too."""
         device = torch.device(device)
         moved = replace(
             self,
@@ -68,11 +88,11 @@ class NodeDataset:
             train_mask=self.train_mask.to(device),
             val_mask=self.val_mask.to(device),
             test_mask=self.test_mask.to(device),
-            extra={k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.extra.items()},
+            extra={key: _to_device(value, device) for key, value in self.extra.items()},
             _graph=None,
+            _graph_of=None,
         )
-        moved._graph = Graph(moved.edge_index, moved.num_nodes, validate=False)
-        return moved
+        return moved._keep_graph(Graph(moved.edge_index, moved.num_nodes, validate=False))
 
     def reorder(self, method: str = "rcm", **options: Any) -> "NodeDataset":
         """A copy with the nodes renumbered in a locality order, so that neighbours get
@@ -82,7 +102,11 @@ class NodeDataset:
         SciPy's reverse Cuthill-McKee; ``"degree"``; ``"metis"``: needs ``pymetis``,
         ``parts=64``). New node ``i`` is old node ``perm[i]``: ``x``, ``y``, the masks and
         every tensor of :attr:`extra` whose first dimension is the node count are taken
-        at ``perm``, ``edge_index`` is renumbered (same edge order), and
+        at ``perm`` (when the edge count equals the node count, a key with ``"edge"`` in
+        it names a per-edge tensor, as in PyG's ``Data.is_edge_attr``, and is kept as it
+        is, since the edge order is), the node ids of the extras named in :data:`NODE_ID_EXTRAS`
+        (``split_idx``) are renumbered (same order, so they name the same nodes as the
+        masks), ``edge_index`` is renumbered (same edge order), and
         ``extra["node_order"]`` holds the ids of the original data set (composed over
         repeated reorders), so ``out_original[node_order] = out`` maps results back.
         The data set itself is not modified.
@@ -102,11 +126,20 @@ class NodeDataset:
                 return value.index_select(0, perm.to(value.device))
             return value
 
-        extra = {key: per_node(value) for key, value in self.extra.items() if key != "node_order"}
+        inverse = inverse_permutation(perm)
+
+        def reordered_extra(key: str, value: Any) -> Any:
+            if key in NODE_ID_EXTRAS:
+                return _renumber_ids(value, inverse)
+            if self.num_edges == n and "edge" in str(key):  # per edge: the edge order is kept
+                return value
+            return per_node(value)
+
+        extra = {key: reordered_extra(key, value) for key, value in self.extra.items() if key != "node_order"}
         earlier = self.extra.get("node_order")
         extra["node_order"] = perm if earlier is None else earlier.index_select(0, perm.to(earlier.device))
         edge_index = graph.edge_index.to(self.edge_index.dtype)
-        return replace(
+        reordered = replace(
             self,
             x=per_node(self.x),
             y=per_node(self.y),
@@ -115,8 +148,10 @@ class NodeDataset:
             val_mask=per_node(self.val_mask),
             test_mask=per_node(self.test_mask),
             extra=extra,
-            _graph=Graph(edge_index, n, validate=False),
+            _graph=None,
+            _graph_of=None,
         )
+        return reordered._keep_graph(Graph(edge_index, n, validate=False))
 
     def __repr__(self) -> str:
         return (
@@ -125,3 +160,26 @@ class NodeDataset:
             f"num_classes={self.num_classes}, train/val/test="
             f"{int(self.train_mask.sum())}/{int(self.val_mask.sum())}/{int(self.test_mask.sum())})"
         )
+
+
+def _map_tensors(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """``value`` with ``fn`` applied to every tensor in it, through dicts, lists and
+    tuples (OGB's ``split_idx`` is a dict of tensors); anything else as it is."""
+    if isinstance(value, Tensor):
+        return fn(value)
+    if isinstance(value, dict):
+        return {key: _map_tensors(item, fn) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_map_tensors(item, fn) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    """``value`` with its tensors on ``device`` (so a nested id tensor can index the moved data)."""
+    return _map_tensors(value, lambda tensor: tensor.to(device))
+
+
+def _renumber_ids(value: Any, inverse: Tensor) -> Any:
+    """``value``'s node ids in the new numbering (``inverse[old id]``), same order and dtype."""
+    return _map_tensors(value, lambda ids: inverse.to(ids.device)[ids.long()].to(ids.dtype))

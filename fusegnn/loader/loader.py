@@ -20,7 +20,7 @@ from torch import Tensor
 from fusegnn.loader.batch import SampledBatch
 from fusegnn.loader.features import gather_rows
 from fusegnn.loader.sampler import NeighborSampler
-from fusegnn.sparse.graph import Graph, check_seed, type_name
+from fusegnn.sparse.graph import Graph, check_seed, is_integer, type_name
 
 __all__ = ["NeighborLoader"]
 
@@ -71,11 +71,11 @@ class NeighborLoader:
         pin_features: bool = False,
     ) -> None:
         graph, data_x, data_y = _unpack(data, weighted)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if not is_integer(batch_size) or batch_size < 1:  # NumPy ints count, as for every count
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self.device = torch.device(device) if device is not None else graph.device
         self.sampler = NeighborSampler(graph, num_neighbors, replace=replace, weighted=weighted, device=self.device)
-        self.batch_size = batch_size
+        self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.pin_features = bool(pin_features)
