@@ -96,3 +96,26 @@ def test_compiled_attention_modes_on_the_gpu(mode):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         a.square().mean().backward()
         b.square().mean().backward()
+
+
+@pytest.mark.parametrize("aggregation", ["block", "vector"])
+def test_compiled_kernel_paths_take_transposed_views(aggregation):
+    """``q``, ``k``, ``v`` as ``SparseMultiheadAttention`` makes them,
+    ``x.view(B, L, H, D).transpose(1, 2)``: the backward ops' fake outputs have the real
+    outputs' (contiguous) strides, so the compiled backward (which views the gradients
+    as the fakes say) runs and matches eager (it raised 'view size is not compatible')."""
+    torch._dynamo.reset()
+    mask = masks.SlidingWindow(32, 3)
+    gen = torch.Generator().manual_seed(3)
+    x = [torch.randn(1, 32, 2 * 8, generator=gen).to(DEVICE).requires_grad_() for _ in range(3)]
+
+    def attend(xq, xk, xv):
+        q, k, v = (t.view(1, 32, 2, 8).transpose(1, 2) for t in (xq, xk, xv))
+        out = sparse_attention(q, k, v, mask, aggregation=aggregation)
+        return out.transpose(1, 2).reshape(1, 32, 16)
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    out, ref = compiled(*x), attend(*x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(torch.autograd.grad(out.square().sum(), x), torch.autograd.grad(ref.square().sum(), x)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
