@@ -119,3 +119,25 @@ def test_compiled_kernel_paths_take_transposed_views(aggregation):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     for got, want in zip(torch.autograd.grad(out.square().sum(), x), torch.autograd.grad(ref.square().sum(), x)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("aggregation", ["reference", "block"])
+def test_compiled_call_survives_a_new_batch_size(aggregation):
+    """A second batch size makes Dynamo's sizes symbolic; the decision outside the trace
+    takes them specialised (a recompile), so a compiled call with a smaller last batch
+    runs and matches eager (it raised 'assume_constant_result argument conversion
+    failed' under ``fullgraph=True``)."""
+    torch._dynamo.reset()
+    mask = masks.SlidingWindow(32, 3)
+
+    def attend(q, k, v):
+        return sparse_attention(q, k, v, mask, aggregation=aggregation)
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    for batch in (2, 1, 3):
+        gen = torch.Generator().manual_seed(batch)
+        q, k, v = (torch.randn(batch, 2, 32, 8, generator=gen).to(DEVICE).requires_grad_() for _ in range(3))
+        out, ref = compiled(q, k, v), attend(q, k, v)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        for got, want in zip(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -91,6 +91,7 @@ constants are read when a mask first meets a configuration.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, replace
 from numbers import Real
 from typing import Any, Callable
@@ -749,9 +750,10 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
     if aggregation == "block":  # here too, so that the error is not one inside compiled_decision
         _check_block_inputs(q, v.size(-1))
     nm_n, nm_m = nm if nm is not None else (0, 0)
+    shape, value_dim = _static_sizes(q, v)
     name, variant, layout, dilation, precision, window, block_n = compiled_decision(
-        mask.handle, tuple(q.shape), q.dtype, str(q.device), aggregation, bs[0] if bs else 0, bs[1] if bs else 0,
-        _needs_backward(q, k, v), nm_n, nm_m, v.size(-1),
+        mask.handle, shape, q.dtype, str(q.device), aggregation, bs[0] if bs else 0, bs[1] if bs else 0,
+        _needs_backward(q, k, v), nm_n, nm_m, value_dim,
     )
     if name == "reference":
         return _reference_path(q, k, v, _mask_of(mask), scale, nm)
@@ -764,6 +766,16 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
         return out
     out, _ = torch.ops.fusegnn.block_attention(q, k, v, layout, scale, precision, dilation, nm_n, nm_m)
     return out
+
+
+def _static_sizes(q: Tensor, v: Tensor) -> tuple[tuple[int, ...], int]:
+    """``(q.shape, D_v)`` as plain ints for :func:`compiled_decision`, whose arguments must
+    be constants. When a call with another batch size (say) makes Dynamo's sizes symbolic,
+    ``operator.index`` specialises them (a guard and a recompile per size, as for static
+    shapes): the path and the cost model depend on the sizes, and
+    ``assume_constant_result`` cannot take a symbolic size (``tuple(q.shape)`` raised
+    'assume_constant_result argument conversion failed' under ``fullgraph=True``)."""
+    return tuple(operator.index(s) for s in q.shape), operator.index(v.size(-1))
 
 
 @torch.compiler.assume_constant_result
