@@ -141,3 +141,24 @@ def test_compiled_call_survives_a_new_batch_size(aggregation):
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
         for got, want in zip(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_multihead_n_m_attention_without_a_mask():
+    """``SparseMultiheadAttention(nm=...)`` called without a mask runs N:M attention over
+    a full mask it builds per length; under ``torch.compile(fullgraph=True)`` that mask is
+    built outside the trace (building it inside raised Dynamo's 'Unsupported method
+    call' on the mask's handle registration), for every length seen."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    mha = SparseMultiheadAttention(16, 2, nm=(2, 4)).to(DEVICE)
+
+    def attend(x):
+        return mha(x, x, x)[0]
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    for L in (16, 20):
+        x = torch.randn(2, L, 16, generator=torch.Generator().manual_seed(L)).to(DEVICE).requires_grad_()
+        out, ref = compiled(x), attend(x)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        (got,), (want,) = torch.autograd.grad(out.sum(), (x,)), torch.autograd.grad(ref.sum(), (x,))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
