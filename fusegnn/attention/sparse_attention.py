@@ -294,8 +294,10 @@ def masked_attention_reference(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor,
     ``[L_q, L_k]`` or ``[H, L_q, L_k]`` (broadcast over the batch); rows with no allowed
     key give zeros. With ``nm = (N, M)`` the softmax runs over the scores
     :func:`~fusegnn.kernels.nm_sparsity.nm_keep` keeps (selected on the scaled scores).
-    Differentiable; computes in the inputs' dtype."""
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    Differentiable; computes in the inputs' dtype, with ``q`` scaled before the product
+    (as SDPA does): float16 products ``q . k`` beyond 65504 whose scaled score is finite
+    would otherwise overflow to ``inf`` and make the row NaN."""
+    scores = torch.matmul(q * scale, k.transpose(-2, -1))
     if nm is not None:
         allowed = nm_keep(scores, allowed, *nm)
     scores = scores.masked_fill(~allowed, float("-inf"))
@@ -333,8 +335,10 @@ def _element_path(q: Tensor, k: Tensor, v: Tensor, mask: Mask, scale: float, agg
         def unnodes(t: Tensor) -> Tensor:
             return t.reshape(H, L_q, B, D_v).permute(2, 0, 1, 3)
 
-    qn, kn, vn = nodes(q), nodes(k), nodes(v)
-    scores = sddmm(graph, kn, qn, "dot", aggregation=aggregation) * scale  # [E, heads]
+    # q scaled before the product, as in masked_attention_reference: an unscaled float16
+    # score beyond 65504 is inf (a NaN row) where the scaled one is finite
+    qn, kn, vn = nodes(q * scale), nodes(k), nodes(v)
+    scores = sddmm(graph, kn, qn, "dot", aggregation=aggregation)  # [E, heads]
     alpha = edge_softmax(graph, scores, aggregation=aggregation)
     out = spmm(graph, vn, alpha, aggregation=aggregation)  # [nodes, heads, D_v]
     return unnodes(out).contiguous()
