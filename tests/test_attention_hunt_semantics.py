@@ -3,7 +3,9 @@ PyTorch's SDPA (or the documented behaviour):
 
 * the reference and element paths (``"auto"`` off CUDA) stay finite in float16 where
   the unscaled products ``q . k`` overflow float16 but the scaled scores do not (SDPA,
-  the block and vector kernels are finite there).
+  the block and vector kernels are finite there);
+* the block and vector kernels' public entry points check ``scale`` as
+  ``sparse_attention`` does (a default scale at D = 0, a string, ``True``).
 """
 
 from __future__ import annotations
@@ -38,3 +40,29 @@ def test_half_products_beyond_the_float16_range_stay_finite(aggregation):
     out = sparse_attention(q, k, v, mask, aggregation=aggregation)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.double(), _sdpa64(q, k, v, mask, 1 / math.sqrt(64)), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("kernel", ["block", "vector"])
+@pytest.mark.parametrize("scale, error, match", [
+    (None, ValueError, "head dim D is 0"), ("0.5", TypeError, "scale must be a float"),
+    (True, TypeError, "scale must be a float"),
+])
+def test_kernel_entry_points_check_scale_like_sparse_attention(kernel, scale, error, match):
+    """``block_sparse_attention`` raised ZeroDivisionError for the default scale at D = 0,
+    'could not convert string to float' for a string and took ``True`` as 1.0;
+    ``vector_sparse_attention`` took ``True`` too. Both now check ``scale`` as
+    ``sparse_attention`` does."""
+    from fusegnn.attention.block_layout import BlockLayout
+    from fusegnn.attention.vector_windows import vector_structure
+    from fusegnn.kernels.block_attention import block_sparse_attention
+    from fusegnn.kernels.vector_attention import vector_sparse_attention
+
+    mask = M.causal(16)
+    D = 0 if scale is None else 8
+    q = torch.randn(1, 1, 16, D)
+    if kernel == "block":
+        call = lambda: block_sparse_attention(q, q, q, BlockLayout.from_mask(mask, 16, 16), scale)  # noqa: E731
+    else:
+        call = lambda: vector_sparse_attention(q, q, q, vector_structure(mask, 16, q.device), scale)  # noqa: E731
+    with pytest.raises(error, match=match):
+        call()

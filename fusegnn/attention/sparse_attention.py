@@ -90,10 +90,8 @@ constants are read when a mask first meets a configuration.
 
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass, replace
-from numbers import Real
 from typing import Any, Callable
 
 import torch
@@ -107,7 +105,7 @@ from fusegnn.attention.cost_model import predict_attention_ms
 from fusegnn.attention.masks import Mask
 from fusegnn.attention.vector_windows import keep_vector_structure, vector_path, vector_sizes, vector_structure
 from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, FLOAT_DTYPES
-from fusegnn.kernels.attention_inputs import check_qkv
+from fusegnn.kernels.attention_inputs import check_qkv, check_scale
 from fusegnn.kernels.nm_sparsity import check_nm, nm_keep
 from fusegnn.sparse.dispatch import AGGREGATIONS as _ELEMENT_AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision
@@ -181,14 +179,7 @@ def _check_mask(mask: Any, q: Tensor, k: Tensor) -> None:
         )
 
 
-def _check_scale(scale: Any, head_dim: int) -> float:
-    if scale is None:
-        if head_dim == 0:
-            raise ValueError("q: head dim D is 0, so the default scale 1/sqrt(D) is undefined; pass scale=")
-        return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, Real):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    return float(scale)
+_check_scale = check_scale  # shared with the kernels' entry points
 
 
 def _as_block_size(block_size: Any) -> tuple[int, int] | None:
