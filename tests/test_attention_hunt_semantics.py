@@ -5,7 +5,8 @@ PyTorch's SDPA (or the documented behaviour):
   the unscaled products ``q . k`` overflow float16 but the scaled scores do not (SDPA,
   the block and vector kernels are finite there);
 * the block and vector kernels' public entry points check ``scale`` as
-  ``sparse_attention`` does (a default scale at D = 0, a string, ``True``).
+  ``sparse_attention`` does (a default scale at D = 0, a string, ``True``);
+* a scale that is not finite (NaN rows on every path) is refused.
 """
 
 from __future__ import annotations
@@ -66,3 +67,12 @@ def test_kernel_entry_points_check_scale_like_sparse_attention(kernel, scale, er
         call = lambda: vector_sparse_attention(q, q, q, vector_structure(mask, 16, q.device), scale)  # noqa: E731
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("aggregation", ["reference", "dense", "block"])
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
+def test_a_scale_that_is_not_finite_is_refused(aggregation, scale):
+    """A NaN or infinite ``scale`` gave NaN rows on every path, silently."""
+    q = torch.randn(1, 1, 16, 8)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        sparse_attention(q, q, q, M.sliding_window(16, 2), aggregation=aggregation, scale=scale)

@@ -49,11 +49,14 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, dtypes: Sequence[torch.dtype]) ->
 def check_scale(scale: Any, head_dim: int) -> float:
     """``scale`` as a float: ``None`` is :math:`1/\\sqrt{D}` for ``head_dim`` ``D``; a
     ``TypeError`` / ``ValueError`` naming ``scale`` (or ``q``'s head dim, for a default
-    scale of ``D = 0``) for anything else than a real number (``True`` is not one)."""
+    scale of ``D = 0``) for anything else than a finite real number (``True`` is not one;
+    NaN and infinities made every row NaN)."""
     if scale is None:
         if head_dim == 0:
             raise ValueError("q: head dim D is 0, so the default scale 1/sqrt(D) is undefined; pass scale=")
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, Real):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):  # every score would be NaN or +-inf: NaN rows, silently
+        raise ValueError(f"scale must be finite, got {scale}")
     return float(scale)
