@@ -6,7 +6,8 @@ PyTorch's SDPA (or the documented behaviour):
   the block and vector kernels are finite there);
 * the block and vector kernels' public entry points check ``scale`` as
   ``sparse_attention`` does (a default scale at D = 0, a string, ``True``);
-* a scale that is not finite (NaN rows on every path) is refused.
+* a scale that is not finite (NaN rows on every path) is refused;
+* an ``aggregation`` of another type (a list) is named in the error.
 """
 
 from __future__ import annotations
@@ -76,3 +77,11 @@ def test_a_scale_that_is_not_finite_is_refused(aggregation, scale):
     q = torch.randn(1, 1, 16, 8)
     with pytest.raises(ValueError, match="scale must be finite"):
         sparse_attention(q, q, q, M.sliding_window(16, 2), aggregation=aggregation, scale=scale)
+
+
+@pytest.mark.parametrize("aggregation", [["block"], {"block": 1}, None])
+def test_an_aggregation_of_another_type_is_named(aggregation):
+    """A list (unhashable) reached the decision cache's key first: 'unhashable type'."""
+    q = torch.randn(1, 1, 16, 8)
+    with pytest.raises(ValueError, match="aggregation must be one of"):
+        sparse_attention(q, q, q, M.causal(16), aggregation=aggregation)

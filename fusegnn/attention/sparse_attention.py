@@ -182,6 +182,14 @@ def _check_mask(mask: Any, q: Tensor, k: Tensor) -> None:
 _check_scale = check_scale  # shared with the kernels' entry points
 
 
+def _check_aggregation(aggregation: Any) -> None:
+    """A ``ValueError`` naming ``aggregation`` unless it is one of
+    :data:`ATTENTION_AGGREGATIONS` -- checked before it enters a cache key, where an
+    unhashable value (a list) raised a bare 'unhashable type'."""
+    if not isinstance(aggregation, str) or aggregation not in ATTENTION_AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {ATTENTION_AGGREGATIONS}, got {aggregation!r}")
+
+
 def _as_block_size(block_size: Any) -> tuple[int, int] | None:
     if block_size is None:
         return None
@@ -561,8 +569,7 @@ def explain_attention(
     ``"reference"`` compute. ``value_dim``: ``D_v``, the head dim of ``v`` (``None``:
     ``q``'s ``D``); the block kernel needs ``D_v == D``, so ``"auto"`` leaves it out
     otherwise."""
-    if aggregation not in ATTENTION_AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {ATTENTION_AGGREGATIONS}, got {aggregation!r}")
+    _check_aggregation(aggregation)
     nm = check_nm(nm)
     if aggregation == "vector":
         return _vector_decision(q, nm, block_size)
@@ -738,6 +745,7 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
     check_qkv(q, k, v, FLOAT_DTYPES)
     _check_mask(mask, q, k)
     scale = _check_scale(scale, q.size(-1))
+    _check_aggregation(aggregation)
     if element_aggregation not in _ELEMENT_AGGREGATIONS:
         raise ValueError(f"element_aggregation must be one of {_ELEMENT_AGGREGATIONS}, got {element_aggregation!r}")
     bs = _size_key(aggregation, block_size)
@@ -855,6 +863,7 @@ def _prepare_call(
     check_qkv(q, k, v, FLOAT_DTYPES)
     _check_mask(mask, q, k)
     scale = _check_scale(scale, q.size(-1))
+    _check_aggregation(aggregation)
     if element_aggregation not in _ELEMENT_AGGREGATIONS:
         raise ValueError(f"element_aggregation must be one of {_ELEMENT_AGGREGATIONS}, got {element_aggregation!r}")
     nm = check_nm(nm)
