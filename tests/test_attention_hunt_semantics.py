@@ -7,7 +7,9 @@ PyTorch's SDPA (or the documented behaviour):
 * the block and vector kernels' public entry points check ``scale`` as
   ``sparse_attention`` does (a default scale at D = 0, a string, ``True``);
 * a scale that is not finite (NaN rows on every path) is refused;
-* an ``aggregation`` of another type (a list) is named in the error.
+* an ``aggregation`` of another type (a list) is named in the error;
+* ``explain_attention`` checks ``q``, the mask's lengths and heads, ``backward`` and
+  ``value_dim`` as ``sparse_attention`` would.
 """
 
 from __future__ import annotations
@@ -85,3 +87,34 @@ def test_an_aggregation_of_another_type_is_named(aggregation):
     q = torch.randn(1, 1, 16, 8)
     with pytest.raises(ValueError, match="aggregation must be one of"):
         sparse_attention(q, q, q, M.causal(16), aggregation=aggregation)
+
+
+@pytest.mark.parametrize("aggregation", ["auto", "block", "dense", "reference"])
+@pytest.mark.parametrize("case, error, match", [
+    ("mask of another length", ValueError, "L_q = 16"),
+    ("mask of other heads", ValueError, "3 heads"),
+    ("mask a string", TypeError, "mask must be"),
+    ("q a list", TypeError, "q must be a torch.Tensor"),
+    ("backward a string", TypeError, "backward must be"),
+    ("value_dim a string", ValueError, "value_dim must be"),
+])
+def test_explain_attention_checks_what_it_reads(aggregation, case, error, match):
+    """``explain_attention`` explained a mask of other lengths (a decision for a call that
+    raises), and raised AttributeError for a ``q`` or a ``mask`` of the wrong type."""
+    from fusegnn.attention import explain_attention
+
+    q, mask, kwargs = torch.randn(1, 2, 16, 8), M.causal(16), {}
+    if case == "mask of another length":
+        mask = M.causal(8)
+    elif case == "mask of other heads":
+        mask = M.stack_heads([M.causal(16)] * 3)
+    elif case == "mask a string":
+        mask = "causal"
+    elif case == "q a list":
+        q = [[1.0]]
+    elif case == "backward a string":
+        kwargs = {"backward": "yes"}
+    else:
+        kwargs = {"value_dim": "8"}
+    with pytest.raises(error, match=match):
+        explain_attention(q, mask, aggregation=aggregation, **kwargs)

@@ -182,6 +182,32 @@ def _check_mask(mask: Any, q: Tensor, k: Tensor) -> None:
 _check_scale = check_scale  # shared with the kernels' entry points
 
 
+def _check_explain_inputs(q: Any, mask: Any, backward: Any, value_dim: Any) -> None:
+    """What :func:`explain_attention` reads, checked as :func:`sparse_attention` checks it
+    (a decision for a mask of other lengths or heads, or for something that is not a
+    tensor, is no decision of a call that could run)."""
+    if not isinstance(q, Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be 4-D [B, H, L_q, D] (SDPA layout), got shape {tuple(q.shape)}")
+    if not isinstance(mask, (Mask, BlockLayout)):
+        raise TypeError(
+            "mask must be a fusegnn.attention.masks.Mask or a fusegnn.attention.BlockLayout, "
+            f"got {type(mask).__name__}"
+        )
+    if mask.L_q != q.size(2):
+        raise ValueError(f"the mask is {mask.L_q} x {mask.L_k} (L_q x L_k) but q has L_q = {q.size(2)}")
+    if mask.num_heads not in (1, q.size(1)):
+        raise ValueError(
+            f"the mask has {mask.num_heads} heads but q has H = {q.size(1)}; "
+            "a mask must be shared (1 head) or have one mask per head"
+        )
+    if backward is not None and not isinstance(backward, bool):
+        raise TypeError(f"backward must be a bool or None, got {type(backward).__name__}")
+    if value_dim is not None and (isinstance(value_dim, bool) or not isinstance(value_dim, int) or value_dim < 0):
+        raise ValueError(f"value_dim must be None or an int >= 0 (v's head dim D_v), got {value_dim!r}")
+
+
 def _check_aggregation(aggregation: Any) -> None:
     """A ``ValueError`` naming ``aggregation`` unless it is one of
     :data:`ATTENTION_AGGREGATIONS` -- checked before it enters a cache key, where an
@@ -570,6 +596,7 @@ def explain_attention(
     ``q``'s ``D``); the block kernel needs ``D_v == D``, so ``"auto"`` leaves it out
     otherwise."""
     _check_aggregation(aggregation)
+    _check_explain_inputs(q, mask, backward, value_dim)
     nm = check_nm(nm)
     if aggregation == "vector":
         return _vector_decision(q, nm, block_size)
