@@ -96,3 +96,69 @@ def test_compiled_attention_modes_on_the_gpu(mode):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         a.square().mean().backward()
         b.square().mean().backward()
+
+
+@pytest.mark.parametrize("aggregation", ["block", "vector"])
+def test_compiled_kernel_paths_take_transposed_views(aggregation):
+    """``q``, ``k``, ``v`` as ``SparseMultiheadAttention`` makes them,
+    ``x.view(B, L, H, D).transpose(1, 2)``: the backward ops' fake outputs have the real
+    outputs' (contiguous) strides, so the compiled backward (which views the gradients
+    as the fakes say) runs and matches eager (it raised 'view size is not compatible')."""
+    torch._dynamo.reset()
+    mask = masks.SlidingWindow(32, 3)
+    gen = torch.Generator().manual_seed(3)
+    x = [torch.randn(1, 32, 2 * 8, generator=gen).to(DEVICE).requires_grad_() for _ in range(3)]
+
+    def attend(xq, xk, xv):
+        q, k, v = (t.view(1, 32, 2, 8).transpose(1, 2) for t in (xq, xk, xv))
+        out = sparse_attention(q, k, v, mask, aggregation=aggregation)
+        return out.transpose(1, 2).reshape(1, 32, 16)
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    out, ref = compiled(*x), attend(*x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(torch.autograd.grad(out.square().sum(), x), torch.autograd.grad(ref.square().sum(), x)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("aggregation", ["reference", "block"])
+def test_compiled_call_survives_a_new_batch_size(aggregation):
+    """A second batch size makes Dynamo's sizes symbolic; the decision outside the trace
+    takes them specialised (a recompile), so a compiled call with a smaller last batch
+    runs and matches eager (it raised 'assume_constant_result argument conversion
+    failed' under ``fullgraph=True``)."""
+    torch._dynamo.reset()
+    mask = masks.SlidingWindow(32, 3)
+
+    def attend(q, k, v):
+        return sparse_attention(q, k, v, mask, aggregation=aggregation)
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    for batch in (2, 1, 3):
+        gen = torch.Generator().manual_seed(batch)
+        q, k, v = (torch.randn(batch, 2, 32, 8, generator=gen).to(DEVICE).requires_grad_() for _ in range(3))
+        out, ref = compiled(q, k, v), attend(q, k, v)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        for got, want in zip(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_multihead_n_m_attention_without_a_mask():
+    """``SparseMultiheadAttention(nm=...)`` called without a mask runs N:M attention over
+    a full mask it builds per length; under ``torch.compile(fullgraph=True)`` that mask is
+    built outside the trace (building it inside raised Dynamo's 'Unsupported method
+    call' on the mask's handle registration), for every length seen."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    mha = SparseMultiheadAttention(16, 2, nm=(2, 4)).to(DEVICE)
+
+    def attend(x):
+        return mha(x, x, x)[0]
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    for L in (16, 20):
+        x = torch.randn(2, L, 16, generator=torch.Generator().manual_seed(L)).to(DEVICE).requires_grad_()
+        out, ref = compiled(x), attend(x)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        (got,), (want,) = torch.autograd.grad(out.sum(), (x,)), torch.autograd.grad(ref.sum(), (x,))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -71,7 +71,14 @@ def block_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
 
 @block_attention_backward.register_fake
 def _(grad, q, k, v, out, lse, layout, scale, precision, dilation, nm_n=0, nm_m=0):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return _contiguous_like(q), _contiguous_like(k), _contiguous_like(v)
+
+
+def _contiguous_like(t: Tensor) -> Tensor:
+    """A fake gradient of ``t`` as the backward kernels allocate theirs: contiguous,
+    whatever ``t``'s strides (``empty_like`` would keep a transposed view's strides, and
+    the compiled graph would then view the real, contiguous gradient by them)."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
 def _setup(ctx, inputs, output):
@@ -130,7 +137,7 @@ def vector_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out
 
 @vector_attention_backward.register_fake
 def _(grad, q, k, v, out, lse, mask, window, block_n, scale, precision):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return _contiguous_like(q), _contiguous_like(k), _contiguous_like(v)
 
 
 def _setup_vector(ctx, inputs, output):

@@ -90,9 +90,8 @@ constants are read when a mask first meets a configuration.
 
 from __future__ import annotations
 
-import math
+import operator
 from dataclasses import dataclass, replace
-from numbers import Real
 from typing import Any, Callable
 
 import torch
@@ -106,7 +105,7 @@ from fusegnn.attention.cost_model import predict_attention_ms
 from fusegnn.attention.masks import Mask
 from fusegnn.attention.vector_windows import keep_vector_structure, vector_path, vector_sizes, vector_structure
 from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, FLOAT_DTYPES
-from fusegnn.kernels.attention_inputs import check_qkv
+from fusegnn.kernels.attention_inputs import check_qkv, check_scale
 from fusegnn.kernels.nm_sparsity import check_nm, nm_keep
 from fusegnn.sparse.dispatch import AGGREGATIONS as _ELEMENT_AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision
@@ -180,14 +179,41 @@ def _check_mask(mask: Any, q: Tensor, k: Tensor) -> None:
         )
 
 
-def _check_scale(scale: Any, head_dim: int) -> float:
-    if scale is None:
-        if head_dim == 0:
-            raise ValueError("q: head dim D is 0, so the default scale 1/sqrt(D) is undefined; pass scale=")
-        return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, Real):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    return float(scale)
+_check_scale = check_scale  # shared with the kernels' entry points
+
+
+def _check_explain_inputs(q: Any, mask: Any, backward: Any, value_dim: Any) -> None:
+    """What :func:`explain_attention` reads, checked as :func:`sparse_attention` checks it
+    (a decision for a mask of other lengths or heads, or for something that is not a
+    tensor, is no decision of a call that could run)."""
+    if not isinstance(q, Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    if q.dim() != 4:
+        raise ValueError(f"q must be 4-D [B, H, L_q, D] (SDPA layout), got shape {tuple(q.shape)}")
+    if not isinstance(mask, (Mask, BlockLayout)):
+        raise TypeError(
+            "mask must be a fusegnn.attention.masks.Mask or a fusegnn.attention.BlockLayout, "
+            f"got {type(mask).__name__}"
+        )
+    if mask.L_q != q.size(2):
+        raise ValueError(f"the mask is {mask.L_q} x {mask.L_k} (L_q x L_k) but q has L_q = {q.size(2)}")
+    if mask.num_heads not in (1, q.size(1)):
+        raise ValueError(
+            f"the mask has {mask.num_heads} heads but q has H = {q.size(1)}; "
+            "a mask must be shared (1 head) or have one mask per head"
+        )
+    if backward is not None and not isinstance(backward, bool):
+        raise TypeError(f"backward must be a bool or None, got {type(backward).__name__}")
+    if value_dim is not None and (isinstance(value_dim, bool) or not isinstance(value_dim, int) or value_dim < 0):
+        raise ValueError(f"value_dim must be None or an int >= 0 (v's head dim D_v), got {value_dim!r}")
+
+
+def _check_aggregation(aggregation: Any) -> None:
+    """A ``ValueError`` naming ``aggregation`` unless it is one of
+    :data:`ATTENTION_AGGREGATIONS` -- checked before it enters a cache key, where an
+    unhashable value (a list) raised a bare 'unhashable type'."""
+    if not isinstance(aggregation, str) or aggregation not in ATTENTION_AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {ATTENTION_AGGREGATIONS}, got {aggregation!r}")
 
 
 def _as_block_size(block_size: Any) -> tuple[int, int] | None:
@@ -293,8 +319,10 @@ def masked_attention_reference(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor,
     ``[L_q, L_k]`` or ``[H, L_q, L_k]`` (broadcast over the batch); rows with no allowed
     key give zeros. With ``nm = (N, M)`` the softmax runs over the scores
     :func:`~fusegnn.kernels.nm_sparsity.nm_keep` keeps (selected on the scaled scores).
-    Differentiable; computes in the inputs' dtype."""
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    Differentiable; computes in the inputs' dtype, with ``q`` scaled before the product
+    (as SDPA does): float16 products ``q . k`` beyond 65504 whose scaled score is finite
+    would otherwise overflow to ``inf`` and make the row NaN."""
+    scores = torch.matmul(q * scale, k.transpose(-2, -1))
     if nm is not None:
         allowed = nm_keep(scores, allowed, *nm)
     scores = scores.masked_fill(~allowed, float("-inf"))
@@ -332,8 +360,10 @@ def _element_path(q: Tensor, k: Tensor, v: Tensor, mask: Mask, scale: float, agg
         def unnodes(t: Tensor) -> Tensor:
             return t.reshape(H, L_q, B, D_v).permute(2, 0, 1, 3)
 
-    qn, kn, vn = nodes(q), nodes(k), nodes(v)
-    scores = sddmm(graph, kn, qn, "dot", aggregation=aggregation) * scale  # [E, heads]
+    # q scaled before the product, as in masked_attention_reference: an unscaled float16
+    # score beyond 65504 is inf (a NaN row) where the scaled one is finite
+    qn, kn, vn = nodes(q * scale), nodes(k), nodes(v)
+    scores = sddmm(graph, kn, qn, "dot", aggregation=aggregation)  # [E, heads]
     alpha = edge_softmax(graph, scores, aggregation=aggregation)
     out = spmm(graph, vn, alpha, aggregation=aggregation)  # [nodes, heads, D_v]
     return unnodes(out).contiguous()
@@ -565,8 +595,8 @@ def explain_attention(
     ``"reference"`` compute. ``value_dim``: ``D_v``, the head dim of ``v`` (``None``:
     ``q``'s ``D``); the block kernel needs ``D_v == D``, so ``"auto"`` leaves it out
     otherwise."""
-    if aggregation not in ATTENTION_AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {ATTENTION_AGGREGATIONS}, got {aggregation!r}")
+    _check_aggregation(aggregation)
+    _check_explain_inputs(q, mask, backward, value_dim)
     nm = check_nm(nm)
     if aggregation == "vector":
         return _vector_decision(q, nm, block_size)
@@ -742,6 +772,7 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
     check_qkv(q, k, v, FLOAT_DTYPES)
     _check_mask(mask, q, k)
     scale = _check_scale(scale, q.size(-1))
+    _check_aggregation(aggregation)
     if element_aggregation not in _ELEMENT_AGGREGATIONS:
         raise ValueError(f"element_aggregation must be one of {_ELEMENT_AGGREGATIONS}, got {element_aggregation!r}")
     bs = _size_key(aggregation, block_size)
@@ -749,9 +780,10 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
     if aggregation == "block":  # here too, so that the error is not one inside compiled_decision
         _check_block_inputs(q, v.size(-1))
     nm_n, nm_m = nm if nm is not None else (0, 0)
+    shape, value_dim = _static_sizes(q, v)
     name, variant, layout, dilation, precision, window, block_n = compiled_decision(
-        mask.handle, tuple(q.shape), q.dtype, str(q.device), aggregation, bs[0] if bs else 0, bs[1] if bs else 0,
-        _needs_backward(q, k, v), nm_n, nm_m, v.size(-1),
+        mask.handle, shape, q.dtype, str(q.device), aggregation, bs[0] if bs else 0, bs[1] if bs else 0,
+        _needs_backward(q, k, v), nm_n, nm_m, value_dim,
     )
     if name == "reference":
         return _reference_path(q, k, v, _mask_of(mask), scale, nm)
@@ -764,6 +796,16 @@ def _compiled_call(q: Tensor, k: Tensor, v: Tensor, mask: Mask | BlockLayout, sc
         return out
     out, _ = torch.ops.fusegnn.block_attention(q, k, v, layout, scale, precision, dilation, nm_n, nm_m)
     return out
+
+
+def _static_sizes(q: Tensor, v: Tensor) -> tuple[tuple[int, ...], int]:
+    """``(q.shape, D_v)`` as plain ints for :func:`compiled_decision`, whose arguments must
+    be constants. When a call with another batch size (say) makes Dynamo's sizes symbolic,
+    ``operator.index`` specialises them (a guard and a recompile per size, as for static
+    shapes): the path and the cost model depend on the sizes, and
+    ``assume_constant_result`` cannot take a symbolic size (``tuple(q.shape)`` raised
+    'assume_constant_result argument conversion failed' under ``fullgraph=True``)."""
+    return tuple(operator.index(s) for s in q.shape), operator.index(v.size(-1))
 
 
 @torch.compiler.assume_constant_result
@@ -848,6 +890,7 @@ def _prepare_call(
     check_qkv(q, k, v, FLOAT_DTYPES)
     _check_mask(mask, q, k)
     scale = _check_scale(scale, q.size(-1))
+    _check_aggregation(aggregation)
     if element_aggregation not in _ELEMENT_AGGREGATIONS:
         raise ValueError(f"element_aggregation must be one of {_ELEMENT_AGGREGATIONS}, got {element_aggregation!r}")
     nm = check_nm(nm)

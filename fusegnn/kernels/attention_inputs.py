@@ -1,15 +1,18 @@
-"""The one check of attention inputs ``q``, ``k``, ``v`` (``[B, H, L, D]``, SDPA's layout),
-shared by the block kernels' entry points and :func:`fusegnn.attention.sparse_attention`,
-which differ only in the dtypes they accept."""
+"""The one check of attention inputs ``q``, ``k``, ``v`` (``[B, H, L, D]``, SDPA's layout)
+and of the score ``scale``, shared by the block and vector kernels' entry points and
+:func:`fusegnn.attention.sparse_attention`, which differ only in the dtypes they accept."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from numbers import Real
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["check_qkv", "dtype_names"]
+__all__ = ["check_qkv", "check_scale", "dtype_names"]
 
 
 def dtype_names(dtypes: Sequence[torch.dtype]) -> str:
@@ -41,3 +44,19 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, dtypes: Sequence[torch.dtype]) ->
         raise ValueError(f"q and k must have the same head dim D, got {q.size(-1)} and {k.size(-1)}")
     if k.size(2) != v.size(2):
         raise ValueError(f"k and v must have the same length L_k, got {k.size(2)} and {v.size(2)}")
+
+
+def check_scale(scale: Any, head_dim: int) -> float:
+    """``scale`` as a float: ``None`` is :math:`1/\\sqrt{D}` for ``head_dim`` ``D``; a
+    ``TypeError`` / ``ValueError`` naming ``scale`` (or ``q``'s head dim, for a default
+    scale of ``D = 0``) for anything else than a finite real number (``True`` is not one;
+    NaN and infinities made every row NaN)."""
+    if scale is None:
+        if head_dim == 0:
+            raise ValueError("q: head dim D is 0, so the default scale 1/sqrt(D) is undefined; pass scale=")
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, Real):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):  # every score would be NaN or +-inf: NaN rows, silently
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)

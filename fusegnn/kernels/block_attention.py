@@ -120,7 +120,6 @@ and 128 are the tuned ones). The layout's ``BM``/``BN`` are the kernel's tile si
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -130,7 +129,7 @@ from torch import Tensor
 from fusegnn.kernels._env import env_flag
 from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, LazyKernel, interpreter_enabled, kernel_helper, next_pow2
 from fusegnn.kernels._launch import launch as fast_launch
-from fusegnn.kernels.attention_inputs import check_qkv
+from fusegnn.kernels.attention_inputs import check_qkv, check_scale
 from fusegnn.kernels.nm_sparsity import check_nm
 
 __all__ = [
@@ -1393,10 +1392,9 @@ def _checked_apply(q, k, v, layout, scale, allow_tf32, launch, dilation, nm=None
         )
     _check_inputs(q, k, v, layout, dilation)
     _check_launch(launch)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = check_scale(scale, q.shape[-1])
     return BlockSparseAttentionFunction.apply(
-        q, k, v, layout, float(scale), _precision(q.dtype, allow_tf32), launch, dilation, nm)
+        q, k, v, layout, scale, _precision(q.dtype, allow_tf32), launch, dilation, nm)
 
 
 def block_sparse_attention_lse(

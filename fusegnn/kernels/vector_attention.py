@@ -71,7 +71,7 @@ import torch
 from torch import Tensor
 
 from fusegnn.kernels._triton import BLOCK_ATTENTION_DTYPES, LazyKernel, interpreter_enabled, kernel_helper, next_pow2
-from fusegnn.kernels.attention_inputs import check_qkv
+from fusegnn.kernels.attention_inputs import check_qkv, check_scale
 from fusegnn.kernels.block_attention import _last_contiguous, _off_current_device, _precision, _upcast
 
 try:  # triton is an optional dependency; the kernels below need it
@@ -603,9 +603,6 @@ def vector_sparse_attention(
     _, block_n = check_vector_sizes(structure.W, block_n)
     if triton is None or not (q.device.type == "cuda" or (q.device.type == "cpu" and interpreter_enabled())):
         raise RuntimeError("vector_sparse_attention needs CUDA tensors (or TRITON_INTERPRET=1 on the CPU) and triton")
-    if scale is None:
-        if q.size(-1) == 0:
-            raise ValueError("q: head dim D is 0, so the default scale 1/sqrt(D) is undefined; pass scale=")
-        scale = 1.0 / math.sqrt(q.size(-1))
-    out, _ = VectorAttentionFunction.apply(q, k, v, structure, float(scale), _precision(q.dtype, allow_tf32), block_n)
+    scale = check_scale(scale, q.size(-1))
+    out, _ = VectorAttentionFunction.apply(q, k, v, structure, scale, _precision(q.dtype, allow_tf32), block_n)
     return out

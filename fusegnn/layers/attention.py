@@ -32,11 +32,13 @@ kernel (or the element-level path for very irregular masks); see
 consecutive keys of a query only the ``N`` largest allowed scores enter the softmax
 (:mod:`fusegnn.kernels.nm_sparsity`), computed by the fused block kernel on CUDA (the
 dense reference on the CPU); with ``mask=None`` it applies to full attention (a full
-mask, built once per ``(L_q, L_k)`` and kept by the module).
+mask, built once per ``(L_q, L_k)`` -- outside a ``torch.compile`` trace -- and shared by
+every module).
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Callable, Union
 
 import torch
@@ -60,6 +62,31 @@ def _check_mask_arg(mask: object, name: str = "mask") -> None:
             "(build one from a dense boolean tensor with fusegnn.attention.masks.from_dense; note that "
             "True means 'may attend', the opposite of nn.MultiheadAttention's boolean attn_mask)"
         )
+
+
+#: the full masks (every key allowed) of N:M attention without a mask, by ``(L_q, L_k)``;
+#: masks are immutable, so every module shares them (and their cached layouts)
+_FULL_MASKS: dict[tuple[int, int], Mask] = {}
+
+
+@torch.compiler.assume_constant_result
+def _build_full_mask(L_q: int, L_k: int) -> int:
+    """Put the full ``L_q x L_k`` mask into :data:`_FULL_MASKS` if it is not there; called
+    by Dynamo instead of traced (it cannot trace a mask's construction, which registers a
+    handle), so that the compiled code then reads the mask that exists."""
+    if (L_q, L_k) not in _FULL_MASKS:
+        full = sliding_window(L_q, L_q) if L_q == L_k else from_dense(torch.ones(L_q, L_k, dtype=torch.bool))
+        _FULL_MASKS[(L_q, L_k)] = full
+    return 0
+
+
+def _full_mask(L_q: int, L_k: int) -> Mask:
+    """Every key allowed (N:M attention without a mask), built once per ``(L_q, L_k)``,
+    also under ``torch.compile(fullgraph=True)`` (where building it in the traced code
+    failed; ``operator.index`` specialises symbolic lengths for the constant call)."""
+    L_q, L_k = operator.index(L_q), operator.index(L_k)
+    _build_full_mask(L_q, L_k)
+    return _FULL_MASKS[(L_q, L_k)]
 
 
 class SparseMultiheadAttention(nn.Module):
@@ -99,7 +126,6 @@ class SparseMultiheadAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.nm = check_nm(nm)
-        self._full_masks: dict[tuple[int, int], Mask] = {}
         for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -185,7 +211,7 @@ class SparseMultiheadAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v)
         else:
             if mask is None:
-                mask = self._full_mask(q.size(2), k.size(2))
+                mask = _full_mask(q.size(2), k.size(2))
             out = sparse_attention(q, k, v, mask, aggregation=self.aggregation, block_size=self.block_size,
                                    nm=self.nm)
         B, L_q = query.shape[:2]
@@ -193,14 +219,6 @@ class SparseMultiheadAttention(nn.Module):
         if not self.batch_first:
             out = out.transpose(0, 1)
         return out, None
-
-    def _full_mask(self, L_q: int, L_k: int) -> Mask:
-        """Every key allowed (N:M attention without a mask), kept per ``(L_q, L_k)`` so
-        that its layout is built once."""
-        if (L_q, L_k) not in self._full_masks:
-            full = sliding_window(L_q, L_q) if L_q == L_k else from_dense(torch.ones(L_q, L_k, dtype=torch.bool))
-            self._full_masks[(L_q, L_k)] = full
-        return self._full_masks[(L_q, L_k)]
 
     def extra_repr(self) -> str:
         nm = f", nm={self.nm[0]}:{self.nm[1]}" if self.nm is not None else ""
