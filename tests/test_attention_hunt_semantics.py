@@ -63,9 +63,11 @@ def test_kernel_entry_points_check_scale_like_sparse_attention(kernel, scale, er
 
     mask = M.causal(16)
     D = 0 if scale is None else 8
-    q = torch.randn(1, 1, 16, D)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernels run (else the device is refused first)
+    q = torch.randn(1, 1, 16, D, device=device)
     if kernel == "block":
-        call = lambda: block_sparse_attention(q, q, q, BlockLayout.from_mask(mask, 16, 16), scale)  # noqa: E731
+        layout = BlockLayout.from_mask(mask, 16, 16).to(device)
+        call = lambda: block_sparse_attention(q, q, q, layout, scale)  # noqa: E731
     else:
         call = lambda: vector_sparse_attention(q, q, q, vector_structure(mask, 16, q.device), scale)  # noqa: E731
     with pytest.raises(error, match=match):
