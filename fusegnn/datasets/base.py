@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from fusegnn._tensor_tree import map_tensors
 from fusegnn.sparse.graph import Graph
 from fusegnn.sparse.reorder import inverse_permutation
 
@@ -162,24 +163,11 @@ class NodeDataset:
         )
 
 
-def _map_tensors(value: Any, fn: Callable[[Tensor], Tensor]) -> Any:
-    """``value`` with ``fn`` applied to every tensor in it, through dicts, lists and
-    tuples (OGB's ``split_idx`` is a dict of tensors); anything else as it is."""
-    if isinstance(value, Tensor):
-        return fn(value)
-    if isinstance(value, dict):
-        return {key: _map_tensors(item, fn) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        items = [_map_tensors(item, fn) for item in value]
-        return items if isinstance(value, list) else tuple(items)
-    return value
-
-
 def _to_device(value: Any, device: torch.device) -> Any:
     """``value`` with its tensors on ``device`` (so a nested id tensor can index the moved data)."""
-    return _map_tensors(value, lambda tensor: tensor.to(device))
+    return map_tensors(value, lambda tensor: tensor.to(device))
 
 
 def _renumber_ids(value: Any, inverse: Tensor) -> Any:
     """``value``'s node ids in the new numbering (``inverse[old id]``), same order and dtype."""
-    return _map_tensors(value, lambda ids: inverse.to(ids.device)[ids.long()].to(ids.dtype))
+    return map_tensors(value, lambda ids: inverse.to(ids.device)[ids.long()].to(ids.dtype))
