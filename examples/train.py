@@ -46,9 +46,9 @@ fused kernels need CUDA, or Triton's interpreter (``TRITON_INTERPRET=1`` with
 ``--reorder rcm|degree|metis`` renumbers the nodes in a locality order before training
 (:meth:`fusegnn.datasets.NodeDataset.reorder`: neighbours get nearby ids, so the kernels'
 row gathers hit the L2 cache more; the graph and the results are the same). It pays on
-large graphs: 6-12 % a step on the Reddit-sized graph on an H100 (METIS), after a one-time
-ordering on the host (RCM 12 s, METIS 51 s there, so it pays back after 13,000-18,000 steps;
-``metis`` needs ``pymetis``).
+large graphs: 6-11 % a step on the Reddit-sized graph on an H100 (METIS; ``degree`` was
+slower there), after a one-time ordering on the host (RCM 12 s, METIS 51 s there, so it pays
+back after 13,000-18,000 GCN steps, some 50,000 GAT steps; ``metis`` needs ``pymetis``).
 
 Data is looked for in ``--root``, then ``$FUSEGNN_DATA``, then ``~/.cache/fusegnn``, then
 downloaded. A missing data set, a ``--root`` that does not exist or a path that cannot run

@@ -106,6 +106,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fusegnn._tensor_tree import map_tensors
 from fusegnn.sparse.dispatch import for_capture
 
 __all__ = ["graphed_step", "GraphedStep", "CaptureError"]
@@ -597,15 +598,7 @@ def _arg_name(names: list[str], k: int) -> str:
 
 # ---------------------------------------------------------------------- outputs
 def _detach(value: Any) -> Any:
-    if isinstance(value, Tensor):
-        return value.detach()
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple
-        return type(value)(*(_detach(v) for v in value))
-    if isinstance(value, (tuple, list)):
-        return type(value)(_detach(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _detach(v) for k, v in value.items()}
-    return value
+    return map_tensors(value, Tensor.detach)
 
 
 def _tensors(value: Any) -> list[Tensor]:

@@ -77,3 +77,20 @@ def test_reorder_keeps_per_edge_extras_when_edges_and_nodes_are_as_many(method):
     assert torch.equal(order[new.edge_index], data.edge_index)  # same edges, same order ...
     assert torch.equal(new.extra["edge_weight"], data.extra["edge_weight"])  # ... so the same weights
     assert torch.equal(new.extra["node_types"], order)  # per node: taken at perm
+
+
+def test_to_keeps_the_types_of_the_containers_in_extras():
+    """``.to`` walks ``extra`` with the one tensor walk fusegnn has (``graphed_step``'s
+    too): a NamedTuple of id tensors stays that NamedTuple (it came back a plain tuple,
+    so ``split.train`` raised ``AttributeError`` after ``data.to(device)``)."""
+    from typing import NamedTuple
+
+    class Split(NamedTuple):
+        train: torch.Tensor
+        test: torch.Tensor
+
+    data = _arxiv()
+    ids = data.extra["split_idx"]
+    data.extra["split"] = Split(ids["train"], ids["test"])
+    moved = data.to("meta")
+    assert type(moved.extra["split"]) is Split and moved.extra["split"].train.device.type == "meta"

@@ -340,3 +340,21 @@ def test_partition_nodes_refuses_a_part_out_of_range(part):
     with pytest.raises(ValueError, match="part must be an int in \\[0, 2\\)"):
         part_of.nodes(part)
     assert torch.equal(part_of.nodes(np.int64(1)), part_of.nodes(1))
+
+
+def test_part_and_rank_are_one_integer_by_the_same_rule():
+    """``Partition.nodes`` and ``DistGraph.build``'s ``rank`` take what every integer
+    argument of fusegnn takes (``is_integer``: Python and NumPy ints), plus a 0-d integer
+    tensor, through one helper. ``nodes`` tested with ``operator.index`` and refused only a
+    Python bool, so ``nodes(torch.tensor(True))`` gave part 1 and ``nodes(torch.tensor([1]))``
+    part 1 too; ``rank=torch.tensor([1])`` was taken as rank 1."""
+    graph = _graph()
+    part = partition_graph(graph, 2, "contiguous")
+    assert torch.equal(part.nodes(torch.tensor(1)), part.nodes(1))
+    for bad in (torch.tensor(True), torch.tensor([1]), np.bool_(True)):
+        with pytest.raises(ValueError, match="part must be an int"):
+            part.nodes(bad)
+    for bad in (torch.tensor(True), torch.tensor([1]), torch.tensor(1.0)):
+        with pytest.raises(TypeError, match="rank must be an int"):
+            DistGraph.build(graph, part, bad)
+    assert torch.equal(DistGraph.build(graph, part, np.int64(1)).owned, DistGraph.build(graph, part, 1).owned)

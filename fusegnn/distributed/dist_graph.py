@@ -30,7 +30,6 @@ through ``__fusegnn_graph__``, so ``GCNConv(...)(x_owned, dist_graph)`` runs unc
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +38,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from fusegnn.distributed.partition import Partition
-from fusegnn.sparse.graph import Graph, as_graph
+from fusegnn.sparse.graph import Graph, as_graph, integer_index
 from fusegnn.sparse.halo import HaloGraph
 
 __all__ = ["DistGraph", "ExchangeLog", "share_of"]
@@ -202,12 +201,10 @@ def _check_rows(values, name: str) -> None:
 def _check_rank(rank, world_size: int) -> int:
     """``rank`` as an int in ``[0, world_size)`` (a float or a bool is refused: numpy
     indexed with it deep in the build)."""
-    if isinstance(rank, bool) or (isinstance(rank, Tensor) and rank.dtype == torch.bool):
-        raise TypeError(f"rank must be an int, got {rank!r}")
-    try:
-        rank = operator.index(rank)
-    except TypeError:
-        raise TypeError(f"rank must be an int, got {type(rank).__name__} {rank!r}") from None
+    index = integer_index(rank)
+    if index is None:
+        raise TypeError(f"rank must be an int, got {type(rank).__name__} {rank!r}")
+    rank = index
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     return rank

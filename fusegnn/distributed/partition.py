@@ -18,12 +18,13 @@ the slowest worker sets the step time). Two methods:
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from fusegnn.sparse.graph import integer_index
 
 __all__ = ["Partition", "partition_graph", "METHODS"]
 
@@ -67,19 +68,11 @@ class Partition:
         of ``perm`` let an in-place shuffle of one part's ids reorder the partition itself,
         and shares built from it afterwards disagree with the other workers' on the order
         of that part's rows)."""
-        index = None if isinstance(part, bool) else _as_index(part)  # numpy / 0-d tensor ints too
+        index = integer_index(part)  # numpy / 0-d tensor ints too
         if index is None or not 0 <= index < self.num_parts:
             # (a negative part slices offsets from the end: -1 gave an empty tensor)
             raise ValueError(f"part must be an int in [0, {self.num_parts}), got {part!r}")
         return self.perm[self.offsets[index]:self.offsets[index + 1]].clone()
-
-
-def _as_index(value) -> int | None:
-    """``value`` as a Python int if it is an integer (``operator.index``), else ``None``."""
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
 
 
 def partition_graph(graph, num_parts: int, method: str = "auto", *, balance_on: str = "edges",

@@ -754,6 +754,20 @@ def is_integer(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def integer_index(value: Any) -> int | None:
+    """``value`` as a Python int when it is one integer: an integer scalar
+    (:func:`is_integer`) or a 0-d integer tensor (``parts[i]``, ``dist.get_rank()`` kept in
+    a tensor); else ``None`` -- a bool or bool tensor, a float, a tensor of more dimensions
+    (``operator.index`` takes ``True`` and ``tensor([1])``, so it is no such test)."""
+    if is_integer(value):
+        return int(value)
+    if isinstance(value, Tensor) and value.dim() == 0 and not (
+        value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool
+    ):
+        return int(value)
+    return None
+
+
 def check_seed(seed: Any) -> int:
     """``seed`` as the int ``torch.Generator.manual_seed`` takes (any 64-bit value, signed or
     not; NumPy integers too). A float or a bool is refused: ``int()`` would turn 1.5 into 1
