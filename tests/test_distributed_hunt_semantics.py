@@ -358,3 +358,19 @@ def test_part_and_rank_are_one_integer_by_the_same_rule():
         with pytest.raises(TypeError, match="rank must be an int"):
             DistGraph.build(graph, part, bad)
     assert torch.equal(DistGraph.build(graph, part, np.int64(1)).owned, DistGraph.build(graph, part, 1).owned)
+
+
+def test_partition_graph_takes_a_numpy_int_num_parts_and_refuses_bools():
+    """``num_parts`` follows fusegnn's one integer rule (:func:`~fusegnn.sparse.graph.is_integer`):
+    a NumPy int (a count computed with NumPy) was refused as "not a positive int"."""
+    import numpy as np
+
+    from fusegnn.distributed import partition_graph
+    from fusegnn.sparse import Graph
+
+    graph = Graph(torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]), 4)
+    part = partition_graph(graph, np.int64(2), "contiguous")
+    assert part.num_parts == 2 and isinstance(part.num_parts, int)
+    for bad in (True, 2.0, 0, torch.tensor(2)):
+        with pytest.raises(ValueError, match="num_parts must be a positive int"):
+            partition_graph(graph, bad, "contiguous")

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fusegnn.sparse.graph import integer_index
+from fusegnn.sparse.graph import integer_index, is_integer
 
 __all__ = ["Partition", "partition_graph", "METHODS"]
 
@@ -100,8 +100,9 @@ def partition_graph(graph, num_parts: int, method: str = "auto", *, balance_on: 
     graph = as_graph(graph, name="graph")
     if graph.is_bipartite:
         raise ValueError(f"graph must be square to be partitioned, got {graph!r}")
-    if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 1:
+    if not is_integer(num_parts) or num_parts < 1:
         raise ValueError(f"num_parts must be a positive int, got {num_parts!r}")
+    num_parts = int(num_parts)  # a NumPy int (a count computed with NumPy) is taken as one
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if balance_on not in ("nodes", "edges"):
