@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from fusegnn.distributed import DistGraph, allreduce_gradients, global_count, pa
 from fusegnn.layers import APPNP, GATConv, GATv2Conv, GCNConv, GINConv, SAGEConv, SGConv
 from fusegnn.sparse import Graph, HaloGraph, spmm
 from tests.graphs import random_graph
+from tests.gloo_workers import free_port
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -112,12 +112,6 @@ def _worker(rank: int, world_size: int, init: str, out_dir: str, aggregations: l
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs fused kernels on CPU tensors through Triton's interpreter, which conftest enables only without a "
                     "CUDA device")
 def test_two_workers_match_single_process(tmp_path):
@@ -126,7 +120,7 @@ def test_two_workers_match_single_process(tmp_path):
     the reference path and on the fused kernels (Triton's interpreter on the CPU)."""
     mp = pytest.importorskip("torch.multiprocessing")
     aggregations = ["reference", "gar"]
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     mp.spawn(_worker, args=(2, init, str(tmp_path), aggregations), nprocs=2, join=True)
     for rank in range(2):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
@@ -314,7 +308,7 @@ def test_example_on_two_cpu_workers():
         pytest.skip("Planetoid raw files not found ($FUSEGNN_DATA or ../shared/data/planetoid)")
     env = dict(os.environ, FUSEGNN_DATA=data, OMP_NUM_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
          str(repo / "examples" / "train_distributed.py"), "--device", "cpu", "--runs", "1", "--epochs", "3",
          "--json", "--quiet"],
         capture_output=True, text=True, env=env, timeout=300, cwd=repo,

@@ -23,7 +23,6 @@ import copy
 import datetime
 import json
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -32,17 +31,12 @@ import torch
 from fusegnn.distributed import DistGraph, allreduce_gradients, partition_graph
 from fusegnn.sparse import Graph
 from tests.graphs import random_graph
+from tests.gloo_workers import spawn_reports
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 WORLD = 2
 NUM_NODES = 24
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _graph() -> Graph:
@@ -137,10 +131,7 @@ def _worker(rank: int, world_size: int, init: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    mp = pytest.importorskip("torch.multiprocessing")
-    out = tmp_path_factory.mktemp("dist_hunt")
-    mp.spawn(_worker, args=(WORLD, f"tcp://127.0.0.1:{_free_port()}", str(out)), nprocs=WORLD, join=True)
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return spawn_reports(_worker, WORLD, tmp_path_factory.mktemp("dist_hunt"))
 
 
 def test_transformer_conv_on_two_workers(reports):

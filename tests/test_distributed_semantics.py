@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 import torch
@@ -14,16 +13,11 @@ from torch import nn
 
 from fusegnn.distributed import DistGraph, allreduce_gradients, partition_graph
 from fusegnn.sparse import Graph
+from tests.gloo_workers import spawn_reports
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 WORLD = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _hub_graph() -> Graph:
@@ -114,10 +108,7 @@ def _worker(rank: int, world_size: int, init: str, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    mp = pytest.importorskip("torch.multiprocessing")
-    out = tmp_path_factory.mktemp("dist_semantics")
-    mp.spawn(_worker, args=(WORLD, f"tcp://127.0.0.1:{_free_port()}", str(out)), nprocs=WORLD, join=True)
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return spawn_reports(_worker, WORLD, tmp_path_factory.mktemp("dist_semantics"))
 
 
 def test_allreduce_with_a_gradient_on_some_workers_only(reports):
