@@ -109,6 +109,7 @@ from fusegnn.kernels.attention_inputs import check_qkv, check_scale
 from fusegnn.kernels.nm_sparsity import check_nm, nm_keep
 from fusegnn.sparse.dispatch import AGGREGATIONS as _ELEMENT_AGGREGATIONS
 from fusegnn.sparse.dispatch import Decision
+from fusegnn.sparse.graph import is_integer
 from fusegnn.sparse.ops import edge_softmax, sddmm, spmm
 
 __all__ = [
@@ -161,13 +162,17 @@ class AttentionDecision(Decision):
 
 
 # ----------------------------------------------------------------------------- checks
-def _check_mask(mask: Any, q: Tensor, k: Tensor) -> None:
+def _check_mask(mask: Any, q: Tensor, k: Tensor | None) -> None:
+    """``mask`` fits ``q`` (and ``k``; ``None`` where only ``q`` is known, as in
+    :func:`explain_attention`): its type, lengths and head count."""
     if not isinstance(mask, (Mask, BlockLayout)):
         raise TypeError(
             "mask must be a fusegnn.attention.masks.Mask or a fusegnn.attention.BlockLayout, "
             f"got {type(mask).__name__}"
         )
-    if (q.size(2), k.size(2)) != (mask.L_q, mask.L_k):
+    if k is None and mask.L_q != q.size(2):
+        raise ValueError(f"the mask is {mask.L_q} x {mask.L_k} (L_q x L_k) but q has L_q = {q.size(2)}")
+    if k is not None and (q.size(2), k.size(2)) != (mask.L_q, mask.L_k):
         raise ValueError(
             f"the mask is {mask.L_q} x {mask.L_k} (L_q x L_k) but q has L_q = {q.size(2)} "
             f"and k has L_k = {k.size(2)}"
@@ -190,21 +195,10 @@ def _check_explain_inputs(q: Any, mask: Any, backward: Any, value_dim: Any) -> N
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     if q.dim() != 4:
         raise ValueError(f"q must be 4-D [B, H, L_q, D] (SDPA layout), got shape {tuple(q.shape)}")
-    if not isinstance(mask, (Mask, BlockLayout)):
-        raise TypeError(
-            "mask must be a fusegnn.attention.masks.Mask or a fusegnn.attention.BlockLayout, "
-            f"got {type(mask).__name__}"
-        )
-    if mask.L_q != q.size(2):
-        raise ValueError(f"the mask is {mask.L_q} x {mask.L_k} (L_q x L_k) but q has L_q = {q.size(2)}")
-    if mask.num_heads not in (1, q.size(1)):
-        raise ValueError(
-            f"the mask has {mask.num_heads} heads but q has H = {q.size(1)}; "
-            "a mask must be shared (1 head) or have one mask per head"
-        )
+    _check_mask(mask, q, None)
     if backward is not None and not isinstance(backward, bool):
         raise TypeError(f"backward must be a bool or None, got {type(backward).__name__}")
-    if value_dim is not None and (isinstance(value_dim, bool) or not isinstance(value_dim, int) or value_dim < 0):
+    if value_dim is not None and (not is_integer(value_dim) or value_dim < 0):
         raise ValueError(f"value_dim must be None or an int >= 0 (v's head dim D_v), got {value_dim!r}")
 
 

@@ -3,10 +3,12 @@
 Under ``torch.autocast`` each GNN layer returns the dtype PyG's layer of the same name
 returns under the same autocast, on every backend and whichever order of aggregation
 and projection it takes: half where its last op is a linear (``SAGEConv``, ``GraphConv``,
-``SGConv``, ``GINConv``, ``GINEConv``, ``TransformerConv``), float32 where a float32
-bias is added after the aggregation (``GCNConv``, ``GATConv``, ``GATv2Conv``; without a
-bias these return half, where PyG's float32 edge weights or coefficients promote the
-messages: fusegnn aggregates in the features' dtype, accumulating in float32).
+``SGConv``, ``GINConv``, ``GINEConv``), float32 where a float32 bias is added after the
+aggregation (``GCNConv``, ``GATConv``, ``GATv2Conv``; without a bias these return half,
+where PyG's float32 edge weights or coefficients promote the messages: fusegnn aggregates
+in the features' dtype, accumulating in float32). ``TransformerConv`` returns float32
+under CUDA autocast (its coefficients come out of a softmax, which CUDA autocast runs in
+float32: :func:`fusegnn.sparse.edge_softmax`) and half under CPU autocast.
 Parameter gradients are float32.
 """
 
