@@ -20,9 +20,6 @@ single-process shares:
 from __future__ import annotations
 
 import copy
-import datetime
-import json
-import os
 
 import numpy as np
 import pytest
@@ -31,7 +28,7 @@ import torch
 from fusegnn.distributed import DistGraph, allreduce_gradients, partition_graph
 from fusegnn.sparse import Graph
 from tests.graphs import random_graph
-from tests.gloo_workers import spawn_reports
+from tests.gloo_workers import spawn_reports, write_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -107,26 +104,32 @@ def _edge_features(graph: Graph, dg: DistGraph, x: torch.Tensor) -> dict:
 CASES = {"transformer": _transformer, "edge_features": _edge_features}
 
 
-def _worker(rank: int, world_size: int, init: str, out_dir: str) -> None:
-    import torch.distributed as dist
+def _cases_report(world_size: int) -> dict:
+    """Every case's result on this worker (an error message where it fails: the case's
+    test reports it)."""
+    graph, x = _graph(), _features()
+    dg = DistGraph.build(graph, partition_graph(graph, world_size, "contiguous"))
+    report = {}
+    for name, case in CASES.items():
+        try:
+            report[name] = case(graph, dg, x)
+        except Exception as err:  # reported by the case's test
+            report[name] = f"{type(err).__name__}: {err}"
+    return report
 
-    torch.set_num_threads(1)
+
+def _worker(rank: int, world_size: int, init: str, out_dir: str) -> None:
     # a case that fails on one worker only leaves the other in a collective: not for long
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        graph, x = _graph(), _features()
-        dg = DistGraph.build(graph, partition_graph(graph, world_size, "contiguous"))
-        report = {}
-        for name, case in CASES.items():
-            try:
-                report[name] = case(graph, dg, x)
-            except Exception as err:  # reported by the case's test
-                report[name] = f"{type(err).__name__}: {err}"
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(report, f)
-    finally:
-        dist.destroy_process_group()
+    write_report(rank, world_size, init, out_dir, lambda: _cases_report(world_size), timeout_s=60)
+
+
+def _assert_every_worker_matches_one_process(reports: list[dict], key: str) -> None:
+    """Case ``key`` ran on every worker (no error message) and each of its sub-cases'
+    errors against one process is within 1e-10."""
+    for r in reports:
+        assert isinstance(r[key], dict), r[key]
+        for case, errors in r[key].items():
+            assert max(errors) <= 1e-10, (case, errors)
 
 
 @pytest.fixture(scope="module")
@@ -137,10 +140,7 @@ def reports(tmp_path_factory):
 def test_transformer_conv_on_two_workers(reports):
     """Before: ``ValueError: torch.cat(): expected a non-empty list of Tensors`` from
     ``edge_softmax``'s ``with_halo_rows(graph)`` (no source tensor to exchange)."""
-    for r in reports:
-        assert isinstance(r["transformer"], dict), r["transformer"]
-        for case, errors in r["transformer"].items():
-            assert max(errors) <= 1e-10, (case, errors)
+    _assert_every_worker_matches_one_process(reports, "transformer")
 
 
 def test_edge_softmax_on_a_share():
@@ -290,10 +290,7 @@ class _NoBar:
 def test_edge_feature_layers_on_two_workers(reports):
     """GINEConv and TransformerConv(edge_dim=...) aggregate with ``edge_aggregate``, which
     did not fetch the halo rows: ``ValueError: x has 14 rows but the graph needs 24``."""
-    for r in reports:
-        assert isinstance(r["edge_features"], dict), r["edge_features"]
-        for case, errors in r["edge_features"].items():
-            assert max(errors) <= 1e-10, (case, errors)
+    _assert_every_worker_matches_one_process(reports, "edge_features")
 
 
 def test_edge_aggregate_on_a_share():

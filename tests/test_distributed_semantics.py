@@ -4,16 +4,13 @@ refused with errors that name the argument."""
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 import torch
 from torch import nn
 
 from fusegnn.distributed import DistGraph, allreduce_gradients, partition_graph
 from fusegnn.sparse import Graph
-from tests.gloo_workers import spawn_reports
+from tests.gloo_workers import spawn_reports, write_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -93,17 +90,9 @@ def _corner_cases() -> dict:
 
 
 def _worker(rank: int, world_size: int, init: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
-    try:
-        report = {"uneven": _uneven_gradients(rank), "double_backward": _double_backward(rank),
-                  "corners": _corner_cases()}
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(report, f)
-    finally:
-        dist.destroy_process_group()
+    write_report(rank, world_size, init, out_dir, lambda: {
+        "uneven": _uneven_gradients(rank), "double_backward": _double_backward(rank), "corners": _corner_cases(),
+    })
 
 
 @pytest.fixture(scope="module")
